@@ -1,0 +1,1 @@
+"""The front half of shardserve: settings, HTTP API, dynamic batcher and metrics."""

@@ -1,0 +1,72 @@
+"""Tensor and model signatures: names, per-row shapes and dtypes, as plain data (numpy only).
+
+A ``TensorSpec.shape`` is the shape of ONE row: the batch dimension is left out. ``None`` marks a
+dimension of any size (for instance a sequence length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Shape = tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: Shape
+    dtype: str
+
+    @property
+    def np_dtype(self) -> np.dtype[Any]:
+        return np.dtype(self.dtype)
+
+    def describe(self) -> str:
+        dims = ", ".join(["n", *("?" if d is None else str(d) for d in self.shape)])
+        return f"({dims}) {self.dtype}"
+
+    def matches_row_shape(self, row_shape: tuple[int, ...]) -> bool:
+        if len(row_shape) != len(self.shape):
+            return False
+        return all(want is None or want == got for want, got in zip(self.shape, row_shape, strict=True))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TensorSpec:
+        shape = tuple(None if d is None else int(d) for d in data["shape"])
+        return cls(name=str(data["name"]), shape=shape, dtype=str(data["dtype"]))
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelSignature:
+        return cls(
+            name=str(data["name"]),
+            inputs=tuple(TensorSpec.from_json(t) for t in data["inputs"]),
+            outputs=tuple(TensorSpec.from_json(t) for t in data["outputs"]),
+        )

@@ -1,0 +1,68 @@
+"""Markers by directory and the one local Ray instance of a test session.
+
+tests/serving  -> no marker (pure Python, fake model runner, no Ray, no TensorFlow)
+tests/shards   -> ray
+tests/e2e      -> ray, slow
+tests/gpu      -> gpu (skipped with a reason when no GPU is visible)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Ray 2.60 turns on token authentication; a second driver (the server subprocess of the e2e
+# tests) could not attach to the session's Ray without the token.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+_MARKS_BY_DIR = {
+    "shards": ("ray",),
+    "e2e": ("ray", "slow"),
+    "loadtest": ("ray", "slow"),
+    "deploy": (),
+    "gpu": ("gpu",),
+}
+
+
+def _gpu_visible() -> bool:
+    return shutil.which("nvidia-smi") is not None and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_root = Path(__file__).parent
+    skip_gpu = pytest.mark.skip(reason="no GPU visible on this machine (nvidia-smi not found)")
+    for item in items:
+        rel = Path(str(item.fspath)).relative_to(tests_root)
+        for name in _MARKS_BY_DIR.get(rel.parts[0], ()):
+            item.add_marker(getattr(pytest.mark, name))
+        if "gpu" in item.keywords and not _gpu_visible():
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """Start ONE private local Ray for the whole session; yield its GCS address.
+
+    Declares 4 logical CPUs on the 2-core machine so that two 2-stage pipelines (or one pipeline
+    and a partition task) fit at once; each shard actor still runs one intra-op thread.
+    """
+    import ray
+
+    ctx = ray.init(
+        address="local",
+        num_cpus=4,
+        num_gpus=0,
+        include_dashboard=False,
+        logging_level="warning",
+        configure_logging=True,
+    )
+    try:
+        yield str(ctx.address_info["gcs_address"])
+    finally:
+        ray.shutdown()
