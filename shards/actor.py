@@ -1,0 +1,187 @@
+"""One pipeline stage: the body of a Ray actor that holds one stage's weights and runs it.
+
+A plain class; ``pipeline.py`` wraps it with ``ray.remote`` so the resource options live in one
+place. TensorFlow is imported inside the methods: the serving process imports this module (to
+wrap the class) and must never load TensorFlow itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shards.bundle import load_stage, read_manifest
+from shards.signature import TensorSpec
+
+INTERVAL_LOG_SIZE = 256
+
+
+class ShardActor:
+    def __init__(
+        self,
+        bundle_dir: str,
+        stage_index: int,
+        batch_sizes: Sequence[int],
+        imports: Sequence[str] = (),
+        simulate_device_ms: float | None = None,
+    ) -> None:
+        sizes = sorted({int(b) for b in batch_sizes})
+        if not sizes or sizes[0] < 1:
+            raise ValueError(f"batch_sizes must be integers >= 1, got {list(batch_sizes)!r}")
+        if simulate_device_ms is not None and simulate_device_ms < 0:
+            raise ValueError(f"simulate_device_ms must be >= 0 or None, got {simulate_device_ms}")
+        manifest = read_manifest(bundle_dir)
+        if not 0 <= stage_index < len(manifest.stages):
+            raise ValueError(
+                f"stage_index {stage_index} out of range: bundle {bundle_dir!r} has "
+                f"{len(manifest.stages)} stages"
+            )
+        self._spec = manifest.stages[stage_index]
+        self._simulate_s = None if simulate_device_ms is None else simulate_device_ms / 1000.0
+        # Thread pools and device visibility are fixed the first time TensorFlow runs an op, so
+        # they are set before the stage is loaded (loading creates variables).
+        self._device, self._threads = _configure_tensorflow()
+        modules = tuple(dict.fromkeys((*manifest.imports, *imports)))
+        self._model = load_stage(Path(bundle_dir), stage_index, modules)
+        self._weight_bytes = int(sum(np.asarray(w).nbytes for w in self._model.get_weights()))
+        self._trace_count = 0
+        self._step = self._build_step()
+        self._calls = 0
+        self._compute_total_s = 0.0
+        self._last_compute_ms = 0.0
+        self._intervals: deque[tuple[float, float]] = deque(maxlen=INTERVAL_LOG_SIZE)
+        for size in sizes:
+            self._run({t.name: _zeros(t, size) for t in self._spec.inputs})
+
+    def _build_step(self) -> Any:
+        import tensorflow as tf
+
+        signature = [
+            tf.TensorSpec(shape=(None, *t.shape), dtype=tf.as_dtype(t.dtype))
+            for t in self._spec.inputs
+        ]
+        model = self._model
+        single = len(signature) == 1
+
+        def step(*tensors: Any) -> Any:
+            # Python code here runs only while tracing: the counter counts traces, not calls.
+            self._trace_count += 1
+            return model(tensors[0] if single else list(tensors), training=False)
+
+        return tf.function(step, input_signature=signature)
+
+    def _run(self, merged: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = [_pick(merged, t) for t in self._spec.inputs]
+        if self._simulate_s is not None:
+            time.sleep(self._simulate_s)
+            rows = arrays[0].shape[0] if arrays else 1
+            return {t.name: _zeros(t, rows) for t in self._spec.outputs}
+        import tensorflow as tf
+
+        with tf.device(self._device):
+            result = self._step(*arrays)
+        return self._name_outputs(result)
+
+    def _name_outputs(self, result: Any) -> dict[str, np.ndarray]:
+        names = [t.name for t in self._spec.outputs]
+        if isinstance(result, dict):
+            values = (
+                [result[n] for n in names] if set(names) <= set(result) else list(result.values())
+            )
+        elif isinstance(result, list | tuple):
+            values = list(result)
+        else:
+            values = [result]
+        if len(values) != len(names):
+            raise RuntimeError(
+                f"stage {self._spec.index} produced {len(values)} outputs; manifest lists {names}"
+            )
+        # numpy, not tf.Tensor: numpy crosses the object store zero-copy.
+        return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
+
+    def forward(self, *parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        merged: dict[str, np.ndarray] = {}
+        for part in parts:
+            merged.update(part)
+        start = time.time()
+        tick = time.perf_counter()
+        out = self._run(merged)
+        elapsed = time.perf_counter() - tick
+        self._intervals.append((start, time.time()))
+        self._calls += 1
+        self._compute_total_s += elapsed
+        self._last_compute_ms = elapsed * 1000.0
+        return out
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "stage_index": self._spec.index,
+            "device": self._device,
+            "weight_bytes": self._weight_bytes,
+            "param_bytes": self._spec.param_bytes,
+            "pid": os.getpid(),
+            "node_id": ctx.get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "intra_op_threads": self._threads,
+            "trace_count": self._trace_count,
+            "simulated": self._simulate_s is not None,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "stage_index": self._spec.index,
+            "calls": self._calls,
+            "compute_seconds_total": self._compute_total_s,
+            "last_compute_ms": self._last_compute_ms,
+            "intervals": list(self._intervals),
+        }
+
+
+def _configure_tensorflow() -> tuple[str, int]:
+    """Pick the device Ray gave this actor; returns (device string, intra-op threads)."""
+    import ray
+    import tensorflow as tf
+
+    ray_gpus = ray.get_gpu_ids()
+    physical = tf.config.list_physical_devices("GPU")
+    if ray_gpus and physical:
+        # Ray narrowed CUDA_VISIBLE_DEVICES to this actor's GPUs; growth lets fractional
+        # shards share one device instead of the first one taking all its memory.
+        for gpu in physical:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        return "/GPU:0", tf.config.threading.get_intra_op_parallelism_threads()
+    if physical:
+        tf.config.set_visible_devices([], "GPU")
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    threads = max(1, math.ceil(cpus))
+    # Stages share the machine's cores: TensorFlow's default pool (all cores per process) makes
+    # them fight and pipelining gains nothing; one pool per CPU Ray granted keeps them apart.
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    return "/CPU:0", threads
+
+
+def _zeros(spec: TensorSpec, rows: int) -> np.ndarray:
+    shape = (rows, *(1 if d is None else d for d in spec.shape))
+    return np.zeros(shape, dtype=spec.np_dtype)
+
+
+def _pick(merged: dict[str, np.ndarray], spec: TensorSpec) -> np.ndarray:
+    try:
+        value = merged[spec.name]
+    except KeyError:
+        raise KeyError(
+            f"stage input {spec.name!r} missing from the parts; got {sorted(merged)}"
+        ) from None
+    return np.asarray(value, dtype=spec.np_dtype)

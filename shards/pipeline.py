@@ -1,0 +1,312 @@
+"""Pipelines of shard actors: K stage actors per replica, R replicas side by side.
+
+A batch enters stage 0 and the ObjectRefs are chained actor to actor, so the driver never waits
+between stages: while stage 1 computes batch n, stage 0 already computes batch n+1. Each
+replica's actors share one placement group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from shards.actor import ShardActor
+from shards.bundle import Manifest, read_manifest
+from shards.runtime import (
+    PLACEMENT_STRATEGIES,
+    InsufficientResourcesError,
+    check_cluster_fits,
+    cluster_has_gpus,
+)
+from shards.signature import ModelSignature
+
+_RemoteShard = ray.remote(ShardActor)
+
+__all__ = [
+    "InsufficientResourcesError",
+    "Pipeline",
+    "PipelineGroup",
+    "PipelineOptions",
+    "PipelineStartError",
+    "plan_routes",
+    "stage_bundles",
+]
+
+# Source index of a tensor that comes from the request itself rather than from a stage.
+MODEL_INPUT = -1
+
+
+class PipelineStartError(RuntimeError):
+    """A placement group or a shard actor did not come up."""
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    replicas: int = 1
+    gpus_per_shard: float | None = None
+    cpus_per_shard: float = 1.0
+    placement_strategy: str = "PACK"
+    stage_resources: tuple[dict[str, float], ...] = ()
+    batch_sizes: tuple[int, ...] = (1,)
+    imports: tuple[str, ...] = ()
+    max_restarts: int = 3
+    max_task_retries: int = 3
+    simulate_device_ms: float | None = None
+    ready_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.gpus_per_shard is not None and self.gpus_per_shard < 0:
+            raise ValueError(f"gpus_per_shard must be >= 0 or None, got {self.gpus_per_shard}")
+        if self.cpus_per_shard < 0:
+            raise ValueError(f"cpus_per_shard must be >= 0, got {self.cpus_per_shard}")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
+                f"got {self.placement_strategy!r}"
+            )
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
+        if self.ready_timeout_s <= 0:
+            raise ValueError(f"ready_timeout_s must be > 0, got {self.ready_timeout_s}")
+
+
+@dataclass(frozen=True)
+class _Route:
+    """Where one stage's inputs come from: the request and/or earlier stages."""
+
+    needs_request: bool
+    from_stages: tuple[int, ...]
+
+
+def plan_routes(manifest: Manifest) -> tuple[tuple[_Route, ...], dict[str, int]]:
+    """Per stage, its input sources; per model output (signature order), its producer."""
+    producer = {name: MODEL_INPUT for name in manifest.signature.input_names}
+    routes = []
+    for stage in manifest.stages:
+        sources = set()
+        for spec in stage.inputs:
+            if spec.name not in producer:
+                raise ValueError(
+                    f"stage {stage.index} input {spec.name!r} is produced by no earlier stage "
+                    f"nor the model inputs {manifest.signature.input_names}"
+                )
+            sources.add(producer[spec.name])
+        routes.append(_Route(MODEL_INPUT in sources, tuple(sorted(sources - {MODEL_INPUT}))))
+        producer.update({spec.name: stage.index for spec in stage.outputs})
+    missing = [n for n in manifest.signature.output_names if n not in producer]
+    if missing:
+        raise ValueError(f"model outputs {missing} are produced by no stage of the bundle")
+    return tuple(routes), {n: producer[n] for n in manifest.signature.output_names}
+
+
+class Pipeline:
+    """One replica: K stage actors chained through ObjectRefs."""
+
+    def __init__(
+        self,
+        actors: Sequence[Any],
+        routes: tuple[_Route, ...],
+        output_sources: dict[str, int],
+        group: PlacementGroup,
+    ) -> None:
+        self.actors = list(actors)
+        self.placement_group = group
+        self.inflight = 0
+        self._routes = routes
+        self._output_sources = output_sources
+        self._request_readers = sum(r.needs_request for r in routes)
+
+    async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.inflight += 1
+        try:
+            # One copy in the object store instead of one per stage that reads the request.
+            request: Any = ray.put(inputs) if self._request_readers > 1 else inputs
+            refs: list[Any] = []
+            for actor, route in zip(self.actors, self._routes, strict=True):
+                parts = [request] if route.needs_request else []
+                parts += [refs[j] for j in route.from_stages]
+                refs.append(actor.forward.remote(*parts))
+            stages = sorted({s for s in self._output_sources.values() if s != MODEL_INPUT})
+            results = dict(
+                zip(stages, await asyncio.gather(*(refs[s] for s in stages)), strict=True)
+            )
+            return {
+                name: inputs[name] if src == MODEL_INPUT else results[src][name]
+                for name, src in self._output_sources.items()
+            }
+        finally:
+            self.inflight -= 1
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        remove_placement_group(self.placement_group)
+
+
+class PipelineGroup:
+    """R replicas of the pipeline (data parallel); each batch goes to the least-loaded one."""
+
+    def __init__(self, manifest: Manifest, pipelines: list[Pipeline]) -> None:
+        self.signature: ModelSignature = manifest.signature
+        self.num_stages = len(manifest.stages)
+        self.replicas = len(pipelines)
+        self._pipelines = pipelines
+        self._rotation = itertools.cycle(range(len(pipelines)))
+
+    @classmethod
+    async def create(cls, bundle_dir: str | Path, options: PipelineOptions) -> PipelineGroup:
+        manifest = read_manifest(bundle_dir)
+        routes, output_sources = plan_routes(manifest)
+        gpus = options.gpus_per_shard
+        if gpus is None:
+            gpus = 1.0 if cluster_has_gpus() else 0.0
+        bundles = stage_bundles(
+            len(manifest.stages), options.cpus_per_shard, gpus, options.stage_resources
+        )
+        check_cluster_fits(bundles, options.replicas, options.placement_strategy)
+        pipelines: list[Pipeline] = []
+        try:
+            groups = [
+                placement_group(bundles, strategy=options.placement_strategy)
+                for _ in range(options.replicas)
+            ]
+            for group in groups:
+                pipelines.append(Pipeline([], routes, output_sources, group))
+            await _wait_groups(groups, bundles, options.ready_timeout_s)
+            for pipeline in pipelines:
+                pipeline.actors = _spawn_actors(
+                    Path(bundle_dir), pipeline.placement_group, bundles, gpus, options
+                )
+            await _wait_actors(pipelines, options.ready_timeout_s)
+        except BaseException:
+            for pipeline in pipelines:
+                pipeline.close()
+            raise
+        return cls(manifest, pipelines)
+
+    def _least_loaded(self) -> Pipeline:
+        # Rotating the scan start breaks ties, so idle replicas take turns.
+        start = next(self._rotation)
+        n = len(self._pipelines)
+        return min((self._pipelines[(start + i) % n] for i in range(n)), key=lambda p: p.inflight)
+
+    async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [n for n in self.signature.input_names if n not in inputs]
+        if missing:
+            raise KeyError(
+                f"inputs {missing} missing; model {self.signature.name!r} wants "
+                f"{self.signature.input_names}, got {sorted(inputs)}"
+            )
+        return await self._least_loaded().run(inputs)
+
+    run_batch = run
+
+    async def describe(self) -> list[dict[str, Any]]:
+        return await self._gather_from_actors("info")
+
+    async def stats(self) -> list[dict[str, Any]]:
+        return await self._gather_from_actors("stats")
+
+    async def _gather_from_actors(self, method: str) -> list[dict[str, Any]]:
+        pairs = [(r, a) for r, p in enumerate(self._pipelines) for a in p.actors]
+        results = await asyncio.gather(*(getattr(a, method).remote() for _, a in pairs))
+        return [{"replica": r, **res} for (r, _), res in zip(pairs, results, strict=True)]
+
+    async def close(self) -> None:
+        pipelines, self._pipelines = self._pipelines, []
+        for pipeline in pipelines:
+            pipeline.close()
+
+
+def stage_bundles(
+    num_stages: int,
+    cpus: float,
+    gpus: float,
+    extra: tuple[dict[str, float], ...] = (),
+) -> list[dict[str, float]]:
+    """The placement-group bundle of each stage: its CPUs, GPUs and custom resources."""
+    if extra and len(extra) != num_stages:
+        raise ValueError(
+            f"stage_resources has {len(extra)} entries; the bundle has {num_stages} stages"
+        )
+    bundles = []
+    for index in range(num_stages):
+        bundle = {"CPU": float(cpus), "GPU": float(gpus), **(extra[index] if extra else {})}
+        bundle = {k: float(v) for k, v in bundle.items() if v > 0}
+        if not bundle:
+            raise ValueError(f"stage {index} asks for no resources; set cpus_per_shard > 0")
+        bundles.append(bundle)
+    return bundles
+
+
+def _spawn_actors(
+    bundle_dir: Path,
+    group: PlacementGroup,
+    bundles: list[dict[str, float]],
+    gpus: float,
+    options: PipelineOptions,
+) -> list[Any]:
+    actors = []
+    for index, bundle in enumerate(bundles):
+        extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        actor = _RemoteShard.options(
+            num_cpus=options.cpus_per_shard,
+            num_gpus=gpus,
+            resources=extra or None,
+            max_restarts=options.max_restarts,
+            max_task_retries=options.max_task_retries,
+            # One batch at a time keeps a shard's batches in order on its device.
+            max_concurrency=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=index
+            ),
+        ).remote(
+            str(bundle_dir),
+            index,
+            list(options.batch_sizes),
+            list(options.imports),
+            options.simulate_device_ms,
+        )
+        actors.append(actor)
+    return actors
+
+
+async def _wait_groups(
+    groups: list[PlacementGroup], bundles: list[dict[str, float]], timeout_s: float
+) -> None:
+    try:
+        await asyncio.wait_for(asyncio.gather(*(g.ready() for g in groups)), timeout_s)
+    except TimeoutError:
+        raise PipelineStartError(
+            f"placement groups for {len(groups)} replica(s) of bundles {bundles} not ready "
+            f"after {timeout_s:g} s; resources available now: {ray.available_resources()}"
+        ) from None
+
+
+async def _wait_actors(pipelines: list[Pipeline], timeout_s: float) -> None:
+    async def ready(replica: int, stage: int, actor: Any) -> None:
+        try:
+            await actor.info.remote()
+        except ray.exceptions.RayActorError as exc:
+            raise PipelineStartError(
+                f"shard actor for stage {stage} of replica {replica} failed to start: {exc}"
+            ) from None
+
+    waits = [ready(r, k, a) for r, p in enumerate(pipelines) for k, a in enumerate(p.actors)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+    except TimeoutError:
+        raise PipelineStartError(
+            f"shard actors not loaded and warmed after {timeout_s:g} s (ready_timeout_s)"
+        ) from None

@@ -1,0 +1,164 @@
+"""The Ray connection: start or join a cluster, read its resources, resolve bundles remotely.
+
+On a local Ray the workers inherit the driver's working directory and Ray puts it on their
+``sys.path``, so a user's ``--import`` module beside the driver imports in the actors with no
+runtime_env. On a multi-node cluster the other nodes need that module (and the bundle directory)
+at the same path: install it there or use a shared filesystem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+
+log = logging.getLogger(__name__)
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class InsufficientResourcesError(RuntimeError):
+    """The cluster cannot hold what the pipeline asks for, so placing it would hang forever."""
+
+
+def connect(
+    address: str | None, *, num_cpus: int | None = None, num_gpus: int | None = None
+) -> str:
+    """Start a private local Ray (``address=None``) or join one; returns the GCS address."""
+    if ray.is_initialized():
+        log.info("reusing the Ray instance already initialized in this process")
+        return str(ray.get_runtime_context().gcs_address)
+    if address is None:
+        # address="local" always starts a new private instance; a bare ray.init() would attach
+        # to any cluster already running on this machine.
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
+    else:
+        if num_cpus is not None or num_gpus is not None:
+            log.warning(
+                "num_cpus=%s num_gpus=%s ignored: they size a private local Ray, and address=%r "
+                "joins an existing cluster",
+                num_cpus,
+                num_gpus,
+                address,
+            )
+        ray.init(address=address, logging_level=logging.WARNING)
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def cluster_summary() -> dict[str, Any]:
+    total = ray.cluster_resources()
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    return {
+        "nodes": len(alive),
+        "cpus": float(total.get("CPU", 0.0)),
+        "gpus": float(total.get("GPU", 0.0)),
+        "resources": {k: v for k, v in total.items() if not k.startswith("node:")},
+    }
+
+
+def cluster_has_gpus() -> bool:
+    return float(ray.cluster_resources().get("GPU", 0.0)) > 0
+
+
+def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strategy: str) -> None:
+    """Raise InsufficientResourcesError where ``replicas`` placement groups of ``bundles`` can
+    never be placed on the cluster as it is (a placement group would wait for them forever)."""
+    total = ray.cluster_resources()
+    need: dict[str, float] = {}
+    for bundle in bundles:
+        for key, amount in bundle.items():
+            need[key] = need.get(key, 0.0) + amount * replicas
+    short = {k: v for k, v in need.items() if total.get(k, 0.0) + 1e-9 < v}
+    if short:
+        wanted = ", ".join(f"{k}={v:g}" for k, v in sorted(short.items()))
+        have = ", ".join(f"{k}={total.get(k, 0.0):g}" for k in sorted(short))
+        raise InsufficientResourcesError(
+            f"the pipeline needs {wanted} ({replicas} replica(s) x {len(bundles)} stage(s), "
+            f"bundles {list(bundles)}) but the cluster has only {have}; lower gpus_per_shard / "
+            "cpus_per_shard / replicas or add nodes"
+        )
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    for index, bundle in enumerate(bundles):
+        if not any(_fits(bundle, node) for node in nodes):
+            raise InsufficientResourcesError(
+                f"stage {index} asks for {bundle} on one node; no node has that much "
+                f"(nodes: {[_public(n) for n in nodes]})"
+            )
+    if strategy == "STRICT_SPREAD" and len(nodes) < len(bundles):
+        raise InsufficientResourcesError(
+            f"placement_strategy STRICT_SPREAD needs {len(bundles)} nodes (one per stage); "
+            f"the cluster has {len(nodes)}"
+        )
+    if strategy == "STRICT_PACK":
+        whole = {k: sum(b.get(k, 0.0) for b in bundles) for k in need}
+        if not any(_fits(whole, node) for node in nodes):
+            raise InsufficientResourcesError(
+                f"placement_strategy STRICT_PACK needs {whole} on one node; no node has that much"
+            )
+
+
+def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
+    return all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items())
+
+
+def _public(node: dict[str, float]) -> dict[str, float]:
+    return {
+        k: v
+        for k, v in node.items()
+        if k in ("CPU", "GPU")
+        or not k.startswith(("node:", "memory", "object_store_memory", "accelerator_type"))
+    }
+
+
+def _resolve_in_worker(
+    model: str,
+    stages: int | None,
+    max_stage_bytes: int | None,
+    imports: tuple[str, ...],
+    cache_dir: str,
+) -> str:
+    from shards.resolve import resolve_bundle
+
+    path = resolve_bundle(
+        model,
+        stages=stages,
+        max_stage_bytes=max_stage_bytes,
+        imports=imports,
+        cache_dir=Path(cache_dir),
+    )
+    return str(path)
+
+
+async def resolve_bundle_remote(
+    model: str,
+    *,
+    stages: int | None,
+    max_stage_bytes: int | None,
+    imports: Sequence[str] = (),
+    cache_dir: str | Path,
+) -> Path:
+    """Run ``shards.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
+
+    The task is pinned to the caller's node: the bundle lands on this node's disk, where the
+    caller then reads its manifest.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=1, max_retries=0)(_resolve_in_worker).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False
+        )
+    )
+    ref = task.remote(model, stages, max_stage_bytes, tuple(imports), str(cache_dir))
+    path: str = await asyncio.wrap_future(ref.future())
+    return Path(path)
