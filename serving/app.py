@@ -1,0 +1,339 @@
+"""The HTTP API: routes, the lifespan that owns every resource, and the one error-to-status map."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import FastAPI, Request, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serving.batcher import Batcher, BatchingPolicy
+from serving.codec import decode_predict, encode_predict
+from serving.config import Settings
+from serving.errors import (
+    InvalidInputError,
+    NotFoundError,
+    NotReadyError,
+    PayloadTooLargeError,
+    QueueFullError,
+    ShardServeError,
+)
+from serving.metrics import Metrics
+from serving.runner import ModelRunner, build_runner
+
+log = logging.getLogger("shardserve")
+RunnerFactory = Callable[[Settings], Awaitable[ModelRunner]]
+TIMEOUT_HEADER = "x-request-timeout-ms"
+_STATS_PERIOD_S = 5.0
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    metrics: Metrics = field(default_factory=Metrics)
+    runner: ModelRunner | None = None
+    batcher: Batcher | None = None
+    load_error: str | None = None
+    accepting: bool = False
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def require_batcher(self) -> Batcher:
+        if self.load_error:
+            raise NotReadyError(f"model failed to load: {self.load_error}")
+        if self.batcher is None or not self.ready.is_set():
+            raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
+        if not self.accepting:
+            raise NotReadyError("server is shutting down")
+        return self.batcher
+
+
+def json_response(
+    content: Any, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, status_code=status_code, media_type="application/json", headers=headers)
+
+
+def policy_from_settings(settings: Settings, runner: ModelRunner) -> BatchingPolicy:
+    depth = runner.num_stages * getattr(runner, "replicas", 1)
+    return BatchingPolicy(
+        max_batch_size=settings.max_batch_size,
+        batch_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
+        max_inflight_batches=settings.inflight_batches(depth),
+        max_queue_rows=settings.queue_rows(depth),
+        allowed_batch_sizes=settings.batch_sizes(),
+        slo_p99_ms=settings.slo_p99_ms,
+    )
+
+
+async def _load(state: ServerState, factory: RunnerFactory, exit_on_failure: bool) -> None:
+    try:
+        runner = await factory(state.settings)
+        state.runner = runner
+        state.loaded.set()
+        batcher = Batcher(
+            runner.run_batch,
+            policy_from_settings(state.settings, runner),
+            on_batch=state.metrics.observe_batch,
+            on_reject=lambda reason: state.metrics.rejects.labels(reason).inc(),
+        )
+        await batcher.start()
+        state.metrics.bind_gauges(
+            lambda: batcher.queued_rows,
+            lambda: batcher.inflight_batches,
+            lambda: batcher.effective_wait_ms,
+        )
+        await _warm_up(runner)
+        state.batcher = batcher
+        state.accepting = True
+        state.ready.set()
+        log.info("ready: serving %r (%d stage(s))", state.settings.served_name(), runner.num_stages)
+    except Exception as exc:  # any failure becomes a clear /readyz message, never a hang
+        state.load_error = f"{type(exc).__name__}: {exc}"
+        log.exception("model failed to load")
+        state.loaded.set()
+        if exit_on_failure:
+            # uvicorn shuts down on SIGTERM; the CLI then exits non-zero with the message.
+            signal.raise_signal(signal.SIGTERM)
+
+
+async def _warm_up(runner: ModelRunner) -> None:
+    """One batch end to end, so the first user request does not pay for connection set-up."""
+    inputs = {
+        spec.name: np.zeros((1, *(d or 1 for d in spec.shape)), dtype=spec.np_dtype)
+        for spec in runner.signature.inputs
+    }
+    await runner.run_batch(inputs)
+
+
+async def _poll_stage_stats(state: ServerState) -> None:
+    while True:
+        runner = state.runner
+        stats = getattr(runner, "stats", None)
+        if stats is not None:
+            with contextlib.suppress(Exception):
+                state.metrics.set_stage_stats(await stats())
+        await asyncio.sleep(_STATS_PERIOD_S)
+
+
+def create_app(
+    settings: Settings,
+    runner_factory: RunnerFactory = build_runner,
+    *,
+    exit_on_load_failure: bool = False,
+) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = ServerState(settings=settings)
+        app.state.shardserve = state
+        # Load in the background so /healthz and /readyz answer while the model loads.
+        loader = asyncio.create_task(_load(state, runner_factory, exit_on_load_failure))
+        poller = asyncio.create_task(_poll_stage_stats(state))
+        try:
+            yield
+        finally:
+            state.accepting = False
+            poller.cancel()
+            if not loader.done():
+                loader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loader
+            if state.batcher is not None:
+                await state.batcher.stop(drain=True)
+            if state.runner is not None:
+                await state.runner.close()
+
+    app = FastAPI(title="shardserve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    _install_error_handlers(app)
+    _install_routes(app, settings)
+    return app
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.shardserve
+    return state
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ShardServeError)
+    async def _shardserve_error(request: Request, exc: ShardServeError) -> Response:
+        headers = None
+        if isinstance(exc, QueueFullError):
+            headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+        return json_response({"error": exc.message}, exc.status_code, headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return json_response({"error": str(exc.detail)}, exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return json_response({"error": "internal server error; see the server log"}, 500)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise PayloadTooLargeError(f"body of {length} bytes is over the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def request_deadline(request: Request, settings: Settings) -> float:
+    timeout_ms = settings.request_timeout_ms
+    header = request.headers.get(TIMEOUT_HEADER)
+    if header is not None:
+        try:
+            asked = float(header)
+        except ValueError:
+            asked = float("nan")
+        if not asked > 0:
+            raise InvalidInputError(
+                f"header X-Request-Timeout-Ms must be a positive number of ms, got {header!r}"
+            )
+        timeout_ms = min(timeout_ms, asked)
+    return time.monotonic() + timeout_ms / 1000.0
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Await ``work``; if the client goes away first, cancel it (its rows are then dropped)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _install_routes(app: FastAPI, settings: Settings) -> None:
+    served = settings.served_name()
+
+    def check_name(name: str) -> None:
+        if name != served:
+            raise NotFoundError(f"model {name!r} not found; this server serves {served!r}")
+
+    async def predict(request: Request) -> Response:
+        state = _state(request)
+        started = time.perf_counter()
+        status = "500"
+        try:
+            batcher = state.require_batcher()
+            assert state.runner is not None
+            body = await read_body(request, settings.max_body_bytes)
+            decoded = decode_predict(body, state.runner.signature)
+            deadline = request_deadline(request, settings)
+            outputs = await until_disconnect(
+                request, batcher.submit(decoded.inputs, deadline=deadline)
+            )
+            response = Response(
+                encode_predict(outputs, state.runner.signature, decoded.form),
+                media_type="application/json",
+            )
+            status = "200"
+            return response
+        except ClientGone:
+            status = "499"
+            state.metrics.rejects.labels("client_gone").inc()
+            return Response(status_code=499)
+        except ShardServeError as exc:
+            status = str(exc.status_code)
+            if isinstance(exc, InvalidInputError | PayloadTooLargeError):
+                state.metrics.rejects.labels("invalid_input").inc()
+            raise
+        finally:
+            state.metrics.request_latency.labels(status).observe(time.perf_counter() - started)
+
+    app.add_api_route("/predict", predict, methods=["POST"])
+
+    @app.post("/v1/models/{name}:predict")
+    async def predict_named(name: str, request: Request) -> Response:
+        check_name(name)
+        return await predict(request)
+
+    @app.get("/v1/models/{name}")
+    async def model_status(name: str, request: Request) -> Response:
+        check_name(name)
+        state = _state(request)
+        ready = state.ready.is_set() and not state.load_error
+        version = {
+            "version": "1",
+            "state": "AVAILABLE" if ready else ("FAILED" if state.load_error else "LOADING"),
+            "status": {
+                "error_code": "OK" if ready else "UNAVAILABLE",
+                "error_message": state.load_error or "",
+            },
+        }
+        return json_response({"model_version_status": [version]})
+
+    @app.get("/v1/models/{name}/metadata")
+    async def model_metadata(name: str, request: Request) -> Response:
+        check_name(name)
+        state = _state(request)
+        if state.runner is None:
+            raise NotReadyError("model is still loading; its signature is not known yet")
+        runner = state.runner
+        batcher = state.batcher
+        return json_response(
+            {
+                "model_spec": {"name": served, "version": "1"},
+                **runner.signature.to_json(),
+                "name": served,
+                "num_stages": runner.num_stages,
+                "replicas": getattr(runner, "replicas", 1),
+                "max_batch_size": batcher.policy.max_batch_size
+                if batcher
+                else settings.max_batch_size,
+            }
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return json_response({"status": "alive"})
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> Response:
+        state = _state(request)
+        if state.load_error:
+            return json_response({"status": "failed", "error": state.load_error}, 503)
+        if not state.ready.is_set():
+            return json_response({"status": "loading"}, 503)
+        if not state.accepting:
+            return json_response({"status": "shutting down"}, 503)
+        return json_response({"status": "ready", "model": served})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4")

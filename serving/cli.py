@@ -1,0 +1,170 @@
+"""The ``shardserve`` command: ``serve``, ``partition`` (and ``tune`` from loadtest).
+
+``serve`` has one flag per setting, generated from ``Settings`` so that the flags, the env vars
+and the TOML keys can never drift apart.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from serving.config import ConfigError, Settings, load_settings
+
+app = typer.Typer(
+    name="shardserve",
+    help="Batched inference serving for Keras models sharded over Ray actors.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+err = Console(stderr=True)
+
+_METAVARS = {int: "INT", float: "FLOAT", bool: "BOOL"}
+
+
+def _metavar(annotation: Any) -> str:
+    if "Literal['auto']" in str(annotation):
+        return "MS|auto"
+    for kind, name in _METAVARS.items():
+        if kind is annotation or kind in getattr(annotation, "__args__", ()):
+            return name
+    return "TEXT"
+
+
+def flag_name(field: str) -> str:
+    return "--" + ("import" if field == "imports" else field.replace("_", "-"))
+
+
+def _setting_parameters() -> list[inspect.Parameter]:
+    params = []
+    for name, info in Settings.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        shown = "unset" if default in (None, []) else str(default)
+        help_text = f"{info.description} (env SHARDSERVE_{name.upper()}, default {shown})"
+        if name == "imports":
+            option = typer.Option(
+                None, flag_name(name), help=help_text + ", repeatable", metavar="MODULE"
+            )
+            annotation: Any = Optional[list[str]]  # noqa: UP045 - typer reads the annotation
+        else:
+            option = typer.Option(
+                None, flag_name(name), help=help_text, metavar=_metavar(info.annotation)
+            )
+            annotation = Optional[str]  # noqa: UP045
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+            )
+        )
+    return params
+
+
+def _with_setting_flags(func: Any) -> Any:
+    sig = inspect.signature(func)
+    fixed = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    func.__signature__ = sig.replace(parameters=[*fixed, *_setting_parameters()])
+    return func
+
+
+@_with_setting_flags
+def serve(
+    config: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--config", help="TOML file of settings (flags and env vars override it)."),
+    ] = None,
+    **flags: Any,
+) -> None:
+    """Serve a model over HTTP: POST /predict, batched and pipelined over Ray shard actors."""
+    try:
+        settings = load_settings(config, **flags)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    run_server(settings)
+
+
+def run_server(settings: Settings) -> None:
+    import uvicorn
+
+    from serving.app import create_app
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    api = create_app(settings, exit_on_load_failure=True)
+    uvicorn.run(
+        api,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    state = getattr(api.state, "shardserve", None)
+    if state is not None and state.load_error:
+        err.print(
+            f"[red]error:[/red] the model failed to load: {state.load_error}", highlight=False
+        )
+        raise typer.Exit(1)
+
+
+app.command("serve")(serve)
+
+
+@app.command("partition")
+def partition(
+    model: Annotated[
+        str, typer.Argument(help="A .keras file, a SavedModel dir or a demo model name.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the bundle to.")],
+    stages: Annotated[Optional[int], typer.Option(help="Balanced stages to cut.", min=1)] = None,  # noqa: UP045
+    max_stage_bytes: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--max-stage-bytes", help="Per-device weight budget: fewest stages that fit.", min=1
+        ),
+    ] = None,
+    imports: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--import", help="Module to import first (custom layers); repeatable."),
+    ] = None,
+) -> None:
+    """Cut a Keras model into stages and write a bundle (manifest.json + one file per stage)."""
+    if stages is not None and max_stage_bytes is not None:
+        err.print("[red]error:[/red] give either --stages or --max-stage-bytes, not both")
+        raise typer.Exit(2)
+    from shards.partition import partition_to_bundle
+
+    with err.status("partitioning...") as status:
+        try:
+            manifest = partition_to_bundle(
+                model,
+                out,
+                stages=stages,
+                max_stage_bytes=max_stage_bytes,
+                imports=tuple(imports or ()),
+                progress=lambda step: status.update(step),
+            )
+        except (ValueError, OSError) as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(1) from None
+    for stage in manifest.stages:
+        ins = ", ".join(t.name for t in stage.inputs)
+        err.print(
+            f"stage {stage.index}: {stage.param_bytes / 2**20:.1f} MiB of weights, inputs [{ins}]"
+        )
+    err.print(f"wrote {len(manifest.stages)} stage(s) to {out}")
+
+
+def main() -> None:  # pragma: no cover - console entry for `python -m serving.cli`
+    app(prog_name="shardserve")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""Every knob of the server in one typed settings object.
+
+Sources, strongest first: command-line flags (``--max-batch-size``), environment variables
+(``SHARDSERVE_MAX_BATCH_SIZE``), a TOML file (``--config``), then the defaults below.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.exceptions import SettingsError
+
+from serving.batching_policy import BatchingPolicy
+
+MiB = 1024 * 1024
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "shardserve_config_file", default=None
+)
+
+
+class ConfigError(ValueError):
+    """Settings that cannot be used; the message names each field, value and allowed range."""
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._values: dict[str, Any] = {}
+        if path is None:
+            return
+        try:
+            raw = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+        # A [shardserve] table or top-level keys; dashes and underscores both accepted.
+        table = raw.get("shardserve", raw)
+        values = {str(k).replace("-", "_"): v for k, v in table.items()}
+        unknown = sorted(set(values) - set(settings_cls.model_fields))
+        if unknown:
+            raise ConfigError(
+                f"config file {str(path)!r} has unknown settings {unknown}; "
+                f"known: {sorted(settings_cls.model_fields)}"
+            )
+        self._values = values
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def _split_csv(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SHARDSERVE_", extra="forbid", validate_default=True
+    )
+
+    # --- HTTP
+    host: str = Field("127.0.0.1", description="Address to bind (0.0.0.0 to serve the network).")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port of the HTTP server.")
+    max_body_bytes: int = Field(16 * MiB, ge=1024, description="Largest request body; 413 above.")
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token for /admin routes; unset = admin routes off."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the server."
+    )
+
+    # --- the model
+    model: str = Field(
+        "demo-mlp", description="A .keras file, a bundle directory, or a demo model name."
+    )
+    model_name: str | None = Field(
+        None, description="Name served under /v1/models/{name}; default: from --model."
+    )
+    stages: int | None = Field(
+        None, ge=1, le=64, description="Cut the model into this many balanced stages."
+    )
+    max_stage_bytes: int | None = Field(
+        None, ge=1, description="Per-device weight budget: the fewest stages that fit it."
+    )
+    imports: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Modules imported before loading a stage (custom Keras layers).",
+    )
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "shardserve",
+        description="Where partitioned bundles of .keras files and demo models are kept.",
+    )
+
+    # --- Ray and placement
+    ray_address: str | None = Field(
+        None, description="auto or HOST:PORT of a Ray cluster; unset = a private local Ray."
+    )
+    replicas: int = Field(1, ge=1, le=64, description="Pipelines (data parallel).")
+    gpus_per_shard: float | None = Field(
+        None, ge=0, le=8, description="GPUs per shard actor; unset = 1 if the cluster has GPUs."
+    )
+    cpus_per_shard: float = Field(
+        1.0, gt=0, le=256, description="CPUs per shard actor (its TensorFlow threads)."
+    )
+    placement_strategy: PlacementStrategy = Field(
+        "PACK", description="Placement group strategy of a pipeline's shard actors."
+    )
+    stage_resources: list[dict[str, float]] = Field(
+        default_factory=list,
+        description='Extra Ray resources per stage, JSON: [{"node_a": 1}, {"node_b": 1}].',
+    )
+    simulate_device_ms: float | None = Field(
+        None, ge=0, description="Benchmarks: shards sleep this long per batch instead of computing."
+    )
+
+    # --- batching
+    max_batch_size: int = Field(32, ge=1, le=4096, description="Rows in a full batch.")
+    batch_timeout_ms: float | Literal["auto"] = Field(
+        5.0,
+        description="Longest wait of a batch's oldest row (0 = at once, auto = adaptive).",
+    )
+    max_inflight_batches: int | None = Field(
+        None, ge=1, le=1024, description="Batches out at once; unset = pipeline depth."
+    )
+    max_queue_rows: int | None = Field(
+        None, ge=1, description="Queued rows before 503; unset = 4 x batch x in-flight."
+    )
+    allowed_batch_sizes: Annotated[list[int] | None, NoDecode] = Field(
+        None, description="Batch sizes a batch is padded to; unset = powers of two up to max."
+    )
+    request_timeout_ms: float = Field(
+        30000.0, gt=0, le=3_600_000, description="Deadline of a request (header may shorten)."
+    )
+    slo_p99_ms: float | None = Field(
+        None, gt=0, description="Latency target the auto timeout keeps the p99 under."
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSource(settings_cls, _config_file.get()))
+
+    @field_validator("imports", "allowed_batch_sizes", mode="before")
+    @classmethod
+    def _csv_lists(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("stage_resources", mode="before")
+    @classmethod
+    def _json_resources(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    @field_validator("batch_timeout_ms", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> float | str:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            ms = float(value)
+        except (TypeError, ValueError):
+            ms = float("nan")
+        if not 0 <= ms <= 60_000:
+            raise ValueError("must be a number of ms between 0 and 60000, or 'auto'")
+        return ms
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Settings:
+        if self.stages is not None and self.max_stage_bytes is not None:
+            raise ValueError("give either stages or max_stage_bytes, not both")
+        if self.allowed_batch_sizes is not None:
+            bad = [s for s in self.allowed_batch_sizes if not 1 <= s <= self.max_batch_size]
+            if bad or not self.allowed_batch_sizes:
+                raise ValueError(
+                    f"allowed_batch_sizes must be sizes between 1 and max_batch_size "
+                    f"({self.max_batch_size}), got {self.allowed_batch_sizes}"
+                )
+        if self.max_queue_rows is not None and self.max_queue_rows < self.max_batch_size:
+            raise ValueError(
+                f"max_queue_rows ({self.max_queue_rows}) must be >= max_batch_size "
+                f"({self.max_batch_size}) so that a batch can fill"
+            )
+        if self.stage_resources and self.stages and len(self.stage_resources) != self.stages:
+            raise ValueError(
+                f"stage_resources has {len(self.stage_resources)} entries; "
+                f"expected one per stage ({self.stages})"
+            )
+        return self
+
+    # --- derived values
+    @property
+    def timeout_is_auto(self) -> bool:
+        return self.batch_timeout_ms == "auto"
+
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The sizes a batch is padded to (and the shard actors warm up at)."""
+        return BatchingPolicy(
+            max_batch_size=self.max_batch_size,
+            max_queue_rows=self.max_batch_size,
+            allowed_batch_sizes=tuple(self.allowed_batch_sizes or ()),
+        ).batch_sizes()
+
+    def inflight_batches(self, pipeline_depth: int) -> int:
+        return self.max_inflight_batches or max(1, pipeline_depth)
+
+    def queue_rows(self, pipeline_depth: int) -> int:
+        return self.max_queue_rows or 4 * self.max_batch_size * self.inflight_batches(
+            pipeline_depth
+        )
+
+    def served_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        path = Path(self.model)
+        return path.stem if path.suffix else path.name
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings from flags (``overrides``, None = not given), env and a TOML file."""
+    token = _config_file.set(config_file)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+    except SettingsError as exc:
+        raise ConfigError(f"invalid settings: {exc}") from None
+    finally:
+        _config_file.reset(token)
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "settings"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{field}: unknown setting")
+        elif "input" in err and err["loc"]:
+            lines.append(f"{field}: {msg} (got {err['input']!r})")
+        else:
+            lines.append(f"{field}: {msg}")
+    return "invalid settings:\n  " + "\n  ".join(lines)

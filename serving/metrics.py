@@ -1,0 +1,114 @@
+"""Prometheus metrics of one server. Each app gets its own registry (tests build many apps)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from serving.batcher import BatchRecord
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class _StageCollector:
+    """Per-stage figures reported by the shard actors, refreshed by the app's poller."""
+
+    def __init__(self) -> None:
+        self.snapshot: list[dict[str, Any]] = []
+
+    def collect(self) -> Iterator[Metric]:
+        calls = GaugeMetricFamily(
+            "shardserve_stage_calls",
+            "Batches computed by a shard actor",
+            labels=["replica", "stage"],
+        )
+        compute = GaugeMetricFamily(
+            "shardserve_stage_compute_seconds",
+            "Total compute time of a shard actor",
+            labels=["replica", "stage"],
+        )
+        for row in self.snapshot:
+            labels = [str(row.get("replica", 0)), str(row.get("stage_index", 0))]
+            calls.add_metric(labels, float(row.get("calls", 0)))
+            compute.add_metric(labels, float(row.get("compute_seconds_total", 0.0)))
+        yield calls
+        yield compute
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.request_latency = Histogram(
+            "shardserve_request_latency_seconds",
+            "Time from request received to response ready",
+            ["status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rejects = Counter(
+            "shardserve_rejects_total",
+            "Requests refused or failed, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "shardserve_batch_size_rows", "Real rows per batch", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.batch_padded = Histogram(
+            "shardserve_batch_padded_size_rows",
+            "Rows per batch after padding",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_close = Counter(
+            "shardserve_batch_close_total", "Batches by close reason", ["reason"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "shardserve_queue_wait_seconds",
+            "Wait of a batch's oldest row before dispatch",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_run = Histogram(
+            "shardserve_batch_run_seconds",
+            "Time of a batch through the pipeline",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_rows = Gauge("shardserve_queue_rows", "Rows waiting in the queue", registry=r)
+        self.inflight = Gauge("shardserve_inflight_batches", "Batches in the pipeline", registry=r)
+        self.effective_wait = Gauge(
+            "shardserve_batch_wait_ms", "Current wait of the batching policy", registry=r
+        )
+        self.stages = _StageCollector()
+        r.register(self.stages)  # type: ignore[arg-type]
+
+    def observe_batch(self, record: BatchRecord) -> None:
+        self.batch_size.observe(record.size)
+        self.batch_padded.observe(record.padded_size)
+        self.batch_close.labels(record.reason).inc()
+        self.queue_wait.observe(record.queue_wait_s)
+        self.batch_run.observe(record.run_s)
+        if not record.ok:
+            self.rejects.labels("batch_failed").inc()
+
+    def bind_gauges(
+        self,
+        queue_rows: Callable[[], float],
+        inflight: Callable[[], float],
+        effective_wait: Callable[[], float],
+    ) -> None:
+        self.queue_rows.set_function(queue_rows)
+        self.inflight.set_function(inflight)
+        self.effective_wait.set_function(effective_wait)
+
+    def set_stage_stats(self, rows: Iterable[dict[str, Any]]) -> None:
+        self.stages.snapshot = list(rows)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

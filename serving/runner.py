@@ -1,0 +1,58 @@
+"""The one narrow interface between the front end and the model, and how the real one is built.
+
+The app needs only ``ModelRunner``: a signature, a pipeline depth and ``run_batch``. The real
+runner is a ``shards.pipeline.PipelineGroup`` of Ray shard actors; tests pass a fake. Nothing here
+imports TensorFlow: the model is resolved to a bundle inside a Ray task, and the signature comes
+from the bundle manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from serving.config import Settings
+from shards.signature import ModelSignature
+
+log = logging.getLogger("shardserve")
+
+
+@runtime_checkable
+class ModelRunner(Protocol):
+    signature: ModelSignature
+    num_stages: int
+
+    async def run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    async def close(self) -> None: ...
+
+
+async def build_runner(settings: Settings) -> ModelRunner:
+    """Connect to (or start) Ray, resolve the model to a bundle, start and warm the pipelines."""
+    from shards import runtime
+    from shards.pipeline import PipelineGroup, PipelineOptions
+
+    address = runtime.connect(settings.ray_address)
+    log.info("ray: %s %s", address, runtime.cluster_summary())
+    bundle = await runtime.resolve_bundle_remote(
+        settings.model,
+        stages=settings.stages,
+        max_stage_bytes=settings.max_stage_bytes,
+        imports=tuple(settings.imports),
+        cache_dir=settings.cache_dir,
+    )
+    log.info("model %r -> bundle %s", settings.model, bundle)
+    options = PipelineOptions(
+        replicas=settings.replicas,
+        gpus_per_shard=settings.gpus_per_shard,
+        cpus_per_shard=settings.cpus_per_shard,
+        placement_strategy=settings.placement_strategy,
+        stage_resources=tuple(settings.stage_resources),
+        batch_sizes=settings.batch_sizes(),
+        imports=tuple(settings.imports),
+        simulate_device_ms=settings.simulate_device_ms,
+    )
+    group: Any = await PipelineGroup.create(bundle, options)
+    return group  # type: ignore[no-any-return]

@@ -1,0 +1,92 @@
+from pathlib import Path
+
+import pytest
+
+from serving.config import ConfigError, Settings, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [k for k in __import__("os").environ if k.startswith("SHARDSERVE_")]:
+        monkeypatch.delenv(name)
+
+
+def test_defaults() -> None:
+    s = load_settings()
+    assert (s.max_batch_size, s.batch_timeout_ms, s.request_timeout_ms) == (32, 5.0, 30000.0)
+    assert s.batch_sizes() == (1, 2, 4, 8, 16, 32)
+    assert s.max_body_bytes == 16 * 1024 * 1024
+    assert s.admin_token is None
+    # in-flight defaults to the pipeline depth; the queue to 4 x batch x in-flight
+    assert s.inflight_batches(3) == 3
+    assert s.queue_rows(3) == 4 * 32 * 3
+
+
+def test_flag_beats_env_beats_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('max-batch-size = 8\nbatch_timeout_ms = 7\nport = 9000\nmodel = "demo-tiny"\n')
+    monkeypatch.setenv("SHARDSERVE_MAX_BATCH_SIZE", "16")
+    monkeypatch.setenv("SHARDSERVE_PORT", "9100")
+    s = load_settings(cfg, max_batch_size="64")
+    assert s.max_batch_size == 64  # flag
+    assert s.port == 9100  # env over file
+    assert s.batch_timeout_ms == 7.0  # file over default
+    assert s.model == "demo-tiny"
+
+
+def test_lists_from_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDSERVE_IMPORTS", "mylayers, other.mod")
+    s = load_settings(allowed_batch_sizes="1,8,32", stage_resources='[{"node_a": 1}, {"b": 2}]')
+    assert s.imports == ["mylayers", "other.mod"]
+    assert s.batch_sizes() == (1, 8, 32)
+    assert s.stage_resources == [{"node_a": 1.0}, {"b": 2.0}]
+
+
+def test_auto_timeout() -> None:
+    assert load_settings(batch_timeout_ms="auto").timeout_is_auto
+    assert load_settings(batch_timeout_ms="0").batch_timeout_ms == 0.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            {"max_batch_size": "0"},
+            "max_batch_size: Input should be greater than or equal to 1 (got '0')",
+        ),
+        (
+            {"batch_timeout_ms": "-3"},
+            "batch_timeout_ms: must be a number of ms between 0 and 60000",
+        ),
+        ({"batch_timeout_ms": "soon"}, "(got 'soon')"),
+        ({"port": "70000"}, "port: Input should be less than or equal to 65535"),
+        ({"stages": 2, "max_stage_bytes": 100}, "either stages or max_stage_bytes"),
+        ({"allowed_batch_sizes": "1,64"}, "between 1 and max_batch_size (32), got [1, 64]"),
+        ({"max_queue_rows": "8"}, "max_queue_rows (8) must be >= max_batch_size (32)"),
+        ({"placement_strategy": "RANDOM"}, "placement_strategy"),
+        ({"no_such_setting": 1}, "no_such_setting: unknown setting"),
+    ],
+)
+def test_validation_names_field_value_and_range(overrides: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(**overrides)
+    assert expected in str(info.value)
+
+
+def test_config_file_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("max_batch_size = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(bad)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("max_batch = 3\n")
+    with pytest.raises(ConfigError, match=r"unknown settings \['max_batch'\]"):
+        load_settings(unknown)
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "missing.toml")
+
+
+def test_served_name() -> None:
+    assert Settings(model="/models/resnet.keras").served_name() == "resnet"
+    assert Settings(model="demo-mlp").served_name() == "demo-mlp"
+    assert Settings(model="x.keras", model_name="prod").served_name() == "prod"
