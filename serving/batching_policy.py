@@ -1,0 +1,127 @@
+"""When a batch closes and how large it may be: the batching policy and the run-time model.
+
+``BatchingPolicy`` is plain validated data; ``Batcher`` reads it afresh for every batch, so a
+policy swapped in with ``Batcher.reconfigure`` applies to the next batch. ``RunTimeModel`` keeps
+an EWMA of run time per padded batch size, which the auto policy uses to honour ``slo_p99_ms``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+_EWMA_ALPHA = 0.2
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class BatchingPolicy:
+    """How rows become batches.
+
+    ``batch_timeout_ms``: the longest the oldest row of a batch waits for the batch to fill;
+    0 dispatches at once; ``None`` is the auto policy (dispatch whenever an in-flight slot is
+    free, so the queue fills only while the pipeline is busy). ``slo_p99_ms`` is read only by the
+    auto policy: it caps a batch's size so that the oldest row's wait plus the predicted run time
+    of the batch stays within it. ``allowed_batch_sizes`` are the sizes batches are padded to
+    (a compiled model traces once per size); empty means powers of two up to ``max_batch_size``.
+    """
+
+    max_batch_size: int = 32
+    batch_timeout_ms: float | None = 5.0
+    max_inflight_batches: int = 1
+    max_queue_rows: int = 128
+    allowed_batch_sizes: tuple[int, ...] = ()
+    slo_p99_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_inflight_batches", "max_queue_rows"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        timeout = self.batch_timeout_ms
+        if timeout is not None and (not _is_number(timeout) or timeout < 0):
+            raise ValueError(
+                f"batch_timeout_ms must be a number >= 0 or None (auto), got {timeout!r}"
+            )
+        slo = self.slo_p99_ms
+        if slo is not None and (not _is_number(slo) or slo <= 0):
+            raise ValueError(f"slo_p99_ms must be a number > 0 or None, got {slo!r}")
+        if self.max_queue_rows < self.max_batch_size:
+            raise ValueError(
+                f"max_queue_rows must be >= max_batch_size ({self.max_batch_size}) so that a "
+                f"batch can fill, got {self.max_queue_rows}"
+            )
+        sizes = self.allowed_batch_sizes
+        if not isinstance(sizes, tuple) or not all(
+            _is_int(s) and 1 <= s <= self.max_batch_size for s in sizes
+        ):
+            raise ValueError(
+                f"allowed_batch_sizes must be a tuple of integers between 1 and max_batch_size "
+                f"({self.max_batch_size}), got {sizes!r}"
+            )
+
+    @property
+    def is_auto(self) -> bool:
+        return self.batch_timeout_ms is None
+
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The sizes a batch may be padded to, sorted; ``max_batch_size`` is always one."""
+        if self.allowed_batch_sizes:
+            sizes = set(self.allowed_batch_sizes)
+        else:
+            sizes = {1 << i for i in range(self.max_batch_size.bit_length())}
+        sizes.add(self.max_batch_size)
+        return tuple(sorted(s for s in sizes if s <= self.max_batch_size))
+
+    def padded_size(self, n: int) -> int:
+        """The smallest allowed batch size that holds ``n`` rows."""
+        if not 1 <= n <= self.max_batch_size:
+            raise ValueError(f"a batch holds 1 to {self.max_batch_size} rows, got {n}")
+        return next(s for s in self.batch_sizes() if s >= n)
+
+
+class RunTimeModel:
+    """EWMA of a batch's run time per padded size, with a linear guess for unseen sizes."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+
+    def observe(self, padded_size: int, run_s: float) -> None:
+        old = self._seconds.get(padded_size)
+        self._seconds[padded_size] = run_s if old is None else old + _EWMA_ALPHA * (run_s - old)
+
+    def predict(self, padded_size: int) -> float | None:
+        """Seconds a batch of ``padded_size`` is expected to take; ``None`` before any batch."""
+        if padded_size in self._seconds:
+            return self._seconds[padded_size]
+        if not self._seconds:
+            return None
+        # Scaling the nearest measured size linearly overestimates large batches (per-row cost
+        # falls with batch size), which errs on the side of the SLO.
+        nearest = min(self._seconds, key=lambda s: (abs(s - padded_size), -s))
+        return self._seconds[nearest] * padded_size / nearest
+
+    def largest_within(self, budget_s: float, sizes: tuple[int, ...]) -> int:
+        """The largest of ``sizes`` predicted to finish within ``budget_s`` (else the smallest).
+
+        Unmeasured sizes count as fitting while nothing has been measured: with no data, the
+        auto policy batches as it would without an SLO.
+        """
+        best = sizes[0]
+        for size in sizes:
+            predicted = self.predict(size)
+            if predicted is None or predicted <= budget_s:
+                best = size
+        return best
+
+    def mean_seconds(self) -> float | None:
+        if not self._seconds:
+            return None
+        return sum(self._seconds.values()) / len(self._seconds)

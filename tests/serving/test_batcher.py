@@ -1,0 +1,381 @@
+"""The dynamic batcher against the fake runner. Timing-dependent steps are gated with events (the
+runner's gate and its call-started events); no test sleeps to decide an outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serving.batcher import Batcher, BatchingPolicy, BatchRecord
+from serving.errors import (
+    BatchFailedError,
+    DeadlineExceededError,
+    InvalidInputError,
+    NotReadyError,
+    QueueFullError,
+)
+from tests.fakes import FakeRunner, expected_outputs, make_rows, row_ids, settle, spawn
+
+LONG_MS = 60_000.0  # a timeout no test waits for: batches then close on size or flush only
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.records: list[BatchRecord] = []
+        self.rejects: list[str] = []
+        self.batchers: list[Batcher] = []
+
+    async def __call__(self, runner: FakeRunner | Callable[..., Any], **policy: Any) -> Batcher:
+        run = runner.run_batch if isinstance(runner, FakeRunner) else runner
+        batcher = Batcher(
+            run,
+            BatchingPolicy(**policy),
+            on_batch=self.records.append,
+            on_reject=self.rejects.append,
+        )
+        await batcher.start()
+        self.batchers.append(batcher)
+        return batcher
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[Harness]:
+    harness = Harness()
+    yield harness
+    for batcher in harness.batchers:
+        await batcher.stop(drain=False)
+
+
+def assert_rows(result: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> None:
+    want = expected_outputs(inputs)
+    assert result.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(result[name], want[name])
+
+
+async def test_batch_closes_when_full(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=LONG_MS)
+    inputs = [make_rows(1, start=i) for i in range(4)]
+    results = await asyncio.gather(*(batcher.submit(x) for x in inputs))
+    assert [row_ids(b) for b in runner.batches] == [[0, 1, 2, 3]]
+    assert [(r.size, r.reason, r.ok) for r in make.records] == [(4, "full", True)]
+    for result, x in zip(results, inputs, strict=True):
+        assert_rows(result, x)
+
+
+async def test_lone_row_goes_on_timeout(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=20)
+    x = make_rows(1, start=7)
+    assert_rows(await batcher.submit(x), x)
+    assert [(r.size, r.padded_size, r.reason) for r in make.records] == [(1, 1, "timeout")]
+    assert make.records[0].queue_wait_s >= 0.02
+
+
+async def test_timeout_runs_from_the_first_row_not_the_last(make: Harness) -> None:
+    # Rows keep arriving faster than the timeout: a timer restarted by every arrival would never
+    # fire and the batch would only close when full (64 rows).
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=64, batch_timeout_ms=40)
+    tasks = []
+    for i in range(64):
+        tasks.append(await spawn(batcher.submit(make_rows(1, start=i))))
+        if runner.calls_started:
+            break
+        await asyncio.sleep(0.002)  # paces arrivals only; nothing is asserted about time
+    await asyncio.gather(*tasks)
+    first = make.records[0]
+    assert first.reason == "timeout"
+    assert 1 < first.size < 64
+    assert row_ids(runner.batches[0])[: first.size] == list(range(first.size))
+
+
+async def test_large_request_is_split_and_reassembled_in_order(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
+    x = make_rows(10)
+    assert_rows(await batcher.submit(x), x)
+    assert [row_ids(b) for b in runner.batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+async def test_requests_straddle_batches_so_that_batches_fill(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=20)
+    a, b = make_rows(3, start=0), make_rows(3, start=3)
+    result_a, result_b = await asyncio.gather(batcher.submit(a), batcher.submit(b))
+    assert [row_ids(batch) for batch in runner.batches] == [[0, 1, 2, 3], [4, 5]]
+    assert [r.reason for r in make.records] == ["full", "timeout"]
+    assert_rows(result_a, a)
+    assert_rows(result_b, b)
+
+
+async def test_inflight_cap_holds_and_the_next_batch_fills(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=2, batch_timeout_ms=0, max_inflight_batches=2)
+    first = [await spawn(batcher.submit(make_rows(1, start=i))) for i in range(2)]
+    await runner.wait_started(2)
+    later = [await spawn(batcher.submit(make_rows(1, start=i))) for i in range(2, 5)]
+    assert (runner.calls_started, batcher.inflight_batches, batcher.queued_rows) == (2, 2, 3)
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(*first, *later)
+    assert runner.max_running == 2
+    assert [row_ids(b)[: r.size] for b, r in zip(runner.batches, make.records, strict=True)] == [
+        [0],
+        [1],
+        [2, 3],
+        [4],
+    ]
+
+
+async def test_queue_full_is_rejected_at_once(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=2, max_queue_rows=4, batch_timeout_ms=0)
+    busy = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    queued = await spawn(batcher.submit(make_rows(4, start=1)))
+    with pytest.raises(QueueFullError) as info:
+        await batcher.submit(make_rows(1, start=5))
+    assert info.value.retry_after_s >= 1
+    assert "4 rows queued" in str(info.value)
+    with pytest.raises(InvalidInputError, match="request has 5 rows; at most 4"):
+        await batcher.submit(make_rows(5))
+    assert make.rejects == ["queue_full"]
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(busy, queued)
+
+
+async def test_deadline_in_the_queue_fails_and_rows_are_never_computed(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
+    busy = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    late = await spawn(batcher.submit(make_rows(2, start=100), deadline=time.monotonic() + 0.02))
+    # The gate is still closed: the error comes at the deadline, not when a slot frees.
+    with pytest.raises(DeadlineExceededError, match="in the queue"):
+        await late
+    assert batcher.queued_rows == 0
+    assert runner.gate is not None
+    runner.gate.set()
+    await busy
+    assert_rows(await batcher.submit(make_rows(1, start=5)), make_rows(1, start=5))
+    assert [row_ids(b) for b in runner.batches] == [[0], [5]]
+    assert make.rejects == ["deadline"]
+
+
+async def test_deadline_while_computing_fails_at_the_deadline(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
+    task = await spawn(batcher.submit(make_rows(1), deadline=time.monotonic() + 0.02))
+    await runner.wait_started(1)
+    with pytest.raises(DeadlineExceededError, match="being computed"):
+        await task
+    assert runner.calls_finished == 0
+
+
+async def test_past_deadline_is_rejected_before_queueing(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, batch_timeout_ms=0)
+    with pytest.raises(DeadlineExceededError):
+        await batcher.submit(make_rows(1), deadline=time.monotonic() - 1)
+    assert runner.batches == []
+
+
+async def test_cancelled_request_rows_are_never_computed(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
+    busy = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    gone = await spawn(batcher.submit(make_rows(3, start=100)))
+    kept = await spawn(batcher.submit(make_rows(1, start=7)))
+    gone.cancel()
+    assert isinstance(await settle(gone), asyncio.CancelledError)
+    assert batcher.queued_rows == 1
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(busy, kept)
+    assert [row_ids(b) for b in runner.batches] == [[0], [7]]
+    assert make.rejects == ["cancelled"]
+
+
+async def test_rows_of_different_signatures_never_share_a_batch(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=20)
+    wide = {"x": np.ones((2, 5), np.float32)}
+    double = {"x": np.ones((1, 4), np.float64)}
+    inputs = [make_rows(1), wide, make_rows(2, start=1), double]
+    results = await asyncio.gather(*(batcher.submit(x) for x in inputs))
+    shapes = sorted((b["x"].shape[1], b["x"].dtype.str, len(b["x"])) for b in runner.batches)
+    assert shapes == [(4, "<f4", 4), (4, "<f8", 1), (5, "<f4", 2)]
+    for result, x in zip(results, inputs, strict=True):
+        assert_rows(result, x)
+
+
+async def test_batches_are_padded_and_padding_is_dropped(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=0)
+    x = make_rows(3)
+    result = await batcher.submit(x)
+    sent = runner.batches[0]["x"]
+    assert sent.shape == (4, 4)
+    np.testing.assert_array_equal(sent[3], x["x"][2])
+    assert_rows(result, x)
+    assert [(r.size, r.padded_size) for r in make.records] == [(3, 4)]
+
+
+async def test_allowed_batch_sizes_choose_the_padding(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=12, batch_timeout_ms=0, allowed_batch_sizes=(5,))
+    await batcher.submit(make_rows(6))
+    assert runner.batch_sizes() == [12]
+
+
+async def test_a_failed_batch_reaches_every_caller_and_the_next_batch_works(
+    make: Harness,
+) -> None:
+    runner = FakeRunner(fail_with=ValueError("boom"))
+    batcher = await make(runner, max_batch_size=2, batch_timeout_ms=LONG_MS)
+    outcomes = await asyncio.gather(
+        *(settle(batcher.submit(make_rows(1, start=i))) for i in range(2))
+    )
+    for outcome in outcomes:
+        assert isinstance(outcome, BatchFailedError)
+        assert str(outcome) == "model failed on a batch of 2 rows: ValueError: boom"
+    runner.fail_with = None
+    x = make_rows(2, start=4)
+    assert_rows(await batcher.submit(x), x)
+    assert [r.ok for r in make.records] == [False, True]
+
+
+async def test_a_shardserve_error_from_the_model_passes_through(make: Harness) -> None:
+    runner = FakeRunner(fail_with=NotReadyError("stage 1 restarting"))
+    batcher = await make(runner, batch_timeout_ms=0)
+    with pytest.raises(NotReadyError, match="stage 1 restarting"):
+        await batcher.submit(make_rows(1))
+
+
+async def test_wrong_output_length_fails_the_batch(make: Harness) -> None:
+    async def short(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"y": np.zeros((len(inputs["x"]) - 2, 2), np.float32)}
+
+    batcher = await make(short, max_batch_size=4, batch_timeout_ms=0)
+    with pytest.raises(BatchFailedError) as info:
+        await batcher.submit(make_rows(3))
+    assert str(info.value) == (
+        "model returned 2 rows for output 'y' on a batch of 3 rows padded to 4; "
+        "expected 4 (or the 3 real rows)"
+    )
+
+
+async def test_stop_drains_queued_rows_then_refuses(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=LONG_MS)
+    inputs = [make_rows(1, start=i) for i in range(3)]
+    tasks = [await spawn(batcher.submit(x)) for x in inputs]
+    await batcher.stop(drain=True)
+    for task, x in zip(tasks, inputs, strict=True):
+        assert_rows(await task, x)
+    assert [(r.size, r.reason) for r in make.records] == [(3, "flush")]
+    with pytest.raises(NotReadyError, match="server is shutting down"):
+        await batcher.submit(make_rows(1))
+
+
+async def test_stop_without_drain_fails_queued_and_running_requests(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
+    running = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    queued = await spawn(batcher.submit(make_rows(1, start=1)))
+    await batcher.stop(drain=False)
+    for task in (running, queued):
+        outcome = await settle(task)
+        assert isinstance(outcome, NotReadyError)
+        assert "server is shutting down" in str(outcome)
+    assert runner.calls_started == 1
+
+
+async def test_reconfigure_applies_to_the_next_batch_and_keeps_queued_rows(
+    make: Harness,
+) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=0)
+    busy = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    queued = await spawn(batcher.submit(make_rows(6, start=1)))
+    policy = batcher.reconfigure(max_batch_size=4)
+    assert (policy.max_batch_size, batcher.policy.max_batch_size) == (4, 4)
+    assert batcher.queued_rows == 6
+    assert runner.gate is not None
+    runner.gate.set()
+    await busy
+    assert_rows(await queued, make_rows(6, start=1))
+    assert [row_ids(b) for b in runner.batches] == [[0], [1, 2, 3, 4], [5, 6]]
+
+
+def test_reconfigure_rejects_bad_values_and_keeps_the_policy() -> None:
+    batcher = Batcher(FakeRunner().run_batch, BatchingPolicy(max_batch_size=8))
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 0"):
+        batcher.reconfigure(max_batch_size=0)
+    with pytest.raises(ValueError, match=r"unknown batching settings \['batch_size'\]"):
+        batcher.reconfigure(batch_size=3)
+    assert batcher.policy == BatchingPolicy(max_batch_size=8)
+
+
+async def test_auto_policy_sends_at_once_when_idle(make: Harness) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None)
+    x = make_rows(1)
+    assert_rows(await batcher.submit(x), x)
+    assert [(r.size, r.reason) for r in make.records] == [(1, "idle")]
+    assert batcher.effective_wait_ms == 0.0
+
+
+async def test_auto_policy_fills_batches_while_busy(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None)
+    busy = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    waiting = [await spawn(batcher.submit(make_rows(2, start=1 + 2 * i))) for i in range(3)]
+    assert runner.calls_started == 1
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(busy, *waiting)
+    assert [(r.size, r.padded_size, r.reason) for r in make.records] == [
+        (1, 1, "idle"),
+        (6, 8, "idle"),
+    ]
+
+
+async def test_auto_policy_with_slo_caps_the_batch_size(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
+    # Seed the run-time model: one row is fast, a batch of 8 would take a whole second.
+    batcher._runtime.observe(1, 0.001)
+    batcher._runtime.observe(8, 1.0)
+    assert batcher.effective_wait_ms == 0.0
+    busy = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    waiting = await spawn(batcher.submit(make_rows(6, start=1)))
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(busy, waiting)
+    assert runner.batch_sizes() == [1, 4, 2]
+
+
+async def test_submit_before_start_is_not_ready() -> None:
+    batcher = Batcher(FakeRunner().run_batch, BatchingPolicy())
+    with pytest.raises(NotReadyError, match="not been started"):
+        await batcher.submit(make_rows(1))
+
+
+async def test_inputs_with_different_row_counts_are_invalid(make: Harness) -> None:
+    batcher = await make(FakeRunner())
+    with pytest.raises(InvalidInputError, match="same number of rows"):
+        await batcher.submit({"x": np.ones((2, 4), np.float32), "z": np.ones((3,), np.float32)})
