@@ -11,8 +11,10 @@ list of ``(start, end)`` half-open ranges that tile ``range(len(nodes))``. Two q
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 Plan = list[tuple[int, int]]
 
@@ -31,6 +33,43 @@ class NodeCost:
     @property
     def cost(self) -> int:
         return self.flops_per_row * REFERENCE_BATCH + self.param_bytes * FLOPS_PER_WEIGHT_BYTE
+
+
+def _row_size(tensor: Any) -> int:
+    # An unknown dimension (a sequence length) counts as 1: the estimate is per known unit.
+    return math.prod(1 if d is None else int(d) for d in tuple(tensor.shape)[1:])
+
+
+def param_bytes(op: Any) -> int:
+    """Bytes of an operation's (or a whole model's) weights."""
+    return sum(math.prod(w.shape) * _itemsize(str(w.dtype)) for w in getattr(op, "weights", ()))
+
+
+def _itemsize(dtype: str) -> int:
+    sizes = {"float64": 8, "int64": 8, "float16": 2, "bfloat16": 2, "int16": 2, "int8": 1}
+    return sizes.get(dtype, 1 if dtype in ("uint8", "bool") else 4)
+
+
+def estimate_flops(op: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> int:
+    """FLOPs per row of one layer call, from shapes: a multiply-add counts 2.
+
+    Layers with a ``kernel`` (Dense, Conv*, EinsumDense, depthwise) do one multiply-add per kernel
+    entry per output position; attention adds the score and weighting products; anything else
+    is charged one FLOP per output element plus two per weight (normalisation, activations).
+    """
+    out_elems = sum(_row_size(t) for t in outputs)
+    weights = list(getattr(op, "weights", ()))
+    kind = type(op).__name__
+    if kind == "MultiHeadAttention" and inputs:
+        seq = max(1, _row_size(inputs[0]) // max(1, int(tuple(inputs[0].shape)[-1] or 1)))
+        n_params = sum(math.prod(w.shape) for w in weights)
+        heads, key_dim = int(op.num_heads), int(op.key_dim)
+        return 2 * n_params * seq + 4 * seq * seq * heads * key_dim
+    kernel = next((w for w in weights if str(w.path).endswith("kernel")), None)
+    if kernel is not None and outputs and tuple(outputs[0].shape)[-1]:
+        positions = max(1, _row_size(outputs[0]) // int(tuple(outputs[0].shape)[-1]))
+        return 2 * math.prod(kernel.shape) * positions
+    return out_elems + 2 * sum(math.prod(w.shape) for w in weights)
 
 
 class PlanError(ValueError):

@@ -1,0 +1,190 @@
+"""The on-disk bundle of a partitioned model: ``manifest.json`` plus one file per stage.
+
+Reading a manifest needs only json and numpy, so the HTTP server can learn the model's signature
+without importing TensorFlow; ``load_stage`` imports Keras lazily and loads one stage's file, so
+no process ever builds the whole model.
+
+A stage file ending in ``.keras`` is a Keras model; one ending in ``.savedmodel`` is a copied TF
+SavedModel directory served whole through ``keras.layers.TFSMLayer``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shards.signature import ModelSignature, TensorSpec
+
+if TYPE_CHECKING:
+    import keras
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SAVEDMODEL_SUFFIX = ".savedmodel"
+
+
+class BundleError(ValueError):
+    """A bundle directory or manifest is missing, unreadable or of an unknown format."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    index: int
+    file: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    param_bytes: int
+    flops_per_row: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "file": self.file,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+            "param_bytes": self.param_bytes,
+            "flops_per_row": self.flops_per_row,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StageSpec:
+        return cls(
+            index=int(data["index"]),
+            file=str(data["file"]),
+            inputs=tuple(TensorSpec.from_json(t) for t in data["inputs"]),
+            outputs=tuple(TensorSpec.from_json(t) for t in data["outputs"]),
+            param_bytes=int(data["param_bytes"]),
+            flops_per_row=int(data["flops_per_row"]),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    signature: ModelSignature
+    stages: tuple[StageSpec, ...]
+    source: str
+    source_sha256: str
+    imports: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "signature": self.signature.to_json(),
+            "stages": [s.to_json() for s in self.stages],
+            "source": self.source,
+            "source_sha256": self.source_sha256,
+            "imports": list(self.imports),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise BundleError(
+                f"manifest format_version is {version!r}; this shardserve reads version "
+                f"{FORMAT_VERSION} (re-partition the model with this version)"
+            )
+        return cls(
+            format_version=FORMAT_VERSION,
+            signature=ModelSignature.from_json(data["signature"]),
+            stages=tuple(StageSpec.from_json(s) for s in data["stages"]),
+            source=str(data["source"]),
+            source_sha256=str(data["source_sha256"]),
+            imports=tuple(str(m) for m in data.get("imports", ())),
+        )
+
+    @property
+    def total_param_bytes(self) -> int:
+        return sum(s.param_bytes for s in self.stages)
+
+
+def read_manifest(bundle_dir: str | Path) -> Manifest:
+    bundle = Path(bundle_dir)
+    if not bundle.is_dir():
+        raise BundleError(f"bundle directory {str(bundle)!r} does not exist or is not a directory")
+    path = bundle / MANIFEST_NAME
+    if not path.is_file():
+        raise BundleError(
+            f"{str(bundle)!r} has no {MANIFEST_NAME}; expected a bundle written by "
+            "`shardserve partition`"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"cannot read {str(path)!r} as JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BundleError(f"{str(path)!r} holds a {type(data).__name__}; expected a JSON object")
+    try:
+        return Manifest.from_json(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, BundleError):
+            raise
+        raise BundleError(f"{str(path)!r} is not a valid manifest: {exc!r}") from exc
+
+
+def write_manifest(bundle_dir: str | Path, manifest: Manifest) -> None:
+    path = Path(bundle_dir) / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def import_modules(names: Iterable[str]) -> None:
+    """Import the modules that register a model's custom layers before a stage is loaded."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise BundleError(
+                f"cannot import module {name!r} listed in the bundle's imports ({exc}); "
+                "install it or put it on PYTHONPATH"
+            ) from exc
+
+
+def load_stage(bundle_dir: str | Path, index: int, imports: Iterable[str] = ()) -> keras.Model:
+    import_modules(imports)
+    manifest = read_manifest(bundle_dir)
+    if not 0 <= index < len(manifest.stages):
+        raise BundleError(
+            f"stage index {index} is out of range; the bundle has {len(manifest.stages)} stages"
+        )
+    spec = manifest.stages[index]
+    path = Path(bundle_dir) / spec.file
+    if not path.exists():
+        raise BundleError(f"stage {index} file {str(path)!r} is missing from the bundle")
+    if spec.file.endswith(SAVEDMODEL_SUFFIX):
+        return _wrap_savedmodel(path, spec)
+
+    import keras
+
+    return keras.saving.load_model(path, compile=False)
+
+
+def _wrap_savedmodel(path: Path, spec: StageSpec) -> keras.Model:
+    """A Keras model over the SavedModel's ``serving_default`` signature, inputs and outputs in
+    the stage's order. ``TFSMLayer`` alone passes one positional argument, which a signature with
+    several named inputs refuses, so the call binds them by name."""
+    import keras
+
+    input_names = [t.name for t in spec.inputs]
+    output_names = [t.name for t in spec.outputs]
+
+    class SignatureLayer(keras.layers.TFSMLayer):  # type: ignore[misc]
+        def call(self, inputs: Any, training: bool = False) -> Any:
+            args = inputs if isinstance(inputs, list | tuple) else [inputs]
+            out = self.call_endpoint_fn(**dict(zip(input_names, args, strict=True)))
+            return [out[n] for n in output_names]
+
+    layer = SignatureLayer(str(path), call_endpoint="serving_default", name="savedmodel")
+    inputs = [keras.Input(shape=t.shape, dtype=t.dtype, name=t.name) for t in spec.inputs]
+    outputs = layer(inputs)
+    return keras.Model(
+        inputs=inputs[0] if len(inputs) == 1 else inputs,
+        outputs=outputs[0] if len(outputs) == 1 else outputs,
+    )
