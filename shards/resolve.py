@@ -1,0 +1,147 @@
+"""Turn what the user named as ``--model`` into a bundle directory, partitioning on the fly.
+
+Accepted: a bundle directory, a ``.keras`` file, a TF SavedModel directory, or a demo model name.
+Partitioned bundles are cached under ``cache_dir`` by the source's content and the options, and
+written to a temporary directory that is renamed into place, so a crash or a concurrent resolver
+never leaves a half-written bundle where a later call would reuse it.
+
+TensorFlow is imported only when a model must be partitioned (inside the function), so importing
+this module is cheap; callers run it in a Ray task to keep TensorFlow out of the HTTP process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shards.bundle import FORMAT_VERSION, MANIFEST_NAME, BundleError, Manifest, read_manifest
+
+if TYPE_CHECKING:
+    import keras
+
+
+class ResolveError(ValueError):
+    """The model argument names nothing servable, or contradicts an existing bundle."""
+
+
+DEMO_NAMES = ("demo-tiny", "demo-mlp", "demo-resnet")
+ACCEPTED = (
+    "a bundle directory (with manifest.json), a .keras file, a TF SavedModel directory (with "
+    f"saved_model.pb), or a demo model name ({', '.join(DEMO_NAMES)})"
+)
+
+
+def resolve_bundle(
+    model: str,
+    *,
+    stages: int | None,
+    max_stage_bytes: int | None,
+    imports: Sequence[str] = (),
+    cache_dir: Path,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    path = Path(model).expanduser()
+    if (path / MANIFEST_NAME).is_file():
+        _check_bundle_options(path, read_manifest(path), stages, max_stage_bytes)
+        return path
+    options = f"stages={stages};max_stage_bytes={max_stage_bytes};imports={list(imports)}"
+    options += f";format={FORMAT_VERSION}"
+    if path.is_dir() and (path / "saved_model.pb").is_file():
+        key = _sha256(_sha256_file(path / "saved_model.pb") + options)
+    elif path.is_file() and path.suffix == ".keras":
+        key = _sha256(_sha256_file(path) + options)
+    elif model in DEMO_NAMES:
+        key = f"{model}-{_sha256(options)[:16]}"
+    elif path.exists():
+        raise ResolveError(f"cannot serve {model!r}: expected {ACCEPTED}")
+    else:
+        raise ResolveError(f"{model!r} does not exist and is not a demo model; expected {ACCEPTED}")
+
+    final = Path(cache_dir) / key
+    if _is_bundle(final):
+        return final
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".partial-{key[:24]}-", dir=cache_dir))
+    try:
+        _partition(model, path, tmp, stages, max_stage_bytes, imports, progress)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another resolver finished the same bundle first; its copy is as good as ours.
+            if not _is_bundle(final):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _partition(
+    model: str,
+    path: Path,
+    out: Path,
+    stages: int | None,
+    max_stage_bytes: int | None,
+    imports: Sequence[str],
+    progress: Callable[[str], None] | None,
+) -> Manifest:
+    from shards.partition import partition_to_bundle
+
+    if path.exists():
+        source: Path | keras.Model = path
+        name = None
+    else:
+        from shards.models import build_demo
+
+        source, name = build_demo(model), f"demo:{model}"
+    return partition_to_bundle(
+        source,
+        out,
+        stages=stages,
+        max_stage_bytes=max_stage_bytes,
+        imports=imports,
+        source_name=name,
+        progress=progress,
+    )
+
+
+def _check_bundle_options(
+    path: Path, manifest: Manifest, stages: int | None, max_stage_bytes: int | None
+) -> None:
+    if stages is not None and stages != len(manifest.stages):
+        raise ResolveError(
+            f"bundle {str(path)!r} has {len(manifest.stages)} stages but stages={stages} was "
+            "asked; drop the option or re-partition the source model"
+        )
+    if max_stage_bytes is not None:
+        for spec in manifest.stages:
+            if spec.param_bytes > max_stage_bytes:
+                raise ResolveError(
+                    f"bundle {str(path)!r} stage {spec.index} holds {spec.param_bytes} weight "
+                    f"bytes, over max_stage_bytes={max_stage_bytes}; re-partition the source "
+                    "model with this budget"
+                )
+
+
+def _is_bundle(path: Path) -> bool:
+    try:
+        read_manifest(path)
+    except BundleError:
+        return False
+    return True
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
