@@ -68,7 +68,7 @@ def test_missing_manifest(tmp_path: Path) -> None:
 
 def test_bad_json(tmp_path: Path) -> None:
     (tmp_path / MANIFEST_NAME).write_text("{not json")
-    with pytest.raises(BundleError, match="cannot read .* as JSON"):
+    with pytest.raises(BundleError, match=r"cannot read .* as JSON"):
         read_manifest(tmp_path)
 
 
@@ -83,7 +83,7 @@ def test_missing_field(tmp_path: Path) -> None:
     data = make_manifest().to_json()
     del data["signature"]
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
-    with pytest.raises(BundleError, match="not a valid manifest.*signature"):
+    with pytest.raises(BundleError, match=r"not a valid manifest.*signature"):
         read_manifest(tmp_path)
 
 
@@ -114,7 +114,7 @@ def test_load_stage_index_out_of_range(tmp_path: Path) -> None:
 
 def test_load_stage_missing_file(tmp_path: Path) -> None:
     write_manifest(tmp_path, make_manifest())
-    with pytest.raises(BundleError, match="stage 1 file .*stage_001.keras' is missing"):
+    with pytest.raises(BundleError, match=r"stage 1 file .*stage_001.keras' is missing"):
         load_stage(tmp_path, 1)
 
 
