@@ -8,12 +8,12 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from model_zoo import ZOO, call_whole, multi_io, residual, sequential
 
 from shards.bundle import read_manifest
 from shards.graph import PartitionError, analyse
 from shards.partition import partition_to_bundle, run_chain
 from shards.plan import PlanError
-from tests.shards.model_zoo import ZOO, call_whole, multi_io, residual, sequential
 
 TOLERANCE = 1e-5
 
