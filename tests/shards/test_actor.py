@@ -33,9 +33,7 @@ def manifest(seq_bundle: tuple[Path, keras.Model, Inputs]) -> Manifest:
 
 
 @pytest.fixture(scope="module")
-def actors(
-    ray_address: str, seq_bundle: tuple[Path, keras.Model, Inputs]
-) -> Iterator[list[Any]]:
+def actors(ray_address: str, seq_bundle: tuple[Path, keras.Model, Inputs]) -> Iterator[list[Any]]:
     remote = ray.remote(ShardActor).options(num_cpus=1, max_concurrency=1)
     handles = [remote.remote(str(seq_bundle[0]), k, WARM_SIZES) for k in range(2)]
     yield handles

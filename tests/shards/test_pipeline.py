@@ -1,0 +1,235 @@
+"""PipelineGroup on the session Ray (4 logical CPUs, 0 GPUs): exact outputs through chained
+stages, stages overlapping in time, surviving a killed shard, replicas, clear placement errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import ray
+from model_zoo import Inputs, call_whole, encoder, sequential
+
+from shards.bundle import read_manifest
+from shards.partition import partition_to_bundle
+from shards.pipeline import (
+    InsufficientResourcesError,
+    PipelineGroup,
+    PipelineOptions,
+    PipelineStartError,
+)
+
+Case = tuple[Path, keras.Model, Inputs]
+
+
+def _partitioned(tmp: Path, build: object) -> Case:
+    model, inputs = build()  # type: ignore[operator]
+    partition_to_bundle(model, tmp, stages=2)
+    return tmp, model, inputs
+
+
+@pytest.fixture(scope="module")
+def seq_case(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    return _partitioned(tmp_path_factory.mktemp("seq"), sequential)
+
+
+@pytest.fixture(scope="module")
+def encoder_case(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    return _partitioned(tmp_path_factory.mktemp("encoder"), encoder)
+
+
+def _assert_matches(out: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert list(out) == list(expected)
+    for name, want in expected.items():
+        np.testing.assert_allclose(out[name], want, atol=1e-5, rtol=0)
+
+
+async def test_two_stages_match_the_whole_model(ray_address: str, seq_case: Case) -> None:
+    bundle, model, inputs = seq_case
+    group = await PipelineGroup.create(bundle, PipelineOptions(batch_sizes=(3,)))
+    try:
+        out = await group.run(inputs)
+        infos = await group.describe()
+    finally:
+        await group.close()
+
+    _assert_matches(out, call_whole(model, inputs))
+    assert group.num_stages == 2 and group.replicas == 1
+    assert [i["stage_index"] for i in infos] == [0, 1]
+
+
+async def test_model_input_routed_past_stage_0_to_stage_1(
+    ray_address: str, encoder_case: Case
+) -> None:
+    bundle, model, inputs = encoder_case
+    stages = read_manifest(bundle).stages
+    # The mask is a model input that the last stage reads directly, not through stage 0.
+    assert "mask" in [t.name for t in stages[1].inputs]
+    assert "mask" not in [t.name for t in stages[0].outputs]
+    group = await PipelineGroup.create(bundle, PipelineOptions(batch_sizes=(3,)))
+    try:
+        out = await group.run(inputs)
+    finally:
+        await group.close()
+
+    _assert_matches(out, call_whole(model, inputs))
+
+
+def _overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+async def test_stages_work_on_different_batches_at_the_same_time(
+    ray_address: str, seq_case: Case
+) -> None:
+    bundle, _, inputs = seq_case
+    options = PipelineOptions(batch_sizes=(3,), simulate_device_ms=100.0)
+    group = await PipelineGroup.create(bundle, options)
+    try:
+        await asyncio.gather(*(group.run(inputs) for _ in range(4)))
+        stats = {s["stage_index"]: s["intervals"] for s in await group.stats()}
+    finally:
+        await group.close()
+
+    assert len(stats[0]) == len(stats[1]) == 4
+    # A sync actor runs its calls in submission order, so interval n is batch n on both stages.
+    for n in range(3):
+        assert _overlaps(stats[0][n + 1], stats[1][n]), (n, stats)
+
+
+async def test_killed_shard_costs_latency_not_requests(ray_address: str, seq_case: Case) -> None:
+    bundle, model, inputs = seq_case
+    group = await PipelineGroup.create(bundle, PipelineOptions(batch_sizes=(1,)))
+    rows = [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(3)] * 8
+    expected = [call_whole(model, r) for r in rows]
+    first_answer = asyncio.Event()
+    try:
+        victim = (await group.describe())[1]
+
+        async def client(start: int) -> list[dict[str, np.ndarray]]:
+            answers = []
+            for r in rows[start::4]:
+                answers.append(await group.run(r))
+                first_answer.set()
+            return answers
+
+        clients = [asyncio.ensure_future(client(i)) for i in range(4)]
+        await first_answer.wait()
+        os.kill(victim["pid"], signal.SIGKILL)
+        answers = await asyncio.gather(*clients)
+        after = (await group.describe())[1]
+    finally:
+        await group.close()
+
+    for start, got in enumerate(answers):
+        for out, want in zip(got, expected[start::4], strict=True):
+            _assert_matches(out, want)
+    assert after["pid"] != victim["pid"]
+
+
+async def test_batches_spread_over_both_replicas(ray_address: str, seq_case: Case) -> None:
+    bundle, model, inputs = seq_case
+    group = await PipelineGroup.create(bundle, PipelineOptions(replicas=2, batch_sizes=(3,)))
+    try:
+        outs = await asyncio.gather(*(group.run(inputs) for _ in range(6)))
+        stats = await group.stats()
+    finally:
+        await group.close()
+
+    for out in outs:
+        _assert_matches(out, call_whole(model, inputs))
+    calls = {(s["replica"], s["stage_index"]): s["calls"] for s in stats}
+    assert calls[(0, 0)] > 0 and calls[(1, 0)] > 0
+    assert calls[(0, 0)] + calls[(1, 0)] == 6
+
+
+@pytest.mark.parametrize(
+    ("options", "needed"),
+    [
+        (PipelineOptions(gpus_per_shard=1), "GPU=2"),
+        (PipelineOptions(replicas=3), "CPU=6"),
+        (PipelineOptions(stage_resources=({"tpu_host": 1}, {})), "tpu_host=1"),
+    ],
+)
+async def test_missing_resources_raise_instead_of_hanging(
+    ray_address: str, seq_case: Case, options: PipelineOptions, needed: str
+) -> None:
+    with pytest.raises(InsufficientResourcesError, match=needed):
+        await PipelineGroup.create(seq_case[0], options)
+
+    assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+
+
+async def test_broken_stage_file_names_the_stage(
+    ray_address: str, seq_case: Case, tmp_path: Path
+) -> None:
+    bundle = tmp_path / "broken"
+    shutil.copytree(seq_case[0], bundle)
+    (bundle / read_manifest(bundle).stages[1].file).write_bytes(b"not a keras file")
+
+    with pytest.raises(PipelineStartError, match="stage 1 of replica 0"):
+        await PipelineGroup.create(bundle, PipelineOptions(max_restarts=0))
+
+
+_GPU_SCRIPT = """
+import asyncio, json, sys
+import numpy as np
+import ray
+from shards.models import build_demo
+from shards.partition import partition_to_bundle
+from shards.pipeline import PipelineGroup, PipelineOptions
+
+async def main():
+    model = build_demo("demo-tiny")
+    partition_to_bundle(model, sys.argv[1], stages=2)
+    group = await PipelineGroup.create(sys.argv[1], PipelineOptions(gpus_per_shard=1))
+    try:
+        specs = group.signature.inputs
+        rng = np.random.default_rng(0)
+        batch = {t.name: rng.normal(size=(2, *t.shape)).astype(t.dtype) for t in specs}
+        out = await group.run(batch)
+        whole = model([batch[t.name] for t in specs] if len(specs) > 1 else batch[specs[0].name])
+        whole = whole if isinstance(whole, (list, tuple)) else [whole]
+        diff = max(float(np.abs(out[n] - np.asarray(w)).max())
+                   for n, w in zip(group.signature.output_names, whole))
+        print("RESULT " + json.dumps({"infos": await group.describe(), "diff": diff}))
+    finally:
+        await group.close()
+
+ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False)
+asyncio.run(main())
+ray.shutdown()
+"""
+
+
+def test_declared_gpus_give_each_shard_its_own_gpu(tmp_path: Path) -> None:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    script = tmp_path / "gpu_pipeline.py"
+    script.write_text(textwrap.dedent(_GPU_SCRIPT))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "bundle")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+
+    infos = result["infos"]
+    assert [len(i["gpu_ids"]) for i in infos] == [1, 1]
+    assert len({i["gpu_ids"][0] for i in infos}) == 2
+    assert len({i["cuda_visible_devices"] for i in infos}) == 2
+    assert all(i["device"] == "/CPU:0" for i in infos)
+    assert result["diff"] <= 1e-5
