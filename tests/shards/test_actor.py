@@ -34,7 +34,7 @@ def manifest(seq_bundle: tuple[Path, keras.Model, Inputs]) -> Manifest:
 
 @pytest.fixture(scope="module")
 def actors(ray_address: str, seq_bundle: tuple[Path, keras.Model, Inputs]) -> Iterator[list[Any]]:
-    remote = ray.remote(ShardActor).options(num_cpus=1, max_concurrency=1)
+    remote: Any = ray.remote(ShardActor).options(num_cpus=1, max_concurrency=1)
     handles = [remote.remote(str(seq_bundle[0]), k, WARM_SIZES) for k in range(2)]
     yield handles
     for handle in handles:
@@ -81,7 +81,7 @@ def test_no_retrace_at_any_batch_size_after_warmup(actors: list[Any], manifest: 
     spec = manifest.signature.inputs[0]
 
     for rows in [*WARM_SIZES, 2, 5, 17]:
-        batch = {spec.name: np.ones((rows, *spec.shape), spec.dtype)}
+        batch = {spec.name: np.ones((rows, *(d or 1 for d in spec.shape)), spec.dtype)}
         out = ray.get(actors[1].forward.remote(actors[0].forward.remote(batch)))
         assert all(v.shape[0] == rows for v in out.values())
 
@@ -100,11 +100,12 @@ def test_simulated_stage_returns_zeros_of_its_output_specs(
     ray_address: str, seq_bundle: tuple[Path, keras.Model, Inputs], manifest: Manifest
 ) -> None:
     stage = manifest.stages[0]
-    remote = ray.remote(ShardActor).options(num_cpus=2, max_concurrency=1)
+    remote: Any = ray.remote(ShardActor).options(num_cpus=2, max_concurrency=1)
     actor = remote.remote(str(seq_bundle[0]), 0, [4], simulate_device_ms=20.0)
     try:
         out = ray.get(actor.forward.remote(seq_bundle[2]))
-        stats, info = ray.get([actor.stats.remote(), actor.info.remote()])
+        stats: dict[str, Any] = ray.get(actor.stats.remote())
+        info: dict[str, Any] = ray.get(actor.info.remote())
     finally:
         ray.kill(actor)
 
