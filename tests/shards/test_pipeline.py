@@ -169,6 +169,19 @@ async def test_missing_resources_raise_instead_of_hanging(
     assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
 
 
+async def test_placement_that_cannot_be_met_now_times_out_clearly(
+    ray_address: str, seq_case: Case
+) -> None:
+    # The cluster has the CPUs in total, but a placement group holds all of them.
+    blocker = ray.util.placement_group([{"CPU": 4}])
+    await blocker.ready()
+    try:
+        with pytest.raises(PipelineStartError, match=r"not ready after 0\.5 s"):
+            await PipelineGroup.create(seq_case[0], PipelineOptions(ready_timeout_s=0.5))
+    finally:
+        ray.util.remove_placement_group(blocker)
+
+
 async def test_broken_stage_file_names_the_stage(
     ray_address: str, seq_case: Case, tmp_path: Path
 ) -> None:
