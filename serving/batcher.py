@@ -252,7 +252,10 @@ class Batcher:
         limit = policy.max_batch_size
         if policy.is_auto and policy.slo_p99_ms is not None:
             budget_s = policy.slo_p99_ms / 1000 - (now - oldest)
-            limit = self._runtime.largest_within(budget_s, policy.batch_sizes())
+            # When even the smallest batch would miss the SLO, shrinking cannot save these rows
+            # and would only cut throughput while overloaded: send a full batch instead.
+            fitting = self._runtime.largest_within(budget_s, policy.batch_sizes())
+            limit = fitting or policy.max_batch_size
         segments = self._queues.take(key, limit)
         rows = sum(count for _, _, count in segments)
         self._inflight += 1

@@ -108,13 +108,13 @@ class RunTimeModel:
         nearest = min(self._seconds, key=lambda s: (abs(s - padded_size), -s))
         return self._seconds[nearest] * padded_size / nearest
 
-    def largest_within(self, budget_s: float, sizes: tuple[int, ...]) -> int:
-        """The largest of ``sizes`` predicted to finish within ``budget_s`` (else the smallest).
+    def largest_within(self, budget_s: float, sizes: tuple[int, ...]) -> int | None:
+        """The largest of ``sizes`` predicted to finish within ``budget_s``; None if none is.
 
-        Unmeasured sizes count as fitting while nothing has been measured: with no data, the
-        auto policy batches as it would without an SLO.
+        With nothing measured every size fits, so the auto policy batches as it would without
+        an SLO.
         """
-        best = sizes[0]
+        best = None
         for size in sizes:
             predicted = self.predict(size)
             if predicted is None or predicted <= budget_s:

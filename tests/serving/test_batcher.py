@@ -379,3 +379,30 @@ async def test_inputs_with_different_row_counts_are_invalid(make: Harness) -> No
     batcher = await make(FakeRunner())
     with pytest.raises(InvalidInputError, match="same number of rows"):
         await batcher.submit({"x": np.ones((2, 4), np.float32), "z": np.ones((3,), np.float32)})
+
+
+async def test_cancelled_drain_fails_what_is_left(make: Harness) -> None:
+    # A server that bounds its drain (wait_for around stop) must still answer every request.
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
+    running = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    stopping = await spawn(batcher.stop(drain=True))
+    stopping.cancel()
+    assert isinstance(await settle(stopping), asyncio.CancelledError)
+    outcome = await settle(running)
+    assert isinstance(outcome, NotReadyError)
+    assert "server is shutting down" in str(outcome)
+
+
+async def test_auto_policy_sends_full_batches_once_the_slo_is_lost(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
+    batcher._runtime.observe(1, 0.5)  # even one row misses the SLO: shrinking cannot help
+    busy = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    waiting = await spawn(batcher.submit(make_rows(6, start=1)))
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(busy, waiting)
+    assert runner.batch_sizes() == [1, 8]
