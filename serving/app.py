@@ -34,6 +34,7 @@ log = logging.getLogger("shardserve")
 RunnerFactory = Callable[[Settings], Awaitable[ModelRunner]]
 TIMEOUT_HEADER = "x-request-timeout-ms"
 _STATS_PERIOD_S = 5.0
+_DRAIN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -144,12 +145,14 @@ def create_app(
         finally:
             state.accepting = False
             poller.cancel()
-            if not loader.done():
-                loader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loader
+            loader.cancel()
+            await asyncio.gather(loader, poller, return_exceptions=True)
             if state.batcher is not None:
-                await state.batcher.stop(drain=True)
+                try:
+                    await asyncio.wait_for(state.batcher.stop(drain=True), _DRAIN_TIMEOUT_S)
+                except TimeoutError:
+                    log.warning("drain took over %.0f s; failing what is left", _DRAIN_TIMEOUT_S)
+                    await state.batcher.stop(drain=False)
             if state.runner is not None:
                 await state.runner.close()
 

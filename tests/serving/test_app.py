@@ -1,0 +1,239 @@
+"""HTTP behaviour through httpx + ASGI transport, with the fake runner (no Ray, no TensorFlow)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from asgi_lifespan import LifespanManager
+
+from serving.app import create_app
+from serving.config import Settings
+from shards.signature import ModelSignature, TensorSpec
+from tests.fakes import FakeRunner, expected_outputs
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    runner: FakeRunner, *, wait_ready: bool = True, **overrides: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(
+        model="fake", **{"batch_timeout_ms": 1000.0, "max_batch_size": 4, **overrides}
+    )
+
+    async def factory(_: Settings) -> FakeRunner:
+        return runner
+
+    app = create_app(settings, factory)
+    async with LifespanManager(app) as manager:
+        if wait_ready:
+            await app.state.shardserve.ready.wait()
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            client.shardserve = app.state.shardserve  # type: ignore[attr-defined]
+            yield client
+
+
+def row(i: int) -> list[float]:
+    return [float(i), 1.0, 2.0, 3.0]
+
+
+def expected_row(i: int) -> list[float]:
+    return expected_outputs({"x": np.array([row(i)], np.float32)})["y"][0].tolist()
+
+
+async def test_concurrent_requests_share_one_batch() -> None:
+    runner = FakeRunner()
+    async with serve(runner) as client:
+        runner.batches.clear()  # forget the warm-up batch
+        responses = await asyncio.gather(
+            *(client.post("/predict", json={"instances": [row(i)]}) for i in range(4))
+        )
+    assert [r.status_code for r in responses] == [200] * 4
+    assert [r.json()["predictions"] for r in responses] == [[expected_row(i)] for i in range(4)]
+    assert runner.batch_sizes() == [4]
+
+
+async def test_named_route_and_columnar_form() -> None:
+    async with serve(FakeRunner(), batch_timeout_ms=0) as client:
+        r = await client.post("/v1/models/fake:predict", json={"inputs": [row(1), row(2)]})
+        assert r.status_code == 200
+        assert r.json() == {"outputs": [expected_row(1), expected_row(2)]}
+        r = await client.post("/v1/models/other:predict", json={"inputs": [row(1)]})
+        assert r.status_code == 404
+        assert r.json() == {"error": "model 'other' not found; this server serves 'fake'"}
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status", "message"),
+    [
+        (b"{oops", {}, 400, "body is not valid JSON"),
+        (b'{"rows": [[1, 2, 3, 4]]}', {}, 400, "unknown key(s) ['rows']"),
+        (
+            b'{"instances": [[1, 2, 3]]}',
+            {},
+            400,
+            "input 'x' has shape (1, 3); expected (n, 4) float32",
+        ),
+        (b'{"instances": [[1, 2, 3, 4], [1, 2]]}', {}, 400, "ragged"),
+        (b'{"instances": [["a", "b", "c", "d"]]}', {}, 400, "holds strings"),
+        (b'{"instances": []}', {}, 400, '"instances" is empty'),
+        (
+            b'{"instances": [{"y": [1, 2, 3, 4]}]}',
+            {},
+            400,
+            "unknown input(s) ['y']; expected ['x']",
+        ),
+        (
+            b'{"instances": [[1, 2, 3, 4]]}',
+            {"x-request-timeout-ms": "soon"},
+            400,
+            "X-Request-Timeout-Ms",
+        ),
+        (
+            b'{"instances": [' + b"[1, 2, 3, 4]," * 400 + b"[1, 2, 3, 4]]}",
+            {},
+            413,
+            "over the limit of 4096 bytes",
+        ),
+    ],
+)
+async def test_bad_input_gets_4xx_with_reason(
+    content: bytes, headers: dict[str, str], status: int, message: str
+) -> None:
+    async with serve(FakeRunner(), batch_timeout_ms=0, max_body_bytes=4096) as client:
+        r = await client.post(
+            "/predict", content=content, headers={"content-type": "application/json", **headers}
+        )
+    assert r.status_code == status
+    assert message in r.json()["error"]
+    assert "Traceback" not in r.text
+
+
+async def test_bad_request_leaves_batch_mates_answered() -> None:
+    runner = FakeRunner()
+    async with serve(runner) as client:
+        runner.batches.clear()
+        good = [client.post("/predict", json={"instances": [row(i)]}) for i in range(4)]
+        bad = client.post("/predict", json={"instances": [[1, 2]]})
+        *goods, bad_r = await asyncio.gather(*good, bad)
+    assert bad_r.status_code == 400
+    assert [r.json()["predictions"] for r in goods] == [[expected_row(i)] for i in range(4)]
+    assert runner.batch_sizes() == [4]
+
+
+async def test_model_failure_is_500_without_stack_trace() -> None:
+    runner = FakeRunner(fail_with=RuntimeError("device lost"))
+    async with serve(runner, wait_ready=False, batch_timeout_ms=0) as client:
+        r = await client.get("/readyz")
+        assert r.status_code == 503 and "device lost" in r.json()["error"]  # warm-up failed
+        r = await client.post("/predict", json={"instances": [row(1)]})
+    assert r.status_code == 503
+    assert "model failed to load" in r.json()["error"]
+
+
+async def test_batch_failure_reaches_caller_as_500() -> None:
+    runner = FakeRunner()
+    async with serve(runner, batch_timeout_ms=0) as client:
+        runner.fail_with = ValueError("bad weights")
+        r = await client.post("/predict", json={"instances": [row(1)]})
+    assert r.status_code == 500
+    assert "bad weights" in r.json()["error"]
+    assert "Traceback" not in r.text
+
+
+async def test_readyz_is_503_until_loaded() -> None:
+    release = asyncio.Event()
+    runner = FakeRunner()
+
+    async def slow_factory(_: Settings) -> FakeRunner:
+        await release.wait()
+        return runner
+
+    app = create_app(Settings(model="fake", batch_timeout_ms=0), slow_factory)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            assert (await client.get("/healthz")).status_code == 200
+            r = await client.get("/readyz")
+            assert (r.status_code, r.json()["status"]) == (503, "loading")
+            r = await client.post("/predict", json={"instances": [row(1)]})
+            assert r.status_code == 503 and "still loading" in r.json()["error"]
+            release.set()
+            await app.state.shardserve.ready.wait()
+            assert (await client.get("/readyz")).status_code == 200
+            assert (await client.post("/predict", json={"instances": [row(1)]})).status_code == 200
+
+
+async def test_queue_full_is_503_with_retry_after() -> None:
+    gate = asyncio.Event()
+    runner = FakeRunner()
+    async with serve(
+        runner, batch_timeout_ms=0, max_batch_size=2, max_queue_rows=2, max_inflight_batches=1
+    ) as client:
+        runner.gate = gate
+        first = asyncio.create_task(client.post("/predict", json={"instances": [row(0), row(1)]}))
+        await runner.wait_started(2)  # the warm-up was call 1; this batch holds the only slot
+        queued = asyncio.create_task(client.post("/predict", json={"instances": [row(2), row(3)]}))
+        async with asyncio.timeout(5):
+            while runner_queue(client) < 2:
+                await asyncio.sleep(0.001)
+        r = await client.post("/predict", json={"instances": [row(4)]})
+        assert r.status_code == 503
+        assert int(r.headers["retry-after"]) >= 1
+        assert "queue" in r.json()["error"]
+        gate.set()
+        assert (await first).status_code == 200 and (await queued).status_code == 200
+
+
+def runner_queue(client: httpx.AsyncClient) -> int:
+    return int(client.shardserve.batcher.queued_rows)  # type: ignore[attr-defined]
+
+
+async def test_deadline_header_gives_504_and_rows_are_not_computed() -> None:
+    gate = asyncio.Event()
+    runner = FakeRunner()
+    async with serve(runner, batch_timeout_ms=0, max_inflight_batches=1) as client:
+        runner.gate = gate
+        first = asyncio.create_task(client.post("/predict", json={"instances": [row(0)]}))
+        await runner.wait_started(2)
+        r = await client.post(
+            "/predict", json={"instances": [row(7)]}, headers={"X-Request-Timeout-Ms": "30"}
+        )
+        assert r.status_code == 504
+        gate.set()
+        assert (await first).status_code == 200
+    assert all(7 not in b["x"][:, 0] for b in runner.batches)
+
+
+async def test_metadata_status_and_metrics() -> None:
+    sig = ModelSignature(
+        "fake",
+        (TensorSpec("a", (2,), "float32"), TensorSpec("b", (None,), "int32")),
+        (TensorSpec("y", (2,), "float32"),),
+    )
+    async with serve(FakeRunner(sig), batch_timeout_ms=0) as client:
+        meta = (await client.get("/v1/models/fake/metadata")).json()
+        assert meta["inputs"] == [
+            {"name": "a", "shape": [2], "dtype": "float32"},
+            {"name": "b", "shape": [None], "dtype": "int32"},
+        ]
+        assert meta["max_batch_size"] == 4 and meta["num_stages"] == 1
+        status = (await client.get("/v1/models/fake")).json()
+        assert status["model_version_status"][0]["state"] == "AVAILABLE"
+        r = await client.post("/predict", json={"instances": [{"a": [1, 2], "b": [3, 4, 5]}]})
+        assert r.status_code == 200
+        assert r.json()["predictions"][0] == [15.0, 5.0]
+        text = (await client.get("/metrics")).text
+    assert 'shardserve_request_latency_seconds_count{status="200"} 1.0' in text
+    assert "shardserve_batch_size_rows_bucket" in text
+    assert (
+        'shardserve_batch_close_total{reason="timeout"}' in text
+        or "shardserve_batch_close_total{" in text
+    )
+    assert "shardserve_queue_rows" in text
