@@ -35,6 +35,7 @@ RunnerFactory = Callable[[Settings], Awaitable[ModelRunner]]
 TIMEOUT_HEADER = "x-request-timeout-ms"
 _STATS_PERIOD_S = 5.0
 _DRAIN_TIMEOUT_S = 30.0
+_CLOSE_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -154,7 +155,10 @@ def create_app(
                     log.warning("drain took over %.0f s; failing what is left", _DRAIN_TIMEOUT_S)
                     await state.batcher.stop(drain=False)
             if state.runner is not None:
-                await state.runner.close()
+                try:
+                    await asyncio.wait_for(state.runner.close(), _CLOSE_TIMEOUT_S)
+                except Exception:  # a dead Ray must not keep the process from exiting
+                    log.warning("closing the model runner failed", exc_info=True)
 
     app = FastAPI(title="shardserve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     _install_error_handlers(app)

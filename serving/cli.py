@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -167,4 +166,4 @@ def main() -> None:  # pragma: no cover - console entry for `python -m serving.c
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -225,8 +225,9 @@ class PipelineGroup:
 
     async def close(self) -> None:
         pipelines, self._pipelines = self._pipelines, []
+        # Ray's kill/remove calls block; off the event loop they cannot stall a shutdown.
         for pipeline in pipelines:
-            pipeline.close()
+            await asyncio.to_thread(pipeline.close)
 
 
 def stage_bundles(

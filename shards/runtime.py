@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,26 @@ def connect(
     if ray.is_initialized():
         log.info("reusing the Ray instance already initialized in this process")
         return str(ray.get_runtime_context().gcs_address)
+    # Ray's driver installs C-level handlers for SIGTERM/SIGINT that end the process at once;
+    # put back the Python handlers (uvicorn's graceful shutdown) that were there before.
+    saved = _python_signal_handlers()
+    try:
+        _init(address, num_cpus=num_cpus, num_gpus=num_gpus)
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def _python_signal_handlers() -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _init(address: str | None, *, num_cpus: int | None, num_gpus: int | None) -> None:
+    tf_log_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
+    runtime_env = {"env_vars": {"TF_CPP_MIN_LOG_LEVEL": tf_log_level}}
     if address is None:
         # address="local" always starts a new private instance; a bare ray.init() would attach
         # to any cluster already running on this machine.
@@ -41,6 +64,7 @@ def connect(
             num_gpus=num_gpus,
             include_dashboard=False,
             logging_level=logging.WARNING,
+            runtime_env=runtime_env,
         )
     else:
         if num_cpus is not None or num_gpus is not None:
@@ -51,8 +75,7 @@ def connect(
                 num_gpus,
                 address,
             )
-        ray.init(address=address, logging_level=logging.WARNING)
-    return str(ray.get_runtime_context().gcs_address)
+        ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
 
 
 def cluster_summary() -> dict[str, Any]:

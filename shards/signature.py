@@ -31,7 +31,9 @@ class TensorSpec:
     def matches_row_shape(self, row_shape: tuple[int, ...]) -> bool:
         if len(row_shape) != len(self.shape):
             return False
-        return all(want is None or want == got for want, got in zip(self.shape, row_shape, strict=True))
+        return all(
+            want is None or want == got for want, got in zip(self.shape, row_shape, strict=True)
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
