@@ -7,20 +7,30 @@ wrap the class) and must never load TensorFlow itself.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from shards.bundle import load_stage, read_manifest
+from shards.bundle import Manifest, load_stage, read_manifest
+from shards.shipping import ShippedStage, default_cache_dir, stage_dir_for
 from shards.signature import TensorSpec
 
 INTERVAL_LOG_SIZE = 256
+
+log = logging.getLogger(__name__)
+
+
+class _Device(NamedTuple):
+    name: str
+    intra_op_threads: int
+    visible_gpus: int
 
 
 class ShardActor:
@@ -31,13 +41,16 @@ class ShardActor:
         batch_sizes: Sequence[int],
         imports: Sequence[str] = (),
         simulate_device_ms: float | None = None,
+        shipped: ShippedStage | None = None,
+        stage_cache_dir: str | None = None,
     ) -> None:
         sizes = sorted({int(b) for b in batch_sizes})
         if not sizes or sizes[0] < 1:
             raise ValueError(f"batch_sizes must be integers >= 1, got {list(batch_sizes)!r}")
         if simulate_device_ms is not None and simulate_device_ms < 0:
             raise ValueError(f"simulate_device_ms must be >= 0 or None, got {simulate_device_ms}")
-        manifest = read_manifest(bundle_dir)
+        # A shipped stage brings the driver's manifest: this node may have no bundle at all.
+        manifest = Manifest.from_json(shipped.manifest) if shipped else read_manifest(bundle_dir)
         if not 0 <= stage_index < len(manifest.stages):
             raise ValueError(
                 f"stage_index {stage_index} out of range: bundle {bundle_dir!r} has "
@@ -47,9 +60,12 @@ class ShardActor:
         self._simulate_s = None if simulate_device_ms is None else simulate_device_ms / 1000.0
         # Thread pools and device visibility are fixed the first time TensorFlow runs an op, so
         # they are set before the stage is loaded (loading creates variables).
-        self._device, self._threads = _configure_tensorflow()
+        self._device = _configure_tensorflow()
+        cache = Path(stage_cache_dir) if stage_cache_dir else default_cache_dir()
+        stage_dir, self._source = stage_dir_for(bundle_dir, stage_index, shipped, cache)
+        self._stage_dir = str(stage_dir)
         modules = tuple(dict.fromkeys((*manifest.imports, *imports)))
-        self._model = load_stage(Path(bundle_dir), stage_index, modules)
+        self._model = load_stage(stage_dir, stage_index, modules)
         self._weight_bytes = int(sum(np.asarray(w).nbytes for w in self._model.get_weights()))
         self._trace_count = 0
         self._step = self._build_step()
@@ -85,7 +101,7 @@ class ShardActor:
             return {t.name: _zeros(t, rows) for t in self._spec.outputs}
         import tensorflow as tf
 
-        with tf.device(self._device):
+        with tf.device(self._device.name):
             result = self._step(*arrays)
         return self._name_outputs(result)
 
@@ -126,14 +142,17 @@ class ShardActor:
         ctx = ray.get_runtime_context()
         return {
             "stage_index": self._spec.index,
-            "device": self._device,
+            "device": self._device.name,
+            "loaded_from": self._source,
+            "stage_dir": self._stage_dir,
             "weight_bytes": self._weight_bytes,
             "param_bytes": self._spec.param_bytes,
             "pid": os.getpid(),
             "node_id": ctx.get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "intra_op_threads": self._threads,
+            "visible_gpus": self._device.visible_gpus,
+            "intra_op_threads": self._device.intra_op_threads,
             "trace_count": self._trace_count,
             "simulated": self._simulate_s is not None,
         }
@@ -148,28 +167,44 @@ class ShardActor:
         }
 
 
-def _configure_tensorflow() -> tuple[str, int]:
-    """Pick the device Ray gave this actor; returns (device string, intra-op threads)."""
+def _configure_tensorflow() -> _Device:
+    """Pick the device Ray gave this actor and size TensorFlow's thread pools to its CPUs."""
     import ray
     import tensorflow as tf
 
     ray_gpus = ray.get_gpu_ids()
     physical = tf.config.list_physical_devices("GPU")
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    threads = max(1, math.ceil(cpus))
+    # Stages share the machine's cores: TensorFlow's default pool (all cores per process) makes
+    # them fight and pipelining gains nothing; one pool per CPU Ray granted keeps them apart. On
+    # a GPU the host side (input copies, small ops) still runs on these threads.
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
     if ray_gpus and physical:
         # Ray narrowed CUDA_VISIBLE_DEVICES to this actor's GPUs; growth lets fractional
         # shards share one device instead of the first one taking all its memory.
         for gpu in physical:
             tf.config.experimental.set_memory_growth(gpu, True)
-        return "/GPU:0", tf.config.threading.get_intra_op_parallelism_threads()
+        if len(physical) > 1:
+            log.warning(
+                "stage actor holds %d GPUs (ids %s) but runs on /GPU:0 only; one stage uses one "
+                "device, so set gpus_per_shard <= 1",
+                len(physical),
+                ray_gpus,
+            )
+        return _Device("/GPU:0", threads, len(physical))
+    if ray_gpus:
+        log.warning(
+            "Ray gave this stage actor GPU ids %s (CUDA_VISIBLE_DEVICES=%r) but TensorFlow sees "
+            "no GPU; the stage runs on the CPU (install shardserve[gpu] and the NVIDIA driver)",
+            ray_gpus,
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
     if physical:
+        # An actor without a Ray GPU must not touch the GPUs of the other actors on its node.
         tf.config.set_visible_devices([], "GPU")
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-    threads = max(1, math.ceil(cpus))
-    # Stages share the machine's cores: TensorFlow's default pool (all cores per process) makes
-    # them fight and pipelining gains nothing; one pool per CPU Ray granted keeps them apart.
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
-    return "/CPU:0", threads
+    return _Device("/CPU:0", threads, 0)
 
 
 def _zeros(spec: TensorSpec, rows: int) -> np.ndarray:

@@ -2,18 +2,22 @@
 
 On a local Ray the workers inherit the driver's working directory and Ray puts it on their
 ``sys.path``, so a user's ``--import`` module beside the driver imports in the actors with no
-runtime_env. On a multi-node cluster the other nodes need that module (and the bundle directory)
-at the same path: install it there or use a shared filesystem.
+runtime_env. When joining a cluster, modules that are files of the driver's machine (not
+installed packages) travel to the other nodes through ``runtime_env["py_modules"]``; installed
+ones must be installed on every node. Stage files need no shared filesystem: the pipeline ships
+them to nodes that lack them (``shards.shipping``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import signal
+import sysconfig
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +33,17 @@ class InsufficientResourcesError(RuntimeError):
 
 
 def connect(
-    address: str | None, *, num_cpus: int | None = None, num_gpus: int | None = None
+    address: str | None,
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    imports: Sequence[str] = (),
 ) -> str:
-    """Start a private local Ray (``address=None``) or join one; returns the GCS address."""
+    """Start a private local Ray (``address=None``) or join one; returns the GCS address.
+
+    ``imports`` are the user's model modules: when joining a cluster, the ones that are local
+    files here are uploaded to every node with the job (``runtime_env["py_modules"]``).
+    """
     if ray.is_initialized():
         log.info("reusing the Ray instance already initialized in this process")
         return str(ray.get_runtime_context().gcs_address)
@@ -39,7 +51,7 @@ def connect(
     # put back the Python handlers (uvicorn's graceful shutdown) that were there before.
     saved = _python_signal_handlers()
     try:
-        _init(address, num_cpus=num_cpus, num_gpus=num_gpus)
+        _init(address, num_cpus=num_cpus, num_gpus=num_gpus, imports=imports)
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
@@ -52,9 +64,11 @@ def _python_signal_handlers() -> dict[int, Any]:
     return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
 
-def _init(address: str | None, *, num_cpus: int | None, num_gpus: int | None) -> None:
+def _init(
+    address: str | None, *, num_cpus: int | None, num_gpus: int | None, imports: Sequence[str]
+) -> None:
     tf_log_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
-    runtime_env = {"env_vars": {"TF_CPP_MIN_LOG_LEVEL": tf_log_level}}
+    runtime_env: dict[str, Any] = {"env_vars": {"TF_CPP_MIN_LOG_LEVEL": tf_log_level}}
     if address is None:
         # address="local" always starts a new private instance; a bare ray.init() would attach
         # to any cluster already running on this machine.
@@ -75,7 +89,60 @@ def _init(address: str | None, *, num_cpus: int | None, num_gpus: int | None) ->
                 num_gpus,
                 address,
             )
+        modules = local_py_modules(imports)
+        if modules:
+            log.info("uploading local modules %s to the cluster's nodes (py_modules)", modules)
+            runtime_env["py_modules"] = modules
         ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
+
+
+def local_py_modules(imports: Sequence[str]) -> list[str]:
+    """The paths of the top-level modules of ``imports`` that are plain files of this machine
+    (a ``.py`` file or a package directory), not installed packages: Ray's ``py_modules`` then
+    uploads them to every node. Installed and unknown modules are left out (unknown ones fail
+    later, where the stage loads, with the module's name)."""
+    installed = {
+        os.path.realpath(p)
+        for key in ("purelib", "platlib", "stdlib", "platstdlib")
+        if (p := sysconfig.get_paths().get(key))
+    }
+    paths: list[str] = []
+    for top in dict.fromkeys(name.split(".")[0] for name in imports):
+        spec = importlib.util.find_spec(top)
+        if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+            continue
+        locations = list(spec.submodule_search_locations or [])
+        path = locations[0] if len(locations) == 1 else spec.origin
+        real = os.path.realpath(path)
+        if any(real == root or real.startswith(root + os.sep) for root in installed):
+            continue
+        if "site-packages" in Path(real).parts or "dist-packages" in Path(real).parts:
+            continue
+        paths.append(path)
+    return paths
+
+
+def run_bounded(call: Callable[[], None], timeout_s: float, what: str) -> bool:
+    """Run ``call`` in a daemon thread for at most ``timeout_s``; False when it did not finish.
+
+    Ray's kill and placement-group calls block on the GCS; on a cluster that went away they can
+    wait far longer than a shutdown may take. A daemon thread left behind cannot keep the
+    process alive, and errors are logged rather than raised: the caller is cleaning up.
+    """
+
+    def target() -> None:
+        try:
+            call()
+        except Exception:
+            log.warning("%s failed", what, exc_info=True)
+
+    thread = threading.Thread(target=target, name=f"bounded: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        log.warning("%s did not finish within %g s; left it running", what, timeout_s)
+        return False
+    return True
 
 
 def cluster_summary() -> dict[str, Any]:

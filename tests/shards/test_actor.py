@@ -1,7 +1,10 @@
-"""ShardActor on the session Ray: only its stage's weights, exact outputs, no retrace, simulation."""
+"""ShardActor on the session Ray: only its stage's weights, exact outputs, no retrace, simulation,
+and stage files shipped through the object store to a node that lacks them."""
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +16,9 @@ import ray
 from model_zoo import Inputs, call_whole, sequential
 
 from shards.actor import ShardActor
-from shards.bundle import Manifest, read_manifest
+from shards.bundle import BundleError, Manifest, read_manifest
 from shards.partition import partition_to_bundle
+from shards.shipping import ShippedStage, digest_stage_file, ship_stage, stage_dir_for
 
 WARM_SIZES = [1, 3, 8]
 
@@ -117,3 +121,120 @@ def test_simulated_stage_returns_zeros_of_its_output_specs(
     assert stats["calls"] == 1 and len(stats["intervals"]) == 1
     assert stats["last_compute_ms"] >= 20.0
     assert info["simulated"] and info["intra_op_threads"] == 2
+
+
+def _shipped_actor(bundle_dir: Path, index: int, shipped: ShippedStage, cache: Path) -> Any:
+    remote: Any = ray.remote(ShardActor).options(num_cpus=1, max_concurrency=1)
+    return remote.remote(str(bundle_dir), index, [3], shipped=shipped, stage_cache_dir=str(cache))
+
+
+def test_actor_on_a_node_with_its_file_reports_local(actors: list[Any]) -> None:
+    infos = ray.get([a.info.remote() for a in actors])
+
+    assert [i["loaded_from"] for i in infos] == ["local", "local"]
+
+
+def test_actor_without_the_bundle_dir_loads_the_shipped_stage(
+    actors: list[Any], seq_bundle: tuple[Path, keras.Model, Inputs], tmp_path: Path
+) -> None:
+    bundle, model, inputs = seq_bundle
+    shipped = ship_stage(bundle, read_manifest(bundle), 1, put=True)
+    actor = _shipped_actor(tmp_path / "not-on-this-node", 1, shipped, tmp_path / "cache")
+    try:
+        out = ray.get(actor.forward.remote(actors[0].forward.remote(inputs)))
+        info = ray.get(actor.info.remote())
+    finally:
+        ray.kill(actor)
+
+    assert info["loaded_from"] == "shipped"
+    assert Path(info["stage_dir"]).parent == tmp_path / "cache"
+    assert info["weight_bytes"] == read_manifest(bundle).stages[1].param_bytes
+    for name, want in call_whole(model, inputs).items():
+        np.testing.assert_allclose(out[name], want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "overwritten"])
+def test_stage_file_gone_after_the_driver_read_it_loads_shipped(
+    actors: list[Any],
+    seq_bundle: tuple[Path, keras.Model, Inputs],
+    tmp_path: Path,
+    damage: str,
+) -> None:
+    bundle, model, inputs = seq_bundle
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+    shipped = ship_stage(copy, read_manifest(copy), 0, put=True)
+    stage_file = copy / shipped.file
+    if damage == "deleted":
+        stage_file.unlink()
+    else:
+        stage_file.write_bytes(b"x" * shipped.digest.size)
+    actor = _shipped_actor(copy, 0, shipped, tmp_path / "cache")
+    try:
+        out = ray.get(actors[1].forward.remote(actor.forward.remote(inputs)))
+        info = ray.get(actor.info.remote())
+    finally:
+        ray.kill(actor)
+
+    assert info["loaded_from"] == "shipped"
+    for name, want in call_whole(model, inputs).items():
+        np.testing.assert_allclose(out[name], want, atol=1e-5, rtol=0)
+
+
+def test_matching_local_file_is_used_even_when_bytes_were_shipped(
+    seq_bundle: tuple[Path, keras.Model, Inputs], tmp_path: Path
+) -> None:
+    bundle = seq_bundle[0]
+    shipped = ship_stage(bundle, read_manifest(bundle), 1, put=True)
+
+    where, source = stage_dir_for(str(bundle), 1, shipped, tmp_path / "cache")
+
+    assert (where, source) == (bundle, "local")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_missing_file_without_shipped_bytes_names_the_file(
+    seq_bundle: tuple[Path, keras.Model, Inputs], tmp_path: Path
+) -> None:
+    bundle = seq_bundle[0]
+    shipped = ship_stage(bundle, read_manifest(bundle), 1, put=False)
+
+    with pytest.raises(
+        BundleError, match=rf"stage 1 file .*{shipped.file}.* no bytes were shipped"
+    ):
+        stage_dir_for(str(tmp_path / "elsewhere"), 1, shipped, tmp_path / "cache")
+
+
+def test_savedmodel_directory_travels_as_a_tar_and_is_cached(
+    ray_address: str, seq_bundle: tuple[Path, keras.Model, Inputs], tmp_path: Path
+) -> None:
+    manifest = read_manifest(seq_bundle[0])
+    stage = dataclasses.replace(manifest.stages[0], file="stage_0.savedmodel")
+    manifest = dataclasses.replace(manifest, stages=(stage, *manifest.stages[1:]))
+    source = tmp_path / "bundle" / stage.file
+    (source / "variables").mkdir(parents=True)
+    (source / "saved_model.pb").write_bytes(b"graph")
+    (source / "variables" / "variables.index").write_bytes(b"index" * 100)
+    shipped = ship_stage(tmp_path / "bundle", manifest, 0, put=True)
+
+    where, source_kind = stage_dir_for(str(tmp_path / "absent"), 0, shipped, tmp_path / "cache")
+    again = stage_dir_for(
+        str(tmp_path / "absent"), 0, dataclasses.replace(shipped, payload=()), tmp_path / "cache"
+    )
+
+    assert source_kind == "shipped" and shipped.is_dir
+    assert (where / stage.file / "variables" / "variables.index").read_bytes() == b"index" * 100
+    assert digest_stage_file(where / stage.file) == shipped.digest
+    assert read_manifest(where) == manifest
+    assert again == (where, "shipped")
+
+
+def test_directory_digest_depends_on_names_not_only_bytes(tmp_path: Path) -> None:
+    for name, inner in [("a", "x.bin"), ("b", "y.bin")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / inner).write_bytes(b"same bytes")
+
+    first, second = digest_stage_file(tmp_path / "a"), digest_stage_file(tmp_path / "b")
+
+    assert first.size == second.size == len(b"same bytes")
+    assert first.sha256 != second.sha256
