@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -78,7 +77,17 @@ def policy_from_settings(settings: Settings, runner: ModelRunner) -> BatchingPol
     )
 
 
-async def _load(state: ServerState, factory: RunnerFactory, exit_on_failure: bool) -> None:
+def describe_error(exc: BaseException) -> str:
+    """One line for clients: the root cause of a remote (Ray) error, never its traceback."""
+    cause = getattr(exc, "cause", None)
+    root = cause if isinstance(cause, BaseException) else exc
+    first = (str(root).strip().splitlines() or [""])[0]
+    return f"{type(root).__name__}: {first}"[:500]
+
+
+async def _load(
+    state: ServerState, factory: RunnerFactory, on_failure: Callable[[str], None] | None
+) -> None:
     try:
         runner = await factory(state.settings)
         state.runner = runner
@@ -101,12 +110,11 @@ async def _load(state: ServerState, factory: RunnerFactory, exit_on_failure: boo
         state.ready.set()
         log.info("ready: serving %r (%d stage(s))", state.settings.served_name(), runner.num_stages)
     except Exception as exc:  # any failure becomes a clear /readyz message, never a hang
-        state.load_error = f"{type(exc).__name__}: {exc}"
+        state.load_error = describe_error(exc)
         log.exception("model failed to load")
         state.loaded.set()
-        if exit_on_failure:
-            # uvicorn shuts down on SIGTERM; the CLI then exits non-zero with the message.
-            signal.raise_signal(signal.SIGTERM)
+        if on_failure is not None:
+            on_failure(state.load_error)
 
 
 async def _warm_up(runner: ModelRunner) -> None:
@@ -132,14 +140,14 @@ def create_app(
     settings: Settings,
     runner_factory: RunnerFactory = build_runner,
     *,
-    exit_on_load_failure: bool = False,
+    on_load_failure: Callable[[str], None] | None = None,
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = ServerState(settings=settings)
         app.state.shardserve = state
         # Load in the background so /healthz and /readyz answer while the model loads.
-        loader = asyncio.create_task(_load(state, runner_factory, exit_on_load_failure))
+        loader = asyncio.create_task(_load(state, runner_factory, on_load_failure))
         poller = asyncio.create_task(_poll_stage_stats(state))
         try:
             yield
@@ -163,6 +171,10 @@ def create_app(
     app = FastAPI(title="shardserve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     _install_error_handlers(app)
     _install_routes(app, settings)
+    # Imported here because serving.admin builds on this module's state and helpers.
+    from serving.admin import install_admin_routes
+
+    install_admin_routes(app, settings)
     return app
 
 

@@ -5,7 +5,8 @@ attributes) because some are raised inside Ray actors and cross a process bounda
     ShardServeError
     ├── InvalidInputError        400  the body does not fit the model signature
     ├── PayloadTooLargeError     413  the body is over max_body_bytes
-    ├── UnauthorizedError        401  admin route without the right bearer token
+    ├── UnauthorizedError        401  admin route without a bearer token
+    ├── ForbiddenError           403  admin route with the wrong bearer token
     ├── NotFoundError            404  unknown model name
     ├── QueueFullError           503  no room for the rows; carries retry_after_s
     ├── NotReadyError            503  model not loaded/warmed yet, or shutting down
@@ -37,6 +38,10 @@ class PayloadTooLargeError(ShardServeError):
 
 class UnauthorizedError(ShardServeError):
     status_code = 401
+
+
+class ForbiddenError(ShardServeError):
+    status_code = 403
 
 
 class NotFoundError(ShardServeError):
