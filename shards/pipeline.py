@@ -2,13 +2,15 @@
 
 A batch enters stage 0 and the ObjectRefs are chained actor to actor, so the driver never waits
 between stages: while stage 1 computes batch n, stage 0 already computes batch n+1. Each
-replica's actors share one placement group.
+replica's actors share one placement group. Stages placed on nodes other than the driver's get
+their file through the object store (``shards.shipping``), so no shared filesystem is needed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +28,13 @@ from shards.runtime import (
     InsufficientResourcesError,
     check_cluster_fits,
     cluster_has_gpus,
+    run_bounded,
 )
+from shards.shipping import ShippedStage, ship_bundle, stages_off_node
 from shards.signature import ModelSignature
 
 _RemoteShard = ray.remote(ShardActor)
+log = logging.getLogger(__name__)
 
 __all__ = [
     "InsufficientResourcesError",
@@ -43,6 +48,9 @@ __all__ = [
 
 # Source index of a tensor that comes from the request itself rather than from a stage.
 MODEL_INPUT = -1
+# Killing actors and removing a placement group take milliseconds on a live cluster; past this a
+# shutdown stops waiting for a GCS that is gone.
+CLOSE_TIMEOUT_S = 10.0
 
 
 class PipelineStartError(RuntimeError):
@@ -62,6 +70,10 @@ class PipelineOptions:
     max_task_retries: int = 3
     simulate_device_ms: float | None = None
     ready_timeout_s: float = 300.0
+    # None: ship the stage files placed on nodes other than the driver's; True: ship every
+    # stage (an actor still loads its node's copy when it matches); False: never ship.
+    ship_stages: bool | None = None
+    stage_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -123,6 +135,7 @@ class Pipeline:
         self.actors = list(actors)
         self.placement_group = group
         self.inflight = 0
+        self._closed = False
         self._routes = routes
         self._output_sources = output_sources
         self._request_readers = sum(r.needs_request for r in routes)
@@ -148,21 +161,45 @@ class Pipeline:
         finally:
             self.inflight -= 1
 
-    def close(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        remove_placement_group(self.placement_group)
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
+        """Kill the actors and free the placement group; never raises, never waits longer than
+        ``timeout_s``. False when Ray did not answer in time. A second call does nothing."""
+        if self._closed:
+            return True
+        self._closed = True
+        if not ray.is_initialized():
+            log.info("Ray is already shut down; the pipeline's actors went with it")
+            return True
+        actors, group = self.actors, self.placement_group
+
+        def release() -> None:
+            for actor in actors:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:
+                    log.warning("killing shard actor %s failed", actor, exc_info=True)
+            remove_placement_group(group)
+
+        return run_bounded(release, timeout_s, f"closing a pipeline of {len(actors)} shard actors")
 
 
 class PipelineGroup:
     """R replicas of the pipeline (data parallel); each batch goes to the least-loaded one."""
 
-    def __init__(self, manifest: Manifest, pipelines: list[Pipeline]) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        pipelines: list[Pipeline],
+        shipped: Sequence[ShippedStage | None] = (),
+    ) -> None:
         self.signature: ModelSignature = manifest.signature
         self.num_stages = len(manifest.stages)
         self.replicas = len(pipelines)
         self._pipelines = pipelines
         self._rotation = itertools.cycle(range(len(pipelines)))
+        # The driver owns the shipped stage bytes: holding the refs keeps them in the object
+        # store for actors that restart later, possibly on another node.
+        self._shipped = list(shipped)
 
     @classmethod
     async def create(cls, bundle_dir: str | Path, options: PipelineOptions) -> PipelineGroup:
@@ -184,16 +221,21 @@ class PipelineGroup:
             for group in groups:
                 pipelines.append(Pipeline([], routes, output_sources, group))
             await _wait_groups(groups, bundles, options.ready_timeout_s)
+            away = stages_off_node(groups, ray.get_runtime_context().get_node_id())
+            # Hashing and storing multi-GB stage files must not stall the event loop.
+            shipped = await asyncio.to_thread(
+                ship_bundle, Path(bundle_dir), manifest, options.ship_stages, away
+            )
             for pipeline in pipelines:
                 pipeline.actors = _spawn_actors(
-                    Path(bundle_dir), pipeline.placement_group, bundles, gpus, options
+                    Path(bundle_dir), pipeline.placement_group, bundles, gpus, options, shipped
                 )
             await _wait_actors(pipelines, options.ready_timeout_s)
         except BaseException:
             for pipeline in pipelines:
                 pipeline.close()
             raise
-        return cls(manifest, pipelines)
+        return cls(manifest, pipelines, shipped)
 
     def _least_loaded(self) -> Pipeline:
         # Rotating the scan start breaks ties, so idle replicas take turns.
@@ -225,9 +267,10 @@ class PipelineGroup:
 
     async def close(self) -> None:
         pipelines, self._pipelines = self._pipelines, []
-        # Ray's kill/remove calls block; off the event loop they cannot stall a shutdown.
-        for pipeline in pipelines:
-            await asyncio.to_thread(pipeline.close)
+        # Ray's kill/remove calls block; off the event loop they cannot stall a shutdown, and
+        # each close is bounded, so neither can a GCS that is gone.
+        await asyncio.gather(*(asyncio.to_thread(p.close) for p in pipelines))
+        self._shipped = []
 
 
 def stage_bundles(
@@ -257,6 +300,7 @@ def _spawn_actors(
     bundles: list[dict[str, float]],
     gpus: float,
     options: PipelineOptions,
+    shipped: Sequence[ShippedStage | None],
 ) -> list[Any]:
     actors = []
     for index, bundle in enumerate(bundles):
@@ -278,6 +322,9 @@ def _spawn_actors(
             list(options.batch_sizes),
             list(options.imports),
             options.simulate_device_ms,
+            # A dataclass, not a bare ObjectRef: Ray would fetch a top-level ref eagerly.
+            shipped=shipped[index],
+            stage_cache_dir=options.stage_cache_dir,
         )
         actors.append(actor)
     return actors

@@ -1,5 +1,6 @@
 """PipelineGroup on the session Ray (4 logical CPUs, 0 GPUs): exact outputs through chained
-stages, stages overlapping in time, surviving a killed shard, replicas, clear placement errors."""
+stages, stages overlapping in time, surviving a killed shard, replicas, clear placement errors,
+stage files shipped to actors that lack them, a close that cannot hang."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -19,14 +22,17 @@ import pytest
 import ray
 from model_zoo import Inputs, call_whole, encoder, sequential
 
-from shards.bundle import read_manifest
+import shards.pipeline
+from shards.bundle import Manifest, read_manifest
 from shards.partition import partition_to_bundle
 from shards.pipeline import (
     InsufficientResourcesError,
+    Pipeline,
     PipelineGroup,
     PipelineOptions,
     PipelineStartError,
 )
+from shards.shipping import ShippedStage, ship_bundle
 
 Case = tuple[Path, keras.Model, Inputs]
 
@@ -65,6 +71,8 @@ async def test_two_stages_match_the_whole_model(ray_address: str, seq_case: Case
     _assert_matches(out, call_whole(model, inputs))
     assert group.num_stages == 2 and group.replicas == 1
     assert [i["stage_index"] for i in infos] == [0, 1]
+    # One node holds the driver and both stages: nothing is shipped by default.
+    assert [i["loaded_from"] for i in infos] == ["local", "local"]
 
 
 async def test_model_input_routed_past_stage_0_to_stage_1(
@@ -193,6 +201,77 @@ async def test_broken_stage_file_names_the_stage(
         await PipelineGroup.create(bundle, PipelineOptions(max_restarts=0))
 
 
+async def test_stage_file_removed_after_the_driver_read_it_is_shipped(
+    ray_address: str, seq_case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle, model, inputs = seq_case
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+
+    def ship_then_lose_stage_1(
+        bundle_dir: Path, manifest: Manifest, mode: bool | None, away: set[int]
+    ) -> list[ShippedStage | None]:
+        shipped = ship_bundle(bundle_dir, manifest, mode, away)
+        (bundle_dir / manifest.stages[1].file).unlink()
+        return shipped
+
+    monkeypatch.setattr(shards.pipeline, "ship_bundle", ship_then_lose_stage_1)
+    options = PipelineOptions(
+        batch_sizes=(3,), ship_stages=True, stage_cache_dir=str(tmp_path / "cache")
+    )
+    group = await PipelineGroup.create(copy, options)
+    try:
+        out = await group.run(inputs)
+        infos = await group.describe()
+    finally:
+        await group.close()
+
+    _assert_matches(out, call_whole(model, inputs))
+    assert [i["loaded_from"] for i in infos] == ["local", "shipped"]
+
+
+class _FakeGroup:
+    bundle_count = 2
+
+
+def _fake_pipeline() -> Pipeline:
+    return Pipeline(["actor-0", "actor-1"], (), {}, _FakeGroup())  # type: ignore[arg-type]
+
+
+def test_close_gives_up_on_a_ray_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    unblock, released = threading.Event(), threading.Event()
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart: unblock.wait())
+    monkeypatch.setattr(shards.pipeline, "remove_placement_group", lambda _: released.set())
+    try:
+        assert _fake_pipeline().close(timeout_s=0.05) is False
+    finally:
+        # Let the abandoned thread finish while the fakes are still in place.
+        unblock.set()
+        released.wait()
+
+
+def test_close_logs_failures_and_still_frees_the_placement_group(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    removed: list[Any] = []
+
+    def kill(actor: str, no_restart: bool) -> None:
+        raise ConnectionError(f"GCS gone while killing {actor}")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "kill", kill)
+    monkeypatch.setattr(shards.pipeline, "remove_placement_group", removed.append)
+    pipeline = _fake_pipeline()
+
+    assert pipeline.close() is True
+    assert pipeline.close() is True
+
+    assert removed == [pipeline.placement_group]
+    assert "killing shard actor actor-0 failed" in caplog.text
+    assert "GCS gone while killing actor-1" in caplog.text
+
+
 _GPU_SCRIPT = """
 import asyncio, json, sys
 import numpy as np
@@ -244,5 +323,9 @@ def test_declared_gpus_give_each_shard_its_own_gpu(tmp_path: Path) -> None:
     assert [len(i["gpu_ids"]) for i in infos] == [1, 1]
     assert len({i["gpu_ids"][0] for i in infos}) == 2
     assert len({i["cuda_visible_devices"] for i in infos}) == 2
-    assert all(i["device"] == "/CPU:0" for i in infos)
+    # Declared GPUs that TensorFlow cannot see run on the CPU; on a GPU machine the shard whose
+    # id names a real device runs on it.
+    for info in infos:
+        assert info["device"] == ("/GPU:0" if info["visible_gpus"] else "/CPU:0")
+        assert info["intra_op_threads"] == 1
     assert result["diff"] <= 1e-5
