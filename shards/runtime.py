@@ -122,7 +122,7 @@ def local_py_modules(imports: Sequence[str]) -> list[str]:
     return paths
 
 
-def run_bounded(call: Callable[[], None], timeout_s: float, what: str) -> bool:
+def run_bounded(call: Callable[[], object], timeout_s: float, what: str) -> bool:
     """Run ``call`` in a daemon thread for at most ``timeout_s``; False when it did not finish.
 
     Ray's kill and placement-group calls block on the GCS; on a cluster that went away they can

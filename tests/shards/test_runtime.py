@@ -1,11 +1,21 @@
-"""The Ray runtime helpers on the session Ray: reuse, summary, bundles resolved in a Ray task."""
+"""The Ray runtime helpers: reuse, summary, bundles resolved in a Ray task, the local modules
+uploaded to a cluster, calls bounded in time."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import pytest
+
 from shards.bundle import read_manifest
-from shards.runtime import cluster_summary, connect, resolve_bundle_remote
+from shards.runtime import (
+    cluster_summary,
+    connect,
+    local_py_modules,
+    resolve_bundle_remote,
+    run_bounded,
+)
 
 
 def test_connect_reuses_the_ray_of_this_process(ray_address: str) -> None:
@@ -25,3 +35,34 @@ async def test_resolve_bundle_remote_writes_a_bundle(ray_address: str, tmp_path:
 
     assert bundle.is_relative_to(tmp_path)
     assert len(read_manifest(bundle).stages) == 2
+
+
+def test_local_py_modules_lists_module_files_not_installed_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "my_layers.py").write_text("X = 1\n")
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_pkg" / "blocks.py").write_text("Y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    found = local_py_modules(["my_layers", "my_pkg.blocks", "numpy", "json", "not_a_module_x"])
+
+    assert found == [str(tmp_path / "my_layers.py"), str(tmp_path / "my_pkg")]
+
+
+def test_run_bounded_returns_false_for_a_call_that_does_not_finish() -> None:
+    unblock = threading.Event()
+    try:
+        assert run_bounded(unblock.wait, 0.05, "a blocked call") is False
+    finally:
+        unblock.set()
+
+
+def test_run_bounded_logs_an_error_instead_of_raising(caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> None:
+        raise ConnectionError("GCS unreachable at 10.0.0.1:6379")
+
+    assert run_bounded(broken, 5.0, "removing a placement group") is True
+    assert "removing a placement group failed" in caplog.text
+    assert "GCS unreachable at 10.0.0.1:6379" in caplog.text
