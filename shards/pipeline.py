@@ -23,12 +23,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from shards.actor import ShardActor
 from shards.bundle import Manifest, read_manifest
+from shards.routes import MODEL_INPUT, Route, plan_routes
 from shards.runtime import (
     PLACEMENT_STRATEGIES,
     InsufficientResourcesError,
     check_cluster_fits,
     cluster_has_gpus,
     run_bounded,
+    stage_bundles,
 )
 from shards.shipping import ShippedStage, ship_bundle, stages_off_node
 from shards.signature import ModelSignature
@@ -46,8 +48,6 @@ __all__ = [
     "stage_bundles",
 ]
 
-# Source index of a tensor that comes from the request itself rather than from a stage.
-MODEL_INPUT = -1
 # Killing actors and removing a placement group take milliseconds on a live cluster; past this a
 # shutdown stops waiting for a GCS that is gone.
 CLOSE_TIMEOUT_S = 10.0
@@ -93,42 +93,13 @@ class PipelineOptions:
             raise ValueError(f"ready_timeout_s must be > 0, got {self.ready_timeout_s}")
 
 
-@dataclass(frozen=True)
-class _Route:
-    """Where one stage's inputs come from: the request and/or earlier stages."""
-
-    needs_request: bool
-    from_stages: tuple[int, ...]
-
-
-def plan_routes(manifest: Manifest) -> tuple[tuple[_Route, ...], dict[str, int]]:
-    """Per stage, its input sources; per model output (signature order), its producer."""
-    producer = {name: MODEL_INPUT for name in manifest.signature.input_names}
-    routes = []
-    for stage in manifest.stages:
-        sources = set()
-        for spec in stage.inputs:
-            if spec.name not in producer:
-                raise ValueError(
-                    f"stage {stage.index} input {spec.name!r} is produced by no earlier stage "
-                    f"nor the model inputs {manifest.signature.input_names}"
-                )
-            sources.add(producer[spec.name])
-        routes.append(_Route(MODEL_INPUT in sources, tuple(sorted(sources - {MODEL_INPUT}))))
-        producer.update({spec.name: stage.index for spec in stage.outputs})
-    missing = [n for n in manifest.signature.output_names if n not in producer]
-    if missing:
-        raise ValueError(f"model outputs {missing} are produced by no stage of the bundle")
-    return tuple(routes), {n: producer[n] for n in manifest.signature.output_names}
-
-
 class Pipeline:
     """One replica: K stage actors chained through ObjectRefs."""
 
     def __init__(
         self,
         actors: Sequence[Any],
-        routes: tuple[_Route, ...],
+        routes: tuple[Route, ...],
         output_sources: dict[str, int],
         group: PlacementGroup,
     ) -> None:
@@ -271,27 +242,6 @@ class PipelineGroup:
         # each close is bounded, so neither can a GCS that is gone.
         await asyncio.gather(*(asyncio.to_thread(p.close) for p in pipelines))
         self._shipped = []
-
-
-def stage_bundles(
-    num_stages: int,
-    cpus: float,
-    gpus: float,
-    extra: tuple[dict[str, float], ...] = (),
-) -> list[dict[str, float]]:
-    """The placement-group bundle of each stage: its CPUs, GPUs and custom resources."""
-    if extra and len(extra) != num_stages:
-        raise ValueError(
-            f"stage_resources has {len(extra)} entries; the bundle has {num_stages} stages"
-        )
-    bundles = []
-    for index in range(num_stages):
-        bundle = {"CPU": float(cpus), "GPU": float(gpus), **(extra[index] if extra else {})}
-        bundle = {k: float(v) for k, v in bundle.items() if v > 0}
-        if not bundle:
-            raise ValueError(f"stage {index} asks for no resources; set cpus_per_shard > 0")
-        bundles.append(bundle)
-    return bundles
 
 
 def _spawn_actors(

@@ -197,6 +197,27 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strat
             )
 
 
+def stage_bundles(
+    num_stages: int,
+    cpus: float,
+    gpus: float,
+    extra: tuple[dict[str, float], ...] = (),
+) -> list[dict[str, float]]:
+    """The placement-group bundle of each stage: its CPUs, GPUs and custom resources."""
+    if extra and len(extra) != num_stages:
+        raise ValueError(
+            f"stage_resources has {len(extra)} entries; the bundle has {num_stages} stages"
+        )
+    bundles = []
+    for index in range(num_stages):
+        bundle = {"CPU": float(cpus), "GPU": float(gpus), **(extra[index] if extra else {})}
+        bundle = {k: float(v) for k, v in bundle.items() if v > 0}
+        if not bundle:
+            raise ValueError(f"stage {index} asks for no resources; set cpus_per_shard > 0")
+        bundles.append(bundle)
+    return bundles
+
+
 def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
     return all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items())
 
