@@ -34,7 +34,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
     from shards import runtime
     from shards.pipeline import PipelineGroup, PipelineOptions
 
-    address = runtime.connect(settings.ray_address)
+    address = runtime.connect(settings.ray_address, imports=tuple(settings.imports))
     log.info("ray: %s %s", address, runtime.cluster_summary())
     bundle = await runtime.resolve_bundle_remote(
         settings.model,
