@@ -3,7 +3,7 @@
 Rows, not requests, are the unit: a request of n rows takes n slots and may be split over
 batches. Rows wait in one FIFO queue per input signature (per-row shapes and dtypes), so rows
 that cannot be stacked never share a batch. A batch closes when it is full or when its oldest
-row has waited ``batch_timeout_ms`` (the auto policy closes whenever an in-flight slot is free);
+row has waited ``batch_timeout_ms`` (the auto policy: see ``BatchingPolicy``);
 up to ``max_inflight_batches`` batches run at once so that pipeline stages overlap. Every request
 is answered exactly once: with its rows' outputs, or with one error from ``serving.errors``.
 Pure asyncio and numpy: no Ray, no TensorFlow, no HTTP.
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.batching_policy import BatchingPolicy, RunTimeModel
+from serving.batching_policy import ArrivalRate, BatchingPolicy, RunTimeModel
 from serving.batching_rows import (
     PendingRequest,
     QueueKey,
@@ -55,7 +55,7 @@ _SHUTTING_DOWN = "server is shutting down"
 class BatchRecord:
     size: int
     padded_size: int
-    reason: str  # "full" | "timeout" | "flush" | "idle"
+    reason: str  # "full" | "timeout" | "flush" | "idle" | "target"
     queue_wait_s: float
     run_s: float
     ok: bool
@@ -82,6 +82,8 @@ class Batcher:
         self._accepting = False
         self._draining = False
         self._runtime = RunTimeModel()
+        self._arrivals = ArrivalRate()
+        self._recent_run_s: float | None = None  # EWMA over batches of any size
 
     @property
     def policy(self) -> BatchingPolicy:
@@ -97,15 +99,14 @@ class Batcher:
 
     @property
     def effective_wait_ms(self) -> float:
-        """The fixed timeout; for the auto policy 0, or with an SLO the longest the oldest row
-        may wait before even a full batch is predicted to miss it (past that, batches shrink)."""
+        """The fixed timeout; for the auto policy 0 while the pipeline is idle, else the longest
+        a free slot now waits for rows (one pipeline step, shortened to keep ``slo_p99_ms``)."""
         policy = self._policy
         if policy.batch_timeout_ms is not None:
             return float(policy.batch_timeout_ms)
-        if policy.slo_p99_ms is None:
+        if self._inflight == 0:
             return 0.0
-        predicted = self._runtime.predict(policy.max_batch_size) or 0.0
-        return max(0.0, policy.slo_p99_ms - predicted * 1000)
+        return self._auto_wait_s(policy, max(1, self._queues.rows)) * 1000
 
     async def start(self) -> None:
         if self._loop_task is not None:
@@ -156,6 +157,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         request = PendingRequest(inputs, rows, loop.create_future())
         self._queues.add(request)
+        self._arrivals.add(rows, time.monotonic())
         timer = None
         if deadline is not None:
             timer = loop.call_later(deadline - time.monotonic(), self._expire, request)
@@ -228,8 +230,13 @@ class Batcher:
             if ready is None:
                 break
             self._dispatch(ready[1], ready[0], ready[2], now, policy)
-        if self._inflight >= policy.max_inflight_batches or not policy.batch_timeout_ms:
+        if self._inflight >= policy.max_inflight_batches:
             return None  # a finishing batch, a submit or a reconfigure wakes the loop
+        if policy.is_auto:
+            heads = self._queues.heads()
+            return min((old + self._auto_wait_s(policy, n) for _, old, n in heads), default=None)
+        if not policy.batch_timeout_ms:
+            return None
         timeout_s = policy.batch_timeout_ms / 1000
         return min((oldest + timeout_s for _, oldest, _ in self._queues.heads()), default=None)
 
@@ -241,10 +248,38 @@ class Batcher:
         if self._draining:
             return "flush"
         if policy.batch_timeout_ms is None:
-            return "idle"
+            return self._auto_close_reason(oldest, rows, now, policy)
         if now >= oldest + policy.batch_timeout_ms / 1000:
             return "timeout"
         return None
+
+    def _auto_close_reason(
+        self, oldest: float, rows: int, now: float, policy: BatchingPolicy
+    ) -> str | None:
+        if self._inflight == 0:
+            return "idle"  # nothing to overlap with: batch-1 latency at low load
+        # A batch sent before the first stage frees would only wait in that stage's queue while
+        # rows arriving meanwhile miss it; so a free slot waits for the rows one pipeline step
+        # brings, but never longer than the step or than the SLO allows.
+        step_s = self._auto_step_s(policy)
+        target = round(self._arrivals.per_second(now) * step_s)
+        if rows >= min(policy.max_batch_size, max(1, target)):
+            return "target"
+        if now >= oldest + self._auto_wait_s(policy, rows):
+            return "timeout"
+        return None
+
+    def _auto_step_s(self, policy: BatchingPolicy) -> float:
+        """How often the pipeline takes a new batch: a batch's time over the in-flight slots."""
+        return (self._recent_run_s or 0.0) / policy.max_inflight_batches
+
+    def _auto_wait_s(self, policy: BatchingPolicy, rows: int) -> float:
+        wait_s = self._auto_step_s(policy)
+        if policy.slo_p99_ms is not None:
+            size = policy.padded_size(min(rows, policy.max_batch_size))
+            budget_s = policy.slo_p99_ms / 1000 - (self._runtime.predict(size) or 0.0)
+            wait_s = min(wait_s, max(0.0, budget_s))
+        return wait_s
 
     def _dispatch(
         self, key: QueueKey, oldest: float, reason: str, now: float, policy: BatchingPolicy
@@ -294,6 +329,8 @@ class Batcher:
             self._inflight -= 1
             if outputs is not None:
                 self._runtime.observe(padded, run_s)
+                recent = self._recent_run_s
+                self._recent_run_s = run_s if recent is None else recent + 0.2 * (run_s - recent)
                 deliver(segments, outputs)
             else:
                 self._fail_segments(segments, error or BatchFailedError("batch did not finish"))

@@ -1,8 +1,10 @@
-"""When a batch closes and how large it may be: the batching policy and the run-time model.
+"""When a batch closes and how large it may be: the batching policy and what the auto policy
+measures.
 
 ``BatchingPolicy`` is plain validated data; ``Batcher`` reads it afresh for every batch, so a
 policy swapped in with ``Batcher.reconfigure`` applies to the next batch. ``RunTimeModel`` keeps
-an EWMA of run time per padded batch size, which the auto policy uses to honour ``slo_p99_ms``.
+an EWMA of run time per padded batch size, which the auto policy uses to honour ``slo_p99_ms``;
+``ArrivalRate`` estimates rows per second, from which it sizes the batches it waits for.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 _EWMA_ALPHA = 0.2
+_RATE_HORIZON_S = 0.5
 
 
 def _is_int(value: object) -> bool:
@@ -26,10 +29,12 @@ class BatchingPolicy:
     """How rows become batches.
 
     ``batch_timeout_ms``: the longest the oldest row of a batch waits for the batch to fill;
-    0 dispatches at once; ``None`` is the auto policy (dispatch whenever an in-flight slot is
-    free, so the queue fills only while the pipeline is busy). ``slo_p99_ms`` is read only by the
-    auto policy: it caps a batch's size so that the oldest row's wait plus the predicted run time
-    of the batch stays within it. ``allowed_batch_sizes`` are the sizes batches are padded to
+    0 dispatches at once; ``None`` is the auto policy: an idle pipeline gets a batch at once;
+    while batches are in flight, a free slot waits for the rows expected to arrive within one
+    pipeline step (the batch time over the in-flight slots), but never longer than that step.
+    ``slo_p99_ms`` is read only by the auto policy: it shortens that wait and caps a batch's
+    size so that the oldest row's wait plus the predicted run time of the batch stays within it.
+    ``allowed_batch_sizes`` are the sizes batches are padded to
     (a compiled model traces once per size); empty means powers of two up to ``max_batch_size``.
     """
 
@@ -125,3 +130,24 @@ class RunTimeModel:
         if not self._seconds:
             return None
         return sum(self._seconds.values()) / len(self._seconds)
+
+
+class ArrivalRate:
+    """Rows per second over roughly the last ``horizon_s``: an exponentially decaying count."""
+
+    def __init__(self, horizon_s: float = _RATE_HORIZON_S) -> None:
+        self._horizon_s = horizon_s
+        self._count = 0.0
+        self._at: float | None = None
+
+    def add(self, rows: int, now: float) -> None:
+        self._count = self._decayed(now) + rows
+        self._at = now
+
+    def per_second(self, now: float) -> float:
+        return self._decayed(now) / self._horizon_s
+
+    def _decayed(self, now: float) -> float:
+        if self._at is None:
+            return 0.0
+        return self._count * math.exp(-max(0.0, now - self._at) / self._horizon_s)

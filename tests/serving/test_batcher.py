@@ -420,3 +420,65 @@ async def test_auto_policy_sends_full_batches_once_the_slo_is_lost(make: Harness
     runner.gate.set()
     await asyncio.gather(busy, waiting)
     assert runner.batch_sizes() == [1, 8]
+
+
+class FixedRate:
+    """An arrival rate that does not depend on the clock."""
+
+    def __init__(self, rows_per_s: float) -> None:
+        self.rows_per_s = rows_per_s
+
+    def add(self, rows: int, now: float) -> None:
+        pass
+
+    def per_second(self, now: float) -> float:
+        return self.rows_per_s
+
+
+async def test_auto_policy_waits_for_the_rows_one_step_brings_while_busy(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
+    batcher._recent_run_s = 20.0  # a pipeline step of 10 s: the wait cap never fires here
+    batcher._arrivals = FixedRate(0.4)  # type: ignore[assignment]  # 4 rows per step
+    first = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    queued = [await spawn(batcher.submit(make_rows(1, start=1 + i))) for i in range(3)]
+    assert (runner.calls_started, batcher.queued_rows) == (1, 3)  # a slot is free, yet it waits
+    assert batcher.effective_wait_ms == 10_000.0
+    last = await spawn(batcher.submit(make_rows(1, start=4)))
+    await runner.wait_started(2)
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(first, *queued, last)
+    assert [(r.size, r.reason) for r in make.records] == [(1, "idle"), (4, "target")]
+
+
+async def test_auto_policy_waits_at_most_one_step(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
+    batcher._recent_run_s = 0.002  # a 1 ms step
+    batcher._arrivals = FixedRate(1e6)  # type: ignore[assignment]  # would wait for a full batch
+    first = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    second = await spawn(batcher.submit(make_rows(1, start=1)))
+    await runner.wait_started(2)  # the step's timer sent it alone
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(first, second)
+    assert [(r.size, r.reason) for r in make.records][:2] == [(1, "idle"), (1, "timeout")]
+
+
+async def test_auto_policy_wait_is_shortened_to_keep_the_slo(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(
+        runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2, slo_p99_ms=600
+    )
+    batcher._recent_run_s = 2.0  # a 1 s step
+    batcher._runtime.observe(1, 0.2)
+    assert batcher.effective_wait_ms == 0.0  # idle: a batch goes at once
+    first = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    assert batcher.effective_wait_ms == pytest.approx(400.0)  # 600 ms SLO - 200 ms of compute
+    assert runner.gate is not None
+    runner.gate.set()
+    await first
