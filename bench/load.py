@@ -1,0 +1,135 @@
+"""Load from outside the servers' processes: ``wrk`` (closed loop), or the Python generator.
+
+``wrk`` is a Debian package (``apt-get install -y wrk``); it POSTs the same body on every
+connection and reports latency percentiles through a Lua ``done`` hook. Open loop (a fixed rate,
+latency measured from each request's scheduled start) and the fallback when ``wrk`` is missing
+run ``bench.pyload`` in a subprocess. Every system gets the same generator in one run, so the
+ratios are fair even though the generator competes with the servers for the CPU.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.systems.base import subprocess_env
+
+WRK_INSTALL_HINT = "install wrk with `apt-get install -y wrk` (Debian/Ubuntu)"
+
+_WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
+wrk.body = f:read("*a")
+f:close()
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'BENCH_JSON {"requests":%d,"duration_us":%d,"errors":%d,"non2xx":%d,'
+    .. '"p50_us":%.1f,"p90_us":%.1f,"p99_us":%.1f,"mean_us":%.1f}\\n',
+    summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, e.status,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean))
+end
+"""
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    mode: str  # "closed" | "open"
+    concurrency: int
+    rate: float | None
+    requests: int
+    seconds: float
+    rps: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    errors: int
+    tool: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LoadError(RuntimeError):
+    """The load generator failed or printed no result."""
+
+
+def have_wrk() -> bool:
+    return shutil.which("wrk") is not None
+
+
+def closed_loop(
+    url: str, body: bytes, concurrency: int, seconds: float, *, tool: str = "auto"
+) -> LoadResult:
+    """``concurrency`` clients, each sending its next request when the last one answered."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if tool == "auto":
+        tool = "wrk" if have_wrk() else "python"
+    if tool == "wrk":
+        if not have_wrk():
+            raise LoadError(f"wrk not found on PATH; {WRK_INSTALL_HINT}")
+        return _wrk(url, body, concurrency, seconds)
+    if tool != "python":
+        raise ValueError(f"load tool must be 'wrk', 'python' or 'auto', got {tool!r}")
+    return _pyload(url, body, ["--concurrency", str(concurrency)], seconds)
+
+
+def open_loop(url: str, body: bytes, rate: float, seconds: float) -> LoadResult:
+    """Requests start at a fixed rate whatever the answers do (no coordinated omission)."""
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0 requests/s, got {rate}")
+    return _pyload(url, body, ["--rate", f"{rate:g}"], seconds)
+
+
+def _wrk(url: str, body: bytes, concurrency: int, seconds: float) -> LoadResult:
+    threads = min(2, concurrency)
+    with tempfile.TemporaryDirectory(prefix="bench-wrk-") as tmp:
+        script = Path(tmp) / "post.lua"
+        body_file = Path(tmp) / "body.json"
+        script.write_text(_WRK_SCRIPT)
+        body_file.write_bytes(body)
+        argv = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s"]
+        argv += ["--timeout", "30s", "-s", str(script), url]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, env={"BENCH_BODY_FILE": str(body_file)}
+        )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH_JSON ")), None)
+    if proc.returncode != 0 or line is None:
+        raise LoadError(f"wrk failed (exit {proc.returncode}): {proc.stdout[-800:]}{proc.stderr}")
+    raw = orjson.loads(line.removeprefix("BENCH_JSON "))
+    secs = raw["duration_us"] / 1e6
+    ok = raw["requests"] - raw["non2xx"]
+    return LoadResult(
+        mode="closed",
+        concurrency=concurrency,
+        rate=None,
+        requests=raw["requests"],
+        seconds=secs,
+        rps=ok / secs if secs else 0.0,
+        p50_ms=raw["p50_us"] / 1000,
+        p90_ms=raw["p90_us"] / 1000,
+        p99_ms=raw["p99_us"] / 1000,
+        errors=raw["errors"] + raw["non2xx"],
+        tool="wrk",
+    )
+
+
+def _pyload(url: str, body: bytes, mode_args: list[str], seconds: float) -> LoadResult:
+    with tempfile.NamedTemporaryFile(prefix="bench-body-", suffix=".json") as body_file:
+        body_file.write(body)
+        body_file.flush()
+        argv = [sys.executable, "-m", "bench.pyload", "--url", url, "--body", body_file.name]
+        argv += [*mode_args, "--seconds", f"{seconds:g}"]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env())
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise LoadError(f"bench.pyload failed (exit {proc.returncode}): {proc.stderr[-800:]}")
+    return LoadResult(**orjson.loads(proc.stdout.strip().splitlines()[-1]))

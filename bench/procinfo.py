@@ -1,0 +1,45 @@
+"""What a server process holds, read from /proc from outside it: memory and TensorFlow."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    rss_mb: float
+    peak_rss_mb: float
+    tensorflow_loaded: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_proc(pid: int) -> ProcInfo:
+    """RSS and peak RSS of ``pid``, and whether libtensorflow is mapped into it (Linux only)."""
+    base = Path("/proc") / str(pid)
+    try:
+        status = (base / "status").read_text()
+        maps = (base / "maps").read_text()
+    except OSError as exc:
+        raise ProcessLookupError(f"cannot read /proc/{pid}: {exc.strerror}") from None
+    fields = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return ProcInfo(
+        pid=pid,
+        rss_mb=_kib(fields.get("VmRSS", "0 kB")) / 1024,
+        peak_rss_mb=_kib(fields.get("VmHWM", "0 kB")) / 1024,
+        tensorflow_loaded="libtensorflow" in maps,
+    )
+
+
+def _kib(value: str) -> float:
+    number, _, unit = value.partition(" ")
+    if unit.strip() not in ("kB", ""):
+        raise ValueError(f"unexpected /proc unit {unit!r} in {value!r}; expected kB")
+    return float(number)

@@ -1,0 +1,118 @@
+"""A small asyncio HTTP load generator (``python -m bench.pyload``), one JSON line out.
+
+Closed loop (``--concurrency N``): N clients, each sends when its last answer came. Open loop
+(``--rate R``): a request starts every 1/R s whatever the server does, and its latency counts
+from when it was due, so a server that falls behind shows it in the tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from dataclasses import asdict
+
+import aiohttp
+import numpy as np
+import orjson
+
+from bench.load import LoadResult
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> bool:
+    try:
+        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+            await r.read()
+            return r.status == 200
+    except (TimeoutError, aiohttp.ClientError):
+        return False
+
+
+async def _closed(url: str, body: bytes, concurrency: int, seconds: float) -> LoadResult:
+    latencies: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        end = start + seconds
+
+        async def client() -> None:
+            nonlocal errors
+            while time.perf_counter() < end:
+                tick = time.perf_counter()
+                ok = await _one(session, url, body)
+                latencies.append(time.perf_counter() - tick)
+                errors += not ok
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    return _result("closed", concurrency, None, latencies, errors, elapsed)
+
+
+async def _open(url: str, body: bytes, rate: float, seconds: float) -> LoadResult:
+    latencies: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        count = int(rate * seconds)
+        tasks = []
+
+        async def fire(due: float) -> None:
+            nonlocal errors
+            ok = await _one(session, url, body)
+            latencies.append(time.perf_counter() - due)
+            errors += not ok
+
+        for i in range(count):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(fire(due)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - start
+    return _result("open", 0, rate, latencies, errors, elapsed)
+
+
+def _result(
+    mode: str, concurrency: int, rate: float | None, lat: list[float], errors: int, secs: float
+) -> LoadResult:
+    ms = np.asarray(lat) * 1000 if lat else np.zeros(1)
+    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
+    return LoadResult(
+        mode=mode,
+        concurrency=concurrency,
+        rate=rate,
+        requests=len(lat),
+        seconds=secs,
+        rps=(len(lat) - errors) / secs if secs else 0.0,
+        p50_ms=p50,
+        p90_ms=p90,
+        p99_ms=p99,
+        errors=errors,
+        tool="python",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--body", required=True, help="file holding the JSON body to POST")
+    parser.add_argument("--concurrency", type=int)
+    parser.add_argument("--rate", type=float)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    body = open(args.body, "rb").read()  # noqa: SIM115 - read once at start
+    if (args.concurrency is None) == (args.rate is None):
+        sys.exit("give exactly one of --concurrency N (closed loop) or --rate R (open loop)")
+    if args.rate is not None:
+        result = asyncio.run(_open(args.url, body, args.rate, args.seconds))
+    else:
+        result = asyncio.run(_closed(args.url, body, args.concurrency, args.seconds))
+    sys.stdout.write(orjson.dumps(asdict(result)).decode() + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The measurement plan: systems one after another, alternating order, each several times.
+
+Per workload: the ceiling once, then ``repeats`` rounds; in round r the systems start in an
+order rotated by r so that no system always runs first (cold machine) or last. Each system is
+started fresh per round, warmed, and loaded closed loop at each concurrency and open loop at the
+workload's fixed rate. Then the pipeline-overlap runs: shardserve with simulated stages.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.load import closed_loop, open_loop
+from bench.procinfo import read_proc
+from bench.systems import ServerProcess, SystemConfig, launch_spec
+from bench.systems.base import subprocess_env
+from bench.workloads import get_workload
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    workloads: tuple[str, ...] = ("heavy", "light")
+    systems: tuple[str, ...] = ("shardserve-1", "shardserve-2", "litserve", "rayserve")
+    repeats: int = 3
+    seconds: float = 10.0
+    warmup_s: float = 2.0
+    concurrencies: tuple[int, ...] = (1, 64)
+    open_rates: dict[str, float] = field(default_factory=lambda: {"heavy": 300.0, "light": 600.0})
+    max_batch_size: int = 64
+    batch_timeout_ms: float = 5.0
+    ceiling_batch_sizes: tuple[int, ...] = (1, 64)
+    ceiling_s: float = 5.0
+    overlap_stages: tuple[int, ...] = (1, 2, 4)
+    overlap_device_ms: float = 50.0
+    overlap_batch_size: int = 16
+    tool: str = "auto"
+    port: int = 18431
+    workdir: Path = Path(".bench")
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.seconds <= 0:
+            raise ValueError(f"seconds must be > 0, got {self.seconds}")
+        for workload in self.workloads:
+            get_workload(workload)
+
+
+def save_workload(name: str, workdir: Path) -> Path:
+    """Build and save the ``.keras`` file in a child process: the driver never loads TensorFlow."""
+    code = (
+        "import sys; from bench.workloads import ensure_saved; print(ensure_saved(*sys.argv[1:]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, name, str(workdir / "models")],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"saving workload {name!r} failed: {out.stderr[-1500:]}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def measure_ceiling(model: Path, plan: Plan) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "bench.systems.ceiling", "--model", str(model)]
+    argv += ["--batch-sizes", ",".join(map(str, plan.ceiling_batch_sizes))]
+    argv += ["--seconds", f"{plan.ceiling_s:g}"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"ceiling of {model} failed: {out.stderr[-1500:]}")
+    return dict(orjson.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def run_plan(plan: Plan, progress: Progress = print) -> dict[str, Any]:
+    results: dict[str, Any] = {"plan": _plan_json(plan), "ceiling": {}, "runs": [], "overlap": []}
+    for workload in plan.workloads:
+        model = save_workload(workload, plan.workdir)
+        progress(f"[{workload}] ceiling")
+        results["ceiling"][workload] = measure_ceiling(model, plan)
+        progress(f"[{workload}] ceiling: {results['ceiling'][workload]}")
+        for repeat in range(plan.repeats):
+            shift = repeat % len(plan.systems)
+            for system in (*plan.systems[shift:], *plan.systems[:shift]):
+                results["runs"] += _run_system(plan, workload, model, system, repeat, progress)
+    if plan.overlap_stages:
+        results["overlap"] = run_overlap(plan, progress)
+    return results
+
+
+def _run_system(
+    plan: Plan, workload: str, model: Path, system: str, repeat: int, progress: Progress
+) -> list[dict[str, Any]]:
+    body = get_workload(workload).request_body()
+    timeout: float | str = plan.batch_timeout_ms
+    name = system
+    if system.endswith("-auto"):
+        timeout, name = "auto", system.removesuffix("-auto")
+    config = SystemConfig(model, plan.port, plan.max_batch_size, timeout)
+    spec = launch_spec(name, config, plan.workdir / "cache")
+    log = plan.workdir / "logs" / f"{workload}-{system}-{repeat}.log"
+    records = []
+    progress(f"[{workload}] round {repeat + 1}/{plan.repeats}: starting {system}")
+    with ServerProcess(spec, plan.port, body, log) as server:
+        closed_loop(server.url, body, max(plan.concurrencies), plan.warmup_s, tool=plan.tool)
+        scenarios: list[tuple[str, int | float]] = [(f"c{c}", c) for c in plan.concurrencies]
+        rate = plan.open_rates.get(workload)
+        if rate:
+            scenarios.append((f"open{rate:g}", rate))
+        for scenario, level in scenarios:
+            if scenario.startswith("open"):
+                result = open_loop(server.url, body, level, plan.seconds)
+            else:
+                result = closed_loop(server.url, body, int(level), plan.seconds, tool=plan.tool)
+            proc = read_proc(server.pid)
+            progress(
+                f"  {system} {scenario}: {result.rps:,.0f} req/s p50 {result.p50_ms:.1f} ms "
+                f"p99 {result.p99_ms:.1f} ms errors {result.errors}"
+            )
+            records.append(
+                {
+                    "workload": workload,
+                    "system": system,
+                    "repeat": repeat,
+                    "scenario": scenario,
+                    **result.to_json(),
+                    "frontend": proc.to_json(),
+                }
+            )
+    return records
+
+
+def run_overlap(plan: Plan, progress: Progress = print) -> list[dict[str, Any]]:
+    """Pipelined throughput of K simulated stages over the ideal 1/T batches per second."""
+    model = save_workload("heavy", plan.workdir)  # 9 layers: cuts into up to 9 stages
+    body = get_workload("heavy").request_body()
+    batch = plan.overlap_batch_size
+    out = []
+    for stages in plan.overlap_stages:
+        for repeat in range(plan.repeats):
+            config = SystemConfig(
+                model, plan.port, batch, plan.batch_timeout_ms, plan.overlap_device_ms
+            )
+            spec = launch_spec(f"shardserve-{stages}", config, plan.workdir / "cache")
+            log = plan.workdir / "logs" / f"overlap-{stages}-{repeat}.log"
+            with ServerProcess(spec, plan.port, body, log) as server:
+                # Enough clients that K batches are always in flight and the next one is full.
+                clients = (stages + 2) * batch
+                closed_loop(server.url, body, clients, plan.warmup_s, tool=plan.tool)
+                before = _batch_counters(server.url)
+                tick = time.monotonic()
+                result = closed_loop(server.url, body, clients, plan.seconds, tool=plan.tool)
+                after = _batch_counters(server.url)
+                elapsed = time.monotonic() - tick
+            batches = after[0] - before[0]
+            rows = after[1] - before[1]
+            per_s = batches / elapsed
+            ideal = 1000.0 / plan.overlap_device_ms
+            record = {
+                "stages": stages,
+                "repeat": repeat,
+                "device_ms": plan.overlap_device_ms,
+                "batch_size": batch,
+                "batches_per_s": per_s,
+                "mean_batch_rows": rows / batches if batches else 0.0,
+                "ideal_batches_per_s": ideal,
+                "efficiency": per_s / ideal,
+                "rps": result.rps,
+                "p99_ms": result.p99_ms,
+            }
+            progress(
+                f"  overlap K={stages}: {per_s:.1f} batches/s of ideal {ideal:.1f} "
+                f"(efficiency {per_s / ideal:.2f}, {record['mean_batch_rows']:.1f} rows/batch)"
+            )
+            out.append(record)
+    return out
+
+
+_COUNT = re.compile(r"^shardserve_batch_size_rows_(count|sum) ([0-9.e+]+)$", re.M)
+
+
+def _batch_counters(predict_url: str) -> tuple[float, float]:
+    url = predict_url.rsplit("/", 1)[0] + "/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    values = dict(_COUNT.findall(text))
+    if set(values) != {"count", "sum"}:
+        raise RuntimeError(f"{url} has no shardserve_batch_size_rows count/sum; got {values}")
+    return float(values["count"]), float(values["sum"])
+
+
+def _plan_json(plan: Plan) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in plan.__dict__.items()}

@@ -1,0 +1,58 @@
+"""The model's own ceiling: the ``.keras`` file called directly, no serving at all.
+
+``python -m bench.systems.ceiling --model M --batch-sizes 1,64 --seconds 5`` prints one JSON
+line: per batch size, the median ms per call and rows/s. It runs in a subprocess of its own so
+that the harness driver never loads TensorFlow, and it uses TensorFlow's default thread pool
+(all cores): the best this model does on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import orjson
+
+
+def measure(model_path: str, batch_sizes: list[int], seconds: float) -> dict[str, Any]:
+    import keras
+    import tensorflow as tf
+
+    model = keras.saving.load_model(model_path, compile=False)
+    spec = tf.TensorSpec((None, *model.input_shape[1:]), tf.float32)
+    step = tf.function(lambda x: model(x, training=False), input_signature=[spec])
+    results: dict[str, Any] = {}
+    for size in batch_sizes:
+        x = np.random.default_rng(size).standard_normal((size, *model.input_shape[1:]))
+        x = x.astype(np.float32)
+        for _ in range(3):  # trace and warm the caches
+            np.asarray(step(x))
+        times: list[float] = []
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end or len(times) < 5:
+            tick = time.perf_counter()
+            np.asarray(step(x))
+            times.append(time.perf_counter() - tick)
+        ms = statistics.median(times) * 1000.0
+        results[str(size)] = {"ms": ms, "rows_per_s": size / (ms / 1000.0), "calls": len(times)}
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--batch-sizes", default="1,64")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
+    if not sizes or min(sizes) < 1:
+        sys.exit(f"--batch-sizes must be integers >= 1, got {args.batch_sizes!r}")
+    sys.stdout.write(orjson.dumps(measure(args.model, sizes, args.seconds)).decode() + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""shardserve itself: ``shardserve serve`` on the workload's ``.keras`` file with K stages."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from bench.systems.base import LaunchSpec, SystemConfig
+
+# The CPUs a private local Ray sees; the stages share them so that K stages never ask for more.
+MACHINE_CPUS = os.cpu_count() or 1
+
+
+def shardserve_spec(config: SystemConfig, stages: int, cache_dir: Path) -> LaunchSpec:
+    if stages < 1:
+        raise ValueError(f"stages must be >= 1, got {stages}")
+    exe = shutil.which("shardserve", path=str(Path(sys.executable).parent)) or "shardserve"
+    cpus = max(MACHINE_CPUS / stages, 0.25)
+    argv = [
+        exe,
+        "serve",
+        "--model",
+        str(config.model_path),
+        "--stages",
+        str(stages),
+        "--port",
+        str(config.port),
+        "--max-batch-size",
+        str(config.max_batch_size),
+        "--batch-timeout-ms",
+        str(config.batch_timeout_ms),
+        "--cpus-per-shard",
+        f"{cpus:g}",
+        "--cache-dir",
+        str(cache_dir),
+        "--log-level",
+        "warning",
+    ]
+    if config.simulate_device_ms is not None:
+        argv += ["--simulate-device-ms", f"{config.simulate_device_ms:g}"]
+    return LaunchSpec(f"shardserve-{stages}", argv)
