@@ -3,6 +3,7 @@
 tests/serving  -> no marker (pure Python, fake model runner, no Ray, no TensorFlow)
 tests/shards   -> ray
 tests/e2e      -> ray, slow
+tests/bench    -> ray, slow (the benchmark harness on a tiny setting)
 tests/gpu      -> gpu (skipped with a reason when no GPU is visible)
 """
 
@@ -25,6 +26,7 @@ _MARKS_BY_DIR = {
     "shards": ("ray",),
     "e2e": ("ray", "slow"),
     "loadtest": ("ray", "slow"),
+    "bench": ("ray", "slow"),
     "deploy": (),
     "gpu": ("gpu",),
 }
