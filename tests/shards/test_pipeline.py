@@ -32,7 +32,7 @@ from shards.pipeline import (
     PipelineOptions,
     PipelineStartError,
 )
-from shards.shipping import ShippedStage, ship_bundle
+from shards.shipping import ShippedStage, ship_bundle, stages_off_node
 
 Case = tuple[Path, keras.Model, Inputs]
 
@@ -228,6 +228,37 @@ async def test_stage_file_removed_after_the_driver_read_it_is_shipped(
 
     _assert_matches(out, call_whole(model, inputs))
     assert [i["loaded_from"] for i in infos] == ["local", "shipped"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "away", "shipped"),
+    [
+        (None, set(), [False, False]),
+        (None, {1}, [False, True]),
+        (True, set(), [True, True]),
+        (False, {0, 1}, [False, False]),
+    ],
+)
+def test_ship_bundle_ships_what_the_mode_and_placement_ask(
+    ray_address: str, seq_case: Case, mode: bool | None, away: set[int], shipped: list[bool]
+) -> None:
+    bundle = seq_case[0]
+
+    result = ship_bundle(bundle, read_manifest(bundle), mode, away)
+
+    assert [s is not None and len(s.payload) == 1 for s in result] == shipped
+
+
+async def test_stages_off_node_compares_bundle_nodes_with_the_driver(ray_address: str) -> None:
+    group = ray.util.placement_group([{"CPU": 0.5}, {"CPU": 0.5}])
+    await group.ready()
+    try:
+        here = stages_off_node([group], ray.get_runtime_context().get_node_id())
+        elsewhere = stages_off_node([group], "f" * 56)
+    finally:
+        ray.util.remove_placement_group(group)
+
+    assert (here, elsewhere) == (set(), {0, 1})
 
 
 class _FakeGroup:
