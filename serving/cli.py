@@ -96,20 +96,27 @@ def run_server(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    api = create_app(settings, exit_on_load_failure=True)
-    uvicorn.run(
-        api,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=30,
+    server: uvicorn.Server | None = None
+
+    def stop_serving(_: str) -> None:
+        if server is not None:
+            server.should_exit = True
+
+    api = create_app(settings, on_load_failure=stop_serving)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            api,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=30,
+        )
     )
+    server.run()
     state = getattr(api.state, "shardserve", None)
     if state is not None and state.load_error:
-        err.print(
-            f"[red]error:[/red] the model failed to load: {state.load_error}", highlight=False
-        )
+        err.print(f"[red]error:[/red] the model failed to load: {state.load_error}")
         raise typer.Exit(1)
 
 

@@ -1,0 +1,115 @@
+"""The real server (uvicorn in a subprocess) with a 2-stage model on the session's local Ray."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.serverproc import Server, running_server
+
+
+def _residual_model(path: Path) -> None:
+    import keras
+
+    keras.utils.set_random_seed(11)
+    inp = keras.Input((12,), name="features")
+    h = keras.layers.Dense(32, activation="relu", name="d1")(inp)
+    r = keras.layers.Dense(32, activation="relu", name="d2")(h)
+    h = keras.layers.Add(name="skip")([h, r])
+    h = keras.layers.Dense(16, activation="tanh", name="d3")(h)
+    out = keras.layers.Dense(3, name="scores")(h)
+    keras.Model(inp, out, name="resid").save(path)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("e2e") / "resid.keras"
+    _residual_model(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(ray_address: str, model_path: Path) -> Iterator[Server]:
+    args = [
+        "--model", str(model_path),
+        "--stages", "2",
+        "--ray-address", ray_address,
+        "--cache-dir", str(model_path.parent / "cache"),
+        "--max-batch-size", "8",
+        "--batch-timeout-ms", "20",
+    ]  # fmt: skip
+    with running_server(args, model_path.parent) as srv:
+        yield srv
+
+
+def _expected(model_path: Path, rows: np.ndarray) -> np.ndarray:
+    import keras
+
+    return np.asarray(keras.saving.load_model(model_path).predict(rows, verbose=0))
+
+
+def test_predictions_match_the_whole_model(server: Server, model_path: Path) -> None:
+    rows = np.random.default_rng(0).normal(size=(5, 12)).astype("float32")
+    r = httpx.post(f"{server.url}/predict", json={"instances": rows.tolist()}, timeout=60)
+    assert r.status_code == 200, r.text
+    got = np.asarray(r.json()["predictions"], dtype="float32")
+    np.testing.assert_allclose(got, _expected(model_path, rows), atol=1e-5)
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(
+    server: Server, model_path: Path
+) -> None:
+    rows = np.random.default_rng(1).normal(size=(24, 12)).astype("float32")
+
+    def one(i: int) -> np.ndarray:
+        r = httpx.post(f"{server.url}/predict", json={"instances": [rows[i].tolist()]}, timeout=60)
+        assert r.status_code == 200, r.text
+        return np.asarray(r.json()["predictions"][0], dtype="float32")
+
+    with ThreadPoolExecutor(8) as pool:
+        got = np.stack(list(pool.map(one, range(len(rows)))))
+    np.testing.assert_allclose(got, _expected(model_path, rows), atol=1e-5)
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    count = _metric(metrics, "shardserve_batch_size_rows_count")
+    total = _metric(metrics, "shardserve_batch_size_rows_sum")
+    assert total >= 24 + 5 and count < total  # some batches held more than one row
+
+
+def test_metadata_and_bad_input(server: Server) -> None:
+    meta = httpx.get(f"{server.url}/v1/models/resid/metadata", timeout=10).json()
+    assert meta["num_stages"] == 2
+    assert meta["inputs"] == [{"name": "features", "shape": [12], "dtype": "float32"}]
+    assert meta["outputs"][0]["shape"] == [3]
+    r = httpx.post(f"{server.url}/predict", json={"instances": [[1.0, 2.0]]}, timeout=10)
+    assert r.status_code == 400
+    assert r.json() == {"error": "input 'features' has shape (1, 2); expected (n, 12) float32"}
+
+
+def test_sigterm_shuts_down_cleanly(ray_address: str, model_path: Path) -> None:
+    args = ["--model", str(model_path), "--stages", "2", "--ray-address", ray_address,
+            "--cache-dir", str(model_path.parent / "cache")]  # fmt: skip
+    with running_server(args, model_path.parent) as srv:
+        # uvicorn drains, then re-raises the signal so that the exit status says SIGTERM
+        assert srv.terminate() in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in srv.output()
+
+
+def test_load_failure_exits_non_zero_with_the_reason(ray_address: str, tmp_path: Path) -> None:
+    args = ["--model", str(tmp_path / "missing.keras"), "--ray-address", ray_address]
+    with running_server(args, tmp_path, ready=False) as srv:
+        code = srv.process.wait(timeout=300)
+        assert code == 1
+        assert "the model failed to load" in srv.output()
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
