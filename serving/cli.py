@@ -145,13 +145,16 @@ def partition(
     if stages is not None and max_stage_bytes is not None:
         err.print("[red]error:[/red] give either --stages or --max-stage-bytes, not both")
         raise typer.Exit(2)
+    from shards.models import DEMO_MODELS, build_demo
     from shards.partition import partition_to_bundle
 
     with err.status("partitioning...") as status:
         try:
+            source: Any = build_demo(model) if model in DEMO_MODELS else model
             manifest = partition_to_bundle(
-                model,
+                source,
                 out,
+                source_name=f"demo:{model}" if model in DEMO_MODELS else None,
                 stages=stages,
                 max_stage_bytes=max_stage_bytes,
                 imports=tuple(imports or ()),
