@@ -130,6 +130,10 @@ class Settings(BaseSettings):
         default_factory=list,
         description='Extra Ray resources per stage, JSON: [{"node_a": 1}, {"node_b": 1}].',
     )
+    ship_stages: bool | None = Field(
+        None,
+        description="Send stage files to shard actors through Ray: unset = only to other nodes.",
+    )
     simulate_device_ms: float | None = Field(
         None, ge=0, description="Benchmarks: shards sleep this long per batch instead of computing."
     )

@@ -53,6 +53,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
         batch_sizes=settings.batch_sizes(),
         imports=tuple(settings.imports),
         simulate_device_ms=settings.simulate_device_ms,
+        ship_stages=settings.ship_stages,
     )
     group: Any = await PipelineGroup.create(bundle, options)
     return group  # type: ignore[no-any-return]
