@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 from asgi_lifespan import LifespanManager
 
@@ -237,3 +238,54 @@ async def test_metadata_status_and_metrics() -> None:
         or "shardserve_batch_close_total{" in text
     )
     assert "shardserve_queue_rows" in text
+
+
+async def test_client_disconnect_drops_its_queued_rows() -> None:
+    gate = asyncio.Event()
+    runner = FakeRunner()
+    settings = Settings(model="fake", batch_timeout_ms=0, max_inflight_batches=1)
+
+    async def factory(_: Settings) -> FakeRunner:
+        return runner
+
+    app = create_app(settings, factory)
+    async with LifespanManager(app) as manager:
+        state = app.state.shardserve
+        await state.ready.wait()
+        runner.gate = gate
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            first = asyncio.create_task(client.post("/predict", json={"instances": [row(0)]}))
+            await runner.wait_started(2)  # the only in-flight slot is now held
+
+            gone = asyncio.Event()
+            sent: list[dict[str, Any]] = []
+            body = orjson.dumps({"instances": [row(9)]})
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive() -> dict[str, Any]:
+                if messages:
+                    return messages.pop()
+                await gone.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            scope = {
+                "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                "method": "POST", "scheme": "http", "path": "/predict", "raw_path": b"/predict",
+                "query_string": b"", "root_path": "", "server": ("t", 80), "client": ("c", 1),
+                "headers": [(b"content-type", b"application/json")],
+            }  # fmt: skip
+            call = asyncio.create_task(manager.app(scope, receive, send))
+            async with asyncio.timeout(5):
+                while state.batcher.queued_rows < 1:
+                    await asyncio.sleep(0.001)
+            gone.set()  # the client hangs up while its row is still queued
+            async with asyncio.timeout(5):
+                await call
+            assert state.batcher.queued_rows == 0
+            gate.set()
+            assert (await first).status_code == 200
+    assert all(9 not in b["x"][:, 0] for b in runner.batches)
