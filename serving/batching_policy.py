@@ -31,7 +31,7 @@ class BatchingPolicy:
     ``batch_timeout_ms``: the longest the oldest row of a batch waits for the batch to fill;
     0 dispatches at once; ``None`` is the auto policy: an idle pipeline gets a batch at once;
     while batches are in flight, a free slot waits for the rows expected to arrive within one
-    pipeline step (the batch time over the in-flight slots), but never longer than that step.
+    batch time, but never longer than one pipeline step (the batch time over the in-flight slots).
     ``slo_p99_ms`` is read only by the auto policy: it shortens that wait and caps a batch's
     size so that the oldest row's wait plus the predicted run time of the batch stays within it.
     ``allowed_batch_sizes`` are the sizes batches are padded to

@@ -435,11 +435,11 @@ class FixedRate:
         return self.rows_per_s
 
 
-async def test_auto_policy_waits_for_the_rows_one_step_brings_while_busy(make: Harness) -> None:
+async def test_auto_policy_waits_for_the_rows_one_batch_time_brings_while_busy(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
     batcher._recent_run_s = 20.0  # a pipeline step of 10 s: the wait cap never fires here
-    batcher._arrivals = FixedRate(0.4)  # type: ignore[assignment]  # 4 rows per step
+    batcher._arrivals = FixedRate(0.2)  # type: ignore[assignment]  # 4 rows per batch time
     first = await spawn(batcher.submit(make_rows(1)))
     await runner.wait_started(1)
     queued = [await spawn(batcher.submit(make_rows(1, start=1 + i))) for i in range(3)]
