@@ -13,13 +13,10 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +27,9 @@ import numpy as np
 import psutil
 import pytest
 
-BIN = Path(sys.executable).parent
+from tests.serverproc import BIN, free_ports, ray_env, running_server
+
 NODE_START_TIMEOUT_S = 120.0
-SERVER_READY_TIMEOUT_S = 420.0
 STAGE_RESOURCES = [{"node_a": 0.01}, {"node_b": 0.01}]
 # Per node: one shard actor, and the head also runs the partitioning task.
 WORKER_PORTS_PER_NODE = 12
@@ -55,26 +52,6 @@ ray.shutdown()
 """
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", TF_CPP_MIN_LOG_LEVEL="2")
-    return env
-
-
-def _free_ports(count: int) -> list[int]:
-    # Held open together so that the ports handed out are distinct.
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 class _RayNode:
     """`ray start --block`: the process lives as long as the node, so its tree is ours to kill."""
 
@@ -83,7 +60,7 @@ class _RayNode:
         self.started = threading.Event()
         self.proc = subprocess.Popen(
             [str(BIN / "ray"), "start", "--block", *args],
-            env=_env(),
+            env=ray_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -107,7 +84,7 @@ class _RayNode:
 
 
 def _node_args(temp_dir: str, resources: dict[str, float]) -> list[str]:
-    node_manager, object_manager, agent, agent_grpc, env_agent, metrics, *workers = _free_ports(
+    node_manager, object_manager, agent, agent_grpc, env_agent, metrics, *workers = free_ports(
         6 + WORKER_PORTS_PER_NODE
     )
     return [
@@ -156,7 +133,7 @@ def _kill_tree(roots: list[psutil.Process], marker: str) -> None:
 def cluster() -> Iterator[str]:
     # Short path: Ray's unix sockets live under it and sun_path holds only 107 bytes.
     temp_dir = tempfile.mkdtemp(prefix="ssray", dir="/tmp")
-    gcs_port, client_port = _free_ports(2)
+    gcs_port, client_port = free_ports(2)
     address = f"127.0.0.1:{gcs_port}"
     nodes: list[_RayNode] = []
     try:
@@ -204,75 +181,26 @@ def _tiny_model(path: Path) -> None:
     model.save(path)
 
 
-def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
-    with httpx.Client(timeout=5.0) as client:
-        while time.monotonic() < deadline:
-            try:
-                if client.get(f"{url}/readyz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            # Waiting on the process doubles as the pause between probes, and ends it at once
-            # when the server dies.
-            try:
-                server.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                continue
-            break
-    raise RuntimeError(
-        f"server not ready (exit code {server.poll()}) within {SERVER_READY_TIMEOUT_S:g} s:\n"
-        + log.read_text()[-6000:]
-    )
-
-
 @pytest.fixture(scope="module")
 def served(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     work = tmp_path_factory.mktemp("multinode")
     model_path = work / "tiny.keras"
     _tiny_model(model_path)
-    (port,) = _free_ports(1)
-    log = work / "server.log"
-    command = [
-        str(BIN / "shardserve"),
-        "serve",
-        "--model",
-        str(model_path),
-        "--stages",
-        "2",
-        "--stage-resources",
-        json.dumps(STAGE_RESOURCES),
-        "--ray-address",
-        cluster,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--cache-dir",
-        str(work / "cache"),
-    ]
-    with log.open("wb") as sink:
-        server = subprocess.Popen(
-            command, env=_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, server, log)
-        yield Served(url=url, address=cluster, model_path=model_path)
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
+    args = [
+        "--model", str(model_path),
+        "--stages", "2",
+        "--stage-resources", json.dumps(STAGE_RESOURCES),
+        "--ray-address", cluster,
+        "--cache-dir", str(work / "cache"),
+    ]  # fmt: skip
+    with running_server(args, work) as server:
+        yield Served(url=server.url, address=cluster, model_path=model_path)
 
 
 def _probe(address: str) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, address],
-        env=_env(),
+        env=ray_env(),
         capture_output=True,
         text=True,
         timeout=120,
