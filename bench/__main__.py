@@ -89,7 +89,14 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             workdir=args.workdir,
         )
-        results = run_plan(plan, progress=lambda line: print(line, flush=True))
+        args.out.mkdir(parents=True, exist_ok=True)
+        partial = args.out / "bench_results.partial.json"
+        results = run_plan(
+            plan,
+            progress=lambda line: print(line, flush=True),
+            checkpoint=lambda r: partial.write_bytes(orjson.dumps(r, option=orjson.OPT_INDENT_2)),
+        )
+        partial.unlink(missing_ok=True)
         command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
         results["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)

@@ -180,6 +180,14 @@ def render(results: dict[str, Any], command: str, old_report: str = "") -> str:
     for workload in plan["workloads"]:
         lines += _workload_section(workload, med, results["ceiling"].get(workload, {}))
     lines += _overlap_section(results.get("overlap", []))
+    failures = results.get("failures", [])
+    if failures:
+        lines += ["## Rounds that failed (left out of the medians)", ""]
+        lines += [
+            f"- {f['workload']} {f['system']} round {f['repeat'] + 1}: {f['error'][:300]}"
+            for f in failures
+        ]
+        lines.append("")
     analysis = old_report.split(ANALYSIS_MARKER, 1)[1] if ANALYSIS_MARKER in old_report else "\n"
     return "\n".join(lines) + "\n" + ANALYSIS_MARKER + analysis
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from bench.load import closed_loop, open_loop
+from bench.load import LoadError, closed_loop, open_loop
 from bench.procinfo import read_proc
 from bench.systems import ServerProcess, SystemConfig, launch_spec
-from bench.systems.base import subprocess_env
+from bench.systems.base import ServerStartError, subprocess_env
 from bench.workloads import get_workload
 
 Progress = Callable[[str], None]
@@ -84,8 +84,18 @@ def measure_ceiling(model: Path, plan: Plan) -> dict[str, Any]:
     return dict(orjson.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def run_plan(plan: Plan, progress: Progress = print) -> dict[str, Any]:
-    results: dict[str, Any] = {"plan": _plan_json(plan), "ceiling": {}, "runs": [], "overlap": []}
+def run_plan(
+    plan: Plan,
+    progress: Progress = print,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "plan": _plan_json(plan),
+        "ceiling": {},
+        "runs": [],
+        "overlap": [],
+        "failures": [],
+    }
     for workload in plan.workloads:
         model = save_workload(workload, plan.workdir)
         progress(f"[{workload}] ceiling")
@@ -94,7 +104,21 @@ def run_plan(plan: Plan, progress: Progress = print) -> dict[str, Any]:
         for repeat in range(plan.repeats):
             shift = repeat % len(plan.systems)
             for system in (*plan.systems[shift:], *plan.systems[:shift]):
-                results["runs"] += _run_system(plan, workload, model, system, repeat, progress)
+                try:
+                    results["runs"] += _run_system(plan, workload, model, system, repeat, progress)
+                except (ServerStartError, LoadError) as exc:
+                    # One broken round must not throw away the rounds already measured.
+                    progress(f"  {system} round {repeat + 1} FAILED: {exc}")
+                    results["failures"].append(
+                        {
+                            "workload": workload,
+                            "system": system,
+                            "repeat": repeat,
+                            "error": str(exc),
+                        }
+                    )
+                if checkpoint is not None:
+                    checkpoint(results)
     if plan.overlap_stages:
         results["overlap"] = run_overlap(plan, progress)
     return results
