@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 
-from serving.app import ServerState, json_response, read_body
 from serving.batcher import Batcher
 from serving.config import Settings
 from serving.errors import (
@@ -23,6 +22,8 @@ from serving.errors import (
     NotFoundError,
     UnauthorizedError,
 )
+from serving.http_io import json_response, read_body
+from serving.state import ServerState
 
 __all__ = ["ADMIN_FIELDS", "batching_view", "install_admin_routes", "policy_changes"]
 
