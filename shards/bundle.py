@@ -10,6 +10,7 @@ SavedModel directory served whole through ``keras.layers.TFSMLayer``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -188,3 +189,12 @@ def _wrap_savedmodel(path: Path, spec: StageSpec) -> keras.Model:
         inputs=inputs[0] if len(inputs) == 1 else inputs,
         outputs=outputs[0] if len(outputs) == 1 else outputs,
     )
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks (stage files can be gigabytes)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -21,6 +21,7 @@ from shards.bundle import (
     import_modules,
     load_stage,
     read_manifest,
+    sha256_file,
     write_manifest,
 )
 from shards.graph import Graph, PartitionError, analyse, cut
@@ -41,14 +42,6 @@ def plan(graph: Graph, *, stages: int | None, max_stage_bytes: int | None) -> Pl
     if max_stage_bytes is not None:
         return plan_budget(costs, max_stage_bytes)
     return plan_balanced(costs, 1 if stages is None else stages)
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _sha256_model(model: keras.Model) -> str:
@@ -101,7 +94,7 @@ def partition_to_bundle(
                 "(a directory with saved_model.pb)"
             )
         report(f"loading {path}")
-        sha = _sha256_file(path)
+        sha = sha256_file(path)
         model = keras.saving.load_model(path, compile=False)
     _prepare_out_dir(out)
     graph = analyse(model)
@@ -167,7 +160,7 @@ def _savedmodel_bundle(
     weight_bytes = sum(int(np.prod(v.shape)) * v.dtype.size for v in loaded.variables)
     stage = StageSpec(0, file, inputs, outputs, weight_bytes, 0)
     signature = ModelSignature(path.name, inputs, outputs)
-    sha = hashlib.sha256((path / "saved_model.pb").read_bytes()).hexdigest()
+    sha = sha256_file(path / "saved_model.pb")
     manifest = Manifest(FORMAT_VERSION, signature, (stage,), source, sha, tuple(imports))
     write_manifest(out, manifest)
     report(f"wrote 1-stage bundle for SavedModel {path} to {out}")

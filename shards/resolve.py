@@ -19,7 +19,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shards.bundle import FORMAT_VERSION, MANIFEST_NAME, BundleError, Manifest, read_manifest
+from shards.bundle import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    BundleError,
+    Manifest,
+    read_manifest,
+    sha256_file,
+)
 
 if TYPE_CHECKING:
     import keras
@@ -52,9 +59,9 @@ def resolve_bundle(
     options = f"stages={stages};max_stage_bytes={max_stage_bytes};imports={list(imports)}"
     options += f";format={FORMAT_VERSION}"
     if path.is_dir() and (path / "saved_model.pb").is_file():
-        key = _sha256(_sha256_file(path / "saved_model.pb") + options)
+        key = _sha256(sha256_file(path / "saved_model.pb") + options)
     elif path.is_file() and path.suffix == ".keras":
-        key = _sha256(_sha256_file(path) + options)
+        key = _sha256(sha256_file(path) + options)
     elif model in DEMO_NAMES:
         key = f"{model}-{_sha256(options)[:16]}"
     elif path.exists():
@@ -137,11 +144,3 @@ def _is_bundle(path: Path) -> bool:
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

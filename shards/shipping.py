@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shards.bundle import MANIFEST_NAME, BundleError, Manifest
+from shards.bundle import MANIFEST_NAME, BundleError, Manifest, sha256_file
 
 StageSource = Literal["local", "shipped"]
 _CHUNK = 1 << 20
@@ -65,9 +65,9 @@ def digest_stage_file(path: Path) -> StageDigest:
             size = file.stat().st_size
             total += size
             rel = file.relative_to(path).as_posix()
-            lines.update(f"{rel}\0{size}\0{_sha256_file(file)}\n".encode())
+            lines.update(f"{rel}\0{size}\0{sha256_file(file)}\n".encode())
         return StageDigest(total, lines.hexdigest())
-    return StageDigest(path.stat().st_size, _sha256_file(path))
+    return StageDigest(path.stat().st_size, sha256_file(path))
 
 
 def ship_stage(bundle_dir: Path, manifest: Manifest, index: int, *, put: bool) -> ShippedStage:
@@ -163,14 +163,6 @@ def _read_payload(path: Path, name: str) -> np.ndarray:
     # A memory map: ray.put copies the pages into the object store without a second copy of a
     # multi-GB stage on the driver's heap.
     return np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def stages_off_node(groups: Sequence[Any], node_id: str) -> set[int]:
