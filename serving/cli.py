@@ -110,6 +110,9 @@ def run_server(settings: Settings) -> None:
             port=settings.port,
             log_level=settings.log_level,
             access_log=False,
+            # The server never reads the client address; the proxy-headers layer costs CPU
+            # on every request (py-spy, docs/benchmarks.md).
+            proxy_headers=False,
             timeout_graceful_shutdown=30,
         )
     )

@@ -145,7 +145,7 @@ class Settings(BaseSettings):
         description="Longest wait of a batch's oldest row (0 = at once, auto = adaptive).",
     )
     max_inflight_batches: int | None = Field(
-        None, ge=1, le=1024, description="Batches out at once; unset = pipeline depth."
+        None, ge=1, le=1024, description="Batches out at once; unset = replicas x (stages + 1)."
     )
     max_queue_rows: int | None = Field(
         None, ge=1, description="Queued rows before 503; unset = 4 x batch x in-flight."
@@ -230,13 +230,15 @@ class Settings(BaseSettings):
             allowed_batch_sizes=tuple(self.allowed_batch_sizes or ()),
         ).batch_sizes()
 
-    def inflight_batches(self, pipeline_depth: int) -> int:
-        return self.max_inflight_batches or max(1, pipeline_depth)
+    def inflight_batches(self, stages: int, replicas: int = 1) -> int:
+        """Default: the pipeline depth (stages x replicas) plus one batch per pipeline being
+        handed over, so a stage never idles while the front end answers one batch and sends the
+        next (measured in docs/benchmarks.md: overlap 0.85 -> 0.94 at K=4, heavy c64 +27%)."""
+        return self.max_inflight_batches or max(1, replicas * (stages + 1))
 
-    def queue_rows(self, pipeline_depth: int) -> int:
-        return self.max_queue_rows or 4 * self.max_batch_size * self.inflight_batches(
-            pipeline_depth
-        )
+    def queue_rows(self, stages: int, replicas: int = 1) -> int:
+        inflight = self.inflight_batches(stages, replicas)
+        return self.max_queue_rows or 4 * self.max_batch_size * inflight
 
     def served_name(self) -> str:
         if self.model_name:

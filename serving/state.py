@@ -43,12 +43,12 @@ class ServerState:
 
 
 def policy_from_settings(settings: Settings, runner: ModelRunner) -> BatchingPolicy:
-    depth = runner.num_stages * getattr(runner, "replicas", 1)
+    stages, replicas = runner.num_stages, getattr(runner, "replicas", 1)
     return BatchingPolicy(
         max_batch_size=settings.max_batch_size,
         batch_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
-        max_inflight_batches=settings.inflight_batches(depth),
-        max_queue_rows=settings.queue_rows(depth),
+        max_inflight_batches=settings.inflight_batches(stages, replicas),
+        max_queue_rows=settings.queue_rows(stages, replicas),
         allowed_batch_sizes=settings.batch_sizes(),
         slo_p99_ms=settings.slo_p99_ms,
     )

@@ -81,8 +81,8 @@ async def test_get_shows_the_policy() -> None:
     assert r.json() == {
         "max_batch_size": 4,
         "batch_timeout_ms": 1000.0,
-        "max_inflight_batches": 1,
-        "max_queue_rows": 16,
+        "max_inflight_batches": 2,  # 1 stage + 1 being handed over
+        "max_queue_rows": 32,
         "slo_p99_ms": 50.0,
         "effective_wait_ms": 1000.0,
         "queued_rows": 0,

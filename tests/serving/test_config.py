@@ -17,9 +17,12 @@ def test_defaults() -> None:
     assert s.batch_sizes() == (1, 2, 4, 8, 16, 32)
     assert s.max_body_bytes == 16 * 1024 * 1024
     assert s.admin_token is None
-    # in-flight defaults to the pipeline depth; the queue to 4 x batch x in-flight
-    assert s.inflight_batches(3) == 3
-    assert s.queue_rows(3) == 4 * 32 * 3
+    # in-flight defaults to the pipeline depth plus one batch per pipeline being handed over;
+    # the queue to 4 x batch x in-flight
+    assert s.inflight_batches(3) == 4
+    assert s.inflight_batches(2, replicas=3) == 9
+    assert s.queue_rows(3) == 4 * 32 * 4
+    assert load_settings(max_inflight_batches=2).inflight_batches(3) == 2
 
 
 def test_flag_beats_env_beats_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
