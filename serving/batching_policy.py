@@ -3,8 +3,7 @@ measures.
 
 ``BatchingPolicy`` is plain validated data; ``Batcher`` reads it afresh for every batch, so a
 policy swapped in with ``Batcher.reconfigure`` applies to the next batch. ``RunTimeModel`` keeps
-an EWMA of run time per padded batch size, which the auto policy uses to honour ``slo_p99_ms``;
-``ArrivalRate`` estimates rows per second, from which it sizes the batches it waits for.
+an EWMA of run time per padded batch size, which the auto policy uses to honour ``slo_p99_ms``.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 _EWMA_ALPHA = 0.2
-_RATE_HORIZON_S = 0.5
 
 
 def _is_int(value: object) -> bool:
@@ -130,24 +128,3 @@ class RunTimeModel:
         if not self._seconds:
             return None
         return sum(self._seconds.values()) / len(self._seconds)
-
-
-class ArrivalRate:
-    """Rows per second over roughly the last ``horizon_s``: an exponentially decaying count."""
-
-    def __init__(self, horizon_s: float = _RATE_HORIZON_S) -> None:
-        self._horizon_s = horizon_s
-        self._count = 0.0
-        self._at: float | None = None
-
-    def add(self, rows: int, now: float) -> None:
-        self._count = self._decayed(now) + rows
-        self._at = now
-
-    def per_second(self, now: float) -> float:
-        return self._decayed(now) / self._horizon_s
-
-    def _decayed(self, now: float) -> float:
-        if self._at is None:
-            return 0.0
-        return self._count * math.exp(-max(0.0, now - self._at) / self._horizon_s)

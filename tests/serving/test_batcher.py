@@ -422,50 +422,36 @@ async def test_auto_policy_sends_full_batches_once_the_slo_is_lost(make: Harness
     assert runner.batch_sizes() == [1, 8]
 
 
-class FixedRate:
-    """An arrival rate that does not depend on the clock."""
-
-    def __init__(self, rows_per_s: float) -> None:
-        self.rows_per_s = rows_per_s
-
-    def add(self, rows: int, now: float) -> None:
-        pass
-
-    def per_second(self, now: float) -> float:
-        return self.rows_per_s
-
-
-async def test_auto_policy_waits_for_the_rows_one_batch_time_brings_while_busy(make: Harness) -> None:
+async def test_auto_policy_spreads_the_outstanding_rows_over_the_slots(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
     batcher._recent_run_s = 20.0  # a pipeline step of 10 s: the wait cap never fires here
-    batcher._arrivals = FixedRate(0.2)  # type: ignore[assignment]  # 4 rows per batch time
-    first = await spawn(batcher.submit(make_rows(1)))
+    first = await spawn(batcher.submit(make_rows(4)))  # idle pipeline: goes at once
     await runner.wait_started(1)
-    queued = [await spawn(batcher.submit(make_rows(1, start=1 + i))) for i in range(3)]
-    assert (runner.calls_started, batcher.queued_rows) == (1, 3)  # a slot is free, yet it waits
+    queued = [await spawn(batcher.submit(make_rows(1, start=10 + i))) for i in range(3)]
+    # 4 rows in flight + 3 queued over 2 slots: a batch waits for ceil(7 / 2) = 4 rows
+    assert (runner.calls_started, batcher.queued_rows) == (1, 3)
     assert batcher.effective_wait_ms == 10_000.0
-    last = await spawn(batcher.submit(make_rows(1, start=4)))
+    last = await spawn(batcher.submit(make_rows(1, start=13)))
     await runner.wait_started(2)
     assert runner.gate is not None
     runner.gate.set()
     await asyncio.gather(first, *queued, last)
-    assert [(r.size, r.reason) for r in make.records] == [(1, "idle"), (4, "target")]
+    assert [(r.size, r.reason) for r in make.records] == [(4, "idle"), (4, "target")]
 
 
 async def test_auto_policy_waits_at_most_one_step(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
     batcher._recent_run_s = 0.002  # a 1 ms step
-    batcher._arrivals = FixedRate(1e6)  # type: ignore[assignment]  # would wait for a full batch
-    first = await spawn(batcher.submit(make_rows(1)))
+    first = await spawn(batcher.submit(make_rows(4)))
     await runner.wait_started(1)
-    second = await spawn(batcher.submit(make_rows(1, start=1)))
+    second = await spawn(batcher.submit(make_rows(1, start=10)))  # the target would be 3 rows
     await runner.wait_started(2)  # the step's timer sent it alone
     assert runner.gate is not None
     runner.gate.set()
     await asyncio.gather(first, second)
-    assert [(r.size, r.reason) for r in make.records][:2] == [(1, "idle"), (1, "timeout")]
+    assert [(r.size, r.reason) for r in make.records][:2] == [(4, "idle"), (1, "timeout")]
 
 
 async def test_auto_policy_wait_is_shortened_to_keep_the_slo(make: Harness) -> None:

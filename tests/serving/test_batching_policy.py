@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
 
-from serving.batching_policy import ArrivalRate, BatchingPolicy, RunTimeModel
+from serving.batching_policy import BatchingPolicy, RunTimeModel
 
 
 @pytest.mark.parametrize(
@@ -87,13 +86,3 @@ def test_largest_size_within_budget() -> None:
     assert model.largest_within(0.1, sizes) == 4
     assert model.largest_within(1.0, sizes) == 8
     assert model.largest_within(0.001, sizes) is None
-
-
-def test_arrival_rate_decays_over_its_horizon() -> None:
-    rate = ArrivalRate(horizon_s=0.5)
-    assert rate.per_second(0.0) == 0.0
-    rate.add(4, now=10.0)
-    assert rate.per_second(10.0) == pytest.approx(8.0)
-    assert rate.per_second(10.5) == pytest.approx(8.0 * math.exp(-1))
-    rate.add(2, now=10.5)
-    assert rate.per_second(10.5) == pytest.approx((4 * math.exp(-1) + 2) / 0.5)
