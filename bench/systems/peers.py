@@ -10,9 +10,9 @@ def _fixed_timeout_ms(config: SystemConfig) -> str:
     return "0" if config.batch_timeout_ms == "auto" else f"{float(config.batch_timeout_ms):g}"
 
 
-def litserve_spec(config: SystemConfig) -> LaunchSpec:
+def _peer_spec(name: str, module: str, config: SystemConfig) -> LaunchSpec:
     argv = python_module(
-        "bench.systems.litserve_app",
+        module,
         "--model",
         str(config.model_path),
         "--port",
@@ -22,19 +22,12 @@ def litserve_spec(config: SystemConfig) -> LaunchSpec:
         "--batch-timeout-ms",
         _fixed_timeout_ms(config),
     )
-    return LaunchSpec("litserve", argv)
+    return LaunchSpec(name, argv)
+
+
+def litserve_spec(config: SystemConfig) -> LaunchSpec:
+    return _peer_spec("litserve", "bench.systems.litserve_app", config)
 
 
 def rayserve_spec(config: SystemConfig) -> LaunchSpec:
-    argv = python_module(
-        "bench.systems.rayserve_app",
-        "--model",
-        str(config.model_path),
-        "--port",
-        str(config.port),
-        "--max-batch-size",
-        str(config.max_batch_size),
-        "--batch-timeout-ms",
-        _fixed_timeout_ms(config),
-    )
-    return LaunchSpec("rayserve", argv)
+    return _peer_spec("rayserve", "bench.systems.rayserve_app", config)
