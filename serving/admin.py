@@ -15,7 +15,7 @@ import orjson
 from fastapi import FastAPI, Request, Response
 
 from serving.batcher import Batcher
-from serving.config import Settings
+from serving.config import Settings, default_queue_rows
 from serving.errors import (
     ForbiddenError,
     InvalidInputError,
@@ -87,7 +87,7 @@ def policy_changes(body: Any, batcher: Batcher, settings: Settings) -> dict[str,
     if isinstance(size, int) and isinstance(inflight, int):
         # Limits the operator left to their defaults scale with the batch, as at start-up.
         if settings.max_queue_rows is None:
-            changes["max_queue_rows"] = max(1, 4 * size * inflight)
+            changes["max_queue_rows"] = default_queue_rows(size, inflight)
         if settings.allowed_batch_sizes is None:
             changes["allowed_batch_sizes"] = ()
         else:

@@ -238,13 +238,18 @@ class Settings(BaseSettings):
 
     def queue_rows(self, stages: int, replicas: int = 1) -> int:
         inflight = self.inflight_batches(stages, replicas)
-        return self.max_queue_rows or 4 * self.max_batch_size * inflight
+        return self.max_queue_rows or default_queue_rows(self.max_batch_size, inflight)
 
     def served_name(self) -> str:
         if self.model_name:
             return self.model_name
         path = Path(self.model)
         return path.stem if path.suffix else path.name
+
+
+def default_queue_rows(max_batch_size: int, inflight_batches: int) -> int:
+    """Room for four rounds of full batches in every in-flight slot before 503s start."""
+    return 4 * max_batch_size * inflight_batches
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
