@@ -3,7 +3,7 @@
 Rows, not requests, are the unit: a request of n rows takes n slots and may be split over
 batches. Rows wait in one FIFO queue per input signature (per-row shapes and dtypes), so rows
 that cannot be stacked never share a batch. A batch closes when it is full or when its oldest
-row has waited ``batch_timeout_ms`` (the auto policy: see ``BatchingPolicy``);
+row has waited ``batch_timeout_ms`` (the auto policy: see ``serving.auto_wait``);
 up to ``max_inflight_batches`` batches run at once so that pipeline stages overlap. Every request
 is answered exactly once: with its rows' outputs, or with one error from ``serving.errors``.
 Pure asyncio and numpy: no Ray, no TensorFlow, no HTTP.
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.auto_wait import AutoWait
 from serving.batching_policy import BatchingPolicy, RunTimeModel
 from serving.batching_rows import (
     PendingRequest,
@@ -83,7 +84,7 @@ class Batcher:
         self._accepting = False
         self._draining = False
         self._runtime = RunTimeModel()
-        self._recent_run_s: float | None = None  # EWMA over batches of any size
+        self._auto = AutoWait(self._runtime)
 
     @property
     def policy(self) -> BatchingPolicy:
@@ -106,7 +107,7 @@ class Batcher:
             return float(policy.batch_timeout_ms)
         if self._inflight == 0:
             return 0.0
-        return self._auto_wait_s(policy, max(1, self._queues.rows)) * 1000
+        return self._auto.wait_s(policy, max(1, self._queues.rows)) * 1000
 
     async def start(self) -> None:
         if self._loop_task is not None:
@@ -233,7 +234,7 @@ class Batcher:
             return None  # a finishing batch, a submit or a reconfigure wakes the loop
         if policy.is_auto:
             heads = self._queues.heads()
-            return min((old + self._auto_wait_s(policy, n) for _, old, n in heads), default=None)
+            return min((old + self._auto.wait_s(policy, n) for _, old, n in heads), default=None)
         if not policy.batch_timeout_ms:
             return None
         timeout_s = policy.batch_timeout_ms / 1000
@@ -247,51 +248,25 @@ class Batcher:
         if self._draining:
             return "flush"
         if policy.batch_timeout_ms is None:
-            return self._auto_close_reason(oldest, rows, now, policy)
+            return self._auto.close_reason(
+                policy,
+                rows=rows,
+                waited_s=now - oldest,
+                inflight_batches=self._inflight,
+                outstanding_rows=self._inflight_rows + self._queues.rows,
+            )
         if now >= oldest + policy.batch_timeout_ms / 1000:
             return "timeout"
         return None
 
-    def _auto_close_reason(
-        self, oldest: float, rows: int, now: float, policy: BatchingPolicy
-    ) -> str | None:
-        if self._inflight == 0:
-            return "idle"  # nothing to overlap with: batch-1 latency at low load
-        # Spread the rows the pipeline holds (in flight + queued) evenly over the in-flight
-        # slots: in a closed loop of N clients that is N / slots rows per batch, so every stage
-        # keeps a batch while the queue refills. Measured on demo-mlp, 2 stages, quiet machine:
-        # waiting instead for the rows one batch time brings made batches of 15.7 rows at c=32
-        # but only 78% of the best fixed timeout's req/s (fewer batches to overlap).
-        outstanding = self._inflight_rows + self._queues.rows
-        target = math.ceil(outstanding / policy.max_inflight_batches)
-        if rows >= min(policy.max_batch_size, max(1, target)):
-            return "target"
-        if now >= oldest + self._auto_wait_s(policy, rows):
-            return "timeout"
-        return None
-
-    def _auto_step_s(self, policy: BatchingPolicy) -> float:
-        """How often the pipeline takes a new batch: a batch's time over the in-flight slots."""
-        return (self._recent_run_s or 0.0) / policy.max_inflight_batches
-
-    def _auto_wait_s(self, policy: BatchingPolicy, rows: int) -> float:
-        wait_s = self._auto_step_s(policy)
-        if policy.slo_p99_ms is not None:
-            size = policy.padded_size(min(rows, policy.max_batch_size))
-            budget_s = policy.slo_p99_ms / 1000 - (self._runtime.predict(size) or 0.0)
-            wait_s = min(wait_s, max(0.0, budget_s))
-        return wait_s
-
     def _dispatch(
         self, key: QueueKey, oldest: float, reason: str, now: float, policy: BatchingPolicy
     ) -> None:
-        limit = policy.max_batch_size
-        if policy.is_auto and policy.slo_p99_ms is not None:
-            budget_s = policy.slo_p99_ms / 1000 - (now - oldest)
-            # When even the smallest batch would miss the SLO, shrinking cannot save these rows
-            # and would only cut throughput while overloaded: send a full batch instead.
-            fitting = self._runtime.largest_within(budget_s, policy.batch_sizes())
-            limit = fitting or policy.max_batch_size
+        limit = (
+            self._auto.batch_limit(policy, now - oldest)
+            if policy.is_auto
+            else (policy.max_batch_size)
+        )
         segments = self._queues.take(key, limit)
         rows = sum(count for _, _, count in segments)
         self._inflight += 1
@@ -332,8 +307,6 @@ class Batcher:
             self._inflight_rows -= rows
             if outputs is not None:
                 self._runtime.observe(padded, run_s)
-                recent = self._recent_run_s
-                self._recent_run_s = run_s if recent is None else recent + 0.2 * (run_s - recent)
                 deliver(segments, outputs)
             else:
                 self._fail_segments(segments, error or BatchFailedError("batch did not finish"))

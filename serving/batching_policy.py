@@ -95,10 +95,13 @@ class RunTimeModel:
 
     def __init__(self) -> None:
         self._seconds: dict[int, float] = {}
+        self.recent_s: float | None = None  # EWMA over batches of any size
 
     def observe(self, padded_size: int, run_s: float) -> None:
         old = self._seconds.get(padded_size)
         self._seconds[padded_size] = run_s if old is None else old + _EWMA_ALPHA * (run_s - old)
+        recent = self.recent_s
+        self.recent_s = run_s if recent is None else recent + _EWMA_ALPHA * (run_s - recent)
 
     def predict(self, padded_size: int) -> float | None:
         """Seconds a batch of ``padded_size`` is expected to take; ``None`` before any batch."""
@@ -123,8 +126,3 @@ class RunTimeModel:
             if predicted is None or predicted <= budget_s:
                 best = size
         return best
-
-    def mean_seconds(self) -> float | None:
-        if not self._seconds:
-            return None
-        return sum(self._seconds.values()) / len(self._seconds)

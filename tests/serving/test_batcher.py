@@ -425,7 +425,7 @@ async def test_auto_policy_sends_full_batches_once_the_slo_is_lost(make: Harness
 async def test_auto_policy_spreads_the_outstanding_rows_over_the_slots(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
-    batcher._recent_run_s = 20.0  # a pipeline step of 10 s: the wait cap never fires here
+    batcher._runtime.recent_s = 20.0  # a pipeline step of 10 s: the wait cap never fires here
     first = await spawn(batcher.submit(make_rows(4)))  # idle pipeline: goes at once
     await runner.wait_started(1)
     queued = [await spawn(batcher.submit(make_rows(1, start=10 + i))) for i in range(3)]
@@ -443,7 +443,7 @@ async def test_auto_policy_spreads_the_outstanding_rows_over_the_slots(make: Har
 async def test_auto_policy_waits_at_most_one_step(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
-    batcher._recent_run_s = 0.002  # a 1 ms step
+    batcher._runtime.recent_s = 0.002  # a 1 ms step
     first = await spawn(batcher.submit(make_rows(4)))
     await runner.wait_started(1)
     second = await spawn(batcher.submit(make_rows(1, start=10)))  # the target would be 3 rows
@@ -459,7 +459,7 @@ async def test_auto_policy_wait_is_shortened_to_keep_the_slo(make: Harness) -> N
     batcher = await make(
         runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2, slo_p99_ms=600
     )
-    batcher._recent_run_s = 2.0  # a 1 s step
+    batcher._runtime.recent_s = 2.0  # a 1 s step
     batcher._runtime.observe(1, 0.2)
     assert batcher.effective_wait_ms == 0.0  # idle: a batch goes at once
     first = await spawn(batcher.submit(make_rows(1)))

@@ -86,3 +86,12 @@ def test_largest_size_within_budget() -> None:
     assert model.largest_within(0.1, sizes) == 4
     assert model.largest_within(1.0, sizes) == 8
     assert model.largest_within(0.001, sizes) is None
+
+
+def test_run_time_model_keeps_a_recent_average_over_all_sizes() -> None:
+    model = RunTimeModel()
+    assert model.recent_s is None
+    model.observe(1, 1.0)
+    model.observe(8, 2.0)
+    assert model.recent_s == pytest.approx(1.0 + 0.2 * (2.0 - 1.0))
+    assert model.predict(1) == 1.0 and model.predict(8) == 2.0

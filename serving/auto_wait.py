@@ -1,0 +1,65 @@
+"""The auto batching policy (``batch_timeout_ms`` None): when a batch may close, and how large.
+
+An idle pipeline gets each batch at once (batch-1 latency at low load). While batches are in
+flight, a free slot waits for its share of the rows the pipeline holds, but never longer than
+one pipeline step, and never so long that the wait plus the predicted run time would pass
+``slo_p99_ms``. Pure arithmetic over what the batcher measured: no asyncio, no clock of its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+from serving.batching_policy import BatchingPolicy, RunTimeModel
+
+
+class AutoWait:
+    def __init__(self, runtime: RunTimeModel) -> None:
+        self.runtime = runtime
+
+    def close_reason(
+        self,
+        policy: BatchingPolicy,
+        *,
+        rows: int,
+        waited_s: float,
+        inflight_batches: int,
+        outstanding_rows: int,
+    ) -> str | None:
+        """Why a queue head of ``rows`` rows, the oldest waiting ``waited_s``, may go now."""
+        if inflight_batches == 0:
+            return "idle"  # nothing to overlap with
+        # Spread the rows the pipeline holds (in flight + queued) evenly over the in-flight
+        # slots: in a closed loop of N clients that is N / slots rows per batch, so every stage
+        # keeps a batch while the queue refills. Measured on demo-mlp, 2 stages, quiet machine:
+        # waiting instead for the rows one batch time brings made batches of 15.7 rows at c=32
+        # but only 78% of the best fixed timeout's req/s (fewer batches to overlap).
+        target = math.ceil(outstanding_rows / policy.max_inflight_batches)
+        if rows >= min(policy.max_batch_size, max(1, target)):
+            return "target"
+        if waited_s >= self.wait_s(policy, rows):
+            return "timeout"
+        return None
+
+    def step_s(self, policy: BatchingPolicy) -> float:
+        """How often the pipeline takes a new batch: a batch's time over the in-flight slots."""
+        return (self.runtime.recent_s or 0.0) / policy.max_inflight_batches
+
+    def wait_s(self, policy: BatchingPolicy, rows: int) -> float:
+        """The longest a head of ``rows`` rows may wait once a slot is free."""
+        wait_s = self.step_s(policy)
+        if policy.slo_p99_ms is not None:
+            size = policy.padded_size(min(rows, policy.max_batch_size))
+            budget_s = policy.slo_p99_ms / 1000 - (self.runtime.predict(size) or 0.0)
+            wait_s = min(wait_s, max(0.0, budget_s))
+        return wait_s
+
+    def batch_limit(self, policy: BatchingPolicy, waited_s: float) -> int:
+        """The most rows to send: with an SLO, the largest batch predicted to finish within it."""
+        if policy.slo_p99_ms is None:
+            return policy.max_batch_size
+        budget_s = policy.slo_p99_ms / 1000 - waited_s
+        # When even the smallest batch would miss the SLO, shrinking cannot save these rows
+        # and would only cut throughput while overloaded: send a full batch instead.
+        fitting = self.runtime.largest_within(budget_s, policy.batch_sizes())
+        return fitting or policy.max_batch_size
