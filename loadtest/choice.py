@@ -8,8 +8,9 @@ the adaptive timeout against the best fixed one.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "AutoCheck",
@@ -17,6 +18,7 @@ __all__ = [
     "Point",
     "choose",
     "compare_auto",
+    "medians",
     "recommend",
 ]
 
@@ -43,6 +45,7 @@ class Point:
     p95_ms: float
     p99_ms: float
     mean_batch: float | None = None
+    runs: int = 1  # how many runs this point is the median of
 
     @property
     def setting(self) -> tuple[str, int | None]:
@@ -86,6 +89,35 @@ class AutoCheck:
 
 def loads_in_order(points: Iterable[Point]) -> list[str]:
     return list(dict.fromkeys(p.load for p in points))
+
+
+def medians(runs: Sequence[Point]) -> list[Point]:
+    """One point per (load, setting): the median of each figure over its runs, in first-run order.
+
+    Requests and failures are summed, so the failure ratio covers every run. The figures are
+    medians each on their own (the median p99 need not come from the median-throughput run):
+    a single disturbed run moves neither.
+    """
+    groups: dict[tuple[str, str, int | None], list[Point]] = {}
+    for run in runs:
+        groups.setdefault((run.load, *run.setting), []).append(run)
+    out = []
+    for group in groups.values():
+        batches = [p.mean_batch for p in group if p.mean_batch is not None]
+        out.append(
+            replace(
+                group[0],
+                requests=sum(p.requests for p in group),
+                failures=sum(p.failures for p in group),
+                rps=statistics.median(p.rps for p in group),
+                p50_ms=statistics.median(p.p50_ms for p in group),
+                p95_ms=statistics.median(p.p95_ms for p in group),
+                p99_ms=statistics.median(p.p99_ms for p in group),
+                mean_batch=statistics.median(batches) if batches else None,
+                runs=sum(p.runs for p in group),
+            )
+        )
+    return out
 
 
 def pick(points: Sequence[Point], slo_p99_ms: float | None, load: str = "") -> Choice:

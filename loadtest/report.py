@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from loadtest.choice import AUTO, Point, choose, compare_auto, recommend
+from loadtest.choice import AUTO, Point, choose, compare_auto, medians, recommend
 
 __all__ = ["read_csv", "write_all", "write_csv", "write_markdown", "write_plot", "write_toml"]
 
@@ -37,6 +37,7 @@ def read_csv(path: Path) -> list[Point]:
             p95_ms=float(r["p95_ms"]),
             p99_ms=float(r["p99_ms"]),
             mean_batch=float(r["mean_batch"]) if r["mean_batch"] else None,
+            runs=int(r.get("runs") or 1),
         )
         for r in rows
     ]
@@ -61,12 +62,13 @@ def write_markdown(
             "|---|---:|---:|---:|---:|---:|---:|---|",
         ]
         for p in (q for q in points if q.load == choice.load):
+            runs = f" (median of {p.runs})" if p.runs > 1 else ""
             mark = ""
             if p is choice.winner:
                 mark = "**winner**" if choice.meets_slo else "**lowest p99 (misses SLO)**"
             lines.append(
-                f"| {p.label} | {p.rps:.1f} | {p.p50_ms:.0f} | {p.p95_ms:.0f} | {p.p99_ms:.0f} "
-                f"| {p.failures}/{p.requests} | {_fmt(p.mean_batch)} | {mark} |"
+                f"| {p.label}{runs} | {p.rps:.1f} | {p.p50_ms:.0f} | {p.p95_ms:.0f} "
+                f"| {p.p99_ms:.0f} | {p.failures}/{p.requests} | {_fmt(p.mean_batch)} | {mark} |"
             )
         lines += ["", f"Winner: **{choice.winner.label}** ({choice.note}).", ""]
     checks = compare_auto(points, slo_p99_ms)
@@ -131,12 +133,19 @@ def write_toml(points: Sequence[Point], slo_p99_ms: float | None, path: Path) ->
 
 
 def write_all(
-    points: Sequence[Point], slo_p99_ms: float | None, out: Path, *, header: str = ""
+    runs: Sequence[Point], slo_p99_ms: float | None, out: Path, *, header: str = ""
 ) -> list[Path]:
-    """Every output file, or only results.csv when nothing was measured yet."""
+    """Every output file, or only the CSVs when nothing was measured yet.
+
+    ``runs`` are single measurements; a setting measured more than once at a load level is
+    reported as its medians (``results.csv``, the report, the plot, the recommendation), and
+    ``runs.csv`` keeps every run.
+    """
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "results.csv"
+    points = medians(runs)
     write_csv(points, csv_path)
+    write_csv(runs, out / "runs.csv")
     if not points:
         return [csv_path]
     paths = [out / "report.md", out / "latency_throughput.png", out / "recommended.toml"]

@@ -56,6 +56,7 @@ class TuneConfig:
     rows: int = 1
     admin_token: str | None = None
     model_name: str = ""
+    repeats: int = 1  # runs per point; the report gives their medians
 
 
 def parse_timeouts(text: str) -> list[str]:
@@ -203,13 +204,18 @@ def run_sweep(
     on_point: Callable[[Point, int, int], None] | None = None,
     header: str = "",
 ) -> tuple[list[Point], bool]:
-    """Measure every point; return them and whether the sweep finished (False: interrupted)."""
+    """Measure every run; return them and whether the sweep finished (False: interrupted).
+
+    Repeats go round the timeouts (0, 5, auto, 0, 5, auto, ...) rather than back to back, so a
+    slow drift of the machine touches every setting alike.
+    """
     admin = Admin(config.url, config.admin_token)
     points: list[Point] = []
     plan = [
         (load, size, timeout)
         for load in config.loads
         for size in config.max_batch_sizes
+        for _ in range(config.repeats)
         for timeout in config.timeouts
     ]
     original = admin.batching()
@@ -243,7 +249,8 @@ def sweep_header(config: TuneConfig) -> str:
     return (
         f"Server {config.url}, {time.strftime('%Y-%m-%d %H:%M')}. Loads: {loads}; "
         f"{config.rows} row(s) per request; {config.duration_s:g} s measured per point after "
-        f"{config.warmup_s:g} s of warm-up."
+        f"{config.warmup_s:g} s of warm-up"
+        + (f"; medians of {config.repeats} runs, interleaved." if config.repeats > 1 else ".")
     )
 
 
@@ -252,10 +259,10 @@ def tune(config: TuneConfig) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from loadtest.choice import choose, recommend
+    from loadtest.choice import choose, medians, recommend
 
     console = Console(stderr=True)
-    total = len(config.loads) * len(config.max_batch_sizes) * len(config.timeouts)
+    total = len(config.loads) * len(config.max_batch_sizes) * len(config.timeouts) * config.repeats
     columns = (
         "{task.description}",
         BarColumn(),
@@ -277,13 +284,15 @@ def tune(config: TuneConfig) -> int:
     if not points:
         console.print("[red]interrupted before any point was measured[/red]")
         return 130
+    points = medians(points)
     for choice in choose(points, config.slo_p99_ms):
         console.print(f"load {choice.load}: [bold]{choice.winner.label}[/bold] ({choice.note})")
     console.print(f"recommended: {recommend(points, config.slo_p99_ms)[1]}", highlight=False)
     if not finished:
-        console.print(f"[yellow]interrupted: kept {len(points)} of {total} points[/yellow]")
+        console.print(f"[yellow]interrupted: kept {len(points)} of {total} runs[/yellow]")
     console.print(
-        f"wrote {config.out}/results.csv, report.md, latency_throughput.png, recommended.toml",
+        f"wrote {config.out}/results.csv, runs.csv, report.md, latency_throughput.png, "
+        "recommended.toml",
         highlight=False,
     )
     return 0 if finished else 130

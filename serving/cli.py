@@ -197,6 +197,9 @@ def tune(
         typer.Option("--max-batch-sizes", help="Also sweep these max_batch_size values."),
     ] = None,
     rows: Annotated[int, typer.Option(help="Rows per request.", min=1)] = 1,
+    repeats: Annotated[
+        int, typer.Option(help="Runs per point, interleaved; the report gives medians.", min=1)
+    ] = 1,
     model_name: Annotated[str, typer.Option(help="Served model name; default: asked.")] = "",
     admin_token: Annotated[
         Optional[str],  # noqa: UP045
@@ -220,6 +223,7 @@ def tune(
             rows=rows,
             admin_token=admin_token,
             model_name=model_name,
+            repeats=repeats,
         )
         code = run_tune(config)
     except (ValueError, RuntimeError) as exc:

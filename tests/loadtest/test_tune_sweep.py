@@ -31,7 +31,7 @@ def test_small_sweep_writes_every_file(server: str, tmp_path: Path) -> None:
     out = tmp_path / "tune"
     command = [
         sys.executable, "-m", "serving.cli", "tune", "--url", server, "--timeouts", "0,auto",
-        "--loads", "4", "--duration", "3", "--warmup", "1", "--slo-p99-ms", "1000",
+        "--loads", "4", "--duration", "2", "--warmup", "1", "--repeats", "2", "--slo-p99-ms", "1000",
         "--out", str(out), "--admin-token", TOKEN,
     ]  # fmt: skip
     done = subprocess.run(
@@ -41,11 +41,20 @@ def test_small_sweep_writes_every_file(server: str, tmp_path: Path) -> None:
 
     with (out / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert [(r["load"], r["timeout"]) for r in rows] == [("c=4", "0"), ("c=4", "auto")]
+    assert [(r["load"], r["timeout"], r["runs"]) for r in rows] == [
+        ("c=4", "0", "2"),
+        ("c=4", "auto", "2"),
+    ]
     assert all(int(r["requests"]) > 0 and float(r["rps"]) > 0 for r in rows)
+    with (out / "runs.csv").open() as f:
+        runs = list(csv.DictReader(f))
+    # Interleaved: each timeout once, then each again.
+    assert [r["timeout"] for r in runs] == ["0", "auto", "0", "auto"]
+    assert sum(int(r["requests"]) for r in runs) == sum(int(r["requests"]) for r in rows)
 
     report = (out / "report.md").read_text()
     assert "## Load c=4" in report
+    assert "| 0 ms (median of 2) |" in report
     assert "**winner**" in report
     assert "## auto against the best fixed timeout" in report
 

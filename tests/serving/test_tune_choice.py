@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.choice import Point, choose, compare_auto, pick, recommend
+from loadtest.choice import Point, choose, compare_auto, medians, pick, recommend
 
 
 def pt(
@@ -115,3 +115,26 @@ def test_max_batch_size_is_part_of_the_setting() -> None:
     points = [pt("8", "5", 300, 20, batch=16), pt("8", "5", 400, 30, batch=64)]
     winner = pick(points, 100).winner
     assert (winner.setting, winner.label) == (("5", 64), "5 ms, batch 64")
+
+
+def test_medians_take_each_figure_over_the_runs_of_one_setting() -> None:
+    runs = [
+        pt("8", "5", 200, 60, failures=1),
+        pt("8", "auto", 180, 70),
+        pt("8", "5", 100, 90),  # one disturbed run
+        pt("8", "auto", 190, 50),
+        pt("8", "5", 210, 55),
+        pt("16", "5", 400, 80),
+    ]
+    five, auto, other = medians(runs)
+    assert (five.load, five.timeout, five.runs) == ("8", "5", 3)
+    assert (five.rps, five.p99_ms) == (200, 60)  # the disturbed run moves neither
+    assert (five.requests, five.failures) == (3000, 1)
+    assert (auto.runs, auto.rps, auto.p99_ms) == (2, 185, 60)  # an even count: the mean of two
+    assert (other.load, other.runs, other.rps) == ("16", 1, 400)
+
+
+def test_medians_of_medians_count_every_run() -> None:
+    once = medians([pt("8", "0", 100, 50), pt("8", "0", 120, 40)])
+    [again] = medians([*once, pt("8", "0", 90, 70)])
+    assert again.runs == 3
