@@ -1,9 +1,10 @@
 """The auto batching policy (``batch_timeout_ms`` None): when a batch may close, and how large.
 
 An idle pipeline gets each batch at once (batch-1 latency at low load). While batches are in
-flight, a free slot waits for its share of the rows the pipeline holds, but never longer than
-one pipeline step, and never so long that the wait plus the predicted run time would pass
-``slo_p99_ms``. Pure arithmetic over what the batcher measured: no asyncio, no clock of its own.
+flight, a free slot waits for its share of the rows the pipeline holds (one batch per stage and
+replica: the pipeline depth), but never longer than one pipeline step, and never so long that
+the wait plus the predicted run time would pass ``slo_p99_ms``. Pure arithmetic over what the
+batcher measured: no asyncio, no clock of its own.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ class AutoWait:
         """Why a queue head of ``rows`` rows, the oldest waiting ``waited_s``, may go now."""
         if inflight_batches == 0:
             return "idle"  # nothing to overlap with
-        # Spread the rows the pipeline holds (in flight + queued) evenly over the in-flight
-        # slots: in a closed loop of N clients that is N / slots rows per batch, so every stage
-        # keeps a batch while the queue refills. Measured on demo-mlp, 2 stages, quiet machine:
-        # waiting instead for the rows one batch time brings made batches of 15.7 rows at c=32
-        # but only 78% of the best fixed timeout's req/s (fewer batches to overlap).
-        target = math.ceil(outstanding_rows / policy.max_inflight_batches)
+        # Spread the rows the pipeline holds (in flight + queued) evenly over the batches it
+        # computes at once, one per stage and replica: in a closed loop of N clients that is
+        # N / depth rows per batch, so every stage keeps a batch while the queue refills. The
+        # extra in-flight slot (a batch being handed over) computes nothing, so it does not
+        # count: splitting over it too made more, smaller batches. Measured on demo-mlp, 2
+        # stages, 3 slots, quiet machine, medians of 2 runs, req/s against the best fixed
+        # timeout: over the slots 84% (c=8) / 102% (c=32); over the depth 118% / 124%.
+        depth = min(policy.pipeline_depth, policy.max_inflight_batches)
+        target = math.ceil(outstanding_rows / depth)
         if rows >= min(policy.max_batch_size, max(1, target)):
             return "target"
         if waited_s >= self.wait_s(policy, rows):

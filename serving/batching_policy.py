@@ -27,11 +27,14 @@ class BatchingPolicy:
     """How rows become batches.
 
     ``batch_timeout_ms``: the longest the oldest row of a batch waits for the batch to fill;
-    0 dispatches at once; ``None`` is the auto policy: an idle pipeline gets a batch at once;
-    while batches are in flight, a free slot waits for the rows expected to arrive within one
-    batch time, but never longer than one pipeline step (the batch time over the in-flight slots).
+    0 dispatches at once; ``None`` is the auto policy (``serving.auto_wait``): an idle pipeline
+    gets a batch at once; while batches are in flight, a free slot waits for its share of the
+    outstanding rows over the ``pipeline_depth`` batches the pipeline computes at once, but
+    never longer than one pipeline step (the batch time over the in-flight slots).
     ``slo_p99_ms`` is read only by the auto policy: it shortens that wait and caps a batch's
     size so that the oldest row's wait plus the predicted run time of the batch stays within it.
+    ``pipeline_depth`` (stages x replicas) is read only by the auto policy too; it describes the
+    model, not a choice, so the admin route does not change it.
     ``allowed_batch_sizes`` are the sizes batches are padded to
     (a compiled model traces once per size); empty means powers of two up to ``max_batch_size``.
     """
@@ -42,9 +45,10 @@ class BatchingPolicy:
     max_queue_rows: int = 128
     allowed_batch_sizes: tuple[int, ...] = ()
     slo_p99_ms: float | None = None
+    pipeline_depth: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_inflight_batches", "max_queue_rows"):
+        for name in ("max_batch_size", "max_inflight_batches", "max_queue_rows", "pipeline_depth"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -51,6 +51,7 @@ def policy_from_settings(settings: Settings, runner: ModelRunner) -> BatchingPol
         max_queue_rows=settings.queue_rows(stages, replicas),
         allowed_batch_sizes=settings.batch_sizes(),
         slo_p99_ms=settings.slo_p99_ms,
+        pipeline_depth=stages * replicas,
     )
 
 

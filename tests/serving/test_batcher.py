@@ -422,14 +422,16 @@ async def test_auto_policy_sends_full_batches_once_the_slo_is_lost(make: Harness
     assert runner.batch_sizes() == [1, 8]
 
 
-async def test_auto_policy_spreads_the_outstanding_rows_over_the_slots(make: Harness) -> None:
+async def test_auto_policy_spreads_the_outstanding_rows_over_the_stages(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
-    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
-    batcher._runtime.recent_s = 20.0  # a pipeline step of 10 s: the wait cap never fires here
+    batcher = await make(
+        runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=3, pipeline_depth=2
+    )
+    batcher._runtime.recent_s = 30.0  # a pipeline step of 10 s: the wait cap never fires here
     first = await spawn(batcher.submit(make_rows(4)))  # idle pipeline: goes at once
     await runner.wait_started(1)
     queued = [await spawn(batcher.submit(make_rows(1, start=10 + i))) for i in range(3)]
-    # 4 rows in flight + 3 queued over 2 slots: a batch waits for ceil(7 / 2) = 4 rows
+    # 4 rows in flight + 3 queued over 2 stages (not the 3 slots): ceil(7 / 2) = 4 rows
     assert (runner.calls_started, batcher.queued_rows) == (1, 3)
     assert batcher.effective_wait_ms == 10_000.0
     last = await spawn(batcher.submit(make_rows(1, start=13)))
@@ -438,6 +440,23 @@ async def test_auto_policy_spreads_the_outstanding_rows_over_the_slots(make: Har
     runner.gate.set()
     await asyncio.gather(first, *queued, last)
     assert [(r.size, r.reason) for r in make.records] == [(4, "idle"), (4, "target")]
+
+
+async def test_auto_policy_never_spreads_over_more_batches_than_may_fly(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(
+        runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2, pipeline_depth=4
+    )
+    batcher._runtime.recent_s = 20.0  # the wait cap never fires here
+    first = await spawn(batcher.submit(make_rows(2)))
+    await runner.wait_started(1)
+    # 2 in flight + 2 queued over min(4 stages, 2 slots): ceil(4 / 2) = 2 rows, not 1
+    queued = [await spawn(batcher.submit(make_rows(1, start=10 + i))) for i in range(2)]
+    await runner.wait_started(2)
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(first, *queued)
+    assert [(r.size, r.reason) for r in make.records] == [(2, "idle"), (2, "target")]
 
 
 async def test_auto_policy_waits_at_most_one_step(make: Harness) -> None:

@@ -16,6 +16,7 @@ from serving.batching_policy import BatchingPolicy, RunTimeModel
         ({"max_batch_size": 2.5}, "max_batch_size must be an integer >= 1, got 2.5"),
         ({"max_inflight_batches": 0}, "max_inflight_batches must be an integer >= 1, got 0"),
         ({"max_queue_rows": True}, "max_queue_rows must be an integer >= 1, got True"),
+        ({"pipeline_depth": 0}, "pipeline_depth must be an integer >= 1, got 0"),
         (
             {"batch_timeout_ms": -1},
             "batch_timeout_ms must be a number >= 0 or None (auto), got -1",
