@@ -2,7 +2,7 @@
 
 An idle pipeline gets each batch at once (batch-1 latency at low load). While batches are in
 flight, a free slot waits for its share of the rows the pipeline holds (one batch per stage and
-replica: the pipeline depth), but never longer than one pipeline step, and never so long that
+replica: the pipeline depth), but never longer than one batch time, and never so long that
 the wait plus the predicted run time would pass ``slo_p99_ms``. Pure arithmetic over what the
 batcher measured: no asyncio, no clock of its own.
 """
@@ -45,13 +45,21 @@ class AutoWait:
             return "timeout"
         return None
 
-    def step_s(self, policy: BatchingPolicy) -> float:
-        """How often the pipeline takes a new batch: a batch's time over the in-flight slots."""
-        return (self.runtime.recent_s or 0.0) / policy.max_inflight_batches
+    def cap_s(self) -> float:
+        """The longest wait while batches are in flight: the recent batch time.
+
+        In a closed loop the rows a batch waits for are in a batch in flight: they come back
+        within one batch time. Measured on demo-mlp, 2 stages, 3 slots, medians of 3 runs,
+        against the best fixed timeout: capping at one pipeline step (batch time / slots) made
+        the wait shrink with the batches (small batches run faster, so the cap shortens, so
+        batches close smaller), and auto settled at 3-row batches at c=8 in two runs of three
+        (92%, p99 119%); capping at one batch time gave 117% at c=8 and 140% at c=32.
+        """
+        return self.runtime.recent_s or 0.0
 
     def wait_s(self, policy: BatchingPolicy, rows: int) -> float:
-        """The longest a head of ``rows`` rows may wait once a slot is free."""
-        wait_s = self.step_s(policy)
+        """The longest a head of ``rows`` rows may wait once a slot is free (batches in flight)."""
+        wait_s = self.cap_s()
         if policy.slo_p99_ms is not None:
             size = policy.padded_size(min(rows, policy.max_batch_size))
             budget_s = policy.slo_p99_ms / 1000 - (self.runtime.predict(size) or 0.0)

@@ -101,7 +101,7 @@ class Batcher:
     @property
     def effective_wait_ms(self) -> float:
         """The fixed timeout; for the auto policy 0 while the pipeline is idle, else the longest
-        a free slot now waits for rows (one pipeline step, shortened to keep ``slo_p99_ms``)."""
+        a free slot now waits for rows (one batch time, shortened to keep ``slo_p99_ms``)."""
         policy = self._policy
         if policy.batch_timeout_ms is not None:
             return float(policy.batch_timeout_ms)

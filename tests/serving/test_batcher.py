@@ -427,13 +427,13 @@ async def test_auto_policy_spreads_the_outstanding_rows_over_the_stages(make: Ha
     batcher = await make(
         runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=3, pipeline_depth=2
     )
-    batcher._runtime.recent_s = 30.0  # a pipeline step of 10 s: the wait cap never fires here
+    batcher._runtime.recent_s = 30.0  # a 30 s batch time: the wait cap never fires here
     first = await spawn(batcher.submit(make_rows(4)))  # idle pipeline: goes at once
     await runner.wait_started(1)
     queued = [await spawn(batcher.submit(make_rows(1, start=10 + i))) for i in range(3)]
     # 4 rows in flight + 3 queued over 2 stages (not the 3 slots): ceil(7 / 2) = 4 rows
     assert (runner.calls_started, batcher.queued_rows) == (1, 3)
-    assert batcher.effective_wait_ms == 10_000.0
+    assert batcher.effective_wait_ms == 30_000.0
     last = await spawn(batcher.submit(make_rows(1, start=13)))
     await runner.wait_started(2)
     assert runner.gate is not None
@@ -459,14 +459,14 @@ async def test_auto_policy_never_spreads_over_more_batches_than_may_fly(make: Ha
     assert [(r.size, r.reason) for r in make.records] == [(2, "idle"), (2, "target")]
 
 
-async def test_auto_policy_waits_at_most_one_step(make: Harness) -> None:
+async def test_auto_policy_waits_at_most_one_batch_time(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
-    batcher._runtime.recent_s = 0.002  # a 1 ms step
+    batcher._runtime.recent_s = 0.002  # batches take 2 ms
     first = await spawn(batcher.submit(make_rows(4)))
     await runner.wait_started(1)
     second = await spawn(batcher.submit(make_rows(1, start=10)))  # the target would be 3 rows
-    await runner.wait_started(2)  # the step's timer sent it alone
+    await runner.wait_started(2)  # the batch time's timer sent it alone
     assert runner.gate is not None
     runner.gate.set()
     await asyncio.gather(first, second)
@@ -478,7 +478,7 @@ async def test_auto_policy_wait_is_shortened_to_keep_the_slo(make: Harness) -> N
     batcher = await make(
         runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2, slo_p99_ms=600
     )
-    batcher._runtime.recent_s = 2.0  # a 1 s step
+    batcher._runtime.recent_s = 2.0  # a 2 s batch time
     batcher._runtime.observe(1, 0.2)
     assert batcher.effective_wait_ms == 0.0  # idle: a batch goes at once
     first = await spawn(batcher.submit(make_rows(1)))
