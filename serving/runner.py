@@ -54,6 +54,8 @@ async def build_runner(settings: Settings) -> ModelRunner:
         imports=tuple(settings.imports),
         simulate_device_ms=settings.simulate_device_ms,
         ship_stages=settings.ship_stages,
+        compiled_graph=settings.compiled_graph,
+        max_inflight_per_replica=settings.max_inflight_batches,
     )
     group: Any = await PipelineGroup.create(bundle, options)
     return group  # type: ignore[no-any-return]

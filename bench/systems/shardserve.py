@@ -13,7 +13,9 @@ from bench.systems.base import LaunchSpec, SystemConfig
 MACHINE_CPUS = os.cpu_count() or 1
 
 
-def shardserve_spec(config: SystemConfig, stages: int, cache_dir: Path) -> LaunchSpec:
+def shardserve_spec(
+    config: SystemConfig, stages: int, cache_dir: Path, *, compiled: bool = False
+) -> LaunchSpec:
     if stages < 1:
         raise ValueError(f"stages must be >= 1, got {stages}")
     exe = shutil.which("shardserve", path=str(Path(sys.executable).parent)) or "shardserve"
@@ -40,4 +42,6 @@ def shardserve_spec(config: SystemConfig, stages: int, cache_dir: Path) -> Launc
     ]
     if config.simulate_device_ms is not None:
         argv += ["--simulate-device-ms", f"{config.simulate_device_ms:g}"]
-    return LaunchSpec(f"shardserve-{stages}", argv)
+    if compiled:
+        argv += ["--compiled-graph", "true"]
+    return LaunchSpec(f"shardserve-{stages}{'-cg' if compiled else ''}", argv)

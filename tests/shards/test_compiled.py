@@ -1,0 +1,70 @@
+"""The compiled-graph option on the session Ray: the same outputs as the whole model through a
+graph whose stages read the request and each other, more batches than the graph holds, and a
+failing batch that leaves the graph serving the next one."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from model_zoo import Inputs, call_whole, encoder
+
+from shards.partition import partition_to_bundle
+from shards.pipeline import PipelineGroup, PipelineOptions
+
+Case = tuple[Path, keras.Model, Inputs]
+
+
+@pytest.fixture(scope="module")
+def encoder_case(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    model, inputs = encoder()
+    tmp = tmp_path_factory.mktemp("encoder")
+    partition_to_bundle(model, tmp, stages=2)
+    return tmp, model, inputs
+
+
+def _rows(inputs: Inputs, start: int, stop: int) -> Inputs:
+    return {name: value[start:stop] for name, value in inputs.items()}
+
+
+async def test_compiled_graph_matches_the_whole_model_past_its_capacity(
+    ray_address: str, encoder_case: Case
+) -> None:
+    bundle, model, inputs = encoder_case
+    options = PipelineOptions(batch_sizes=(1, 3), compiled_graph=True, max_inflight_per_replica=2)
+    group = await PipelineGroup.create(bundle, options)
+    try:
+        assert all(p.compiled is not None for p in group._pipelines)
+        # 6 batches at once through a graph that holds 2: the rest wait, none fails.
+        batches = [_rows(inputs, i % 3, i % 3 + 1) for i in range(6)]
+        outs = await asyncio.gather(*(group.run(b) for b in batches))
+        whole = await group.run(inputs)
+    finally:
+        await group.close()
+
+    expected = call_whole(model, inputs)
+    for name, want in expected.items():
+        np.testing.assert_allclose(whole[name], want, atol=1e-5, rtol=0)
+        for i, out in enumerate(outs):
+            np.testing.assert_allclose(out[name], want[i % 3 : i % 3 + 1], atol=1e-5, rtol=0)
+
+
+async def test_a_failing_batch_leaves_the_graph_serving(ray_address: str, encoder_case: Case) -> None:
+    bundle, model, inputs = encoder_case
+    group = await PipelineGroup.create(
+        bundle, PipelineOptions(batch_sizes=(3,), compiled_graph=True)
+    )
+    try:
+        name = next(iter(inputs))
+        bad = {**inputs, name: np.zeros((3, 1, 1, 1), np.float32)}  # the wrong rank
+        with pytest.raises(Exception, match=r"(?i)shape|rank|dimension|incompatible"):
+            await group.run(bad)
+        out = await group.run(inputs)
+    finally:
+        await group.close()
+
+    for key, want in call_whole(model, inputs).items():
+        np.testing.assert_allclose(out[key], want, atol=1e-5, rtol=0)
