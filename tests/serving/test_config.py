@@ -3,6 +3,8 @@ from pathlib import Path
 import pytest
 
 from serving.config import ConfigError, Settings, load_settings
+from serving.state import policy_from_settings
+from tests.fakes import FakeRunner
 
 
 @pytest.fixture(autouse=True)
@@ -93,3 +95,12 @@ def test_served_name() -> None:
     assert Settings(model="/models/resnet.keras").served_name() == "resnet"
     assert Settings(model="demo-mlp").served_name() == "demo-mlp"
     assert Settings(model="x.keras", model_name="prod").served_name() == "prod"
+
+
+def test_the_served_policy_knows_the_pipeline_depth() -> None:
+    runner = FakeRunner()
+    runner.num_stages = 3
+    runner.replicas = 2  # type: ignore[attr-defined]
+    policy = policy_from_settings(load_settings(batch_timeout_ms="auto"), runner)
+    # the auto policy spreads rows over the 6 batches computed at once, not the 8 slots
+    assert (policy.pipeline_depth, policy.max_inflight_batches, policy.is_auto) == (6, 8, True)
