@@ -42,9 +42,12 @@ async def test_compiled_graph_matches_the_whole_model_past_its_capacity(
         batches = [_rows(inputs, i % 3, i % 3 + 1) for i in range(6)]
         outs = await asyncio.gather(*(group.run(b) for b in batches))
         whole = await group.run(inputs)
+        # Plain actor calls (the server's stats poller) still run beside the graph.
+        calls = [s["calls"] for s in await group.stats()]
     finally:
         await group.close()
 
+    assert calls == [7, 7]  # both stages ran every batch, through the graph
     expected = call_whole(model, inputs)
     for name, want in expected.items():
         np.testing.assert_allclose(whole[name], want, atol=1e-5, rtol=0)
