@@ -9,7 +9,7 @@ from pathlib import Path
 
 from loadtest.choice import AUTO, Point, choose, compare_auto, medians, recommend
 
-__all__ = ["read_csv", "write_all", "write_csv", "write_markdown", "write_plot", "write_toml"]
+__all__ = ["write_all", "write_csv", "write_markdown", "write_plot", "write_toml"]
 
 _FIELDS = [f.name for f in dataclasses.fields(Point)]
 
@@ -20,27 +20,6 @@ def write_csv(points: Sequence[Point], path: Path) -> None:
         writer.writeheader()
         for p in points:
             writer.writerow(dataclasses.asdict(p))
-
-
-def read_csv(path: Path) -> list[Point]:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    return [
-        Point(
-            load=r["load"],
-            timeout=r["timeout"],
-            max_batch_size=int(r["max_batch_size"]) if r["max_batch_size"] else None,
-            requests=int(r["requests"]),
-            failures=int(r["failures"]),
-            rps=float(r["rps"]),
-            p50_ms=float(r["p50_ms"]),
-            p95_ms=float(r["p95_ms"]),
-            p99_ms=float(r["p99_ms"]),
-            mean_batch=float(r["mean_batch"]) if r["mean_batch"] else None,
-            runs=int(r.get("runs") or 1),
-        )
-        for r in rows
-    ]
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
