@@ -9,12 +9,15 @@ from the bundle manifest.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from serving.config import Settings
 from shards.signature import ModelSignature
+
+if TYPE_CHECKING:
+    from shards.pipeline import PipelineOptions
 
 log = logging.getLogger("shardserve")
 
@@ -32,7 +35,7 @@ class ModelRunner(Protocol):
 async def build_runner(settings: Settings) -> ModelRunner:
     """Connect to (or start) Ray, resolve the model to a bundle, start and warm the pipelines."""
     from shards import runtime
-    from shards.pipeline import PipelineGroup, PipelineOptions
+    from shards.pipeline import PipelineGroup
 
     address = runtime.connect(settings.ray_address, imports=tuple(settings.imports))
     log.info("ray: %s %s", address, runtime.cluster_summary())
@@ -44,7 +47,16 @@ async def build_runner(settings: Settings) -> ModelRunner:
         cache_dir=settings.cache_dir,
     )
     log.info("model %r -> bundle %s", settings.model, bundle)
-    options = PipelineOptions(
+    options = pipeline_options(settings)
+    group: Any = await PipelineGroup.create(bundle, options)
+    return group  # type: ignore[no-any-return]
+
+
+def pipeline_options(settings: Settings) -> PipelineOptions:
+    """How the shard actors are started, from the server's settings."""
+    from shards.pipeline import PipelineOptions
+
+    return PipelineOptions(
         replicas=settings.replicas,
         gpus_per_shard=settings.gpus_per_shard,
         cpus_per_shard=settings.cpus_per_shard,
@@ -57,5 +69,3 @@ async def build_runner(settings: Settings) -> ModelRunner:
         compiled_graph=settings.compiled_graph,
         max_inflight_per_replica=settings.max_inflight_batches,
     )
-    group: Any = await PipelineGroup.create(bundle, options)
-    return group  # type: ignore[no-any-return]

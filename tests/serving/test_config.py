@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from serving.config import ConfigError, Settings, load_settings
+from serving.runner import pipeline_options
 from serving.state import policy_from_settings
 from tests.fakes import FakeRunner
 
@@ -104,3 +105,14 @@ def test_the_served_policy_knows_the_pipeline_depth() -> None:
     policy = policy_from_settings(load_settings(batch_timeout_ms="auto"), runner)
     # the auto policy spreads rows over the 6 batches computed at once, not the 8 slots
     assert (policy.pipeline_depth, policy.max_inflight_batches, policy.is_auto) == (6, 8, True)
+
+
+def test_shard_actor_options_follow_the_settings() -> None:
+    plain = pipeline_options(load_settings(max_batch_size=8))
+    assert (plain.compiled_graph, plain.max_inflight_per_replica, plain.batch_sizes) == (
+        False,
+        None,
+        (1, 2, 4, 8),
+    )
+    compiled = pipeline_options(load_settings(compiled_graph="true", max_inflight_batches=5))
+    assert (compiled.compiled_graph, compiled.max_inflight_per_replica) == (True, 5)
