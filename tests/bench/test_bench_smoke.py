@@ -84,3 +84,17 @@ def test_harness_runs_end_to_end_on_a_tiny_setting(
     report = (out / "benchmarks.md").read_text()
     assert "| shardserve-1 |" in report
     assert (out / "bench_throughput.png").stat().st_size > 0
+
+
+def test_system_names_pick_stages_and_the_compiled_graph(tmp_path: Path) -> None:
+    from bench.systems import SystemConfig, launch_spec
+
+    config = SystemConfig(tmp_path / "m.keras", 9000)
+    plain = launch_spec("shardserve-2", config, tmp_path)
+    compiled = launch_spec("shardserve-2-cg", config, tmp_path)
+    assert (plain.name, compiled.name) == ("shardserve-2", "shardserve-2-cg")
+    assert "--compiled-graph" not in plain.argv
+    assert compiled.argv[compiled.argv.index("--compiled-graph") + 1] == "true"
+    assert compiled.argv[compiled.argv.index("--stages") + 1] == "2"
+    with pytest.raises(ValueError, match=r"unknown system 'shardserve-x-cg'"):
+        launch_spec("shardserve-x-cg", config, tmp_path)
