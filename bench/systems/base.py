@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -21,6 +22,16 @@ BASE_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "2",
     "PYTHONUNBUFFERED": "1",
 }
+
+
+def peer_args() -> argparse.Namespace:
+    """The command line every peer server script takes (``bench.systems.peers`` passes it)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--batch-timeout-ms", type=float, default=5.0)
+    return parser.parse_args()
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,12 @@ run it, so the comparison is about serving, not about eager Keras calls.
 
 # No ``from __future__ import annotations``: LitServe reads decode_request's annotation at run
 # time to build the request model, and a string annotation turns every request into a 422.
-import argparse
 from typing import Any
 
 import litserve as ls
 import numpy as np
+
+from bench.systems.base import peer_args
 
 
 # At module level: LitServe pickles the API object into its spawned inference worker.
@@ -47,12 +48,7 @@ class KerasAPI(ls.LitAPI):  # type: ignore[misc]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--max-batch-size", type=int, default=64)
-    parser.add_argument("--batch-timeout-ms", type=float, default=5.0)
-    args = parser.parse_args()
+    args = peer_args()
     api = KerasAPI(args.model, args.max_batch_size, args.batch_timeout_ms / 1000.0)
     server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=60)
     server.run(host="127.0.0.1", port=args.port, num_api_servers=1, generate_client_file=False)

@@ -6,13 +6,14 @@ Serve and Ray down on SIGTERM.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import threading
 from typing import Any
 
 import numpy as np
+
+from bench.systems.base import peer_args
 
 
 def _deployment(max_batch_size: int, batch_timeout_s: float) -> Any:
@@ -48,12 +49,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--max-batch-size", type=int, default=64)
-    parser.add_argument("--batch-timeout-ms", type=float, default=5.0)
-    args = parser.parse_args()
+    args = peer_args()
     stop = threading.Event()
     ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
     for signum in (signal.SIGTERM, signal.SIGINT):
