@@ -39,9 +39,11 @@ from serving.errors import (
     BatchFailedError,
     DeadlineExceededError,
     InvalidInputError,
+    ModelInputError,
     NotReadyError,
     QueueFullError,
     ShardServeError,
+    from_runner,
 )
 
 __all__ = ["BatchRecord", "Batcher", "BatchingPolicy", "RunBatch"]
@@ -59,7 +61,19 @@ class BatchRecord:
     reason: str  # "full" | "timeout" | "flush" | "idle" | "target"
     queue_wait_s: float
     run_s: float
-    ok: bool
+    ok: bool  # every row answered by the first run
+    isolated: int = 0  # requests failed alone after splitting the batch to find them
+
+
+@dataclass
+class _Outcome:
+    clean: bool = True
+    isolated: int = 0
+
+
+def _isolation_depth(segments: list[Segment]) -> int:
+    """Halving the batch's requests this many times leaves one request per batch."""
+    return max(0, math.ceil(math.log2(max(1, len(segments)))))
 
 
 class Batcher:
@@ -128,11 +142,16 @@ class Batcher:
         return self._policy
 
     async def submit(
-        self, inputs: dict[str, np.ndarray], *, deadline: float | None = None
+        self,
+        inputs: dict[str, np.ndarray],
+        *,
+        deadline: float | None = None,
+        request_id: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Queue the rows of ``inputs`` and return their outputs, rows in the same order.
 
-        ``deadline`` is an absolute ``time.monotonic()`` value.
+        ``deadline`` is an absolute ``time.monotonic()`` value; ``request_id`` names the request
+        in the log lines of its batch's failures.
         """
         if not self._accepting:
             if self._loop_task is None:
@@ -156,7 +175,7 @@ class Batcher:
             self._reject("deadline")
             raise DeadlineExceededError("the request's deadline passed before it was queued")
         loop = asyncio.get_running_loop()
-        request = PendingRequest(inputs, rows, loop.create_future())
+        request = PendingRequest(inputs, rows, loop.create_future(), request_id)
         self._queues.add(request)
         timer = None
         if deadline is not None:
@@ -283,40 +302,70 @@ class Batcher:
         queue_wait_s: float,
         policy: BatchingPolicy,
     ) -> None:
-        padded = rows
+        padded = policy.padded_size(rows)
         started = time.monotonic()
-        outputs: dict[str, np.ndarray] | None = None
-        error: ShardServeError | None = None
+        outcome = _Outcome()
         try:
-            padded = policy.padded_size(rows)
-            raw = await self._run_batch(assemble(segments, rows, padded))
-            outputs = check_outputs(raw, rows, padded)
-        except ShardServeError as exc:
-            error = exc
-        except Exception as exc:
-            error = BatchFailedError(
-                f"model failed on a batch of {rows} rows: {type(exc).__name__}: {exc}"
-            )
+            await self._settle(segments, policy, _isolation_depth(segments), outcome)
         except BaseException:
-            error = NotReadyError(f"{_SHUTTING_DOWN}: the batch was cancelled")
+            self._fail_segments(
+                segments, NotReadyError(f"{_SHUTTING_DOWN}: the batch was cancelled")
+            )
             raise
         finally:
             run_s = time.monotonic() - started
             # Decrement before waking the loop so that it sees the free slot.
             self._inflight -= 1
             self._inflight_rows -= rows
-            if outputs is not None:
+            if outcome.clean:
                 self._runtime.observe(padded, run_s)
-                deliver(segments, outputs)
-            else:
-                self._fail_segments(segments, error or BatchFailedError("batch did not finish"))
             self._wake.set()
-            record = BatchRecord(rows, padded, reason, queue_wait_s, run_s, outputs is not None)
+            record = BatchRecord(
+                rows, padded, reason, queue_wait_s, run_s, outcome.clean, outcome.isolated
+            )
             if self._on_batch is not None:
                 try:
                     self._on_batch(record)
                 except Exception:
                     log.exception("on_batch callback failed")
+
+    async def _settle(
+        self, segments: list[Segment], policy: BatchingPolicy, depth: int, outcome: _Outcome
+    ) -> None:
+        """Run the segments as one batch and answer their requests. When the model fails on
+        the input, split the batch by request and rerun the halves, down to single requests
+        (at most ``depth`` times), so that only the requests that trigger it get the error."""
+        rows = sum(count for _, _, count in segments)
+        padded = policy.padded_size(rows)
+        try:
+            raw = await self._run_batch(assemble(segments, rows, padded))
+            outputs = check_outputs(raw, rows, padded)
+        except Exception as exc:
+            error = from_runner(exc, rows)
+            outcome.clean = False
+            live = [s for s in segments if not s[0].future.done()]
+            if isinstance(error, ModelInputError) and len(live) > 1 and depth > 0:
+                half = len(live) // 2
+                await asyncio.gather(
+                    self._settle(live[:half], policy, depth - 1, outcome),
+                    self._settle(live[half:], policy, depth - 1, outcome),
+                )
+                return
+            if isinstance(error, ModelInputError):
+                if len(live) > 1:  # not isolated: the error is no single request's
+                    error = BatchFailedError(f"the model failed on a batch of {rows} rows")
+                else:
+                    outcome.isolated += len(live)
+            ids = [r.request_id for r, _, _ in live if r.request_id]
+            log.warning(
+                "batch of %d rows failed for request(s) %s: %s",
+                rows,
+                ",".join(ids) or "-",
+                error.message,
+            )
+            self._fail_segments(live, error)
+            return
+        deliver(segments, outputs)
 
     # --- answering requests
 

@@ -47,10 +47,27 @@ def row_count(inputs: dict[str, np.ndarray]) -> int:
 class PendingRequest:
     """One submit(): its rows, how many are handed to batches, and the outputs gathered so far."""
 
-    __slots__ = ("arrival", "future", "inputs", "key", "next_row", "parts", "rows", "rows_done")
+    __slots__ = (
+        "arrival",
+        "future",
+        "inputs",
+        "key",
+        "next_row",
+        "parts",
+        "request_id",
+        "rows",
+        "rows_done",
+    )
 
-    def __init__(self, inputs: dict[str, np.ndarray], rows: int, future: asyncio.Future[Any]):
+    def __init__(
+        self,
+        inputs: dict[str, np.ndarray],
+        rows: int,
+        future: asyncio.Future[Any],
+        request_id: str | None = None,
+    ):
         self.inputs = inputs
+        self.request_id = request_id
         self.rows = rows
         self.key = queue_key(inputs)
         self.arrival = time.monotonic()

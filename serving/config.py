@@ -142,6 +142,19 @@ class Settings(BaseSettings):
     simulate_device_ms: float | None = Field(
         None, ge=0, description="Benchmarks: shards sleep this long per batch instead of computing."
     )
+    shard_max_restarts: int = Field(
+        3,
+        ge=0,
+        le=1000,
+        description="Ray restarts of a dead shard actor before its replica is rebuilt.",
+    )
+    batch_hard_timeout_ms: float | None = Field(
+        None,
+        gt=0,
+        le=3_600_000,
+        description="Watchdog: a batch running longer is abandoned, its stages restarted and its "
+        "rows retried once on another replica; unset = max(10 x p99 batch time, 5 s).",
+    )
 
     # --- batching
     max_batch_size: int = Field(32, ge=1, le=4096, description="Rows in a full batch.")

@@ -10,11 +10,30 @@ attributes) because some are raised inside Ray actors and cross a process bounda
     ├── NotFoundError            404  unknown model name
     ├── QueueFullError           503  no room for the rows; carries retry_after_s
     ├── NotReadyError            503  model not loaded/warmed yet, or shutting down
-    ├── DeadlineExceededError    504  the request's deadline passed before its rows were computed
-    └── BatchFailedError         500  the model failed on the batch holding the request's rows
+    ├── DeadlineExceededError    504  the request's deadline passed before its rows were computed,
+    │                                 or its batch ran past the watchdog's limit on two replicas
+    ├── ModelInputError          422  the model raised on this request's rows (isolated from its
+    │                                 batch-mates, who get their answers)
+    └── BatchFailedError         500  the model or its stage processes failed on the batch
+
+``from_runner`` turns whatever a model runner raised into one of these: the runner's errors
+(``shards.errors.RunError``) carry one-line reasons already; anything else is named by its type
+and its first line, scrubbed; the whole of it goes to the log.
 """
 
 from __future__ import annotations
+
+import logging
+
+from shards.errors import (
+    ModelError,
+    NoHealthyReplicaError,
+    RunError,
+    StageTimeoutError,
+    one_line,
+)
+
+log = logging.getLogger("shardserve")
 
 
 class ShardServeError(Exception):
@@ -69,3 +88,29 @@ class DeadlineExceededError(ShardServeError):
 
 class BatchFailedError(ShardServeError):
     status_code = 500
+
+
+class ModelInputError(ShardServeError):
+    status_code = 422
+
+
+def from_runner(exc: BaseException, rows: int) -> ShardServeError:
+    """The client-facing error for a batch of ``rows`` rows that ``run_batch`` failed with.
+
+    A ``ModelInputError`` means the input may be to blame: the batcher then splits the batch to
+    find the requests that trigger it. Its message is final once a single request is left.
+    """
+    if isinstance(exc, ShardServeError):
+        return exc
+    if isinstance(exc, ModelError):
+        if exc.input_blamed:
+            return ModelInputError(f"the model failed on this input: {exc.message}")
+        return BatchFailedError(f"model failed on a batch of {rows} rows: {exc.message}")
+    if isinstance(exc, StageTimeoutError):
+        return DeadlineExceededError(f"the request's batch was abandoned: {exc.message}")
+    if isinstance(exc, NoHealthyReplicaError):
+        return NotReadyError(f"the model is unavailable: {exc.message}; retry shortly")
+    if isinstance(exc, RunError):
+        return BatchFailedError(f"the request's batch was lost: {exc.message}")
+    log.error("model runner failed on a batch of %d rows", rows, exc_info=exc)
+    return BatchFailedError(f"model failed on a batch of {rows} rows: {one_line(exc)}")

@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from serving.batcher import BatchRecord
+from shards.health import Health
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -37,6 +38,34 @@ class _StageCollector:
             compute.add_metric(labels, float(row.get("compute_seconds_total", 0.0)))
         yield calls
         yield compute
+
+
+class _HealthCollector:
+    """Replica health read from the runner at scrape time."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Health] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.source is None:
+            return
+        health = self.source()
+        replicas = GaugeMetricFamily(
+            "shardserve_replicas", "Replicas of the model, by state", labels=["state"]
+        )
+        for name in ("healthy", "suspect", "dead"):
+            replicas.add_metric([name], float(health.states.count(name)))
+        yield replicas
+        yield CounterMetricFamily(
+            "shardserve_replica_rebuilds",
+            "Replicas rebuilt (new placement group and actors) after their actors were lost",
+            value=health.rebuilds,
+        )
+        yield CounterMetricFamily(
+            "shardserve_replica_recoveries",
+            "Replicas back in the rotation after Ray restarted their stage actors",
+            value=health.recoveries,
+        )
 
 
 class Metrics:
@@ -85,8 +114,16 @@ class Metrics:
         self.effective_wait = Gauge(
             "shardserve_batch_wait_ms", "Current wait of the batching policy", registry=r
         )
+        self.isolations = Counter(
+            "shardserve_poison_isolations_total",
+            "Requests failed alone after their batch was split to find the rows the model "
+            "raises on (their batch-mates were answered)",
+            registry=r,
+        )
         self.stages = _StageCollector()
         r.register(self.stages)  # type: ignore[arg-type]
+        self.health = _HealthCollector()
+        r.register(self.health)  # type: ignore[arg-type]
 
     def observe_batch(self, record: BatchRecord) -> None:
         self.batch_size.observe(record.size)
@@ -96,6 +133,8 @@ class Metrics:
         self.batch_run.observe(record.run_s)
         if not record.ok:
             self.rejects.labels("batch_failed").inc()
+        if record.isolated:
+            self.isolations.inc(record.isolated)
 
     def bind_gauges(
         self,
@@ -106,6 +145,9 @@ class Metrics:
         self.queue_rows.set_function(queue_rows)
         self.inflight.set_function(inflight)
         self.effective_wait.set_function(effective_wait)
+
+    def bind_health(self, source: Callable[[], Health]) -> None:
+        self.health.source = source
 
     def set_stage_stats(self, rows: Iterable[dict[str, Any]]) -> None:
         self.stages.snapshot = list(rows)

@@ -1,6 +1,7 @@
 """The one narrow interface between the front end and the model, and how the real one is built.
 
-The app needs only ``ModelRunner``: a signature, a pipeline depth and ``run_batch``. The real
+The app needs only ``ModelRunner``: a signature, its stages and replicas, ``run_batch``, health
+and stage stats. The real
 runner is a ``shards.pipeline.PipelineGroup`` of Ray shard actors; tests pass a fake. Nothing here
 imports TensorFlow: the model is resolved to a bundle inside a Ray task, and the signature comes
 from the bundle manifest.
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from serving.config import Settings
+from shards.health import Health
 from shards.signature import ModelSignature
 
 if TYPE_CHECKING:
@@ -24,10 +26,18 @@ log = logging.getLogger("shardserve")
 
 @runtime_checkable
 class ModelRunner(Protocol):
+    """What the server uses of a model: ``run_batch`` raises ``shards.errors.RunError`` (or a
+    ``serving.errors.ShardServeError``) with a one-line reason when a batch fails."""
+
     signature: ModelSignature
     num_stages: int
+    replicas: int
 
     async def run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def health(self) -> Health: ...
+
+    async def stats(self) -> list[dict[str, Any]]: ...
 
     async def close(self) -> None: ...
 
@@ -68,4 +78,8 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         ship_stages=settings.ship_stages,
         compiled_graph=settings.compiled_graph,
         max_inflight_per_replica=settings.max_inflight_batches,
+        max_restarts=settings.shard_max_restarts,
+        batch_hard_timeout_s=None
+        if settings.batch_hard_timeout_ms is None
+        else settings.batch_hard_timeout_ms / 1000.0,
     )

@@ -15,6 +15,7 @@ from serving.config import Settings
 from serving.errors import NotReadyError
 from serving.metrics import Metrics
 from serving.runner import ModelRunner
+from shards.errors import one_line
 
 log = logging.getLogger("shardserve")
 RunnerFactory = Callable[[Settings], Awaitable[ModelRunner]]
@@ -43,7 +44,7 @@ class ServerState:
 
 
 def policy_from_settings(settings: Settings, runner: ModelRunner) -> BatchingPolicy:
-    stages, replicas = runner.num_stages, getattr(runner, "replicas", 1)
+    stages, replicas = runner.num_stages, runner.replicas
     return BatchingPolicy(
         max_batch_size=settings.max_batch_size,
         batch_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
@@ -58,9 +59,7 @@ def policy_from_settings(settings: Settings, runner: ModelRunner) -> BatchingPol
 def describe_error(exc: BaseException) -> str:
     """One line for clients: the root cause of a remote (Ray) error, never its traceback."""
     cause = getattr(exc, "cause", None)
-    root = cause if isinstance(cause, BaseException) else exc
-    first = (str(root).strip().splitlines() or [""])[0]
-    return f"{type(root).__name__}: {first}"[:500]
+    return one_line(cause if isinstance(cause, BaseException) else exc)
 
 
 async def load_model(
@@ -82,6 +81,7 @@ async def load_model(
             lambda: batcher.inflight_batches,
             lambda: batcher.effective_wait_ms,
         )
+        state.metrics.bind_health(runner.health)
         await _warm_up(runner)
         state.batcher = batcher
         state.accepting = True
@@ -107,8 +107,7 @@ async def _warm_up(runner: ModelRunner) -> None:
 async def poll_stage_stats(state: ServerState) -> None:
     while True:
         runner = state.runner
-        stats = getattr(runner, "stats", None)
-        if stats is not None:
+        if runner is not None:
             with contextlib.suppress(Exception):
-                state.metrics.set_stage_stats(await stats())
+                state.metrics.set_stage_stats(await runner.stats())
         await asyncio.sleep(STATS_PERIOD_S)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shards.errors import BundleError
 from shards.signature import ModelSignature, TensorSpec
 
 if TYPE_CHECKING:
@@ -27,10 +28,6 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SAVEDMODEL_SUFFIX = ".savedmodel"
-
-
-class BundleError(ValueError):
-    """A bundle directory or manifest is missing, unreadable or of an unknown format."""
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,9 @@ from typing import Any
 import keras
 
 from shards.bundle import StageSpec
+from shards.errors import PartitionError
 from shards.plan import NodeCost, estimate_flops, param_bytes
 from shards.signature import ModelSignature, TensorSpec
-
-
-class PartitionError(ValueError):
-    """The model or the request cannot be partitioned (wrong source, options, graph)."""
 
 
 @dataclass(frozen=True)

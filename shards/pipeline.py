@@ -1,9 +1,12 @@
-"""Pipelines of shard actors: K stage actors per replica, R replicas side by side.
+"""R replicas of the model side by side (data parallel), kept healthy.
 
-A batch enters stage 0 and the ObjectRefs are chained actor to actor, so the driver never waits
-between stages: while stage 1 computes batch n, stage 0 already computes batch n+1. Each
-replica's actors share one placement group. Stages placed on nodes other than the driver's get
-their file through the object store (``shards.shipping``), so no shared filesystem is needed.
+Each batch goes to the least-loaded healthy replica (``shards.replica.Pipeline``). A batch that
+a replica fails to answer (a stage process died, or the batch ran past the watchdog's limit) is
+retried once on another replica, and the replica leaves the rotation: it is probed (Ray restarts
+a dead actor that has restarts left) or, when its actors are gone, rebuilt in the background with
+a new placement group and actors, with backoff, and rejoins after one warm batch. A model that
+raises on a batch is the batch's fault, not the replica's: that error goes back to the caller as a
+``ModelError`` and the replica stays in. Every error that leaves is a one-line ``RunError``.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,25 +22,37 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from shards.actor import ShardActor
 from shards.bundle import Manifest, read_manifest
-from shards.compiled import CompiledStages
-from shards.routes import MODEL_INPUT, Route, plan_routes
+from shards.errors import (
+    InsufficientResourcesError,
+    NoHealthyReplicaError,
+    PipelineStartError,
+    RunError,
+    StageTimeoutError,
+    one_line,
+)
+from shards.faults import Watchdog, is_replica_fault, translate
+from shards.health import Health, ReplicaState
+from shards.replica import (
+    ActorSpec,
+    Pipeline,
+    place,
+    release,
+    spawn_actors,
+    wait_actors,
+    wait_groups,
+)
+from shards.routes import Route, plan_routes
 from shards.runtime import (
     PLACEMENT_STRATEGIES,
-    InsufficientResourcesError,
     check_cluster_fits,
     cluster_has_gpus,
-    run_bounded,
     stage_bundles,
 )
-from shards.shipping import ShippedStage, ship_bundle, stages_off_node
+from shards.shipping import ship_bundle, stages_off_node
 from shards.signature import ModelSignature
 
-_RemoteShard = ray.remote(ShardActor)
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -49,13 +65,8 @@ __all__ = [
     "stage_bundles",
 ]
 
-# Killing actors and removing a placement group take milliseconds on a live cluster; past this a
-# shutdown stops waiting for a GCS that is gone.
-CLOSE_TIMEOUT_S = 10.0
-
-
-class PipelineStartError(RuntimeError):
-    """A placement group or a shard actor did not come up."""
+# Pauses between attempts to rebuild a replica: doubling from the first to the last.
+REBUILD_BACKOFF_S = (1.0, 60.0)
 
 
 @dataclass(frozen=True)
@@ -67,8 +78,8 @@ class PipelineOptions:
     stage_resources: tuple[dict[str, float], ...] = ()
     batch_sizes: tuple[int, ...] = (1,)
     imports: tuple[str, ...] = ()
+    # Ray restarts a dead stage actor this many times before its replica is rebuilt.
     max_restarts: int = 3
-    max_task_retries: int = 3
     simulate_device_ms: float | None = None
     ready_timeout_s: float = 300.0
     # None: ship the stage files placed on nodes other than the driver's; True: ship every
@@ -76,11 +87,16 @@ class PipelineOptions:
     ship_stages: bool | None = None
     stage_cache_dir: str | None = None
     # Run each replica as a Ray compiled graph (shards.compiled): less latency per batch, a
-    # spinning core per stage actor, no reattaching a restarted actor.
+    # spinning core per stage actor; a dead actor means rebuilding its replica.
     compiled_graph: bool = False
     # The compiled graph's capacity per replica; None: stages + 1 (the batcher's default share).
     # More batches than this wait for a free place rather than fail.
     max_inflight_per_replica: int | None = None
+    # The watchdog: a batch running longer is abandoned and its replica's stages restarted.
+    # None: 10 x the p99 of recent batch times, at least 5 s (60 s until 20 batches were seen).
+    batch_hard_timeout_s: float | None = None
+    # How long a batch waits for a healthy replica when none is, before it fails.
+    replica_wait_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -102,105 +118,43 @@ class PipelineOptions:
             raise ValueError(
                 f"max_inflight_per_replica must be >= 1, got {self.max_inflight_per_replica}"
             )
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.batch_hard_timeout_s is not None and self.batch_hard_timeout_s <= 0:
+            raise ValueError(f"batch_hard_timeout_s must be > 0, got {self.batch_hard_timeout_s}")
 
 
-class Pipeline:
-    """One replica: K stage actors chained through ObjectRefs."""
+@dataclass(frozen=True)
+class _Layout:
+    """How a replica is built: kept so that a failed one can be built again."""
 
-    def __init__(
-        self,
-        actors: Sequence[Any],
-        routes: tuple[Route, ...],
-        output_sources: dict[str, int],
-        group: PlacementGroup,
-    ) -> None:
-        self.actors = list(actors)
-        self.placement_group = group
-        self.inflight = 0
-        self._closed = False
-        self._routes = routes
-        self._output_sources = output_sources
-        self._request_readers = sum(r.needs_request for r in routes)
-        self._output_stages = sorted({s for s in output_sources.values() if s != MODEL_INPUT})
-        self.compiled: CompiledStages | None = None
-
-    def compile(self, max_inflight: int) -> None:
-        """Switch this replica to a compiled graph over its actors (inside the event loop)."""
-        self.compiled = CompiledStages(self.actors, self._routes, self._output_stages, max_inflight)
-
-    async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.inflight += 1
-        try:
-            if self.compiled is not None:
-                results = await self.compiled.run(inputs)
-                return self._outputs(inputs, results)
-            # One copy in the object store instead of one per stage that reads the request.
-            request: Any = ray.put(inputs) if self._request_readers > 1 else inputs
-            refs: list[Any] = []
-            for actor, route in zip(self.actors, self._routes, strict=True):
-                parts = [request] if route.needs_request else []
-                parts += [refs[j] for j in route.from_stages]
-                refs.append(actor.forward.remote(*parts))
-            stages = self._output_stages
-            results = dict(
-                zip(stages, await asyncio.gather(*(refs[s] for s in stages)), strict=True)
-            )
-            return self._outputs(inputs, results)
-        finally:
-            self.inflight -= 1
-
-    def _outputs(
-        self, inputs: dict[str, np.ndarray], results: dict[int, dict[str, np.ndarray]]
-    ) -> dict[str, np.ndarray]:
-        return {
-            name: inputs[name] if src == MODEL_INPUT else results[src][name]
-            for name, src in self._output_sources.items()
-        }
-
-    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
-        """Kill the actors and free the placement group; never raises, never waits longer than
-        ``timeout_s``. False when Ray did not answer in time. A second call does nothing."""
-        if self._closed:
-            return True
-        self._closed = True
-        if not ray.is_initialized():
-            log.info("Ray is already shut down; the pipeline's actors went with it")
-            return True
-        actors, group, compiled = self.actors, self.placement_group, self.compiled
-
-        def release() -> None:
-            if compiled is not None:
-                try:
-                    compiled.teardown()
-                except Exception:
-                    log.warning("tearing down the compiled graph failed", exc_info=True)
-            for actor in actors:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:
-                    log.warning("killing shard actor %s failed", actor, exc_info=True)
-            remove_placement_group(group)
-
-        return run_bounded(release, timeout_s, f"closing a pipeline of {len(actors)} shard actors")
+    routes: tuple[Route, ...]
+    output_sources: dict[str, int]
+    bundles: list[dict[str, float]]
+    actor: ActorSpec
+    options: PipelineOptions
+    depth: int
 
 
 class PipelineGroup:
-    """R replicas of the pipeline (data parallel); each batch goes to the least-loaded one."""
+    """R replicas of the pipeline; each batch goes to the least-loaded healthy one."""
 
-    def __init__(
-        self,
-        manifest: Manifest,
-        pipelines: list[Pipeline],
-        shipped: Sequence[ShippedStage | None] = (),
-    ) -> None:
+    def __init__(self, manifest: Manifest, pipelines: list[Pipeline], layout: _Layout) -> None:
         self.signature: ModelSignature = manifest.signature
         self.num_stages = len(manifest.stages)
         self.replicas = len(pipelines)
         self._pipelines = pipelines
+        self._layout = layout
         self._rotation = itertools.cycle(range(len(pipelines)))
-        # The driver owns the shipped stage bytes: holding the refs keeps them in the object
-        # store for actors that restart later, possibly on another node.
-        self._shipped = list(shipped)
+        self._watchdog = Watchdog(layout.options.batch_hard_timeout_s)
+        # Set whenever a replica (re)joins the rotation; cleared when none is healthy.
+        self._healthy = asyncio.Event()
+        self._healthy.set()
+        self._recovery: dict[int, asyncio.Task[None]] = {}
+        self._rebuilds = 0
+        self._recoveries = 0
+        self._last_fault = ""
+        self._closed = False
 
     @classmethod
     async def create(cls, bundle_dir: str | Path, options: PipelineOptions) -> PipelineGroup:
@@ -215,38 +169,43 @@ class PipelineGroup:
         check_cluster_fits(bundles, options.replicas, options.placement_strategy)
         pipelines: list[Pipeline] = []
         try:
-            groups = [
-                placement_group(bundles, strategy=options.placement_strategy)
-                for _ in range(options.replicas)
-            ]
+            groups = [place(bundles, options.placement_strategy) for _ in range(options.replicas)]
             for group in groups:
                 pipelines.append(Pipeline([], routes, output_sources, group))
-            await _wait_groups(groups, bundles, options.ready_timeout_s)
+            await wait_groups(groups, bundles, options.ready_timeout_s)
             away = stages_off_node(groups, ray.get_runtime_context().get_node_id())
             # Hashing and storing multi-GB stage files must not stall the event loop.
             shipped = await asyncio.to_thread(
                 ship_bundle, Path(bundle_dir), manifest, options.ship_stages, away
             )
+            # The driver owns the shipped stage bytes: the spec holds the refs, which keeps
+            # them in the object store for actors that restart or are rebuilt later.
+            spec = ActorSpec(
+                bundle_dir=Path(bundle_dir),
+                cpus=options.cpus_per_shard,
+                gpus=gpus,
+                batch_sizes=options.batch_sizes,
+                imports=options.imports,
+                simulate_device_ms=options.simulate_device_ms,
+                stage_cache_dir=options.stage_cache_dir,
+                max_restarts=options.max_restarts,
+                shipped=tuple(shipped),
+            )
             for pipeline in pipelines:
-                pipeline.actors = _spawn_actors(
-                    Path(bundle_dir), pipeline.placement_group, bundles, gpus, options, shipped
-                )
-            await _wait_actors(pipelines, options.ready_timeout_s)
+                pipeline.actors = spawn_actors(spec, pipeline.placement_group, bundles)
+            await wait_actors(pipelines, options.ready_timeout_s)
+            depth = options.max_inflight_per_replica or len(manifest.stages) + 1
             if options.compiled_graph:
-                depth = options.max_inflight_per_replica or len(manifest.stages) + 1
                 for pipeline in pipelines:
                     pipeline.compile(depth)
         except BaseException:
             for pipeline in pipelines:
                 pipeline.close()
             raise
-        return cls(manifest, pipelines, shipped)
+        layout = _Layout(routes, output_sources, bundles, spec, options, depth)
+        return cls(manifest, pipelines, layout)
 
-    def _least_loaded(self) -> Pipeline:
-        # Rotating the scan start breaks ties, so idle replicas take turns.
-        start = next(self._rotation)
-        n = len(self._pipelines)
-        return min((self._pipelines[(start + i) % n] for i in range(n)), key=lambda p: p.inflight)
+    # --- running batches
 
     async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [n for n in self.signature.input_names if n not in inputs]
@@ -255,9 +214,157 @@ class PipelineGroup:
                 f"inputs {missing} missing; model {self.signature.name!r} wants "
                 f"{self.signature.input_names}, got {sorted(inputs)}"
             )
-        return await self._least_loaded().run(inputs)
+        tried: list[Pipeline] = []
+        error: RunError | None = None
+        for _ in range(2):  # the first try and one retry after a replica fault
+            pipeline = await self._pick(tried)
+            tried.append(pipeline)
+            started = time.monotonic()
+            try:
+                outputs = await pipeline.run(inputs, self._watchdog.limit_s)
+            except Exception as exc:
+                error = translate(exc)
+                if not is_replica_fault(error):
+                    raise error from None
+                self._fault(pipeline, error)
+                continue
+            self._watchdog.observe(time.monotonic() - started)
+            return outputs
+        assert error is not None
+        # Twice lost: the batch itself may be what kills or hangs the stages, and a third
+        # replica's restarts are not to be burnt on it.
+        raise type(error)(f"{error.message}, on two replicas") from None
 
     run_batch = run
+
+    async def _pick(self, tried: Sequence[Pipeline]) -> Pipeline:
+        """The least-loaded healthy replica, one not tried yet if there is one; waits up to
+        ``replica_wait_s`` when none is healthy."""
+        deadline = time.monotonic() + self._layout.options.replica_wait_s
+        while True:
+            healthy = self._in_rotation()
+            fresh = [p for p in healthy if p not in tried]
+            candidates = fresh or healthy
+            if candidates:
+                return min(candidates, key=lambda p: p.inflight)
+            self._healthy.clear()
+            left = deadline - time.monotonic()
+            try:
+                if self._closed or left <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(self._healthy.wait(), left)
+            except TimeoutError:
+                raise NoHealthyReplicaError(
+                    f"no healthy replica of {self.replicas}"
+                    + (f" (last fault: {self._last_fault})" if self._last_fault else "")
+                ) from None
+
+    def _in_rotation(self) -> list[Pipeline]:
+        # Rotating the scan start breaks ties, so idle replicas take turns.
+        start = next(self._rotation)
+        n = len(self._pipelines)
+        ordered = (self._pipelines[(start + i) % n] for i in range(n))
+        return [p for p in ordered if p.state is ReplicaState.HEALTHY]
+
+    # --- faults and recovery
+
+    def _fault(self, pipeline: Pipeline, error: RunError) -> None:
+        self._last_fault = error.message
+        if pipeline.state is not ReplicaState.HEALTHY or self._closed:
+            return  # already out of the rotation, being recovered
+        index = self._pipelines.index(pipeline)
+        log.warning("replica %d leaves the rotation: %s", index, error.message)
+        pipeline.state = ReplicaState.SUSPECT
+        hung = isinstance(error, StageTimeoutError)
+        task = asyncio.create_task(self._recover(index, hung), name=f"recover-replica-{index}")
+        self._recovery[index] = task
+
+    async def _recover(self, index: int, hung: bool) -> None:
+        pipeline = self._pipelines[index]
+        options = self._layout.options
+        probe_s = min(options.ready_timeout_s, 120.0)
+        if pipeline.compiled is None:
+            if hung:
+                await asyncio.to_thread(pipeline.kill_actors)
+            try:
+                await pipeline.probe(probe_s)
+                await self._warm(pipeline)
+                self._rejoin(index, "its stage actors answer again")
+                self._recoveries += 1
+                return
+            except Exception as exc:
+                log.warning("replica %d: probe failed (%s); rebuilding it", index, one_line(exc))
+        # A compiled graph is closed by an actor's death: the replica is always rebuilt.
+        pipeline.state = ReplicaState.DEAD
+        pause = REBUILD_BACKOFF_S[0]
+        while not self._closed:
+            try:
+                await self._rebuild(index)
+                self._rebuilds += 1
+                self._rejoin(index, "rebuilt")
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "replica %d: rebuild failed (%s); next try in %g s",
+                    index,
+                    one_line(exc),
+                    pause,
+                )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, REBUILD_BACKOFF_S[1])
+
+    async def _rebuild(self, index: int) -> None:
+        layout = self._layout
+        options = layout.options
+        old = self._pipelines[index]
+        # The old actors and group go first: on a full cluster the new ones need their place.
+        await asyncio.to_thread(release, old.actors, old.placement_group, old.compiled)
+        old.actors, old.compiled = [], None
+        group = place(layout.bundles, options.placement_strategy)
+        fresh = Pipeline([], layout.routes, layout.output_sources, group)
+        try:
+            await wait_groups([group], layout.bundles, options.ready_timeout_s)
+            fresh.actors = spawn_actors(layout.actor, group, layout.bundles)
+            await wait_actors([fresh], options.ready_timeout_s, first_replica=index)
+            if options.compiled_graph:
+                fresh.compile(layout.depth)
+            await self._warm(fresh)
+        except BaseException:
+            await asyncio.to_thread(fresh.close)
+            raise
+        old.swap(fresh)
+
+    async def _warm(self, pipeline: Pipeline) -> None:
+        inputs = {
+            t.name: np.zeros((1, *(d or 1 for d in t.shape)), dtype=t.np_dtype)
+            for t in self.signature.inputs
+        }
+        await pipeline.run(inputs, self._layout.options.ready_timeout_s)
+
+    def _rejoin(self, index: int, why: str) -> None:
+        log.warning("replica %d rejoins the rotation: %s", index, why)
+        self._pipelines[index].state = ReplicaState.HEALTHY
+        self._recovery.pop(index, None)
+        self._healthy.set()
+
+    def health(self) -> Health:
+        states = tuple(p.state.value for p in self._pipelines)
+        return Health(
+            replicas=self.replicas,
+            healthy=states.count(ReplicaState.HEALTHY.value),
+            states=states,
+            rebuilds=self._rebuilds,
+            recoveries=self._recoveries,
+            reason=self._last_fault,
+        )
+
+    @property
+    def batch_hard_timeout_s(self) -> float:
+        return self._watchdog.limit_s
+
+    # --- reports and shutdown
 
     async def describe(self) -> list[dict[str, Any]]:
         return await self._gather_from_actors("info")
@@ -266,79 +373,31 @@ class PipelineGroup:
         return await self._gather_from_actors("stats")
 
     async def _gather_from_actors(self, method: str) -> list[dict[str, Any]]:
-        pairs = [(r, a) for r, p in enumerate(self._pipelines) for a in p.actors]
-        results = await asyncio.gather(*(getattr(a, method).remote() for _, a in pairs))
-        return [{"replica": r, **res} for (r, _), res in zip(pairs, results, strict=True)]
+        """One answer per stage actor of the healthy replicas; an actor that fails to answer
+        is left out (its replica is being recovered)."""
+        pairs = [
+            (r, a)
+            for r, p in enumerate(self._pipelines)
+            if p.state is ReplicaState.HEALTHY
+            for a in p.actors
+        ]
+        results = await asyncio.gather(
+            *(getattr(a, method).remote() for _, a in pairs), return_exceptions=True
+        )
+        return [
+            {"replica": r, **res}
+            for (r, _), res in zip(pairs, results, strict=True)
+            if isinstance(res, dict)
+        ]
 
     async def close(self) -> None:
+        self._closed = True
+        self._healthy.set()  # wake batches waiting for a replica: they fail now
+        tasks = list(self._recovery.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         pipelines, self._pipelines = self._pipelines, []
         # Ray's kill/remove calls block; off the event loop they cannot stall a shutdown, and
         # each close is bounded, so neither can a GCS that is gone.
         await asyncio.gather(*(asyncio.to_thread(p.close) for p in pipelines))
-        self._shipped = []
-
-
-def _spawn_actors(
-    bundle_dir: Path,
-    group: PlacementGroup,
-    bundles: list[dict[str, float]],
-    gpus: float,
-    options: PipelineOptions,
-    shipped: Sequence[ShippedStage | None],
-) -> list[Any]:
-    actors = []
-    for index, bundle in enumerate(bundles):
-        extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-        actor = _RemoteShard.options(
-            num_cpus=options.cpus_per_shard,
-            num_gpus=gpus,
-            resources=extra or None,
-            max_restarts=options.max_restarts,
-            max_task_retries=options.max_task_retries,
-            # One batch at a time keeps a shard's batches in order on its device.
-            max_concurrency=1,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=index
-            ),
-        ).remote(
-            str(bundle_dir),
-            index,
-            list(options.batch_sizes),
-            list(options.imports),
-            options.simulate_device_ms,
-            # A dataclass, not a bare ObjectRef: Ray would fetch a top-level ref eagerly.
-            shipped=shipped[index],
-            stage_cache_dir=options.stage_cache_dir,
-        )
-        actors.append(actor)
-    return actors
-
-
-async def _wait_groups(
-    groups: list[PlacementGroup], bundles: list[dict[str, float]], timeout_s: float
-) -> None:
-    try:
-        await asyncio.wait_for(asyncio.gather(*(g.ready() for g in groups)), timeout_s)
-    except TimeoutError:
-        raise PipelineStartError(
-            f"placement groups for {len(groups)} replica(s) of bundles {bundles} not ready "
-            f"after {timeout_s:g} s; resources available now: {ray.available_resources()}"
-        ) from None
-
-
-async def _wait_actors(pipelines: list[Pipeline], timeout_s: float) -> None:
-    async def ready(replica: int, stage: int, actor: Any) -> None:
-        try:
-            await actor.info.remote()
-        except ray.exceptions.RayActorError as exc:
-            raise PipelineStartError(
-                f"shard actor for stage {stage} of replica {replica} failed to start: {exc}"
-            ) from None
-
-    waits = [ready(r, k, a) for r, p in enumerate(pipelines) for k, a in enumerate(p.actors)]
-    try:
-        await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
-    except TimeoutError:
-        raise PipelineStartError(
-            f"shard actors not loaded and warmed after {timeout_s:g} s (ready_timeout_s)"
-        ) from None

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shards.errors import PlanError
+
 Plan = list[tuple[int, int]]
 
 # A batch's time on CPU is roughly its FLOPs over ~50 GFLOP/s plus one read of the weights at
@@ -70,10 +72,6 @@ def estimate_flops(op: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> in
         positions = max(1, _row_size(outputs[0]) // int(tuple(outputs[0].shape)[-1]))
         return 2 * math.prod(kernel.shape) * positions
     return out_elems + 2 * sum(math.prod(w.shape) for w in weights)
-
-
-class PlanError(ValueError):
-    """The model cannot be cut as asked (too many stages, a layer over the budget)."""
 
 
 def format_bytes(n: int) -> str:

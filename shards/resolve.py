@@ -27,13 +27,10 @@ from shards.bundle import (
     read_manifest,
     sha256_file,
 )
+from shards.errors import ResolveError
 
 if TYPE_CHECKING:
     import keras
-
-
-class ResolveError(ValueError):
-    """The model argument names nothing servable, or contradicts an existing bundle."""
 
 
 DEMO_NAMES = ("demo-tiny", "demo-mlp", "demo-resnet")

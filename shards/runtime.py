@@ -23,13 +23,11 @@ from typing import Any
 
 import ray
 
+from shards.errors import InsufficientResourcesError
+
 log = logging.getLogger(__name__)
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-
-
-class InsufficientResourcesError(RuntimeError):
-    """The cluster cannot hold what the pipeline asks for, so placing it would hang forever."""
 
 
 def connect(

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from shards.errors import ModelError
+from shards.health import Health
 from shards.signature import ModelSignature, TensorSpec
 
 T = TypeVar("T")
@@ -60,9 +62,14 @@ def row_ids(batch: dict[str, np.ndarray], name: str = "x") -> list[int]:
 
 
 class FakeRunner:
-    """Records every batch; optionally waits on ``gate`` and raises ``fail_with`` per call."""
+    """Records every batch; optionally waits on ``gate`` and raises ``fail_with`` per call.
+
+    ``poison``: a batch holding a row whose first value is negative raises the ``ModelError``
+    a real model's bad-index error becomes (input blamed), like an embedding lookup would.
+    """
 
     num_stages = 1
+    replicas = 1
 
     def __init__(
         self,
@@ -70,8 +77,11 @@ class FakeRunner:
         *,
         gate: asyncio.Event | None = None,
         fail_with: BaseException | None = None,
+        poison: bool = False,
     ) -> None:
         self.signature = signature
+        self.poison = poison
+        self.healthy = 1
         self.gate = gate
         self.fail_with = fail_with
         self.batches: list[dict[str, np.ndarray]] = []
@@ -94,6 +104,15 @@ class FakeRunner:
                 await self.gate.wait()
             if self.fail_with is not None:
                 raise self.fail_with
+            if self.poison:
+                first = next(iter(inputs.values())).reshape(len(next(iter(inputs.values()))), -1)
+                bad = np.flatnonzero(first[:, 0] < 0)
+                if bad.size:
+                    raise ModelError(
+                        f"InvalidArgumentError: indices[{bad[0]},0] = {first[bad[0], 0]:g} "
+                        "is not in [0, 10)",
+                        input_blamed=True,
+                    )
             return expected_outputs(inputs, self.signature)
         finally:
             self.running -= 1
@@ -105,6 +124,13 @@ class FakeRunner:
 
     async def warmup(self, batch_sizes: tuple[int, ...] | list[int]) -> None:
         self.warmed.extend(batch_sizes)
+
+    def health(self) -> Health:
+        states = ("healthy",) * self.healthy + ("dead",) * (self.replicas - self.healthy)
+        return Health(self.replicas, self.healthy, states, reason="stage 0 died")
+
+    async def stats(self) -> list[dict[str, Any]]:
+        return [{"replica": 0, "stage_index": 0, "calls": self.calls_finished}]
 
     async def close(self) -> None:
         self.closed = True

@@ -23,6 +23,7 @@ import ray
 from model_zoo import Inputs, call_whole, encoder, sequential
 
 import shards.pipeline
+import shards.replica
 from shards.bundle import Manifest, read_manifest
 from shards.partition import partition_to_bundle
 from shards.pipeline import (
@@ -273,7 +274,7 @@ def test_close_gives_up_on_a_ray_that_does_not_answer(monkeypatch: pytest.Monkey
     unblock, released = threading.Event(), threading.Event()
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "kill", lambda actor, no_restart: unblock.wait())
-    monkeypatch.setattr(shards.pipeline, "remove_placement_group", lambda _: released.set())
+    monkeypatch.setattr(shards.replica, "remove_placement_group", lambda _: released.set())
     try:
         assert _fake_pipeline().close(timeout_s=0.05) is False
     finally:
@@ -292,7 +293,7 @@ def test_close_logs_failures_and_still_frees_the_placement_group(
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "kill", kill)
-    monkeypatch.setattr(shards.pipeline, "remove_placement_group", removed.append)
+    monkeypatch.setattr(shards.replica, "remove_placement_group", removed.append)
     pipeline = _fake_pipeline()
 
     assert pipeline.close() is True

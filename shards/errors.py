@@ -1,0 +1,138 @@
+"""The exception tree of ``shards``: every error that leaves the package is one of these.
+
+Errors from below (Ray, TensorFlow) are translated here, at the package boundary, into one-line
+reasons: a Ray error's ``str()`` is a remote traceback with ANSI colours, a pid, a node IP and an
+actor id, none of which may reach a client. The full detail goes to the log where it is caught.
+
+    ShardsError
+    ├── PlanError                 the model cannot be cut as asked (budget, stage count)
+    ├── PartitionError            the graph cannot be cut or saved (unsupported layer, no signature)
+    ├── ResolveError              --model names nothing servable
+    ├── BundleError               a bundle on disk is missing, unreadable or inconsistent
+    ├── StartError                the pipelines did not come up
+    │   ├── InsufficientResourcesError   the cluster can never hold them
+    │   └── PipelineStartError           a placement group or an actor did not start in time
+    └── RunError                  a batch did not complete
+        ├── ModelError            the model raised on the batch (its input may be to blame)
+        ├── ReplicaLostError      a stage process died under the batch (twice, with the retry)
+        ├── StageTimeoutError     the batch ran past the watchdog's limit (twice, with the retry)
+        └── NoHealthyReplicaError every replica is down and none came back in time
+
+The planning errors are also ``ValueError`` (bad arguments), the start errors ``RuntimeError``,
+so callers that caught those before still do.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "BundleError",
+    "InsufficientResourcesError",
+    "ModelError",
+    "NoHealthyReplicaError",
+    "PartitionError",
+    "PipelineStartError",
+    "PlanError",
+    "ReplicaLostError",
+    "ResolveError",
+    "RunError",
+    "ShardsError",
+    "StageTimeoutError",
+    "StartError",
+    "one_line",
+]
+
+
+class ShardsError(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message,))
+
+
+class PlanError(ShardsError, ValueError):
+    pass
+
+
+class PartitionError(ShardsError, ValueError):
+    pass
+
+
+class ResolveError(ShardsError, ValueError):
+    pass
+
+
+class BundleError(ShardsError, ValueError):
+    pass
+
+
+class StartError(ShardsError, RuntimeError):
+    pass
+
+
+class InsufficientResourcesError(StartError):
+    """The cluster cannot hold what the pipeline asks for, so placing it would hang forever."""
+
+
+class PipelineStartError(StartError):
+    """A placement group or a shard actor did not come up."""
+
+
+class RunError(ShardsError):
+    pass
+
+
+class ModelError(RunError):
+    """The model raised on a batch; ``input_blamed`` when the error is of a kind bad input
+    causes (an index out of range, a shape or value the op refuses), so that isolating the
+    rows that trigger it is worth the reruns."""
+
+    def __init__(self, message: str, input_blamed: bool = False) -> None:
+        super().__init__(message)
+        self.input_blamed = input_blamed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.input_blamed))
+
+
+class ReplicaLostError(RunError):
+    pass
+
+
+class StageTimeoutError(RunError):
+    pass
+
+
+class NoHealthyReplicaError(RunError):
+    pass
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# What a remote error's text may carry that no client may see: "pid=123", "ip=10.0.0.1",
+# "actor_id=ab12...", "<shards.actor.ShardActor object at 0x7f...>".
+_LEAKS = re.compile(
+    r"\(?\b(pid|ip|actor_id|repr|node_id|worker_id|task_id)=[^,)\s]*[,)]?\s*"
+    r"|<[^<>]* at 0x[0-9a-fA-F]+>"
+    r"|\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b"
+)
+_MAX_CHARS = 300
+
+
+def one_line(exc: BaseException) -> str:
+    """``TypeName: first line of the message``, scrubbed of colours, pids, IPs, ids and reprs.
+
+    For a TensorFlow error the useful line is its first (``indices[0,3] = 1000 is not in
+    [0, 10)``); the node and graph context TensorFlow appends after it is dropped.
+    """
+    text = _ANSI.sub("", str(getattr(exc, "message", None) or exc))
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    first = _LEAKS.sub("", first).strip()
+    # TensorFlow appends "\n\t [[{{node ...}}]]" or " [Op:...]" to the op's message.
+    first = re.split(r"\s*\[\[|\s*\[Op:", first)[0].strip()
+    name = type(exc).__name__
+    text = f"{name}: {first}" if first else name
+    return text if len(text) <= _MAX_CHARS else text[: _MAX_CHARS - 3] + "..."

@@ -1,0 +1,265 @@
+"""One replica of the model: K stage actors in one placement group, chained through ObjectRefs.
+
+A batch enters stage 0 and the refs are chained actor to actor, so the driver never waits between
+stages: while stage 1 computes batch n, stage 0 already computes batch n+1. ``spawn_replicas``
+places and starts replicas; ``shards.pipeline.PipelineGroup`` routes batches over them and
+rebuilds one that fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from shards.actor import ShardActor
+from shards.compiled import CompiledStages
+from shards.errors import PipelineStartError, StageTimeoutError, one_line
+from shards.health import ReplicaState
+from shards.routes import MODEL_INPUT, Route
+from shards.runtime import run_bounded
+from shards.shipping import ShippedStage
+
+_RemoteShard = ray.remote(ShardActor)
+log = logging.getLogger(__name__)
+
+# Killing actors and removing a placement group take milliseconds on a live cluster; past this a
+# shutdown stops waiting for a GCS that is gone.
+CLOSE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """Everything a shard actor is started with, but its placement."""
+
+    bundle_dir: Path
+    cpus: float
+    gpus: float
+    batch_sizes: tuple[int, ...]
+    imports: tuple[str, ...]
+    simulate_device_ms: float | None
+    stage_cache_dir: str | None
+    max_restarts: int
+    shipped: tuple[ShippedStage | None, ...]
+
+
+class Pipeline:
+    """One replica: K stage actors chained through ObjectRefs, and its health."""
+
+    def __init__(
+        self,
+        actors: Sequence[Any],
+        routes: tuple[Route, ...],
+        output_sources: dict[str, int],
+        group: PlacementGroup,
+    ) -> None:
+        self.actors = list(actors)
+        self.placement_group = group
+        self.inflight = 0
+        self.state = ReplicaState.HEALTHY
+        self._closed = False
+        self._routes = routes
+        self._output_sources = output_sources
+        self._request_readers = sum(r.needs_request for r in routes)
+        self._output_stages = sorted({s for s in output_sources.values() if s != MODEL_INPUT})
+        self.compiled: CompiledStages | None = None
+
+    def compile(self, max_inflight: int) -> None:
+        """Switch this replica to a compiled graph over its actors (inside the event loop)."""
+        self.compiled = CompiledStages(self.actors, self._routes, self._output_stages, max_inflight)
+
+    async def run(
+        self, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """The model outputs for one batch; ``StageTimeoutError`` past ``timeout_s``."""
+        self.inflight += 1
+        started = time.monotonic()
+        try:
+            return await asyncio.wait_for(self._run(inputs), timeout_s)
+        except TimeoutError:
+            raise StageTimeoutError(
+                f"the batch ran past the watchdog's limit of {timeout_s:.3g} s "
+                f"({time.monotonic() - started:.3g} s)"
+            ) from None
+        finally:
+            self.inflight -= 1
+
+    async def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.compiled is not None:
+            return self._outputs(inputs, await self.compiled.run(inputs))
+        # One copy in the object store instead of one per stage that reads the request.
+        request: Any = ray.put(inputs) if self._request_readers > 1 else inputs
+        refs: list[Any] = []
+        for actor, route in zip(self.actors, self._routes, strict=True):
+            parts = [request] if route.needs_request else []
+            parts += [refs[j] for j in route.from_stages]
+            refs.append(actor.forward.remote(*parts))
+        stages = self._output_stages
+        results = dict(zip(stages, await asyncio.gather(*(refs[s] for s in stages)), strict=True))
+        return self._outputs(inputs, results)
+
+    def _outputs(
+        self, inputs: dict[str, np.ndarray], results: dict[int, dict[str, np.ndarray]]
+    ) -> dict[str, np.ndarray]:
+        return {
+            name: inputs[name] if src == MODEL_INPUT else results[src][name]
+            for name, src in self._output_sources.items()
+        }
+
+    async def probe(self, timeout_s: float) -> None:
+        """Return once every stage actor answers (Ray restarts one that died with restarts
+        left, and it answers once reloaded); raise if one is gone for good or too slow."""
+        deadline = time.monotonic() + timeout_s
+
+        async def answer(actor: Any) -> None:
+            while True:
+                try:
+                    await actor.info.remote()
+                    return
+                except ray.exceptions.ActorUnavailableError:
+                    # Restarting; ask again until it is back or the probe's time is up.
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+
+        await asyncio.wait_for(asyncio.gather(*(answer(a) for a in self.actors)), timeout_s)
+
+    def kill_actors(self) -> None:
+        """Stop every stage at once, running task included, and let Ray restart them.
+
+        ``ray.cancel`` does not interrupt a running task of a regular actor; a kill does.
+        """
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=False)
+            except Exception:
+                log.warning("killing a shard actor failed", exc_info=True)
+
+    def swap(self, fresh: Pipeline) -> tuple[list[Any], PlacementGroup, CompiledStages | None]:
+        """Take over ``fresh``'s actors; return the old ones for ``release``."""
+        old = (self.actors, self.placement_group, self.compiled)
+        self.actors, self.placement_group, self.compiled = (
+            fresh.actors,
+            fresh.placement_group,
+            fresh.compiled,
+        )
+        return old
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
+        """Kill the actors and free the placement group; never raises, never waits longer than
+        ``timeout_s``. False when Ray did not answer in time. A second call does nothing."""
+        if self._closed:
+            return True
+        self._closed = True
+        return release(self.actors, self.placement_group, self.compiled, timeout_s)
+
+
+def release(
+    actors: Sequence[Any],
+    group: PlacementGroup,
+    compiled: CompiledStages | None,
+    timeout_s: float = CLOSE_TIMEOUT_S,
+) -> bool:
+    """Tear down a graph, kill actors and free a placement group, bounded in time."""
+    if not ray.is_initialized():
+        log.info("Ray is already shut down; the pipeline's actors went with it")
+        return True
+
+    def run() -> None:
+        if compiled is not None:
+            try:
+                compiled.teardown()
+            except Exception:
+                log.warning("tearing down the compiled graph failed", exc_info=True)
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                log.warning("killing shard actor %s failed", actor, exc_info=True)
+        remove_placement_group(group)
+
+    return run_bounded(run, timeout_s, f"closing a pipeline of {len(actors)} shard actors")
+
+
+def place(bundles: list[dict[str, float]], strategy: str) -> PlacementGroup:
+    return placement_group(bundles, strategy=strategy)
+
+
+def spawn_actors(
+    spec: ActorSpec, group: PlacementGroup, bundles: list[dict[str, float]]
+) -> list[Any]:
+    actors = []
+    for index, bundle in enumerate(bundles):
+        extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        actor = _RemoteShard.options(
+            num_cpus=spec.cpus,
+            num_gpus=spec.gpus,
+            resources=extra or None,
+            max_restarts=spec.max_restarts,
+            # No transparent retries: a batch that killed a stage would kill it again on each
+            # restart. The group retries a lost batch once, on another replica.
+            max_task_retries=0,
+            # One batch at a time keeps a shard's batches in order on its device.
+            max_concurrency=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=index
+            ),
+        ).remote(
+            str(spec.bundle_dir),
+            index,
+            list(spec.batch_sizes),
+            list(spec.imports),
+            spec.simulate_device_ms,
+            # A dataclass, not a bare ObjectRef: Ray would fetch a top-level ref eagerly.
+            shipped=spec.shipped[index] if spec.shipped else None,
+            stage_cache_dir=spec.stage_cache_dir,
+        )
+        actors.append(actor)
+    return actors
+
+
+async def wait_groups(
+    groups: list[PlacementGroup], bundles: list[dict[str, float]], timeout_s: float
+) -> None:
+    try:
+        await asyncio.wait_for(asyncio.gather(*(g.ready() for g in groups)), timeout_s)
+    except TimeoutError:
+        raise PipelineStartError(
+            f"placement groups for {len(groups)} replica(s) of bundles {bundles} not ready "
+            f"after {timeout_s:g} s; resources available now: {ray.available_resources()}"
+        ) from None
+
+
+async def wait_actors(
+    pipelines: Sequence[Pipeline], timeout_s: float, first_replica: int = 0
+) -> None:
+    async def ready(replica: int, stage: int, actor: Any) -> None:
+        try:
+            await actor.info.remote()
+        except ray.exceptions.RayActorError as exc:
+            log.warning("shard actor %d/%d failed to start: %s", replica, stage, exc)
+            raise PipelineStartError(
+                f"shard actor for stage {stage} of replica {replica} failed to start: "
+                f"{one_line(exc)}"
+            ) from None
+
+    waits = [
+        ready(first_replica + r, k, a)
+        for r, p in enumerate(pipelines)
+        for k, a in enumerate(p.actors)
+    ]
+    try:
+        await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+    except TimeoutError:
+        raise PipelineStartError(
+            f"shard actors not loaded and warmed after {timeout_s:g} s (ready_timeout_s)"
+        ) from None
