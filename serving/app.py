@@ -20,14 +20,23 @@ from serving.errors import (
     NotFoundError,
     NotReadyError,
     PayloadTooLargeError,
+    QueueFullError,
     ShardServeError,
 )
 from serving.http_io import (
+    REQUEST_ID_HEADER,
+    REQUEST_ID_KEY,
     ClientGone,
+    check_content_length,
+    check_headroom,
     error_response,
     json_response,
+    log_failure,
     read_body,
     request_deadline,
+    request_id,
+    request_id_from,
+    send_with_request_id,
     unexpected_response,
     until_disconnect,
 )
@@ -37,6 +46,9 @@ from serving.state import RunnerFactory, ServerState, load_model, poll_stage_sta
 log = logging.getLogger("shardserve")
 _DRAIN_TIMEOUT_S = 30.0
 _CLOSE_TIMEOUT_S = 10.0
+# Bodies above this are decoded on a worker thread: parsing 1 MiB of JSON holds the event loop
+# for milliseconds, and batch timers (and every other request) would wait for it.
+_INLINE_DECODE_BYTES = 256 * 1024
 
 
 def create_app(
@@ -96,8 +108,13 @@ class ShardServeApp(FastAPI):
     served_name: str = ""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        rid = request_id_from(scope["headers"])
+        scope[REQUEST_ID_KEY] = rid
         handler = self.fast_predict
-        if handler is not None and scope["type"] == "http" and scope["method"] == "POST":
+        if handler is not None and scope["method"] == "POST":
             path: str = scope["path"]
             name = None
             if path == "/predict":
@@ -107,9 +124,10 @@ class ShardServeApp(FastAPI):
             if name is not None and "/" not in name:
                 scope["app"] = self
                 response = await handler(name, Request(scope, receive, send))
+                response.raw_headers.append((REQUEST_ID_HEADER, rid))
                 await response(scope, receive, send)
                 return
-        await super().__call__(scope, receive, send)
+        await super().__call__(scope, receive, send_with_request_id(send, rid))
 
 
 def _state(request: Request) -> ServerState:
@@ -120,10 +138,11 @@ def _state(request: Request) -> ServerState:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ShardServeError)
     async def _shardserve_error(request: Request, exc: ShardServeError) -> Response:
-        return error_response(exc)
+        return error_response(exc, request_id(request))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        log_failure(request_id(request), exc.status_code, str(exc.detail))
         return json_response({"error": str(exc.detail)}, exc.status_code)
 
     @app.exception_handler(Exception)
@@ -142,17 +161,29 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         state = _state(request)
         started = time.perf_counter()
         status = "500"
+        rid = request_id(request)
         try:
             batcher = state.require_batcher()
-            assert state.runner is not None
-            body = await read_body(request, settings.max_body_bytes)
-            decoded = decode_predict(body, state.runner.signature)
+            runner = state.runner
+            assert runner is not None
+            # Admission from the headers alone: a refused request costs no body read, no decode.
+            check_content_length(request, settings.max_body_bytes)
+            try:
+                check_headroom(batcher)
+            except QueueFullError:
+                state.metrics.rejects.labels("queue_full").inc()
+                raise
             deadline = request_deadline(request, settings)
+            body = await read_body(request, settings.max_body_bytes)
+            if len(body) > _INLINE_DECODE_BYTES:
+                decoded = await asyncio.to_thread(decode_predict, body, runner.signature)
+            else:
+                decoded = decode_predict(body, runner.signature)
             outputs = await until_disconnect(
-                request, batcher.submit(decoded.inputs, deadline=deadline)
+                request, batcher.submit(decoded.inputs, deadline=deadline, request_id=rid)
             )
             response = Response(
-                encode_predict(outputs, state.runner.signature, decoded.form),
+                encode_predict(outputs, runner.signature, decoded.form),
                 media_type="application/json",
             )
             status = "200"
@@ -160,12 +191,13 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         except ClientGone:
             status = "499"
             state.metrics.rejects.labels("client_gone").inc()
+            log_failure(rid, 499, "the client went away before its answer was ready")
             return Response(status_code=499)
         except ShardServeError as exc:
             status = str(exc.status_code)
             if isinstance(exc, InvalidInputError | PayloadTooLargeError):
                 state.metrics.rejects.labels("invalid_input").inc()
-            return error_response(exc)
+            return error_response(exc, rid)
         except Exception as exc:
             return unexpected_response(request, exc)
         finally:
@@ -175,7 +207,7 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         try:
             check_name(name)
         except NotFoundError as exc:
-            return error_response(exc)
+            return error_response(exc, request_id(request))
         return await predict(request)
 
     # The routes document the API (OpenAPI); ShardServeApp answers them before the router.
