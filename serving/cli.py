@@ -92,18 +92,19 @@ def run_server(settings: Settings) -> None:
     import uvicorn
 
     from serving.app import create_app
+    from serving.graceful import GracefulServer
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    server: uvicorn.Server | None = None
+    server: GracefulServer | None = None
 
     def stop_serving(_: str) -> None:
         if server is not None:
             server.should_exit = True
 
     api = create_app(settings, on_load_failure=stop_serving)
-    server = uvicorn.Server(
+    server = GracefulServer(
         uvicorn.Config(
             api,
             host=settings.host,
@@ -114,7 +115,8 @@ def run_server(settings: Settings) -> None:
             # on every request (py-spy, docs/benchmarks.md).
             proxy_headers=False,
             timeout_graceful_shutdown=30,
-        )
+        ),
+        state_of=lambda: getattr(api.state, "shardserve", None),
     )
     server.run()
     state = getattr(api.state, "shardserve", None)
