@@ -83,7 +83,9 @@ class PipelineStartError(StartError):
 
 
 class RunError(ShardsError):
-    pass
+    # Set on a replica fault that this batch did not cause: it was queued behind the batch that
+    # hung or killed the stage. Not pickled: it only matters inside the driver.
+    victim: bool = False
 
 
 class ModelError(RunError):
@@ -115,7 +117,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # What a remote error's text may carry that no client may see: "pid=123", "ip=10.0.0.1",
 # "actor_id=ab12...", "<shards.actor.ShardActor object at 0x7f...>".
 _LEAKS = re.compile(
-    r"\(?\b(pid|ip|actor_id|repr|node_id|worker_id|task_id)=[^,)\s]*[,)]?\s*"
+    r"\(?\b(pid|ip|actor_id|repr|node_id|worker_id|task_id)=(<[^<>]*>|[^,)\s]*)[,)]?\s*"
     r"|<[^<>]* at 0x[0-9a-fA-F]+>"
     r"|\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b"
 )
@@ -129,7 +131,14 @@ def one_line(exc: BaseException) -> str:
     [0, 10)``); the node and graph context TensorFlow appends after it is dropped.
     """
     text = _ANSI.sub("", str(getattr(exc, "message", None) or exc))
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and lines[0].startswith("Graph execution error"):
+        # "Graph execution error:", "Detected at node X defined at:", an indented Python
+        # stack, then the op's own message flush left: that last part is the reason.
+        lines = [
+            line for line in lines[1:] if not line.startswith((" ", "\t", "Detected at node"))
+        ] or lines
+    first = lines[0].strip() if lines else ""
     first = _LEAKS.sub("", first).strip()
     # TensorFlow appends "\n\t [[{{node ...}}]]" or " [Op:...]" to the op's message.
     first = re.split(r"\s*\[\[|\s*\[Op:", first)[0].strip()

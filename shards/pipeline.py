@@ -216,17 +216,24 @@ class PipelineGroup:
             )
         tried: list[Pipeline] = []
         error: RunError | None = None
-        for _ in range(2):  # the first try and one retry after a replica fault
+        attempts = victims = 0
+        # The first try and one retry after a replica fault this batch may have caused; a batch
+        # that only waited behind the cause is retried without counting, a few times at most.
+        while attempts < 2 and victims <= self.replicas + 1:
             pipeline = await self._pick(tried)
             tried.append(pipeline)
             started = time.monotonic()
             try:
                 outputs = await pipeline.run(inputs, self._watchdog.limit_s)
-            except Exception as exc:
-                error = translate(exc)
+            except RunError as exc:
+                error = exc
                 if not is_replica_fault(error):
-                    raise error from None
+                    raise
                 self._fault(pipeline, error)
+                if error.victim:
+                    victims += 1
+                else:
+                    attempts += 1
                 continue
             self._watchdog.observe(time.monotonic() - started)
             return outputs
@@ -345,6 +352,7 @@ class PipelineGroup:
 
     def _rejoin(self, index: int, why: str) -> None:
         log.warning("replica %d rejoins the rotation: %s", index, why)
+        self._pipelines[index].clear_fault()
         self._pipelines[index].state = ReplicaState.HEALTHY
         self._recovery.pop(index, None)
         self._healthy.set()
@@ -373,22 +381,22 @@ class PipelineGroup:
         return await self._gather_from_actors("stats")
 
     async def _gather_from_actors(self, method: str) -> list[dict[str, Any]]:
-        """One answer per stage actor of the healthy replicas; an actor that fails to answer
-        is left out (its replica is being recovered)."""
+        """One answer per stage actor of the healthy replicas. An actor that died is left out
+        and its replica recovered: the server's periodic stats poll is also its health check,
+        so a replica that lost an actor between batches leaves the rotation before one fails."""
         pairs = [
-            (r, a)
-            for r, p in enumerate(self._pipelines)
-            if p.state is ReplicaState.HEALTHY
-            for a in p.actors
+            (p, a) for p in self._pipelines if p.state is ReplicaState.HEALTHY for a in p.actors
         ]
         results = await asyncio.gather(
             *(getattr(a, method).remote() for _, a in pairs), return_exceptions=True
         )
-        return [
-            {"replica": r, **res}
-            for (r, _), res in zip(pairs, results, strict=True)
-            if isinstance(res, dict)
-        ]
+        answers = []
+        for (pipeline, _), result in zip(pairs, results, strict=True):
+            if isinstance(result, ray.exceptions.RayActorError):
+                self._fault(pipeline, translate(result))
+            elif isinstance(result, dict) and pipeline in self._pipelines:
+                answers.append({"replica": self._pipelines.index(pipeline), **result})
+        return answers
 
     async def close(self) -> None:
         self._closed = True

@@ -9,6 +9,7 @@ rebuilds one that fails.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from shards.actor import ShardActor
 from shards.compiled import CompiledStages
 from shards.errors import PipelineStartError, StageTimeoutError, one_line
+from shards.faults import is_replica_fault, translate
 from shards.health import ReplicaState
 from shards.routes import MODEL_INPUT, Route
 from shards.runtime import run_bounded
@@ -67,6 +69,10 @@ class Pipeline:
         self.inflight = 0
         self.state = ReplicaState.HEALTHY
         self._closed = False
+        # Batches in flight by arrival; the oldest one when a fault hit is its suspect.
+        self._seq = itertools.count()
+        self._running: set[int] = set()
+        self._fault_seq: int | None = None
         self._routes = routes
         self._output_sources = output_sources
         self._request_readers = sum(r.needs_request for r in routes)
@@ -80,18 +86,36 @@ class Pipeline:
     async def run(
         self, inputs: dict[str, np.ndarray], timeout_s: float | None = None
     ) -> dict[str, np.ndarray]:
-        """The model outputs for one batch; ``StageTimeoutError`` past ``timeout_s``."""
+        """The model outputs for one batch; a one-line ``RunError`` when it fails, a
+        ``StageTimeoutError`` past ``timeout_s``.
+
+        A replica fault fails every batch in flight on the replica, but only the oldest of them
+        can be its cause: stages run batches in order, so the younger ones were waiting behind
+        it. Those come out with ``victim`` set, and their retry is not counted against them.
+        """
         self.inflight += 1
-        started = time.monotonic()
+        seq = next(self._seq)
+        self._running.add(seq)
         try:
             return await asyncio.wait_for(self._run(inputs), timeout_s)
-        except TimeoutError:
-            raise StageTimeoutError(
-                f"the batch ran past the watchdog's limit of {timeout_s:.3g} s "
-                f"({time.monotonic() - started:.3g} s)"
-            ) from None
+        except Exception as exc:
+            error = translate(
+                StageTimeoutError(f"the batch ran past the watchdog's limit of {timeout_s:.3g} s")
+                if isinstance(exc, TimeoutError) and not isinstance(exc, ray.exceptions.RayError)
+                else exc
+            )
+            if is_replica_fault(error):
+                if self._fault_seq is None:
+                    self._fault_seq = min(self._running)
+                error.victim = seq != self._fault_seq
+            raise error from None
         finally:
+            self._running.discard(seq)
             self.inflight -= 1
+
+    def clear_fault(self) -> None:
+        """Back in the rotation: the next fault has a suspect of its own."""
+        self._fault_seq = None
 
     async def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.compiled is not None:
@@ -146,6 +170,7 @@ class Pipeline:
 
     def swap(self, fresh: Pipeline) -> tuple[list[Any], PlacementGroup, CompiledStages | None]:
         """Take over ``fresh``'s actors; return the old ones for ``release``."""
+        self.clear_fault()
         old = (self.actors, self.placement_group, self.compiled)
         self.actors, self.placement_group, self.compiled = (
             fresh.actors,

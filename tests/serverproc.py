@@ -83,14 +83,22 @@ def wait_ready(server: Server, timeout: float = READY_TIMEOUT_S) -> None:
 
 
 @contextlib.contextmanager
-def running_server(args: list[str], workdir: Path, *, ready: bool = True) -> Iterator[Server]:
-    """``shardserve serve ARGS --port <free>``; yields once /readyz answers 200 (if ``ready``)."""
+def running_server(
+    args: list[str], workdir: Path, *, ready: bool = True, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """``shardserve serve ARGS --port <free>``; yields once /readyz answers 200 (if ``ready``).
+
+    ``env`` is added to the server's environment (``PYTHONPATH`` for a user's ``--import``)."""
     (port,) = free_ports(1)
     log = workdir / f"server-{port}.log"
     command = [str(BIN / "shardserve"), "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            command, env=ray_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env={**ray_env(), **(env or {})},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     server = Server(url=f"http://127.0.0.1:{port}", process=process, log=log)
     try:
