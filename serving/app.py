@@ -220,7 +220,8 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
     async def model_status(name: str, request: Request) -> Response:
         check_name(name)
         state = _state(request)
-        ready = state.ready.is_set() and not state.load_error
+        health = state.runner.health() if state.runner is not None else None
+        ready = state.ready.is_set() and not state.load_error and (health is None or health.ok)
         version = {
             "version": "1",
             "state": "AVAILABLE" if ready else ("FAILED" if state.load_error else "LOADING"),
@@ -229,7 +230,10 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
                 "error_message": state.load_error or "",
             },
         }
-        return json_response({"model_version_status": [version]})
+        body: dict[str, Any] = {"model_version_status": [version]}
+        if health is not None:
+            body["replicas"] = {"total": health.replicas, "healthy": health.healthy}
+        return json_response(body)
 
     @app.get("/v1/models/{name}/metadata")
     async def model_metadata(name: str, request: Request) -> Response:
@@ -245,7 +249,7 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
                 **runner.signature.to_json(),
                 "name": served,
                 "num_stages": runner.num_stages,
-                "replicas": getattr(runner, "replicas", 1),
+                "replicas": runner.replicas,
                 "max_batch_size": batcher.policy.max_batch_size
                 if batcher
                 else settings.max_batch_size,
@@ -265,6 +269,12 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
             return json_response({"status": "loading"}, 503)
         if not state.accepting:
             return json_response({"status": "shutting down"}, 503)
+        health = state.runner.health() if state.runner is not None else None
+        if health is not None and not health.ok:
+            reason = f"no healthy replica of {health.replicas}; rebuilding"
+            if health.reason:
+                reason += f" (last fault: {health.reason})"
+            return json_response({"status": "unavailable", "error": reason}, 503)
         return json_response({"status": "ready", "model": served})
 
     @app.get("/metrics")
