@@ -1,0 +1,170 @@
+"""Overload and graceful stop of a real server: a small queue flooded, then SIGTERM under load.
+
+The shards sleep 50 ms per batch of at most 4 rows (``--simulate-device-ms``), so a queue of 8
+rows fills from a few dozen concurrent clients. All traffic stays on loopback, bounded in count
+and in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.errorcheck import assert_clean_error
+from tests.serverproc import Server, running_server
+
+ROW = [0.5] * 8  # demo-tiny: 8 features -> 4 logits
+FLOOD = 200
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("overload")
+
+
+def _args(ray_address: str, workdir: Path) -> list[str]:
+    return [
+        "--model", "demo-tiny",
+        "--ray-address", ray_address,
+        "--cache-dir", str(workdir / "cache"),
+        "--max-batch-size", "4",
+        "--max-queue-rows", "8",
+        "--max-inflight-batches", "2",
+        "--batch-timeout-ms", "5",
+        "--simulate-device-ms", "50",
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def server(ray_address: str, workdir: Path) -> Iterator[Server]:
+    with running_server(_args(ray_address, workdir), workdir) as srv:
+        yield srv
+
+
+def _client(server: Server, connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(base_url=server.url, limits=limits, timeout=30.0)
+
+
+def _check_answer(r: httpx.Response) -> None:
+    predictions = r.json()["predictions"]
+    assert len(predictions) == 1 and len(predictions[0]) == 4, r.text
+    assert all(isinstance(v, float) for v in predictions[0])
+
+
+def _check_refusal(r: httpx.Response) -> None:
+    assert int(r.headers["retry-after"]) >= 1, r.headers
+    assert "queue full" in assert_clean_error(r)
+
+
+async def test_flood_past_the_queue_gets_answers_or_quick_503s(server: Server) -> None:
+    async with _client(server, FLOOD) as client:
+
+        async def one(i: int) -> httpx.Response:
+            return await client.post(
+                "/predict", json={"instances": [ROW]}, headers={"X-Request-Id": f"flood-{i}"}
+            )
+
+        async with asyncio.timeout(45):
+            responses = await asyncio.gather(*(one(i) for i in range(FLOOD)))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses.count(200) >= 1 and statuses.count(503) >= 1, statuses
+    for i, r in enumerate(responses):
+        assert r.headers["x-request-id"] == f"flood-{i}"
+        if r.status_code == 200:
+            _check_answer(r)
+        else:
+            _check_refusal(r)
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert f'shardserve_rejects_total{{reason="queue_full"}} {statuses.count(503)}.0' in metrics
+
+
+async def test_sigterm_under_load_loses_no_accepted_request(
+    ray_address: str, workdir: Path
+) -> None:
+    outcomes: list[tuple[str, float]] = []  # (what, when it came back)
+    with running_server(_args(ray_address, workdir), workdir) as srv:
+        async with _client(srv, 32) as client, asyncio.timeout(50):
+
+            async def user() -> None:
+                # Closed loop, at most 200 requests; stops once the server refuses or is gone.
+                for _ in range(200):
+                    try:
+                        r = await client.post("/predict", json={"instances": [ROW]})
+                    except httpx.ConnectError:
+                        outcomes.append(("refused", time.monotonic()))
+                        return
+                    except httpx.TransportError as exc:  # sent, then no answer: lost
+                        outcomes.append((f"lost: {exc!r}", time.monotonic()))
+                        return
+                    if r.status_code == 200:
+                        _check_answer(r)
+                        outcomes.append(("200", time.monotonic()))
+                    elif r.status_code == 503:
+                        message = assert_clean_error(r)
+                        outcomes.append(("503", time.monotonic()))
+                        if "shutting down" in message:
+                            return
+                        await asyncio.sleep(0.02)  # queue full: back off a little
+                    else:
+                        outcomes.append((f"{r.status_code}: {r.text}", time.monotonic()))
+
+            users = [asyncio.create_task(user()) for _ in range(24)]
+            async with _client(srv, 2) as probe:
+                await _until_queued(probe)
+                signalled = time.monotonic()
+                srv.process.send_signal(signal.SIGTERM)
+                readyz = await _readyz_after_signal(probe)
+                refused = await _predict_after_signal(probe)
+            await asyncio.gather(*users)
+        code = srv.process.wait(timeout=40)
+        log = srv.output()
+
+    kinds = [what for what, _ in outcomes]
+    assert not [k for k in kinds if k not in ("200", "503", "refused")], kinds
+    answered_after = [when for what, when in outcomes if what == "200" and when > signalled]
+    assert answered_after, "no request queued at the signal was answered after it"
+    assert readyz in ((503, "shutting down"), "refused"), readyz
+    assert refused in ("server is shutting down", "refused"), refused
+    assert code in (0, -signal.SIGTERM), log[-3000:]
+    assert "SIGTERM: refusing new requests" in log  # our handler, not Ray's, was installed
+    assert "Application shutdown complete" in log
+
+
+async def _until_queued(client: httpx.AsyncClient) -> None:
+    while True:
+        text = (await client.get("/metrics")).text
+        line = next(x for x in text.splitlines() if x.startswith("shardserve_queue_rows "))
+        if float(line.split()[1]) >= 1:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def _readyz_after_signal(client: httpx.AsyncClient) -> tuple[int, str] | str:
+    """The first non-200 /readyz answer after the signal (the handler runs within a tick)."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            r = await client.get("/readyz")
+        except httpx.TransportError:
+            return "refused"
+        if r.status_code != 200:
+            return r.status_code, r.json()["status"]
+        await asyncio.sleep(0.005)
+    return "still ready 2 s after SIGTERM"
+
+
+async def _predict_after_signal(client: httpx.AsyncClient) -> str:
+    try:
+        r = await client.post("/predict", json={"instances": [ROW]})
+    except httpx.TransportError:
+        return "refused"
+    assert r.status_code == 503, r.text
+    return assert_clean_error(r)
