@@ -56,8 +56,13 @@ def send_with_request_id(send: Send, rid: bytes) -> Send:
 
 
 def log_failure(rid: str, status: int, message: str) -> None:
-    """The one log line of a request that ended in an error, named by its request id."""
+    """The one log line of a request that ended in an error, named by its request id.
+
+    503s are load shedding (counted in ``shardserve_rejects_total``): under overload they come
+    by the thousand per second, and a line each would spend the core the shedding saves."""
     level = logging.WARNING if status >= 500 else logging.INFO
+    if status == 503:
+        level = logging.DEBUG
     log.log(level, "request %s: %d %s", rid, status, message)
 
 

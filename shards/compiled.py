@@ -3,8 +3,8 @@
 A plain actor call costs 1.5 to 3 ms on a small CPU machine; through a compiled graph the same
 stage call costs about 0.9 ms (docs/benchmarks.md), because the graph's channels replace the
 per-call task submission. The price, and why it is an option and not the default: each graph
-actor spins a CPU core while it waits for input, and an actor that dies closes the graph (the
-batches after it fail until the server restarts; Ray's actor restarts do not reattach it).
+actor spins a CPU core while it waits for input, and an actor that dies closes the graph (Ray's
+actor restarts do not reattach it): ``shards.pipeline`` then rebuilds the whole replica.
 
 The graph mirrors the plain path's routes: a stage reads the request, earlier stages, or both,
 and the graph's outputs are the stages that produce model outputs.
@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import ray
 
+from shards.errors import ReplicaLostError
 from shards.routes import Route
 
 __all__ = ["CompiledStages"]
@@ -55,9 +57,21 @@ class CompiledStages:
     async def run(self, inputs: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
         """Each output stage's outputs for one batch."""
         async with self._places:
-            future = await self._graph.execute_async(inputs)
-            result = await future
+            try:
+                future = await self._graph.execute_async(inputs)
+                result = await future
+            except ray.exceptions.RayError:
+                raise  # the model raised (RayTaskError), or the graph says why it broke
+            except Exception as exc:
+                # Ray 2.60 fails inside its own result cache on a closed graph (an actor died):
+                # "TypeError: 'RayChannelError' object is not iterable".
+                raise ReplicaLostError(
+                    f"the compiled graph broke ({type(exc).__name__}); a stage actor died"
+                ) from exc
             values = [result] if len(self.output_stages) == 1 else list(result)
+            for value in values:
+                if isinstance(value, BaseException):
+                    raise value
             # The arrays are read zero-copy from the graph's shared-memory buffers, which stay
             # taken while anything holds them: with callers keeping their answers, the stages
             # stalled on a full channel. A copy frees the buffer as this returns.

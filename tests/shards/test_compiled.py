@@ -5,6 +5,8 @@ failing batch that leaves the graph serving the next one."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import keras
@@ -69,5 +71,29 @@ async def test_a_failing_batch_leaves_the_graph_serving(ray_address: str, encode
     finally:
         await group.close()
 
+    for key, want in call_whole(model, inputs).items():
+        np.testing.assert_allclose(out[key], want, atol=1e-5, rtol=0)
+
+
+async def test_a_killed_stage_actor_gets_its_replica_rebuilt(
+    ray_address: str, encoder_case: Case
+) -> None:
+    bundle, model, inputs = encoder_case
+    options = PipelineOptions(
+        batch_sizes=(3,), compiled_graph=True, max_restarts=0, batch_hard_timeout_s=10.0
+    )
+    group = await PipelineGroup.create(bundle, options)
+    try:
+        victim = (await group.describe())[1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        # The graph is closed by the death: the batch is retried once the replica is rebuilt.
+        out = await group.run(inputs)
+        health = group.health()
+        after = [i["pid"] for i in await group.describe()]
+    finally:
+        await group.close()
+
+    assert (health.healthy, health.rebuilds) == (1, 1)
+    assert victim not in after
     for key, want in call_whole(model, inputs).items():
         np.testing.assert_allclose(out[key], want, atol=1e-5, rtol=0)
