@@ -137,7 +137,7 @@ class Settings(BaseSettings):
     compiled_graph: bool = Field(
         False,
         description="Run stages as a Ray compiled graph: ~1.5 ms less per batch; a core spins per "
-        "stage actor and a dead actor is not reattached (docs/benchmarks.md).",
+        "stage actor and a dead actor means rebuilding its replica (docs/benchmarks.md).",
     )
     simulate_device_ms: float | None = Field(
         None, ge=0, description="Benchmarks: shards sleep this long per batch instead of computing."
