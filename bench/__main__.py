@@ -5,6 +5,8 @@ Examples::
     python -m bench run                                      # the full comparison (long)
     python -m bench run --workloads light --systems shardserve-1,litserve --repeats 1 --seconds 2
     python -m bench report --results docs/bench_results.json # re-render from saved results
+    python -m bench overload                                 # goodput at 3x capacity (hey)
+    python -m bench chaos                                    # kill -9 and poison rows under load
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from pathlib import Path
 
 import orjson
 
+from bench import chaos, overload
 from bench.load import WRK_INSTALL_HINT, have_wrk
-from bench.report import plot, render
+from bench.report import machine, plot, render
 from bench.run import Plan, run_plan
 
 
@@ -62,7 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     report = sub.add_parser("report", help="re-render the report from saved results")
     report.add_argument("--results", type=Path, default=Path("docs/bench_results.json"))
     report.add_argument("--out", type=Path, default=Path("docs"))
+    overload.add_parser(sub)
+    chaos.add_parser(sub)
     args = parser.parse_args(argv)
+    command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+
+    if args.command in ("overload", "chaos"):
+        return _faults(args, command)
 
     if args.command == "report":
         results = orjson.loads(args.results.read_bytes())
@@ -97,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint=lambda r: partial.write_bytes(orjson.dumps(r, option=orjson.OPT_INDENT_2)),
         )
         partial.unlink(missing_ok=True)
-        command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
         results["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
@@ -106,6 +114,22 @@ def main(argv: list[str] | None = None) -> int:
     doc.write_text(render(results, command, old))
     plot(results, args.out)
     print(f"wrote {doc}")
+    return 0
+
+
+def _faults(args: argparse.Namespace, command: str) -> int:
+    """One of the issue-10 benches: print its table, keep its results and table under --out."""
+    results = args.handler(args)
+    results["command"] = command
+    results["machine"] = machine()
+    table = args.render(results)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.command}.json").write_bytes(
+        orjson.dumps(results, option=orjson.OPT_INDENT_2)
+    )
+    (args.out / f"{args.command}.md").write_text(f"`{command}`\n\n{machine()}\n\n{table}")
+    print(f"wrote {args.out / args.command}.json and .md")
     return 0
 
 

@@ -1,0 +1,256 @@
+"""``python -m bench overload``: does the server keep delivering its capacity when offered more?
+
+One shardserve server (heavy model, 1 stage, max batch 64) and three phases in one run, all
+driven by ``hey`` on 127.0.0.1:
+
+1. **capacity**: C = good (200) answers/s of ``capacity_clients`` closed-loop clients;
+2. **overload**: ``clients`` clients, each held to ``factor`` x C / ``clients`` requests/s, an
+   offered load of 3C;
+3. **retry storm**: the same clients with no rate limit, each sending again as soon as it is
+   answered (a 503 included).
+
+Reported per phase: goodput as a ratio of C, the 503s' p99 as the clients saw it, and the front
+end's RSS before and after. The targets are those of issue 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.hey import HEY_INSTALL_HINT, HeyResult, have_hey, run_hey
+from bench.procinfo import read_proc
+from bench.run import save_workload
+from bench.scrape import Samples, base_url, delta, scrape
+from bench.systems import ServerProcess, SystemConfig
+from bench.systems.shardserve import shardserve_spec
+from bench.workloads import get_workload
+
+Progress = Callable[[str], None]
+
+GOODPUT_TARGET = 0.8  # x C, in the overload phase
+REJECT_P99_TARGET_MS = 20.0
+RSS_GROWTH_TARGET_MB = 50.0
+_LATENCY_COUNT = "shardserve_request_latency_seconds_count"
+
+
+@dataclass(frozen=True)
+class OverloadPlan:
+    workload: str = "heavy"
+    max_batch_size: int = 64
+    batch_timeout_ms: float = 5.0
+    warmup_s: float = 5.0
+    capacity_clients: int = 256
+    capacity_s: float = 20.0
+    factor: float = 3.0
+    clients: int = 1500
+    overload_s: float = 40.0
+    retry_s: float = 20.0
+    port: int = 18432
+    workdir: Path = Path(".bench")
+
+    def __post_init__(self) -> None:
+        get_workload(self.workload)
+        for name in ("capacity_clients", "clients"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("capacity_s", "overload_s", "retry_s", "factor"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+def per_client_rate(capacity: float, factor: float, clients: int) -> float:
+    """Each client's share of ``factor`` x capacity, rounded up to 0.01 req/s (hey's -q)."""
+    return max(math.ceil(factor * capacity / clients * 100) / 100, 0.01)
+
+
+def run_overload(plan: OverloadPlan, progress: Progress = print) -> dict[str, Any]:
+    if not have_hey():
+        raise SystemExit(f"the overload bench drives its load with hey; {HEY_INSTALL_HINT}")
+    ensure_open_files(2 * max(plan.clients, plan.capacity_clients) + 1024)
+    model = save_workload(plan.workload, plan.workdir)
+    body = get_workload(plan.workload).request_body()
+    config = SystemConfig(model, plan.port, plan.max_batch_size, plan.batch_timeout_ms)
+    spec = shardserve_spec(config, 1, plan.workdir / "cache")
+    log = plan.workdir / "logs" / f"overload-{plan.workload}.log"
+    phases: list[dict[str, Any]] = []
+    progress(f"[overload] starting {spec.name} on {plan.workload} (log: {log})")
+    with ServerProcess(spec, plan.port, body, log) as server:
+        url = server.url
+        run_hey(url, body, plan.capacity_clients, plan.warmup_s)
+        _drain(url)
+
+        def phase(name: str, clients: int, seconds: float, rate: float | None) -> HeyResult:
+            before, rss_before = scrape(base_url(url)), read_proc(server.pid)
+            result = run_hey(url, body, clients, seconds, rate_per_client=rate)
+            after, rss_after = scrape(base_url(url)), read_proc(server.pid)
+            phases.append(_record(name, result, before, after, rss_before.rss_mb, rss_after))
+            progress(
+                f"  {name}: {_line(result)}; RSS {rss_before.rss_mb:.0f} -> {rss_after.rss_mb:.0f} MB"
+            )
+            _drain(url)
+            return result
+
+        capacity = phase("capacity", plan.capacity_clients, plan.capacity_s, None).per_s(200)
+        if capacity <= 0:
+            raise RuntimeError(f"no 200 answers at {plan.capacity_clients} clients; see {log}")
+        rate = per_client_rate(capacity, plan.factor, plan.clients)
+        progress(
+            f"  C = {capacity:,.0f} req/s; offering {plan.factor:g}C: {plan.clients} x {rate:g}/s"
+        )
+        phase("overload", plan.clients, plan.overload_s, rate)
+        phase("retry storm", plan.clients, plan.retry_s, None)
+    for record in phases:
+        record["goodput_ratio"] = record["good_per_s"] / capacity
+    return {"plan": _plan_json(plan), "capacity": capacity, "phases": phases}
+
+
+def ensure_open_files(need: int) -> None:
+    """Raise this process's open-file limit (children inherit it): hey and the server each hold
+    a socket per client."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise SystemExit(
+            f"the open-file limit is {hard} (hard); this run needs {need}: raise it "
+            "(`ulimit -Hn`, /etc/security/limits.conf) or lower --clients"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def _record(
+    name: str, result: HeyResult, before: Samples, after: Samples, rss_before: float, proc: Any
+) -> dict[str, Any]:
+    server_counts = {
+        key.split('"')[1]: delta(after, before, key)
+        for key in after
+        if key.startswith(_LATENCY_COUNT + "{")
+    }
+    batches = delta(after, before, "shardserve_batch_size_rows_count")
+    rows = delta(after, before, "shardserve_batch_size_rows_sum")
+    return {
+        "phase": name,
+        **result.to_json(),
+        "good_per_s": result.per_s(200),
+        "answered_per_s": result.per_s(),
+        "reject_per_s": result.per_s(503),
+        "reject_p99_ms": result.p99_ms(503),
+        "good_p99_ms": result.p99_ms(200),
+        "server_statuses": {k: v for k, v in sorted(server_counts.items()) if v},
+        "mean_batch_rows": rows / batches if batches else 0.0,
+        "rss_before_mb": rss_before,
+        "rss_after_mb": proc.rss_mb,
+        "peak_rss_mb": proc.peak_rss_mb,
+    }
+
+
+def _line(result: HeyResult) -> str:
+    parts = [f"{result.per_s(200):,.0f} good/s"]
+    for status, stats in sorted(result.statuses.items()):
+        parts.append(f"{status}: {stats.count} (p99 {stats.p99_ms:.1f} ms)")
+    return ", ".join(parts)
+
+
+def _drain(url: str, timeout_s: float = 60.0) -> None:
+    """Wait until the server holds no queued row and no batch: phases must not overlap."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        samples = scrape(base_url(url))
+        if not samples.get("shardserve_queue_rows") and not samples.get(
+            "shardserve_inflight_batches"
+        ):
+            return
+        time.sleep(0.2)  # polling another process's counters; there is no event to wait on
+
+
+def _plan_json(plan: OverloadPlan) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()}
+
+
+def render(results: dict[str, Any]) -> str:
+    """The phases side by side, then the targets, as Markdown."""
+    capacity = results["capacity"]
+    lines = [
+        "| phase | clients | per-client rate | offered (answered) req/s | good req/s | / C "
+        "| 503/s | 503 p99 ms | 200 p99 ms | mean batch rows | front-end RSS MB |",
+        "|" + "---|" * 11,
+    ]
+    for p in results["phases"]:
+        rate = f"{p['rate_per_client']:g}/s" if p["rate_per_client"] else "none"
+        lines.append(
+            f"| {p['phase']} | {p['clients']:,} | {rate} | {p['answered_per_s']:,.0f} "
+            f"| {p['good_per_s']:,.0f} | {p['goodput_ratio']:.2f}x | {p['reject_per_s']:,.0f} "
+            f"| {_ms(p['reject_p99_ms'])} | {_ms(p['good_p99_ms'])} | {p['mean_batch_rows']:.1f} "
+            f"| {p['rss_before_mb']:.0f} -> {p['rss_after_mb']:.0f} |"
+        )
+    over = next(p for p in results["phases"] if p["phase"] == "overload")
+    growth = over["rss_after_mb"] - over["rss_before_mb"]
+    reject_p99 = over["reject_p99_ms"]
+    checks = [
+        (
+            f"goodput at {results['plan']['factor']:g}C >= {GOODPUT_TARGET}x C",
+            f"{over['goodput_ratio']:.2f}x ({over['good_per_s']:,.0f} of {capacity:,.0f} req/s)",
+            over["goodput_ratio"] >= GOODPUT_TARGET,
+        ),
+        (
+            f"503 p99 <= {REJECT_P99_TARGET_MS:g} ms",
+            f"{_ms(reject_p99)} ms",
+            reject_p99 is not None and reject_p99 <= REJECT_P99_TARGET_MS,
+        ),
+        (
+            f"front-end RSS growth < {RSS_GROWTH_TARGET_MB:g} MB",
+            f"{growth:+.0f} MB",
+            growth < RSS_GROWTH_TARGET_MB,
+        ),
+    ]
+    lines += ["", "| target (overload phase) | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {t} | {m} | {'met' if ok else '**missed**'} |" for t, m, ok in checks]
+    return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser("overload", help="goodput and 503s at 3x capacity (needs hey)")
+    d = OverloadPlan()
+    parser.add_argument("--workload", default=d.workload)
+    parser.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+    parser.add_argument("--batch-timeout-ms", type=float, default=d.batch_timeout_ms)
+    parser.add_argument("--warmup", type=float, default=d.warmup_s)
+    parser.add_argument("--capacity-clients", type=int, default=d.capacity_clients)
+    parser.add_argument("--capacity-seconds", type=float, default=d.capacity_s)
+    parser.add_argument("--factor", type=float, default=d.factor)
+    parser.add_argument("--clients", type=int, default=d.clients)
+    parser.add_argument("--seconds", type=float, default=d.overload_s)
+    parser.add_argument("--retry-seconds", type=float, default=d.retry_s)
+    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--workdir", type=Path, default=d.workdir)
+    parser.add_argument("--out", type=Path, default=Path("docs/bench-faults"))
+    parser.set_defaults(handler=_command, render=render)
+
+
+def _command(args: argparse.Namespace) -> dict[str, Any]:
+    plan = OverloadPlan(
+        workload=args.workload,
+        max_batch_size=args.max_batch_size,
+        batch_timeout_ms=args.batch_timeout_ms,
+        warmup_s=args.warmup,
+        capacity_clients=args.capacity_clients,
+        capacity_s=args.capacity_seconds,
+        factor=args.factor,
+        clients=args.clients,
+        overload_s=args.seconds,
+        retry_s=args.retry_seconds,
+        port=args.port,
+        workdir=args.workdir,
+    )
+    return run_overload(plan, progress=lambda line: print(line, flush=True))
