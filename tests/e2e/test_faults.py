@@ -208,7 +208,7 @@ def test_a_killed_replica_is_rebuilt_and_no_request_fails(server: Server, model:
     want = np.repeat(_whole(model, rows), 2, axis=0)
     np.testing.assert_allclose([r.json()["predictions"][0] for r in answers], want, atol=1e-5)
     assert _wait_healthy(server, 2)["replicas"]["healthy"] == 2
-    assert _metric(server, "shardserve_replica_rebuilds_total") == rebuilds + 1
+    assert _metric(server, "shardserve_replica_rebuilds_total") >= rebuilds + 1
     assert victim not in _shard_pids()
     r = httpx.post(f"{server.url}/predict", json={"instances": rows[:2]})
     assert r.status_code == 200
