@@ -1,6 +1,10 @@
-"""Locust load for a shardserve server: valid random inputs to ``POST /predict``.
+"""Locust load for a shardserve server: valid random inputs in the protocol of your choice.
 
     locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000 -u 16 -r 16 -t 30s
+
+``--protocol tfserving`` (default) posts TF-Serving JSON to ``/predict``; ``v2-json`` posts Open
+Inference Protocol JSON to ``/v2/models/{name}/infer``; ``v2-binary`` posts the same with the
+binary tensor extension (raw little-endian bytes after a JSON header, answers in binary too).
 
 Closed loop by default (each user sends its next request as soon as it has the answer). Open
 loop with ``--target-rps R``: users pace themselves to R requests/s in total (use enough users
@@ -25,7 +29,8 @@ from locust import FastHttpUser, LoadTestShape, events, task
 from locust.env import Environment
 
 _BODY_POOL = 32
-_state: dict[str, Any] = {"bodies": [], "window_start": None}
+PROTOCOLS = ("tfserving", "v2-json", "v2-binary")
+_state: dict[str, Any] = {"bodies": [], "window_start": None, "path": "/predict", "headers": {}}
 
 
 @events.init_command_line_parser.add_listener
@@ -40,6 +45,12 @@ def _options(parser: Any) -> None:
     group.add_argument("--warmup-s", type=float, default=0.0, help="Reset stats after this long.")
     group.add_argument("--summary-json", default="", help="Write the measured figures here.")
     group.add_argument("--seed", type=int, default=0, help="Seed of the random inputs.")
+    group.add_argument(
+        "--protocol",
+        default="tfserving",
+        choices=PROTOCOLS,
+        help="tfserving (/predict JSON), v2-json or v2-binary (/v2/models/{name}/infer).",
+    )
 
 
 def _get_json(url: str) -> Any:
@@ -47,26 +58,71 @@ def _get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
-def make_bodies(metadata: dict[str, Any], rows: int, count: int, seed: int) -> list[bytes]:
-    """``count`` columnar request bodies of ``rows`` random rows fitting the signature."""
+def random_inputs(
+    metadata: dict[str, Any], rows: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """One request's worth of random rows fitting the signature, by input name."""
+    inputs = {}
+    for spec in metadata["inputs"]:
+        shape = (rows, *(1 if d is None else int(d) for d in spec["shape"]))
+        dtype = np.dtype(spec["dtype"])
+        if dtype.kind in "iu":
+            value = rng.integers(0, 2, size=shape).astype(dtype)
+        elif dtype.kind == "b":
+            value = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            value = rng.standard_normal(shape).astype(dtype).round(4)
+        inputs[spec["name"]] = value
+    return inputs
+
+
+def encode_body(inputs: dict[str, np.ndarray], protocol: str) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of one request in ``protocol``."""
+    from serving.v2.datatypes import datatype_of
+
+    if protocol == "tfserving":
+        columns = {name: value.tolist() for name, value in inputs.items()}
+        body = json.dumps({"inputs": columns}, separators=(",", ":")).encode()
+        return body, {"Content-Type": "application/json"}
+    tensors = []
+    for name, value in inputs.items():
+        tensor: dict[str, Any] = {
+            "name": name, "shape": list(value.shape), "datatype": datatype_of(value.dtype)
+        }  # fmt: skip
+        if protocol == "v2-json":
+            tensor["data"] = value.ravel().tolist()
+        else:
+            tensor["parameters"] = {"binary_data_size": value.nbytes}
+        tensors.append(tensor)
+    if protocol == "v2-json":
+        body = json.dumps({"inputs": tensors}, separators=(",", ":")).encode()
+        return body, {"Content-Type": "application/json"}
+    header = json.dumps(
+        {"inputs": tensors, "parameters": {"binary_data_output": True}}, separators=(",", ":")
+    ).encode()
+    raw = b"".join(np.ascontiguousarray(v).astype(v.dtype.newbyteorder("<")).tobytes()
+                   for v in inputs.values())  # fmt: skip
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+    return header + raw, headers
+
+
+def request_path(protocol: str, model_name: str) -> str:
+    return "/predict" if protocol == "tfserving" else f"/v2/models/{model_name}/infer"
+
+
+def make_bodies(
+    metadata: dict[str, Any], rows: int, count: int, seed: int, protocol: str = "tfserving"
+) -> list[bytes]:
+    """``count`` request bodies of ``rows`` random rows fitting the signature."""
     if rows < 1:
         raise ValueError(f"--rows must be >= 1, got {rows}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"--protocol must be one of {PROTOCOLS}, got {protocol!r}")
     rng = np.random.default_rng(seed)
-    bodies = []
-    for _ in range(count):
-        inputs = {}
-        for spec in metadata["inputs"]:
-            shape = (rows, *(1 if d is None else int(d) for d in spec["shape"]))
-            dtype = np.dtype(spec["dtype"])
-            if dtype.kind in "iu":
-                value = rng.integers(0, 2, size=shape).astype(dtype)
-            elif dtype.kind == "b":
-                value = rng.integers(0, 2, size=shape).astype(bool)
-            else:
-                value = rng.standard_normal(shape).astype(np.float32).round(4)
-            inputs[spec["name"]] = value.tolist()
-        bodies.append(json.dumps({"inputs": inputs}, separators=(",", ":")).encode())
-    return bodies
+    return [encode_body(random_inputs(metadata, rows, rng), protocol)[0] for _ in range(count)]
 
 
 @events.test_start.add_listener
@@ -76,7 +132,12 @@ def _on_start(environment: Environment, **_: Any) -> None:
     name = getattr(options, "model_name", "") or _get_json(f"{host}/readyz")["model"]
     metadata = _get_json(f"{host}/v1/models/{name}/metadata")
     rows = getattr(options, "rows", 1)
-    _state["bodies"] = make_bodies(metadata, rows, _BODY_POOL, getattr(options, "seed", 0))
+    protocol = getattr(options, "protocol", "tfserving")
+    seed = getattr(options, "seed", 0)
+    _state["bodies"] = make_bodies(metadata, rows, _BODY_POOL, seed, protocol)
+    _state["path"] = request_path(protocol, name)
+    one = random_inputs(metadata, rows, np.random.default_rng(seed))
+    _state["headers"] = encode_body(one, protocol)[1]
     _state["window_start"] = time.time()
     warmup = getattr(options, "warmup_s", 0.0)
     if warmup > 0 and environment.runner is not None:
@@ -138,9 +199,9 @@ class PredictUser(FastHttpUser):
     def predict(self) -> None:
         bodies = _state["bodies"]
         body = bodies[int(np.random.randint(len(bodies)))]
-        self.client.post(
-            "/predict", data=body, headers={"Content-Type": "application/json"}, name="/predict"
-        )
+        path = _state["path"]
+        # Binary bodies differ in nothing but the numbers: one header length fits them all.
+        self.client.post(path, data=body, headers=_state["headers"], name=path)
 
 
 class StepShape(LoadTestShape):

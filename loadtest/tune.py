@@ -28,7 +28,15 @@ import httpx
 from loadtest.choice import AUTO, Point
 from loadtest.report import write_all
 
-__all__ = ["Load", "TuneConfig", "parse_loads", "parse_sizes", "parse_timeouts", "run_sweep"]
+__all__ = [
+    "Load",
+    "TuneConfig",
+    "parse_loads",
+    "parse_protocol",
+    "parse_sizes",
+    "parse_timeouts",
+    "run_sweep",
+]
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 _RPS_PER_USER = 10.0  # open loop: enough users that each paces itself at most this fast
@@ -57,6 +65,7 @@ class TuneConfig:
     admin_token: str | None = None
     model_name: str = ""
     repeats: int = 1  # runs per point; the report gives their medians
+    protocol: str = "tfserving"  # tfserving | v2-json | v2-binary (the locustfile's PROTOCOLS)
 
 
 def parse_timeouts(text: str) -> list[str]:
@@ -96,6 +105,13 @@ def parse_loads(text: str) -> list[Load]:
     if not loads:
         raise ValueError(f"--loads needs at least one value, got {text!r}")
     return loads
+
+
+def parse_protocol(text: str) -> str:
+    protocols = ("tfserving", "v2-json", "v2-binary")  # loadtest.locustfile.PROTOCOLS
+    if text not in protocols:
+        raise ValueError(f"--protocol must be one of {', '.join(protocols)}; got {text!r}")
+    return text
 
 
 def parse_sizes(text: str | None) -> list[int | None]:
@@ -157,6 +173,7 @@ def run_locust(config: TuneConfig, load: Load, summary_path: Path) -> dict[str, 
         "--host", config.url, "-u", str(load.users), "-r", str(load.users), "-t", f"{run_s}s",
         "--only-summary", "--loglevel", "WARNING", "--rows", str(config.rows),
         "--warmup-s", str(config.warmup_s), "--summary-json", str(summary_path),
+        "--protocol", config.protocol,
     ]  # fmt: skip
     if load.target_rps:
         command += ["--target-rps", str(load.target_rps)]

@@ -203,13 +203,19 @@ def tune(
         int, typer.Option(help="Runs per point, interleaved; the report gives medians.", min=1)
     ] = 1,
     model_name: Annotated[str, typer.Option(help="Served model name; default: asked.")] = "",
+    protocol: Annotated[
+        str,
+        typer.Option(
+            help="Request format: tfserving (/predict JSON), v2-json or v2-binary (/v2 infer)."
+        ),
+    ] = "tfserving",
     admin_token: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(envvar="SHARDSERVE_ADMIN_TOKEN", help="The server's admin token."),
     ] = None,
 ) -> None:
     """Sweep batch_timeout_ms (x load x batch size) with Locust; write a report and a config."""
-    from loadtest.tune import TuneConfig, parse_loads, parse_sizes, parse_timeouts
+    from loadtest.tune import TuneConfig, parse_loads, parse_protocol, parse_sizes, parse_timeouts
     from loadtest.tune import tune as run_tune
 
     try:
@@ -226,6 +232,7 @@ def tune(
             admin_token=admin_token,
             model_name=model_name,
             repeats=repeats,
+            protocol=parse_protocol(protocol),
         )
         code = run_tune(config)
     except (ValueError, RuntimeError) as exc:
