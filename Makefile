@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SERVE_ARGS ?= --model demo-mlp --stages 2
 
-.PHONY: install serve test lint clean
+.PHONY: install serve test lint clean proto
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"shardserve needs Python 3.11, got {sys.version.split()[0]} (set PYTHON=...)"'
@@ -26,6 +26,15 @@ lint: install
 
 test: lint
 	$(BIN)/python -m pytest
+
+# The gRPC stubs of serving/v2/proto, kept in the repo. They load into a descriptor pool of their
+# own: tritonclient and the kserve SDK define the same `inference.*` messages in the default pool,
+# and a process importing both would fail with "duplicate symbol".
+PROTO := serving/v2/proto/grpc_service.proto
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
+	perl -pi -e 's/_descriptor_pool\.Default\(\)\.AddSerializedFile/_descriptor_pool.DescriptorPool().AddSerializedFile/' $(PROTO:.proto=_pb2.py)
+	@grep -q 'DescriptorPool().AddSerializedFile' $(PROTO:.proto=_pb2.py)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
