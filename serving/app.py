@@ -42,6 +42,7 @@ from serving.http_io import (
 )
 from serving.runner import build_runner
 from serving.state import RunnerFactory, ServerState, load_model, poll_stage_stats
+from serving.v2.http import install_v2_routes
 
 log = logging.getLogger("shardserve")
 _DRAIN_TIMEOUT_S = 30.0
@@ -88,6 +89,7 @@ def create_app(
     _install_error_handlers(app)
     _install_routes(app, settings)
     install_admin_routes(app, settings)
+    install_v2_routes(app, settings)
     return app
 
 
