@@ -139,7 +139,7 @@ def _from_list(
     if kind == "b" and want != "b":
         raise InvalidInputError(f"{where} holds booleans; expected {datatype} values")
     if want in "iu" and kind == "f":
-        raise InvalidInputError(f"{where} holds non-integers; expected {datatype} values")
+        arr = _exact_integers(where, datatype, data, spec)
     if arr.size != count:
         raise InvalidInputError(f"{where} has {arr.size} values; shape {list(dims)} holds {count}")
     if want in "iu" and arr.size:
@@ -147,6 +147,17 @@ def _from_list(
         if arr.min() < info.min or arr.max() > info.max:
             raise InvalidInputError(f"{where} holds values outside the range of {datatype}")
     return np.ascontiguousarray(arr.reshape(dims), dtype=spec.np_dtype)
+
+
+def _exact_integers(where: str, datatype: str, data: list[Any], spec: TensorSpec) -> np.ndarray:
+    """Integers that numpy read as floats: a mix past int64 (``[-1, 2**63]``), or non-integers."""
+    values = np.asarray(data, dtype=object)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.flat):
+        raise InvalidInputError(f"{where} holds non-integers; expected {datatype} values")
+    try:
+        return values.astype(spec.np_dtype)
+    except OverflowError:
+        raise InvalidInputError(f"{where} holds values outside the range of {datatype}") from None
 
 
 @dataclass(frozen=True)
