@@ -42,6 +42,7 @@ from serving.http_io import (
 )
 from serving.runner import build_runner
 from serving.state import RunnerFactory, ServerState, load_model, poll_stage_stats
+from serving.v2.grpc_server import start_grpc_server, stop_grpc_server
 from serving.v2.http import install_v2_routes
 
 log = logging.getLogger("shardserve")
@@ -62,6 +63,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = ServerState(settings=settings)
         app.state.shardserve = state
+        grpc_server = await start_grpc_server(state)  # None when grpc_port is 0
         # Load in the background so /healthz and /readyz answer while the model loads.
         loader = asyncio.create_task(load_model(state, runner_factory, on_load_failure))
         poller = asyncio.create_task(poll_stage_stats(state))
@@ -69,6 +71,7 @@ def create_app(
             yield
         finally:
             state.accepting = False
+            await stop_grpc_server(grpc_server)
             poller.cancel()
             loader.cancel()
             await asyncio.gather(loader, poller, return_exceptions=True)

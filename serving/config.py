@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     # --- HTTP
     host: str = Field("127.0.0.1", description="Address to bind (0.0.0.0 to serve the network).")
     port: int = Field(8000, ge=1, le=65535, description="TCP port of the HTTP server.")
+    grpc_port: int = Field(
+        8001,
+        ge=0,
+        le=65535,
+        description="TCP port of the gRPC server (Open Inference Protocol); 0 = no gRPC.",
+    )
     max_body_bytes: int = Field(16 * MiB, ge=1024, description="Largest request body; 413 above.")
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for /admin routes; unset = admin routes off."
@@ -214,6 +220,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:
+        if self.grpc_port == self.port:
+            raise ValueError(f"grpc_port and port are both {self.port}; give them different ports")
         if self.stages is not None and self.max_stage_bytes is not None:
             raise ValueError("give either stages or max_stage_bytes, not both")
         if self.allowed_batch_sizes is not None:

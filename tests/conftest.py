@@ -21,6 +21,9 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# gRPC is opt-in in tests: the servers they start (in process or as subprocesses) bind no gRPC
+# port unless a test gives one, so test runs side by side never contend for the default 8001.
+os.environ.setdefault("SHARDSERVE_GRPC_PORT", "0")
 
 _MARKS_BY_DIR = {
     "shards": ("ray",),
