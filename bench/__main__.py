@@ -12,6 +12,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -119,16 +120,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _faults(args: argparse.Namespace, command: str) -> int:
     """One of the issue-10 benches: print its table, keep its results and table under --out."""
+    # Other processes on these cores skew every number: the load before and after is kept.
+    load_before = os.getloadavg()
     results = args.handler(args)
     results["command"] = command
     results["machine"] = machine()
+    results["loadavg"] = {"before": load_before, "after": os.getloadavg()}
     table = args.render(results)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.command}.json").write_bytes(
         orjson.dumps(results, option=orjson.OPT_INDENT_2)
     )
-    (args.out / f"{args.command}.md").write_text(f"`{command}`\n\n{machine()}\n\n{table}")
+    loads = ", ".join(f"{k} {v[0]:.2f}" for k, v in results["loadavg"].items())
+    header = f"`{command}`\n\n{machine()}; 1-min load average {loads}\n\n"
+    (args.out / f"{args.command}.md").write_text(header + table)
     print(f"wrote {args.out / args.command}.json and .md")
     return 0
 

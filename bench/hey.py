@@ -40,6 +40,8 @@ class StatusStats:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    new_connection_share: float  # requests that had to open a connection (hey's DNS+dialup > 0)
+    connect_p99_ms: float  # DNS+dialup of those
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,11 @@ def run_hey(
     *,
     rate_per_client: float | None = None,
     timeout_s: float = 20.0,
+    keep_csv: Path | None = None,
 ) -> HeyResult:
-    """``clients`` workers POST ``body`` for ``seconds``; each at most ``rate_per_client``/s."""
+    """``clients`` workers POST ``body`` for ``seconds``; each at most ``rate_per_client``/s.
+
+    ``keep_csv``: where to keep hey's per-request CSV (for a look at one request's parts)."""
     if not have_hey():
         raise HeyError(f"hey not found on PATH; {HEY_INSTALL_HINT}")
     if clients < 1:
@@ -106,6 +111,9 @@ def run_hey(
                 argv, stdout=sink, stderr=subprocess.PIPE, timeout=seconds + timeout_s + 60
             )
         text = out_file.read_text(errors="replace")
+    if keep_csv is not None:
+        keep_csv.parent.mkdir(parents=True, exist_ok=True)
+        keep_csv.write_text(text)
     if proc.returncode != 0:
         raise HeyError(f"hey failed (exit {proc.returncode}): {proc.stderr.decode()[-800:]}")
     return parse_csv(text, clients, rate_per_client)
@@ -118,19 +126,22 @@ def parse_csv(text: str, clients: int, rate_per_client: float | None = None) -> 
     if not header or "status-code" not in header or "response-time" not in header:
         raise HeyError(f"hey printed no CSV result: {text[:300]!r}")
     col_time, col_status = header.index("response-time"), header.index("status-code")
-    col_offset = header.index("offset")
-    by_status: dict[int, list[float]] = {}
+    col_offset, col_dial = header.index("offset"), header.index("DNS+dialup")
+    by_status: dict[int, list[tuple[float, float]]] = {}
     first, last = math.inf, 0.0
     for row in reader:
         if len(row) != len(header):
             continue
         took, offset = float(row[col_time]), float(row[col_offset])
-        by_status.setdefault(int(row[col_status]), []).append(took)
+        by_status.setdefault(int(row[col_status]), []).append((took, float(row[col_dial])))
         first, last = min(first, offset), max(last, offset + took)
     statuses = {}
-    for status, times in by_status.items():
-        ms = np.asarray(times) * 1000.0
-        p50, p99 = (float(v) for v in np.percentile(ms, [50, 99]))
-        statuses[status] = StatusStats(len(times), p50, p99, float(ms.max()))
+    for status, pairs in by_status.items():
+        ms = np.asarray(pairs) * 1000.0
+        p50, p99 = (float(v) for v in np.percentile(ms[:, 0], [50, 99]))
+        dials = ms[ms[:, 1] > 0, 1]
+        connect_p99 = float(np.percentile(dials, 99)) if len(dials) else 0.0
+        share = len(dials) / len(ms)
+        statuses[status] = StatusStats(len(ms), p50, p99, float(ms[:, 0].max()), share, connect_p99)
     seconds = last - first if by_status else 0.0
     return HeyResult(clients, rate_per_client, seconds, statuses)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.cpusplit import cores, cpu_seconds
 from bench.hey import HEY_INSTALL_HINT, HeyResult, have_hey, run_hey
 from bench.procinfo import read_proc
 from bench.run import save_workload
@@ -88,11 +89,16 @@ def run_overload(plan: OverloadPlan, progress: Progress = print) -> dict[str, An
 
         def phase(name: str, clients: int, seconds: float, rate: float | None) -> HeyResult:
             before, rss_before = scrape(base_url(url)), read_proc(server.pid)
-            result = run_hey(url, body, clients, seconds, rate_per_client=rate)
+            cpu_before, tick = cpu_seconds(server.pid), time.monotonic()
+            raw = plan.workdir / "logs" / f"overload-{name.replace(' ', '-')}.csv"
+            result = run_hey(url, body, clients, seconds, rate_per_client=rate, keep_csv=raw)
+            used = cores(cpu_before, cpu_seconds(server.pid), time.monotonic() - tick)
             after, rss_after = scrape(base_url(url)), read_proc(server.pid)
             phases.append(_record(name, result, before, after, rss_before.rss_mb, rss_after))
+            phases[-1]["cores"] = used
             progress(
                 f"  {name}: {_line(result)}; RSS {rss_before.rss_mb:.0f} -> {rss_after.rss_mb:.0f} MB"
+                f"; cores {used}"
             )
             _drain(url)
             return result
@@ -210,6 +216,28 @@ def render(results: dict[str, Any]) -> str:
             growth < RSS_GROWTH_TARGET_MB,
         ),
     ]
+    lines += [
+        "",
+        "| phase | 503s on a new connection | their connect p99 ms | cores: front end "
+        "| shard actor | rest of Ray | hey |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in results["phases"]:
+        rejected = p["statuses"].get("503")
+        used = p.get("cores", {})
+        conn = (
+            f"{rejected['new_connection_share']:.0%} | {rejected['connect_p99_ms']:,.1f}"
+            if rejected
+            else "- | -"
+        )
+        lines.append(
+            f"| {p['phase']} | {conn} | "
+            + " | ".join(
+                f"{used.get(k, 0.0):.2f}"
+                for k in ("frontend", "shard_actors", "ray_other", "load_generator")
+            )
+            + " |"
+        )
     lines += ["", "| target (overload phase) | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {'met' if ok else '**missed**'} |" for t, m, ok in checks]
     return "\n".join(lines) + "\n"
