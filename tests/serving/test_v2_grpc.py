@@ -23,6 +23,7 @@ from serving.state import ServerState
 from serving.v2.grpc_server import rpc_deadline
 from serving.v2.proto import grpc_service_pb2 as pb
 from serving.v2.proto import grpc_service_pb2_grpc as pb_grpc
+from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, expected_outputs, make_rows, row_ids, spawn
 from tests.serverproc import free_ports
@@ -196,9 +197,7 @@ async def test_model_config_is_tritons_subset() -> None:
         config = (await s.stub.ModelConfig(pb.ModelConfigRequest(name="fake"))).config
         http = (await s.http.get("/v2/models/fake/config")).json()
     assert (config.name, config.platform, config.max_batch_size) == ("fake", "tensorflow_keras", 8)
-    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
-        ("x", pb.TYPE_FP32, [4])
-    ]
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [("x", pb.TYPE_FP32, [4])]
     assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
         ("y", pb.TYPE_FP32, [2])
     ]
@@ -290,10 +289,86 @@ async def test_grpc_and_http_requests_share_one_batch() -> None:
     assert runner.batch_sizes() == [4]
     assert sorted(row_ids(runner.batches[0])) == [0, 1, 2, 3]
     for i, response in enumerate(results[:2]):
-        np.testing.assert_array_equal(answer(response), expected_outputs(make_rows(1, start=i))["y"])
+        np.testing.assert_array_equal(
+            answer(response), expected_outputs(make_rows(1, start=i))["y"]
+        )
     for i, response in zip((2, 3), results[2:], strict=True):
         got = np.asarray(response.json()["predictions"], np.float32)
         np.testing.assert_array_equal(got, expected_outputs(make_rows(1, start=i))["y"])
+
+
+TWO_HEADS = ModelSignature(
+    name="twohead",
+    inputs=(TensorSpec("features", (6,), "float32"), TensorSpec("ids", (4,), "int32")),
+    outputs=(TensorSpec("score", (1,), "float32"), TensorSpec("klass", (3,), "float32")),
+)
+
+
+async def test_two_inputs_in_any_order_and_outputs_in_the_order_asked() -> None:
+    rng = np.random.default_rng(3)
+    inputs = {
+        "features": rng.normal(size=(3, 6)).astype(np.float32),
+        "ids": rng.integers(0, 10, size=(3, 4)).astype(np.int32),
+    }
+    request = pb.ModelInferRequest(
+        model_name="fake",
+        inputs=[
+            Tensor(name="ids", datatype="INT32", shape=[3, 4]),
+            Tensor(name="features", datatype="FP32", shape=[3, 6]),
+        ],
+        raw_input_contents=[inputs["ids"].tobytes(), inputs["features"].tobytes()],
+        outputs=[
+            pb.ModelInferRequest.InferRequestedOutputTensor(name="klass"),
+            pb.ModelInferRequest.InferRequestedOutputTensor(name="score"),
+        ],
+    )
+    runner = FakeRunner(TWO_HEADS)
+    async with serve(runner, batch_timeout_ms=0) as s:
+        runner.batches.clear()
+        response = await s.stub.ModelInfer(request)
+        meta = await s.stub.ModelMetadata(pb.ModelMetadataRequest(name="fake"))
+    np.testing.assert_array_equal(runner.batches[0]["ids"][:3], inputs["ids"])
+    want = expected_outputs(inputs, TWO_HEADS)
+    assert [o.name for o in response.outputs] == ["klass", "score"]
+    np.testing.assert_array_equal(answer(response, 0), want["klass"])
+    np.testing.assert_array_equal(answer(response, 1), want["score"])
+    assert [(t.name, t.datatype) for t in meta.inputs] == [("features", "FP32"), ("ids", "INT32")]
+
+
+async def test_typed_contents_of_two_inputs_and_a_wrong_field() -> None:
+    request = pb.ModelInferRequest(
+        model_name="fake",
+        inputs=[
+            Tensor(
+                name="features",
+                datatype="FP32",
+                shape=[1, 6],
+                contents=pb.InferTensorContents(fp32_contents=[0.5] * 6),
+            ),
+            Tensor(
+                name="ids",
+                datatype="INT32",
+                shape=[1, 4],
+                contents=pb.InferTensorContents(int_contents=[1, 2, 3, 4]),
+            ),
+        ],
+    )
+    runner = FakeRunner(TWO_HEADS)
+    async with serve(runner, batch_timeout_ms=0) as s:
+        response = await s.stub.ModelInfer(request)
+        want = expected_outputs(
+            {"features": np.full((1, 6), 0.5, np.float32), "ids": np.array([[1, 2, 3, 4]])},
+            TWO_HEADS,
+        )
+        np.testing.assert_array_equal(answer(response, 0), want["score"])
+        request.inputs[1].contents.int_contents[:] = []
+        request.inputs[1].contents.int64_contents[:] = [1, 2, 3, 4]
+        code, message = await failure(s.stub.ModelInfer(request))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert message == (
+        "input 'ids' is INT32, whose elements go in contents.int_contents; "
+        "got contents.int64_contents"
+    )
 
 
 async def test_infer_returns_the_outputs_asked_for() -> None:
@@ -312,7 +387,9 @@ async def test_infer_returns_the_outputs_asked_for() -> None:
 def _bad(rows: np.ndarray, **tensor: Any) -> pb.ModelInferRequest:
     fields = {"name": "x", "datatype": "FP32", "shape": rows.shape, **tensor}
     raw = fields.pop("raw", rows.tobytes())
-    return pb.ModelInferRequest(model_name="fake", inputs=[Tensor(**fields)], raw_input_contents=[raw])
+    return pb.ModelInferRequest(
+        model_name="fake", inputs=[Tensor(**fields)], raw_input_contents=[raw]
+    )
 
 
 @pytest.mark.parametrize(
