@@ -599,5 +599,5 @@ async def test_openapi_documents_the_v2_bodies() -> None:
     assert "/v2/models/{name}/versions/{version}/infer" in doc["paths"]
     meta = doc["paths"]["/v2/models/{name}"]["get"]["responses"]["200"]
     assert meta["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/ModelMetadata"
+        "$ref": "#/components/schemas/V2ModelMetadata"
     }

@@ -1,0 +1,216 @@
+"""The body of a V2 infer request and of its response over HTTP (binary tensor data extension).
+
+A body is a JSON object, then the raw bytes of each tensor that carries
+``parameters.binary_data_size``, in the order of the JSON's ``inputs`` (``outputs`` in a
+response); the ``Inference-Header-Content-Length`` header gives the JSON object's length.
+Without binary tensors the whole body is the JSON object. The tensors themselves are read and
+written by ``serving.v2.tensors``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import Response
+
+from serving.errors import InvalidInputError
+from serving.v2.datatypes import BINARY_ONLY, datatype_of
+from serving.v2.tensors import decode_tensor, encode_tensor
+from shards.signature import ModelSignature
+
+__all__ = ["HEADER_LENGTH", "InferCall", "encode_infer", "parse_infer"]
+
+HEADER_LENGTH = "inference-header-content-length"
+VERSION = "1"  # the one version of the served model
+
+
+@dataclass(frozen=True)
+class InferCall:
+    """A parsed infer request: input arrays by name, outputs asked for (name, as binary)."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: list[tuple[str, bool]]
+    id: str | None
+    timeout_s: float | None
+
+
+def parse_infer(body: bytes, header_length: str | None, signature: ModelSignature) -> InferCall:
+    header, binary = _split_body(body, header_length)
+    try:
+        payload = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"the inference request is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise InvalidInputError(
+            f'the inference request must be a JSON object with "inputs", got '
+            f"{type(payload).__name__}"
+        )
+    rid = payload.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise InvalidInputError(f'"id" must be a string, got {type(rid).__name__}')
+    params = _object(payload.get("parameters"), '"parameters"')
+    binary_default = _flag(params, "binary_data_output", '"parameters"')
+    timeout = params.get("timeout")
+    if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)):
+        raise InvalidInputError(
+            f'parameter "timeout" is in microseconds (an integer), got {timeout!r}'
+        )
+    inputs = _inputs(payload.get("inputs"), binary, signature)
+    outputs = _outputs(payload.get("outputs"), binary_default, signature)
+    return InferCall(inputs, outputs, rid, timeout / 1e6 if timeout else None)
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[memoryview, memoryview]:
+    view = memoryview(body)
+    if header_length is None:
+        return view, view[:0]
+    if not (header_length.isascii() and header_length.isdigit()):
+        raise InvalidInputError(
+            f"header Inference-Header-Content-Length must be the JSON header's length in bytes, "
+            f"got {header_length!r}"
+        )
+    length = int(header_length)
+    if length > len(body):
+        raise InvalidInputError(
+            f"header Inference-Header-Content-Length is {length} but the body has only "
+            f"{len(body)} bytes"
+        )
+    return view[:length], view[length:]
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{where} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _flag(params: dict[str, Any], key: str, where: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidInputError(f'{where}: "{key}" must be true or false, got {value!r}')
+    return value
+
+
+def _inputs(entries: Any, binary: memoryview, signature: ModelSignature) -> dict[str, np.ndarray]:
+    names = signature.input_names
+    if not isinstance(entries, list) or not entries:
+        raise InvalidInputError(f'"inputs" must be a non-empty list of the model\'s inputs {names}')
+    specs = {spec.name: spec for spec in signature.inputs}
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise InvalidInputError(f'"inputs"[{i}] must be an object with a "name" string')
+        name = entry["name"]
+        spec = specs.get(name)
+        if spec is None:
+            raise InvalidInputError(f"unknown input {name!r}; the model's inputs are {names}")
+        if name in arrays:
+            raise InvalidInputError(f"input {name!r} is given twice")
+        where = f"input {name!r}"
+        params = _object(entry.get("parameters"), f"{where}: parameters")
+        if any(key.startswith("shared_memory") for key in params):
+            raise InvalidInputError(f"{where} uses shared memory, which this server does not serve")
+        size = params.get("binary_data_size")
+        data: Any
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InvalidInputError(f"{where}: binary_data_size must be an integer >= 0")
+            if "data" in entry:
+                raise InvalidInputError(f'{where} has both "data" and binary_data_size; send one')
+            if offset + size > len(binary):
+                raise InvalidInputError(
+                    f"{where} has binary_data_size {size} but only {len(binary) - offset} bytes "
+                    "of binary data are left after the JSON header"
+                )
+            data = binary[offset : offset + size]
+            offset += size
+        elif "data" in entry:
+            data = entry["data"]
+        else:
+            raise InvalidInputError(f'{where} has neither "data" nor binary_data_size')
+        arrays[name] = decode_tensor(name, entry.get("datatype"), entry.get("shape"), data, spec)
+    if offset != len(binary):
+        raise InvalidInputError(
+            f"the body has {len(binary) - offset} bytes after the JSON header that no input's "
+            "binary_data_size accounts for"
+        )
+    missing = [name for name in names if name not in arrays]
+    if missing:
+        raise InvalidInputError(f"missing input(s) {missing}; the model's inputs are {names}")
+    rows = {name: arr.shape[0] for name, arr in arrays.items()}
+    if len(set(rows.values())) != 1:
+        raise InvalidInputError(f"inputs have different row counts {rows}; all must be equal")
+    return arrays
+
+
+def _outputs(
+    entries: Any, binary_default: bool, signature: ModelSignature
+) -> list[tuple[str, bool]]:
+    names = signature.output_names
+    if not entries:  # absent or []: every output
+        asked = [(name, binary_default) for name in names]
+    else:
+        if not isinstance(entries, list):
+            raise InvalidInputError(
+                f'"outputs" must be a list of objects, got {type(entries).__name__}'
+            )
+        asked = []
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise InvalidInputError(f'"outputs"[{i}] must be an object with a "name" string')
+            name = entry["name"]
+            if name not in names:
+                raise InvalidInputError(f"unknown output {name!r}; the model's outputs are {names}")
+            if any(name == seen for seen, _ in asked):
+                raise InvalidInputError(f"output {name!r} is asked for twice")
+            params = _object(entry.get("parameters"), f"output {name!r}: parameters")
+            if params.get("classification") or any(k.startswith("shared_memory") for k in params):
+                raise InvalidInputError(
+                    f"output {name!r}: classification and shared memory are not served"
+                )
+            binary = _flag(params, "binary_data", f"output {name!r}: parameters")
+            asked.append((name, binary if "binary_data" in params else binary_default))
+    specs = {spec.name: spec for spec in signature.outputs}
+    for name, binary in asked:
+        datatype = datatype_of(specs[name].dtype)
+        if not binary and datatype in BINARY_ONLY:
+            raise InvalidInputError(
+                f"output {name!r} is {datatype}, which JSON cannot carry; ask for it as binary "
+                'data (output parameter "binary_data": true)'
+            )
+    return asked
+
+
+def encode_infer(
+    outputs: dict[str, np.ndarray], call: InferCall, signature: ModelSignature, model_name: str
+) -> Response:
+    specs = {spec.name: spec for spec in signature.outputs}
+    entries: list[dict[str, Any]] = []
+    buffers: list[memoryview] = []
+    for name, binary in call.outputs:
+        tensor = encode_tensor(name, outputs[name], specs[name])
+        entry: dict[str, Any] = {"name": name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if binary:
+            entry["parameters"] = {"binary_data_size": tensor.array.nbytes}
+            buffers.append(tensor.buffer())
+        else:
+            entry["data"] = tensor.flat()
+        entries.append(entry)
+    body: dict[str, Any] = {"model_name": model_name, "model_version": VERSION}
+    if call.id is not None:
+        body["id"] = call.id
+    body["outputs"] = entries
+    header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not buffers:
+        return Response(header, media_type="application/json")
+    return Response(
+        b"".join([header, *buffers]),
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
