@@ -17,8 +17,8 @@ import orjson
 from fastapi import Response
 
 from serving.errors import InvalidInputError
-from serving.v2.datatypes import BINARY_ONLY, datatype_of
-from serving.v2.tensors import decode_tensor, encode_tensor
+from serving.v2.datatypes import BINARY_ONLY
+from serving.v2.tensors import decode_tensor, encode_tensor, spec_datatype
 from shards.signature import ModelSignature
 
 __all__ = ["HEADER_LENGTH", "InferCall", "encode_infer", "parse_infer"]
@@ -178,7 +178,7 @@ def _outputs(
             asked.append((name, binary if "binary_data" in params else binary_default))
     specs = {spec.name: spec for spec in signature.outputs}
     for name, binary in asked:
-        datatype = datatype_of(specs[name].dtype)
+        datatype = spec_datatype(specs[name])
         if not binary and datatype in BINARY_ONLY:
             raise InvalidInputError(
                 f"output {name!r} is {datatype}, which JSON cannot carry; ask for it as binary "

@@ -9,6 +9,7 @@ copy and no Python numbers); a JSON list goes through ``np.asarray`` once and is
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from shards.signature import TensorSpec
 Raw = bytes | bytearray | memoryview
 
 
+@functools.lru_cache(maxsize=32)
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
     """The little-endian numpy dtype of a datatype (``BF16``: ``ml_dtypes.bfloat16``)."""
     if datatype == "BF16":
@@ -31,6 +33,16 @@ def numpy_dtype(datatype: str) -> np.dtype[Any]:
     return np.dtype(TO_NUMPY[datatype])
 
 
+@functools.lru_cache(maxsize=64)
+def _datatype(dtype: str) -> str:
+    return datatype_of(dtype)
+
+
+def spec_datatype(spec: TensorSpec) -> str:
+    """The datatype of a model tensor, cached (``np.dtype.name`` costs microseconds a call)."""
+    return _datatype(spec.dtype)
+
+
 def wire_shape(spec: TensorSpec) -> list[int]:
     """The protocol's shape of a tensor: -1 for the batch dimension and each free dimension."""
     return [-1, *(-1 if d is None else d for d in spec.shape)]
@@ -38,12 +50,12 @@ def wire_shape(spec: TensorSpec) -> list[int]:
 
 def tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
     """A model metadata ``$metadata_tensor``: name, datatype, shape with -1 for the batch."""
-    return {"name": spec.name, "datatype": datatype_of(spec.dtype), "shape": wire_shape(spec)}
+    return {"name": spec.name, "datatype": spec_datatype(spec), "shape": wire_shape(spec)}
 
 
 def tensor_config(spec: TensorSpec) -> dict[str, Any]:
     """A Triton model-config ``input``/``output`` entry: ``dims`` leave out the batch dimension."""
-    datatype = datatype_of(spec.dtype)
+    datatype = spec_datatype(spec)
     return {
         "name": spec.name,
         "data_type": f"TYPE_{'STRING' if datatype == 'BYTES' else datatype}",
@@ -59,7 +71,7 @@ def decode_tensor(
     ``data`` is the tensor's raw little-endian bytes, or its elements as a (flat or nested) list.
     """
     where = f"input {name!r}"
-    expected = datatype_of(spec.dtype)
+    expected = spec_datatype(spec)
     if datatype not in DATATYPES:
         raise InvalidInputError(
             f"{where} has datatype {datatype!r}, which is not a datatype of the protocol; "
@@ -188,5 +200,5 @@ class OutputTensor:
 
 def encode_tensor(name: str, array: np.ndarray, spec: TensorSpec) -> OutputTensor:
     """A model output as the protocol's datatype, in the byte layout the wire wants."""
-    datatype = datatype_of(spec.dtype)
+    datatype = spec_datatype(spec)
     return OutputTensor(name, datatype, np.ascontiguousarray(array, dtype=numpy_dtype(datatype)))
