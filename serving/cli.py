@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -89,6 +90,10 @@ def serve(
 
 
 def run_server(settings: Settings) -> None:
+    # Read when grpc is first imported. Its fork handlers serve children that keep using gRPC;
+    # this process forks only to exec (Ray starting its processes), and with the gRPC server up
+    # the handlers bail out with a log line per fork.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     import uvicorn
 
     from serving.app import create_app
