@@ -8,8 +8,12 @@ checked in process, tests/serving/test_v2_grpc.py; the real multi-input model ov
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -133,3 +137,22 @@ def test_bad_datatype_is_invalid_argument(server: GrpcServer) -> None:
         client.infer(TINY, [inp])
     assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert err.value.message() == "input 'features' has datatype FP64; the model expects FP32"
+
+
+def test_the_kserve_sdk_clients_get_the_same_answers(server: GrpcServer) -> None:
+    rows = np.random.default_rng(9).standard_normal((3, 8)).astype(np.float32).round(3)
+    script = Path(__file__).with_name("kserve_clients.py")
+    done = subprocess.run(
+        [sys.executable, str(script), server.http.url, server.grpc_url, TINY, "features",
+         json.dumps(rows.tolist())],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT ") :])
+
+    assert result["rest_ready"] == [True, True, True]
+    assert result["grpc_ready"] == [True, True, True]
+    want = np.asarray(server.predict(rows.tolist()))
+    for key in ("rest_binary_False", "rest_binary_True", "grpc"):
+        np.testing.assert_allclose(np.asarray(result[key]), want, atol=1e-6, err_msg=key)
