@@ -3,7 +3,7 @@
 Rows, not requests, are the unit: a request of n rows takes n slots and may be split over
 batches. Rows wait in one FIFO queue per input signature (per-row shapes and dtypes), so rows
 that cannot be stacked never share a batch. A batch closes when it is full or when its oldest
-row has waited ``batch_timeout_ms`` (the auto policy: see ``serving.auto_wait``);
+row has waited as long as its wait policy allows (``serving.wait_policy``);
 up to ``max_inflight_batches`` batches run at once so that pipeline stages overlap. Every request
 is answered exactly once: with its rows' outputs, or with one error from ``serving.errors``.
 Pure asyncio and numpy: no Ray, no TensorFlow, no HTTP.
@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from serving.auto_wait import AutoWait
 from serving.batching_policy import BatchingPolicy, RunTimeModel
 from serving.batching_rows import (
     PendingRequest,
@@ -45,6 +44,7 @@ from serving.errors import (
     ShardServeError,
     from_runner,
 )
+from serving.wait_policy import WaitPolicy, wait_policy
 
 __all__ = ["BatchRecord", "Batcher", "BatchingPolicy", "RunBatch"]
 
@@ -98,7 +98,7 @@ class Batcher:
         self._accepting = False
         self._draining = False
         self._runtime = RunTimeModel()
-        self._auto = AutoWait(self._runtime)
+        self._wait: WaitPolicy = wait_policy(policy, self._runtime)
 
     @property
     def policy(self) -> BatchingPolicy:
@@ -114,14 +114,9 @@ class Batcher:
 
     @property
     def effective_wait_ms(self) -> float:
-        """The fixed timeout; for the auto policy 0 while the pipeline is idle, else the longest
-        a free slot now waits for rows (one batch time, shortened to keep ``slo_p99_ms``)."""
-        policy = self._policy
-        if policy.batch_timeout_ms is not None:
-            return float(policy.batch_timeout_ms)
-        if self._inflight == 0:
-            return 0.0
-        return self._auto.wait_s(policy, max(1, self._queues.rows)) * 1000
+        """The longest a queue head now waits for rows, by the policy in force."""
+        rows = max(1, self._queues.rows)
+        return self._wait.wait_s(self._policy, rows, self._inflight) * 1000
 
     async def start(self) -> None:
         if self._loop_task is not None:
@@ -138,6 +133,7 @@ class Batcher:
         if isinstance(changes.get("allowed_batch_sizes"), list):
             changes["allowed_batch_sizes"] = tuple(changes["allowed_batch_sizes"])
         self._policy = dataclasses.replace(self._policy, **changes)
+        self._wait = wait_policy(self._policy, self._runtime)
         self._wake.set()
         return self._policy
 
@@ -251,13 +247,13 @@ class Batcher:
             self._dispatch(ready[1], ready[0], ready[2], now, policy)
         if self._inflight >= policy.max_inflight_batches:
             return None  # a finishing batch, a submit or a reconfigure wakes the loop
-        if policy.is_auto:
-            heads = self._queues.heads()
-            return min((old + self._auto.wait_s(policy, n) for _, old, n in heads), default=None)
-        if not policy.batch_timeout_ms:
-            return None
-        timeout_s = policy.batch_timeout_ms / 1000
-        return min((oldest + timeout_s for _, oldest, _ in self._queues.heads()), default=None)
+        return min(
+            (
+                old + self._wait.wait_s(policy, n, self._inflight)
+                for _, old, n in self._queues.heads()
+            ),
+            default=None,
+        )
 
     def _close_reason(
         self, oldest: float, rows: int, now: float, policy: BatchingPolicy
@@ -266,26 +262,18 @@ class Batcher:
             return "full"
         if self._draining:
             return "flush"
-        if policy.batch_timeout_ms is None:
-            return self._auto.close_reason(
-                policy,
-                rows=rows,
-                waited_s=now - oldest,
-                inflight_batches=self._inflight,
-                outstanding_rows=self._inflight_rows + self._queues.rows,
-            )
-        if now >= oldest + policy.batch_timeout_ms / 1000:
-            return "timeout"
-        return None
+        return self._wait.close_reason(
+            policy,
+            rows=rows,
+            waited_s=now - oldest,
+            inflight_batches=self._inflight,
+            outstanding_rows=self._inflight_rows + self._queues.rows,
+        )
 
     def _dispatch(
         self, key: QueueKey, oldest: float, reason: str, now: float, policy: BatchingPolicy
     ) -> None:
-        limit = (
-            self._auto.batch_limit(policy, now - oldest)
-            if policy.is_auto
-            else (policy.max_batch_size)
-        )
+        limit = self._wait.batch_limit(policy, now - oldest)
         segments = self._queues.take(key, limit)
         rows = sum(count for _, _, count in segments)
         self._inflight += 1

@@ -27,7 +27,7 @@ class BatchingPolicy:
     """How rows become batches.
 
     ``batch_timeout_ms``: the longest the oldest row of a batch waits for the batch to fill;
-    0 dispatches at once; ``None`` is the auto policy (``serving.auto_wait``): an idle pipeline
+    0 dispatches at once; ``None`` is the auto policy (``serving.wait_policy.AutoWait``): an idle pipeline
     gets a batch at once; while batches are in flight, a free slot waits for its share of the
     outstanding rows over the ``pipeline_depth`` batches the pipeline computes at once, but
     never longer than one batch time (the recent average).

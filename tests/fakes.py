@@ -24,6 +24,9 @@ from shards.health import Health
 from shards.signature import ModelSignature, TensorSpec
 
 T = TypeVar("T")
+# The longest a test waits for an event the code under test should set: a bug fails the test
+# in seconds instead of holding it to pytest-timeout's limit.
+WAIT_S = 10.0
 
 DEFAULT_SIGNATURE = ModelSignature(
     name="fake",
@@ -119,8 +122,8 @@ class FakeRunner:
             self.calls_finished += 1
 
     async def wait_started(self, n: int) -> None:
-        """Return once call number ``n`` (1-based) has started."""
-        await self._event(n).wait()
+        """Return once call number ``n`` (1-based) has started; fail after ``WAIT_S``."""
+        await asyncio.wait_for(self._event(n).wait(), WAIT_S)
 
     async def warmup(self, batch_sizes: tuple[int, ...] | list[int]) -> None:
         self.warmed.extend(batch_sizes)

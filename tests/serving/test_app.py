@@ -17,7 +17,7 @@ from serving.app import create_app
 from serving.config import Settings
 from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error
-from tests.fakes import FakeRunner, expected_outputs
+from tests.fakes import WAIT_S, FakeRunner, expected_outputs
 
 
 @contextlib.asynccontextmanager
@@ -34,7 +34,7 @@ async def serve(
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
         if wait_ready:
-            await app.state.shardserve.ready.wait()
+            await asyncio.wait_for(app.state.shardserve.ready.wait(), WAIT_S)
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             client.shardserve = app.state.shardserve  # type: ignore[attr-defined]
@@ -116,7 +116,8 @@ async def test_bad_input_gets_4xx_with_reason(
     assert message in assert_clean_error(r)
 
 
-async def test_bad_request_leaves_batch_mates_answered() -> None:
+async def test_a_request_refused_at_decode_never_reaches_its_would_be_batch() -> None:
+    # (Batch-mates of a request the model itself fails on: tests/serving/test_health.py.)
     runner = FakeRunner()
     async with serve(runner) as client:
         runner.batches.clear()
@@ -129,7 +130,7 @@ async def test_bad_request_leaves_batch_mates_answered() -> None:
     assert runner.batch_sizes() == [4]
 
 
-async def test_model_failure_is_500_without_stack_trace() -> None:
+async def test_a_warm_up_failure_is_503_with_the_reason_and_no_stack_trace() -> None:
     runner = FakeRunner(fail_with=RuntimeError("device lost"))
     async with serve(runner, wait_ready=False, batch_timeout_ms=0) as client:
         r = await client.get("/readyz")
@@ -234,10 +235,9 @@ async def test_metadata_status_and_metrics() -> None:
         text = (await client.get("/metrics")).text
     assert 'shardserve_request_latency_seconds_count{status="200"} 1.0' in text
     assert "shardserve_batch_size_rows_bucket" in text
-    assert (
-        'shardserve_batch_close_total{reason="timeout"}' in text
-        or "shardserve_batch_close_total{" in text
-    )
+    # One lone row under a 1 s timeout: its batch closed on the timer, and on nothing else.
+    assert 'shardserve_batch_close_total{reason="timeout"} 1.0' in text
+    assert text.count("shardserve_batch_close_total{") == 1
     assert "shardserve_queue_rows" in text
 
 
