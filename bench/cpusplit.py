@@ -3,6 +3,7 @@ rest of its Ray, and the load generator (a child this process waited for)."""
 
 from __future__ import annotations
 
+import os
 import resource
 
 import psutil
@@ -32,14 +33,32 @@ def cpu_seconds(server_pid: int) -> CpuSeconds:
         out[part] += used
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     out["load_generator"] = usage.ru_utime + usage.ru_stime
+    out["machine"] = _machine_busy()
     return out
 
 
 def cores(before: CpuSeconds, after: CpuSeconds, seconds: float) -> dict[str, float]:
-    """Mean cores busy per part between two samples ``seconds`` apart."""
+    """Mean cores busy per part between two samples ``seconds`` apart; ``others`` is what the
+    rest of the machine (this bench's driver included) used."""
     if seconds <= 0:
         return {}
-    return {k: round((after[k] - before.get(k, 0.0)) / seconds, 3) for k in after}
+    used = {k: (after[k] - before.get(k, 0.0)) / seconds for k in after}
+    machine = used.pop("machine", 0.0)
+    used["others"] = max(machine - sum(used.values()), 0.0)
+    return {k: round(v, 3) for k, v in used.items()}
+
+
+def _machine_busy() -> float:
+    """CPU seconds the whole machine spent not idle since boot (Linux /proc/stat)."""
+    try:
+        fields = open("/proc/stat").readline().split()[1:]  # noqa: SIM115 - one line
+    except OSError:
+        return 0.0
+    jiffies = [float(x) for x in fields]
+    idle = jiffies[3] + (jiffies[4] if len(jiffies) > 4 else 0.0)  # idle + iowait
+    # guest time is already counted in user and nice
+    total = sum(jiffies[:8])
+    return (total - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(proc: psutil.Process) -> float:

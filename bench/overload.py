@@ -219,8 +219,8 @@ def render(results: dict[str, Any]) -> str:
     lines += [
         "",
         "| phase | 503s on a new connection | their connect p99 ms | cores: front end "
-        "| shard actor | rest of Ray | hey |",
-        "|---|---|---|---|---|---|---|",
+        "| shard actor | rest of Ray | hey | anything else on the machine |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in results["phases"]:
         rejected = p["statuses"].get("503")
@@ -234,7 +234,7 @@ def render(results: dict[str, Any]) -> str:
             f"| {p['phase']} | {conn} | "
             + " | ".join(
                 f"{used.get(k, 0.0):.2f}"
-                for k in ("frontend", "shard_actors", "ray_other", "load_generator")
+                for k in ("frontend", "shard_actors", "ray_other", "load_generator", "others")
             )
             + " |"
         )
