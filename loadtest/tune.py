@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from loadtest.bodies import PROTOCOLS
 from loadtest.choice import AUTO, Point
 from loadtest.report import write_all
 
@@ -108,9 +109,8 @@ def parse_loads(text: str) -> list[Load]:
 
 
 def parse_protocol(text: str) -> str:
-    protocols = ("tfserving", "v2-json", "v2-binary")  # loadtest.locustfile.PROTOCOLS
-    if text not in protocols:
-        raise ValueError(f"--protocol must be one of {', '.join(protocols)}; got {text!r}")
+    if text not in PROTOCOLS:
+        raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}; got {text!r}")
     return text
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from loadtest.locustfile import encode_body, make_bodies, random_inputs, request_path
+from loadtest.bodies import encode_body, make_bodies, random_inputs, request_path
 from serving.codec import decode_predict
 from shards.signature import ModelSignature, TensorSpec
 
