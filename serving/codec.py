@@ -55,7 +55,11 @@ def decode_predict(body: bytes, signature: ModelSignature) -> Decoded:
     else:
         columns = _columns_from_inputs(payload["inputs"], signature)
         form = "inputs"
-    arrays = {spec.name: _to_array(columns[spec.name], spec) for spec in signature.inputs}
+    # numpy reads [0.5, true] as [0.5, 1.0]; a body without true/false needs no scan for them.
+    maybe_bool = b"true" in body or b"false" in body
+    arrays = {
+        spec.name: _to_array(columns[spec.name], spec, maybe_bool) for spec in signature.inputs
+    }
     rows = {name: arr.shape[0] for name, arr in arrays.items()}
     if len(set(rows.values())) != 1:
         raise InvalidInputError(f"inputs have different row counts {rows}; all must be equal")
@@ -125,7 +129,7 @@ def _check_keys(obj: dict[str, Any], names: list[str], where: str) -> None:
         raise InvalidInputError(f"{where} is missing input(s) {missing}; expected {names}")
 
 
-def _to_array(value: Any, spec: TensorSpec) -> np.ndarray:
+def _to_array(value: Any, spec: TensorSpec, maybe_bool: bool = True) -> np.ndarray:
     where = f"input {spec.name!r}"
     if not isinstance(value, list):
         raise InvalidInputError(
@@ -147,7 +151,7 @@ def _to_array(value: Any, spec: TensorSpec) -> np.ndarray:
         )
     if kind in "US":
         raise InvalidInputError(f"{where} holds strings; expected numbers {spec.describe()}")
-    if kind == "b" and want != "b":
+    if want != "b" and (kind == "b" or (maybe_bool and _holds_bool(value))):
         raise InvalidInputError(f"{where} holds booleans; expected numbers {spec.describe()}")
     if want in "iu" and kind == "f":
         raise InvalidInputError(f"{where} holds non-integers; expected {spec.describe()}")
@@ -159,3 +163,9 @@ def _to_array(value: Any, spec: TensorSpec) -> np.ndarray:
         if arr.min() < info.min or arr.max() > info.max:
             raise InvalidInputError(f"{where} holds values outside the range of {spec.dtype}")
     return np.ascontiguousarray(arr, dtype=spec.np_dtype)
+
+
+def _holds_bool(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_holds_bool(v) for v in value)
+    return isinstance(value, bool)

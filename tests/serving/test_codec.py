@@ -53,6 +53,7 @@ def test_columnar_and_keyed_forms() -> None:
         (body({"instances": [[1, "a", 3]]}), SINGLE, "holds strings"),
         (body({"instances": [[1, None, 3]]}), SINGLE, "null/non-numbers"),
         (body({"instances": [[True, False, True]]}), SINGLE, "holds booleans"),
+        (body({"instances": [[0.5, 1, False]]}), SINGLE, "holds booleans"),
         (body({"instances": [{"z": [1, 2, 3]}]}), SINGLE, "unknown input(s) ['z']; expected ['x']"),
         (body({"instances": [{"ids": [1]}]}), MULTI, "missing input(s) ['mask']"),
         (body({"instances": [[1]]}), MULTI, "each instance must be an object"),
