@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 
+from serving.apidoc import ADMIN_SECURITY, BATCHING_CHANGE, BatchingView, errors, ok
 from serving.batcher import Batcher
 from serving.config import Settings, default_queue_rows
 from serving.errors import (
@@ -73,6 +74,10 @@ def policy_changes(body: Any, batcher: Batcher, settings: Settings) -> dict[str,
             f"unknown field(s) {unknown}; expected some of {list(ADMIN_FIELDS)}"
         )
     changes = dict(body)
+    for key in ("max_batch_size", "max_inflight_batches"):
+        value = changes.get(key)
+        if isinstance(value, float) and value.is_integer():  # 8.0 is the integer 8 in JSON
+            changes[key] = int(value)
     if "batch_timeout_ms" in changes:
         timeout = changes["batch_timeout_ms"]
         if isinstance(timeout, str):
@@ -120,5 +125,21 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
             raise InvalidInputError(str(exc)) from None
         return json_response(batching_view(batcher))
 
-    app.add_api_route("/admin/batching", get_batching, methods=["GET"])
-    app.add_api_route("/admin/batching", put_batching, methods=["PUT"])
+    # Documented only where they are on; 404 (not listed) where they are off.
+    listed = settings.admin_token is not None
+    app.add_api_route(
+        "/admin/batching",
+        get_batching,
+        methods=["GET"],
+        include_in_schema=listed,
+        responses={**ok(BatchingView), **errors(401, 403, 503)},
+        openapi_extra=ADMIN_SECURITY,
+    )
+    app.add_api_route(
+        "/admin/batching",
+        put_batching,
+        methods=["PUT"],
+        include_in_schema=listed,
+        responses={**ok(BatchingView), **errors(400, 401, 403, 413, 503)},
+        openapi_extra=BATCHING_CHANGE,
+    )

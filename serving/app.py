@@ -6,13 +6,29 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware import Middleware
+from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving.admin import install_admin_routes
+from serving.apidoc import (
+    PREDICT_REQUEST,
+    PREDICT_RESPONSE,
+    Alive,
+    ModelMetadata,
+    ModelStatus,
+    Readiness,
+    document,
+    errors,
+    ok,
+)
 from serving.codec import decode_predict, encode_predict
 from serving.config import Settings
 from serving.errors import (
@@ -23,8 +39,8 @@ from serving.errors import (
     QueueFullError,
     ShardServeError,
 )
+from serving.fastpath import FastHandler, FastPathLayer, FastRoutes
 from serving.http_io import (
-    REQUEST_ID_HEADER,
     REQUEST_ID_KEY,
     ClientGone,
     check_content_length,
@@ -43,7 +59,7 @@ from serving.http_io import (
 from serving.runner import build_runner
 from serving.state import RunnerFactory, ServerState, load_model, poll_stage_stats
 from serving.v2.grpc_server import start_grpc_server, stop_grpc_server
-from serving.v2.http import install_v2_routes
+from serving.v2.http import install_v2_routes, v2_infer
 
 log = logging.getLogger("shardserve")
 _DRAIN_TIMEOUT_S = 30.0
@@ -96,43 +112,70 @@ def create_app(
     return app
 
 
-PredictHandler = Callable[[str, Request], Awaitable[Response]]
-_NAMED_PREFIX, _NAMED_SUFFIX = "/v1/models/", ":predict"
-
-
 class ShardServeApp(FastAPI):
-    """FastAPI with the predict routes answered before its middleware stack and router.
+    """FastAPI with the fast path (``serving.fastpath``) for the predict and infer routes, an
+    ``X-Request-Id`` on every response, and an OpenAPI document that follows the served model.
 
-    py-spy on /predict at 64 clients: over half of the server's CPU went to Starlette and
-    FastAPI layers (exception and telemetry middleware, routing, dependency solving) around a
-    handler that only reads the body and awaits the batcher. The handler maps its own errors,
-    so skipping those layers changes no answer.
+    ``fast_routes`` holds the routes the fast path answers; they are declared on the router too,
+    for the OpenAPI document.
     """
 
-    fast_predict: PredictHandler | None = None
-    served_name: str = ""
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fast_routes = FastRoutes()
+        self.served_name = ""
+        self._doc_key: tuple[object, ...] | None = None
+        self._doc: dict[str, Any] = {}
+        self._untraced: bool | None = None
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
+        # Outside every middleware, so that their own answers (a CORS preflight, a 500 from
+        # ServerErrorMiddleware) carry the id too.
         rid = request_id_from(scope["headers"])
         scope[REQUEST_ID_KEY] = rid
-        handler = self.fast_predict
-        if handler is not None and scope["method"] == "POST":
-            path: str = scope["path"]
-            name = None
-            if path == "/predict":
-                name = self.served_name
-            elif path.startswith(_NAMED_PREFIX) and path.endswith(_NAMED_SUFFIX):
-                name = path[len(_NAMED_PREFIX) : -len(_NAMED_SUFFIX)]
-            if name is not None and "/" not in name:
-                scope["app"] = self
-                response = await handler(name, Request(scope, receive, send))
-                response.raw_headers.append((REQUEST_ID_HEADER, rid))
-                await response(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send_with_request_id(send, rid))
+        send = send_with_request_id(send, rid)
+        if self._untraced is None:
+            self._untraced = _untraced(self)
+        if self._untraced and self.middleware_stack is not None:
+            # FastAPI.__call__ asks OpenTelemetry on every request whether it is configured
+            # (8 us, as much as the rest of the stack); the answer is taken once, at the first
+            # request: telemetry configured later than that is not seen.
+            scope["app"] = self
+            await self.middleware_stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        # The fast path joins the stack as the innermost user middleware: below everything
+        # added with add_middleware, above the exception middleware and the router.
+        user = self.user_middleware
+        self.user_middleware = [*user, Middleware(FastPathLayer, routes=self.fast_routes)]
+        try:
+            return super().build_middleware_stack()
+        finally:
+            self.user_middleware = user
+
+    def openapi(self) -> dict[str, Any]:
+        state: ServerState | None = getattr(self.state, "shardserve", None)
+        runner = state.runner if state is not None else None
+        signature = runner.signature if runner is not None else None
+        batcher = state.batcher if state is not None else None
+        max_rows = batcher.policy.max_queue_rows if batcher is not None else None
+        key = (signature, max_rows)
+        if key != self._doc_key:
+            self._doc = document(super().openapi(), signature, self.served_name, max_rows)
+            self._doc_key = key
+        return self._doc
+
+
+def _untraced(app: FastAPI) -> bool:
+    """No root path to set and FastAPI's native telemetry off (unknown: assume on)."""
+    telemetry = getattr(app, "_native_telemetry", None)
+    enabled = getattr(telemetry, "enabled", None)
+    return not app.root_path and callable(enabled) and not enabled()
 
 
 def _state(request: Request) -> ServerState:
@@ -148,11 +191,40 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         log_failure(request_id(request), exc.status_code, str(exc.detail))
-        return json_response({"error": str(exc.detail)}, exc.status_code)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return json_response({"error": str(exc.detail)}, exc.status_code, headers or None)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         return unexpected_response(request, exc)
+
+
+class _StatusName(Convertor[str]):
+    """The {name} of GET /v1/models/{name}: not one that ends in ``:predict``, which is the
+    POST route's (so that its 405 names only POST)."""
+
+    regex = r"[^/]+(?<!:predict)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("model_status", _StatusName())
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods of every route on the request's path (the router's 405 names only those of
+    the first route it tried, and a path may have one route per method)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if route.matches(request.scope)[0] is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 def _install_routes(app: FastAPI, settings: Settings) -> None:
@@ -208,20 +280,33 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         finally:
             state.metrics.request_latency.labels(status).observe(time.perf_counter() - started)
 
-    async def predict_named(name: str, request: Request) -> Response:
+    async def predict_model(name: str, version: str | None, request: Request) -> Response:
         try:
             check_name(name)
         except NotFoundError as exc:
             return error_response(exc, request_id(request))
         return await predict(request)
 
-    # The routes document the API (OpenAPI); ShardServeApp answers them before the router.
-    app.add_api_route("/predict", predict, methods=["POST"])
-    app.add_api_route("/v1/models/{name}:predict", predict_named, methods=["POST"])
-    if isinstance(app, ShardServeApp):
-        app.fast_predict = predict_named
+    async def predict_named(name: str, request: Request) -> Response:
+        return await predict_model(name, None, request)
 
-    @app.get("/v1/models/{name}")
+    # Declared for the OpenAPI document; the fast path answers them (ShardServeApp).
+    predict_doc: dict[str, Any] = {
+        "openapi_extra": PREDICT_REQUEST,
+        "responses": {**ok(PREDICT_RESPONSE), **errors(400, 413, 422, 500, 503, 504)},
+        "description": _PREDICT_DESCRIPTION,
+    }
+    app.add_api_route("/predict", predict, methods=["POST"], **predict_doc)
+    app.add_api_route(
+        "/v1/models/{name}:predict",
+        predict_named,
+        methods=["POST"],
+        **{**predict_doc, "responses": {**predict_doc["responses"], **errors(404)}},
+    )
+    if isinstance(app, ShardServeApp):
+        _install_fast_routes(app.fast_routes, predict_model, served)
+
+    @app.get("/v1/models/{name:model_status}", responses={**ok(ModelStatus), **errors(404)})
     async def model_status(name: str, request: Request) -> Response:
         check_name(name)
         state = _state(request)
@@ -240,7 +325,7 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
             body["replicas"] = {"total": health.replicas, "healthy": health.healthy}
         return json_response(body)
 
-    @app.get("/v1/models/{name}/metadata")
+    @app.get("/v1/models/{name}/metadata", responses={**ok(ModelMetadata), **errors(404, 503)})
     async def model_metadata(name: str, request: Request) -> Response:
         check_name(name)
         state = _state(request)
@@ -261,11 +346,15 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
             }
         )
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses=ok(Alive))
     async def healthz() -> Response:
         return json_response({"status": "alive"})
 
-    @app.get("/readyz")
+    not_ready: dict[int | str, dict[str, Any]] = {
+        503: {"model": Readiness, "description": _NOT_READY}
+    }
+
+    @app.get("/readyz", responses={**ok(Readiness), **not_ready})
     async def readyz(request: Request) -> Response:
         state = _state(request)
         if state.load_error:
@@ -282,6 +371,27 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
             return json_response({"status": "unavailable", "error": reason}, 503)
         return json_response({"status": "ready", "model": served})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=_METRICS_DOC)
     async def metrics(request: Request) -> Response:
         return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def _install_fast_routes(routes: FastRoutes, predict: FastHandler, served: str) -> None:
+    routes.add("/predict", predict, name=served)
+    routes.add("/v1/models/{name}:predict", predict)
+    routes.add("/v2/models/{name}/infer", v2_infer)
+    routes.add("/v2/models/{name}/versions/{version}/infer", v2_infer)
+
+
+_PREDICT_DESCRIPTION = (
+    "TF-Serving JSON. Header X-Request-Timeout-Ms (a positive number of ms) shortens the "
+    "request's deadline. A request is refused from its headers before its body is read when its "
+    "Content-Length is over max_body_bytes (413) or the queue is full (503)."
+)
+_NOT_READY = "Loading, failed to load, stopping, or no healthy replica (the reason in 'error')."
+_METRICS_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Prometheus text exposition format",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}

@@ -1,0 +1,205 @@
+"""The OpenAPI document as a contract: a predict body its schema accepts is one the server
+accepts, and the other way round (in-process, with the fake runner)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+from asgi_lifespan import LifespanManager
+
+from serving.app import create_app
+from serving.config import Settings
+from shards.signature import ModelSignature, TensorSpec
+from tests.fakes import FakeRunner
+
+TWO_INPUTS = ModelSignature(
+    "two",
+    (TensorSpec("a", (2,), "float32"), TensorSpec("ids", (3,), "int32")),
+    (TensorSpec("y", (2,), "float32"), TensorSpec("z", (), "float32")),
+)
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    runner: FakeRunner, *, wait_ready: bool = True, **overrides: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(model="fake", **{"batch_timeout_ms": 0, "max_batch_size": 4, "max_queue_rows": 8, **overrides})
+
+    async def factory(_: Settings) -> FakeRunner:
+        return runner
+
+    app = create_app(settings, factory)
+    async with LifespanManager(app) as manager:
+        if wait_ready:
+            await app.state.shardserve.ready.wait()
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+async def predict_schema(client: httpx.AsyncClient) -> dict[str, Any]:
+    doc = (await client.get("/openapi.json")).json()
+    body = doc["paths"]["/predict"]["post"]["requestBody"]
+    assert body["required"] is True
+    assert body["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/PredictRequest"
+    }
+    schema: dict[str, Any] = doc["components"]["schemas"]["PredictRequest"]
+    return schema
+
+
+def schema_accepts(schema: dict[str, Any], body: Any) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(body)
+
+
+ROW = [1.0, 2.0, 3.0, 4.0]
+ONE_INPUT_BODIES = [
+    {"instances": [ROW]},
+    {"instances": [ROW] * 8},
+    {"instances": [{"x": ROW}, {"x": ROW}]},
+    {"inputs": [ROW, ROW]},
+    {"inputs": {"x": [ROW]}},
+    {"instances": [ROW], "signature_name": "serving_default"},
+    {"instances": [[1, 2, 3, 4]]},
+    {"instances": [ROW] * 9},  # over max_queue_rows
+    {"instances": []},
+    {"instances": [[1.0, 2.0, 3.0]]},
+    {"instances": [ROW, {"x": ROW}]},
+    {"instances": [[1.0, 2.0, 3.0, "4"]]},
+    {"instances": [[1.0, 2.0, 3.0, True]]},
+    {"instances": [[1.0, 2.0, 3.0, None]]},
+    {"instances": [ROW], "inputs": [ROW]},
+    {"rows": [ROW]},
+    {"inputs": {"y": [ROW]}},
+    {"inputs": {"x": []}},
+    [ROW],
+    {},
+]
+
+
+@pytest.mark.parametrize("body", ONE_INPUT_BODIES)
+async def test_the_schema_and_the_server_agree_on_a_body(body: Any) -> None:
+    async with serve(FakeRunner()) as client:
+        schema = await predict_schema(client)
+        r = await client.post("/predict", json=body)
+    assert r.status_code in (200, 400), r.text
+    assert schema_accepts(schema, body) == (r.status_code == 200), r.text
+
+
+TWO_INPUT_BODIES = [
+    {"instances": [{"a": [1.0, 2.0], "ids": [1, 2, 3]}]},
+    {"inputs": {"a": [[1.0, 2.0]], "ids": [[1, 2, 3]]}},
+    {"instances": [{"a": [1.0, 2.0]}]},
+    {"instances": [{"a": [1.0, 2.0], "ids": [1, 2, 3.5]}]},
+    {"instances": [{"a": [1.0, 2.0], "ids": [1, 2, 2**31]}]},
+    {"instances": [[1.0, 2.0]]},
+    {"inputs": [[1.0, 2.0]]},
+]
+
+
+@pytest.mark.parametrize("body", TWO_INPUT_BODIES)
+async def test_a_model_of_two_inputs_is_documented_as_served(body: Any) -> None:
+    async with serve(FakeRunner(TWO_INPUTS)) as client:
+        schema = await predict_schema(client)
+        r = await client.post("/predict", json=body)
+        doc = (await client.get("/openapi.json")).json()
+    assert r.status_code in (200, 400), r.text
+    assert schema_accepts(schema, body) == (r.status_code == 200), r.text
+    if r.status_code == 200:
+        answer = doc["components"]["schemas"]["PredictResponse"]
+        assert schema_accepts(answer, r.json())
+
+
+async def test_answers_fit_the_response_schema() -> None:
+    async with serve(FakeRunner()) as client:
+        doc = (await client.get("/openapi.json")).json()
+        rows = await client.post("/predict", json={"instances": [ROW, ROW]})
+        columns = await client.post("/v1/models/fake:predict", json={"inputs": [ROW]})
+    answer = doc["components"]["schemas"]["PredictResponse"]
+    assert rows.json() == {"predictions": [[10.0, 4.0], [10.0, 4.0]]}
+    assert columns.json() == {"outputs": [[10.0, 4.0]]}
+    assert schema_accepts(answer, rows.json()) and schema_accepts(answer, columns.json())
+    assert not schema_accepts(answer, {"predictions": [[10.0]]})
+
+
+async def test_the_document_before_and_after_the_model_loads() -> None:
+    import asyncio
+
+    release = asyncio.Event()
+    runner = FakeRunner()
+
+    async def slow_factory(_: Settings) -> FakeRunner:
+        await release.wait()
+        return runner
+
+    app = create_app(Settings(model="fake", batch_timeout_ms=0), slow_factory)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            before = await predict_schema(client)
+            release.set()
+            await app.state.shardserve.ready.wait()
+            after = await predict_schema(client)
+    body = {"instances": [[1.0, 2.0]]}  # the wrong width for the model
+    assert schema_accepts(before, body) and not schema_accepts(after, body)
+    assert "still loading" in before["description"]
+
+
+async def test_statuses_headers_and_names_are_documented() -> None:
+    async with serve(FakeRunner()) as client:
+        doc = (await client.get("/openapi.json")).json()
+    paths = doc["paths"]
+    named = paths["/v1/models/{name}:predict"]["post"]
+    assert sorted(named["responses"]) == ["200", "400", "404", "413", "422", "500", "503", "504"]
+    (name,) = named["parameters"]
+    assert name["schema"] == {"type": "string", "enum": ["fake"]}
+    assert "Retry-After" in named["responses"]["503"]["headers"]
+    assert named["responses"]["400"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Error"
+    }
+    for path, operations in paths.items():
+        for operation in operations.values():
+            for status, response in operation["responses"].items():
+                header = response["headers"]["X-Request-Id"]
+                assert header == {"$ref": "#/components/headers/X-Request-Id"}, (path, status)
+    assert doc["components"]["headers"]["X-Request-Id"]["required"] is True
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    assert sorted(paths["/readyz"]["get"]["responses"]) == ["200", "503"]
+    assert "/admin/batching" not in paths  # off without an admin token
+
+
+async def test_admin_routes_are_documented_with_their_token() -> None:
+    async with serve(FakeRunner(), admin_token="tok") as client:
+        doc = (await client.get("/openapi.json")).json()
+        r = await client.put(
+            "/admin/batching",
+            json={"max_batch_size": 3.0, "batch_timeout_ms": "auto"},
+            headers={"Authorization": "Bearer tok"},
+        )
+    admin = doc["paths"]["/admin/batching"]
+    assert admin["get"]["security"] == admin["put"]["security"] == [{"adminToken": []}]
+    assert doc["components"]["securitySchemes"]["adminToken"]["scheme"] == "bearer"
+    assert sorted(admin["put"]["responses"]) == ["200", "400", "401", "403", "413", "503"]
+    change = admin["put"]["requestBody"]["content"]["application/json"]["schema"]
+    assert schema_accepts(change, {"max_batch_size": 3.0, "batch_timeout_ms": "auto"})
+    assert not schema_accepts(change, {}) and not schema_accepts(change, {"max_queue_rows": 9})
+    # JSON's 3.0 is the integer 3, as the schema says.
+    assert (r.status_code, r.json()["max_batch_size"]) == (200, 3)
+
+
+async def test_the_examples_are_answered() -> None:
+    async with serve(FakeRunner(TWO_INPUTS)) as client:
+        doc = (await client.get("/openapi.json")).json()
+        paths = doc["paths"]
+        predict = paths["/predict"]["post"]["requestBody"]["content"]["application/json"]
+        infer = paths["/v2/models/{name}/infer"]["post"]["requestBody"]["content"]
+        r1 = await client.post("/predict", json=predict["example"])
+        r2 = await client.post("/v2/models/fake/infer", json=infer["application/json"]["example"])
+    assert predict["example"] == {"instances": [{"a": [0, 0], "ids": [0, 0, 0]}]}
+    assert r1.status_code == 200 and r2.status_code == 200
+    assert [o["name"] for o in r2.json()["outputs"]] == ["y", "z"]
