@@ -1,5 +1,5 @@
 # The two commands of the README:  `make serve`  and  `make test`.
-# Both create .venv and install the package (with its dev and bench extras) on first use.
+# Both create .venv and install the package (with its dev, bench and loadtest extras) on first use.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"shardserve needs Python 3.11, got {sys.version.split()[0]} (set PYTHON=...)"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench,loadtest]'
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -6,6 +6,7 @@ and the TOML keys can never drift apart.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
 import os
@@ -220,6 +221,14 @@ def tune(
     ] = None,
 ) -> None:
     """Sweep batch_timeout_ms (x load x batch size) with Locust; write a report and a config."""
+    missing = [m for m in ("locust", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        err.print(
+            f"[red]error:[/red] shardserve tune needs {' and '.join(missing)}: "
+            "pip install 'shardserve\\[loadtest]'",  # \[ : not a rich markup tag
+            highlight=False,
+        )
+        raise typer.Exit(2)
     from loadtest.tune import TuneConfig, parse_loads, parse_protocol, parse_sizes, parse_timeouts
     from loadtest.tune import tune as run_tune
 
