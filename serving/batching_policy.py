@@ -27,10 +27,10 @@ class BatchingPolicy:
     """How rows become batches.
 
     ``batch_timeout_ms``: the longest the oldest row of a batch waits for the batch to fill;
-    0 dispatches at once; ``None`` is the auto policy (``serving.wait_policy.AutoWait``): an idle pipeline
-    gets a batch at once; while batches are in flight, a free slot waits for its share of the
-    outstanding rows over the ``pipeline_depth`` batches the pipeline computes at once, but
-    never longer than one batch time (the recent average).
+    0 dispatches at once; ``None`` is the auto policy (``serving.wait_policy.AutoWait``): an
+    idle pipeline gets a batch at once; while batches are in flight, a free slot waits for its
+    share of the outstanding rows over the ``pipeline_depth`` batches the pipeline computes at
+    once, but never longer than one batch time (the recent average).
     ``slo_p99_ms`` is read only by the auto policy: it shortens that wait and caps a batch's
     size so that the oldest row's wait plus the predicted run time of the batch stays within it.
     ``pipeline_depth`` (stages x replicas) is read only by the auto policy too; it describes the
