@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.cpusplit import cores, cpu_seconds
 from bench.hey import HEY_INSTALL_HINT, HeyResult, have_hey, run_hey
-from bench.procinfo import read_proc
+from bench.procinfo import RssSampler, read_proc
 from bench.run import save_workload
 from bench.scrape import Samples, base_url, delta, scrape
 from bench.systems import ServerProcess, SystemConfig
@@ -91,11 +91,12 @@ def run_overload(plan: OverloadPlan, progress: Progress = print) -> dict[str, An
             before, rss_before = scrape(base_url(url)), read_proc(server.pid)
             cpu_before, tick = cpu_seconds(server.pid), time.monotonic()
             raw = plan.workdir / "logs" / f"overload-{name.replace(' ', '-')}.csv"
-            result = run_hey(url, body, clients, seconds, rate_per_client=rate, keep_csv=raw)
+            with RssSampler(server.pid, interval_s=2.0) as rss:
+                result = run_hey(url, body, clients, seconds, rate_per_client=rate, keep_csv=raw)
             used = cores(cpu_before, cpu_seconds(server.pid), time.monotonic() - tick)
             after, rss_after = scrape(base_url(url)), read_proc(server.pid)
             phases.append(_record(name, result, before, after, rss_before.rss_mb, rss_after))
-            phases[-1]["cores"] = used
+            phases[-1].update(cores=used, rss_every_2s_mb=rss.samples)
             progress(
                 f"  {name}: {_line(result)}; RSS {rss_before.rss_mb:.0f} -> {rss_after.rss_mb:.0f} MB"
                 f"; cores {used}"
@@ -141,6 +142,12 @@ def _record(
     }
     batches = delta(after, before, "shardserve_batch_size_rows_count")
     rows = delta(after, before, "shardserve_batch_size_rows_sum")
+
+    def mean_ms(total: str, count: str | float) -> float | None:
+        n = delta(after, before, count) if isinstance(count, str) else count
+        return 1000.0 * delta(after, before, total) / n if n else None
+
+    stage = '{replica="0",stage="0"}'
     return {
         "phase": name,
         **result.to_json(),
@@ -151,6 +158,13 @@ def _record(
         "good_p99_ms": result.p99_ms(200),
         "server_statuses": {k: v for k, v in sorted(server_counts.items()) if v},
         "mean_batch_rows": rows / batches if batches else 0.0,
+        # A batch's time through the pipeline as the server sees it, against the shard actor's
+        # own compute: the gap is the hop and the front end's event loop.
+        "mean_batch_run_ms": mean_ms("shardserve_batch_run_seconds_sum", batches),
+        "mean_stage_compute_ms": mean_ms(
+            f"shardserve_stage_compute_seconds{stage}", f"shardserve_stage_calls{stage}"
+        ),
+        "mean_queue_wait_ms": mean_ms("shardserve_queue_wait_seconds_sum", batches),
         "rss_before_mb": rss_before,
         "rss_after_mb": proc.rss_mb,
         "peak_rss_mb": proc.peak_rss_mb,
@@ -218,9 +232,10 @@ def render(results: dict[str, Any]) -> str:
     ]
     lines += [
         "",
-        "| phase | 503s on a new connection | their connect p99 ms | cores: front end "
-        "| shard actor | rest of Ray | hey | anything else on the machine |",
-        "|---|---|---|---|---|---|---|---|",
+        "| phase | 503s on a new connection | their connect p99 ms | batch ms: in the server "
+        "| in the actor | cores: front end | shard actor | rest of Ray | hey "
+        "| anything else on the machine |",
+        "|" + "---|" * 10,
     ]
     for p in results["phases"]:
         rejected = p["statuses"].get("503")
@@ -231,7 +246,8 @@ def render(results: dict[str, Any]) -> str:
             else "- | -"
         )
         lines.append(
-            f"| {p['phase']} | {conn} | "
+            f"| {p['phase']} | {conn} | {_ms(p.get('mean_batch_run_ms'))} "
+            f"| {_ms(p.get('mean_stage_compute_ms'))} | "
             + " | ".join(
                 f"{used.get(k, 0.0):.2f}"
                 for k in ("frontend", "shard_actors", "ray_other", "load_generator", "others")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,3 +44,32 @@ def _kib(value: str) -> float:
     if unit.strip() not in ("kB", ""):
         raise ValueError(f"unexpected /proc unit {unit!r} in {value!r}; expected kB")
     return float(number)
+
+
+class RssSampler:
+    """``with RssSampler(pid) as s:`` -- the RSS of ``pid`` in MB every ``interval_s`` on a thread,
+    in ``s.samples``: a leak climbs all along, a high-water mark of buffers levels off."""
+
+    def __init__(self, pid: int, interval_s: float = 1.0) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.samples.append(round(read_proc(self.pid).rss_mb, 1))
+            except ProcessLookupError:
+                return
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
