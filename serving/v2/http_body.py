@@ -58,7 +58,10 @@ def parse_infer(body: bytes, header_length: str | None, signature: ModelSignatur
         raise InvalidInputError(
             f'parameter "timeout" is in microseconds (an integer), got {timeout!r}'
         )
-    inputs = _inputs(payload.get("inputs"), binary, signature)
+    # Only a JSON header that holds true or false somewhere needs its data scanned for booleans.
+    end = len(header)
+    maybe_bool = body.find(b"true", 0, end) >= 0 or body.find(b"false", 0, end) >= 0
+    inputs = _inputs(payload.get("inputs"), binary, signature, maybe_bool)
     outputs = _outputs(payload.get("outputs"), binary_default, signature)
     return InferCall(inputs, outputs, rid, timeout / 1e6 if timeout else None)
 
@@ -96,7 +99,9 @@ def _flag(params: dict[str, Any], key: str, where: str) -> bool:
     return value
 
 
-def _inputs(entries: Any, binary: memoryview, signature: ModelSignature) -> dict[str, np.ndarray]:
+def _inputs(
+    entries: Any, binary: memoryview, signature: ModelSignature, maybe_bool: bool
+) -> dict[str, np.ndarray]:
     names = signature.input_names
     if not isinstance(entries, list) or not entries:
         raise InvalidInputError(f'"inputs" must be a non-empty list of the model\'s inputs {names}')
@@ -134,7 +139,9 @@ def _inputs(entries: Any, binary: memoryview, signature: ModelSignature) -> dict
             data = entry["data"]
         else:
             raise InvalidInputError(f'{where} has neither "data" nor binary_data_size')
-        arrays[name] = decode_tensor(name, entry.get("datatype"), entry.get("shape"), data, spec)
+        arrays[name] = decode_tensor(
+            name, entry.get("datatype"), entry.get("shape"), data, spec, maybe_bool
+        )
     if offset != len(binary):
         raise InvalidInputError(
             f"the body has {len(binary) - offset} bytes after the JSON header that no input's "

@@ -64,11 +64,17 @@ def tensor_config(spec: TensorSpec) -> dict[str, Any]:
 
 
 def decode_tensor(
-    name: str, datatype: Any, shape: Any, data: Raw | list[Any], spec: TensorSpec
+    name: str,
+    datatype: Any,
+    shape: Any,
+    data: Raw | list[Any],
+    spec: TensorSpec,
+    maybe_bool: bool = False,
 ) -> np.ndarray:
     """The array of one request input; ``shape``'s first dimension is its rows.
 
-    ``data`` is the tensor's raw little-endian bytes, or its elements as a (flat or nested) list.
+    ``data`` is the tensor's raw little-endian bytes, or its elements as a (flat or nested) list;
+    ``maybe_bool``: the list came from JSON that holds true or false somewhere.
     """
     where = f"input {name!r}"
     expected = spec_datatype(spec)
@@ -88,7 +94,7 @@ def decode_tensor(
             f"{where} is {datatype}, which JSON cannot carry; send it as binary data "
             '(parameters "binary_data_size" and the Inference-Header-Content-Length header)'
         )
-    return _from_list(where, datatype, dims, count, data, spec)
+    return _from_list(where, datatype, dims, count, data, spec, maybe_bool)
 
 
 def _check_shape(where: str, shape: Any, spec: TensorSpec) -> tuple[int, ...]:
@@ -128,7 +134,13 @@ def _from_raw(
 
 
 def _from_list(
-    where: str, datatype: str, dims: tuple[int, ...], count: int, data: Any, spec: TensorSpec
+    where: str,
+    datatype: str,
+    dims: tuple[int, ...],
+    count: int,
+    data: Any,
+    spec: TensorSpec,
+    maybe_bool: bool,
 ) -> np.ndarray:
     if not isinstance(data, list):
         raise InvalidInputError(
@@ -148,7 +160,8 @@ def _from_list(
         raise InvalidInputError(f"{where} holds strings; expected {datatype} values")
     if want == "b" and kind != "b" and arr.size:
         raise InvalidInputError(f"{where} is BOOL; its data must be true/false")
-    if kind == "b" and want != "b":
+    # numpy reads [0.5, true] as [0.5, 1.0]
+    if want != "b" and (kind == "b" or (maybe_bool and _holds_bool(data))):
         raise InvalidInputError(f"{where} holds booleans; expected {datatype} values")
     if want in "iu" and kind == "f":
         arr = _exact_integers(where, datatype, data, spec)
@@ -159,6 +172,12 @@ def _from_list(
         if arr.min() < info.min or arr.max() > info.max:
             raise InvalidInputError(f"{where} holds values outside the range of {datatype}")
     return np.ascontiguousarray(arr.reshape(dims), dtype=spec.np_dtype)
+
+
+def _holds_bool(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_holds_bool(v) for v in value)
+    return isinstance(value, bool)
 
 
 def _exact_integers(where: str, datatype: str, data: list[Any], spec: TensorSpec) -> np.ndarray:
