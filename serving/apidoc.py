@@ -10,14 +10,12 @@ accepts. Before the model is loaded they are generic.
 from __future__ import annotations
 
 import copy
-from math import prod
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel
 
-from serving.v2.datatypes import BINARY_ONLY
-from serving.v2.tensors import spec_datatype
+from serving import apidoc_v2
 from shards.signature import ModelSignature, TensorSpec
 
 __all__ = [
@@ -294,32 +292,34 @@ def predict_example(signature: ModelSignature) -> Schema:
     return {"instances": [{spec.name: _zeros(spec) for spec in signature.inputs}]}
 
 
-def v2_infer_example(signature: ModelSignature) -> Schema | None:
-    """A V2 JSON request of one row of zeros; None where an input is binary-only (BF16)."""
-    inputs = []
-    for spec in signature.inputs:
-        datatype = spec_datatype(spec)
-        if datatype in BINARY_ONLY:
-            return None
-        shape = [1, *(1 if dim is None else dim for dim in spec.shape)]
-        zero = False if datatype == "BOOL" else 0
-        inputs.append(
-            {"name": spec.name, "shape": shape, "datatype": datatype, "data": [zero] * prod(shape)}
-        )
-    return {"inputs": inputs}
-
-
 def _is_v2_infer(path: str) -> bool:
     return path.startswith("/v2/models/") and path.endswith("/infer")
 
 
+def _v2_infer(operation: Schema, signature: ModelSignature, batch_rows: int) -> None:
+    body = apidoc_v2.infer_request(signature, batch_rows)
+    if body is None:
+        return
+    example = apidoc_v2.infer_example(signature)
+    content: Schema = {"schema": body, **({"example": example} if example else {})}
+    operation["requestBody"] = {"required": True, "content": {"application/json": content}}
+    operation["parameters"] = [
+        p for p in operation.get("parameters", ()) if p.get("in") != "header"
+    ]
+
+
 def document(
-    base: Schema, signature: ModelSignature | None, served: str, max_rows: int | None
+    base: Schema,
+    signature: ModelSignature | None,
+    served: str,
+    max_rows: int | None,
+    batch_rows: int | None,
 ) -> Schema:
-    """``base`` (FastAPI's document, left unchanged) completed: the predict bodies for
-    ``signature`` (generic while it is None), the served model's name and version as the only
-    values of ``{name}`` and ``{version}``, a request of one row as the example of each predict
-    and infer body, the admin token's scheme, and ``X-Request-Id`` on every response."""
+    """``base`` (FastAPI's document, left unchanged) completed: the predict and V2 infer bodies
+    for ``signature`` (generic while it is None), the served model's name and version as the
+    only values of ``{name}`` and ``{version}``, a request of one row as the example of each
+    predict and infer body, the admin token's scheme, and ``X-Request-Id`` on every response.
+    ``max_rows`` is the most rows a request may hold, ``batch_rows`` those of one batch."""
     doc = copy.deepcopy(base)
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
@@ -335,19 +335,16 @@ def document(
         "scheme": "bearer",
         "description": "the server's --admin-token",
     }
-    examples: dict[str, Schema | None] = {}
-    if signature is not None:
-        examples = {"predict": predict_example(signature), "v2": v2_infer_example(signature)}
     for path, operations in doc.get("paths", {}).items():
         for operation in operations.values():
+            if signature is not None and batch_rows is not None and _is_v2_infer(path):
+                _v2_infer(operation, signature, batch_rows)
             json_body = operation.get("requestBody", {}).get("content", {}).get("application/json")
-            if json_body is not None:
-                if json_body.get("schema", {}).get("$ref") == _REF + "PredictRequest":
-                    example = examples.get("predict")
-                else:
-                    example = examples.get("v2") if _is_v2_infer(path) else None
-                if example is not None:
-                    json_body["example"] = example
+            is_predict = (
+                json_body and json_body.get("schema", {}).get("$ref") == _REF + "PredictRequest"
+            )
+            if signature is not None and is_predict:
+                json_body["example"] = predict_example(signature)
             for parameter in operation.get("parameters", ()):
                 if parameter.get("in") != "path":
                     continue

@@ -163,10 +163,13 @@ class ShardServeApp(FastAPI):
         runner = state.runner if state is not None else None
         signature = runner.signature if runner is not None else None
         batcher = state.batcher if state is not None else None
-        max_rows = batcher.policy.max_queue_rows if batcher is not None else None
-        key = (signature, max_rows)
+        policy = batcher.policy if batcher is not None else None
+        max_rows = policy.max_queue_rows if policy is not None else None
+        batch_rows = policy.max_batch_size if policy is not None else None
+        key = (signature, max_rows, batch_rows)
         if key != self._doc_key:
-            self._doc = document(super().openapi(), signature, self.served_name, max_rows)
+            base = super().openapi()
+            self._doc = document(base, signature, self.served_name, max_rows, batch_rows)
             self._doc_key = key
         return self._doc
 

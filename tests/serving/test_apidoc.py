@@ -28,7 +28,10 @@ TWO_INPUTS = ModelSignature(
 async def serve(
     runner: FakeRunner, *, wait_ready: bool = True, **overrides: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(model="fake", **{"batch_timeout_ms": 0, "max_batch_size": 4, "max_queue_rows": 8, **overrides})
+    settings = Settings(
+        model="fake",
+        **{"batch_timeout_ms": 0, "max_batch_size": 4, "max_queue_rows": 8, **overrides},
+    )
 
     async def factory(_: Settings) -> FakeRunner:
         return runner
@@ -203,3 +206,43 @@ async def test_the_examples_are_answered() -> None:
     assert predict["example"] == {"instances": [{"a": [0, 0], "ids": [0, 0, 0]}]}
     assert r1.status_code == 200 and r2.status_code == 200
     assert [o["name"] for o in r2.json()["outputs"]] == ["y", "z"]
+
+
+def v2(data: Any, shape: list[int] | None = None, **fields: Any) -> dict[str, Any]:
+    tensor = {"name": "x", "shape": shape or [1, 4], "datatype": "FP32", "data": data}
+    return {"inputs": [{**tensor, **fields.pop("tensor", {})}], **fields}
+
+
+V2_BODIES = [
+    v2([1, 2, 3, 4]),
+    v2([[1.0, 2.0, 3.0, 4.0], ROW], shape=[2, 4]),
+    v2(ROW * 4, shape=[4, 4], id="r-1", parameters={"binary_data_output": False}),
+    v2(ROW, outputs=[{"name": "y", "parameters": {"binary_data": False}}]),
+    v2(ROW * 2),  # 8 values for shape [1, 4]
+    v2(ROW, shape=[2, 4]),
+    v2([*ROW, 5.0], shape=[1, 5]),
+    v2([1.0, 2.0, 3.0, True]),
+    v2([1.0, 2.0, 3.0, "4"]),
+    v2(ROW, tensor={"datatype": "FP64"}),
+    v2(ROW, tensor={"name": "z"}),
+    v2(ROW, tensor={"parameters": {"binary_data_size": 16}}),
+    v2(ROW, outputs=[{"name": "nope"}]),
+    v2(ROW, id=7),
+    {"inputs": []},
+    {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32"}]},
+]
+
+
+@pytest.mark.parametrize("body", V2_BODIES)
+async def test_the_v2_infer_schema_and_the_server_agree_on_a_body(body: Any) -> None:
+    async with serve(FakeRunner()) as client:
+        doc = (await client.get("/openapi.json")).json()
+        r = await client.post("/v2/models/fake/infer", json=body)
+    infer = doc["paths"]["/v2/models/{name}/infer"]["post"]
+    # The binary extension is described in words, not as a header or a body to draw from.
+    assert list(infer["requestBody"]["content"]) == ["application/json"]
+    assert all(p["in"] == "path" for p in infer["parameters"])
+    schema = infer["requestBody"]["content"]["application/json"]["schema"]
+    assert "Inference-Header-Content-Length" in schema["description"]
+    assert r.status_code in (200, 400), r.text
+    assert schema_accepts(schema, body) == (r.status_code == 200), r.text
