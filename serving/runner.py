@@ -19,7 +19,7 @@ from shards.health import Health
 from shards.signature import ModelSignature
 
 if TYPE_CHECKING:
-    from shards.pipeline import PipelineOptions
+    from shards.options import PipelineOptions
 
 log = logging.getLogger("shardserve")
 
@@ -64,7 +64,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
 
 def pipeline_options(settings: Settings) -> PipelineOptions:
     """How the shard actors are started, from the server's settings."""
-    from shards.pipeline import PipelineOptions
+    from shards.options import PipelineOptions
 
     return PipelineOptions(
         replicas=settings.replicas,

@@ -34,6 +34,7 @@ from shards.errors import (
 )
 from shards.faults import Watchdog, is_replica_fault, translate
 from shards.health import Health, ReplicaState
+from shards.options import PipelineOptions
 from shards.replica import (
     ActorSpec,
     Pipeline,
@@ -45,7 +46,6 @@ from shards.replica import (
 )
 from shards.routes import Route, plan_routes
 from shards.runtime import (
-    PLACEMENT_STRATEGIES,
     check_cluster_fits,
     cluster_has_gpus,
     stage_bundles,
@@ -67,61 +67,6 @@ __all__ = [
 
 # Pauses between attempts to rebuild a replica: doubling from the first to the last.
 REBUILD_BACKOFF_S = (1.0, 60.0)
-
-
-@dataclass(frozen=True)
-class PipelineOptions:
-    replicas: int = 1
-    gpus_per_shard: float | None = None
-    cpus_per_shard: float = 1.0
-    placement_strategy: str = "PACK"
-    stage_resources: tuple[dict[str, float], ...] = ()
-    batch_sizes: tuple[int, ...] = (1,)
-    imports: tuple[str, ...] = ()
-    # Ray restarts a dead stage actor this many times before its replica is rebuilt.
-    max_restarts: int = 3
-    simulate_device_ms: float | None = None
-    ready_timeout_s: float = 300.0
-    # None: ship the stage files placed on nodes other than the driver's; True: ship every
-    # stage (an actor still loads its node's copy when it matches); False: never ship.
-    ship_stages: bool | None = None
-    stage_cache_dir: str | None = None
-    # Run each replica as a Ray compiled graph (shards.compiled): less latency per batch, a
-    # spinning core per stage actor; a dead actor means rebuilding its replica.
-    compiled_graph: bool = False
-    # The compiled graph's capacity per replica; None: stages + 1 (the batcher's default share).
-    # More batches than this wait for a free place rather than fail.
-    max_inflight_per_replica: int | None = None
-    # The watchdog: a batch running longer is abandoned and its replica's stages restarted.
-    # None: 10 x the p99 of recent batch times, at least 5 s (60 s until 20 batches were seen).
-    batch_hard_timeout_s: float | None = None
-    # How long a batch waits for a healthy replica when none is, before it fails.
-    replica_wait_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
-        if self.gpus_per_shard is not None and self.gpus_per_shard < 0:
-            raise ValueError(f"gpus_per_shard must be >= 0 or None, got {self.gpus_per_shard}")
-        if self.cpus_per_shard < 0:
-            raise ValueError(f"cpus_per_shard must be >= 0, got {self.cpus_per_shard}")
-        if self.placement_strategy not in PLACEMENT_STRATEGIES:
-            raise ValueError(
-                f"placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
-                f"got {self.placement_strategy!r}"
-            )
-        if not self.batch_sizes or min(self.batch_sizes) < 1:
-            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes}")
-        if self.ready_timeout_s <= 0:
-            raise ValueError(f"ready_timeout_s must be > 0, got {self.ready_timeout_s}")
-        if self.max_inflight_per_replica is not None and self.max_inflight_per_replica < 1:
-            raise ValueError(
-                f"max_inflight_per_replica must be >= 1, got {self.max_inflight_per_replica}"
-            )
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        if self.batch_hard_timeout_s is not None and self.batch_hard_timeout_s <= 0:
-            raise ValueError(f"batch_hard_timeout_s must be > 0, got {self.batch_hard_timeout_s}")
 
 
 @dataclass(frozen=True)
