@@ -7,6 +7,7 @@ Examples::
     python -m bench report --results docs/bench_results.json # re-render from saved results
     python -m bench overload                                 # goodput at 3x capacity (hey)
     python -m bench chaos                                    # kill -9 and poison rows under load
+    python -m bench protocols                                # TF-Serving JSON vs V2 JSON/binary/gRPC
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import chaos, overload
+from bench import chaos, overload, protocols
 from bench.load import WRK_INSTALL_HINT, have_wrk
 from bench.report import machine, plot, render
 from bench.run import Plan, run_plan
@@ -68,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--out", type=Path, default=Path("docs"))
     overload.add_parser(sub)
     chaos.add_parser(sub)
+    protocols.add_parser(sub)
     args = parser.parse_args(argv)
     command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
 
-    if args.command in ("overload", "chaos"):
+    if args.command in ("overload", "chaos", "protocols"):
         return _faults(args, command)
 
     if args.command == "report":
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _faults(args: argparse.Namespace, command: str) -> int:
-    """One of the issue-10 benches: print its table, keep its results and table under --out."""
+    """A bench of its own (issue 10's, issue 11's): print its table, keep its results and table
+    under --out."""
     # Other processes on these cores skew every number: the load before and after is kept.
     load_before = os.getloadavg()
     results = args.handler(args)

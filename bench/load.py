@@ -1,6 +1,7 @@
 """Load from outside the servers' processes: ``wrk`` (closed loop), or the Python generator.
 
-``wrk`` is a Debian package (``apt-get install -y wrk``); it POSTs the same body on every
+``wrk`` is a Debian package (``apt-get install -y wrk``); it POSTs the same body (any bytes, and
+any headers: the V2 binary tensor extension's ``Inference-Header-Content-Length``) on every
 connection and reports latency percentiles through a Lua ``done`` hook. Open loop (a fixed rate,
 latency measured from each request's scheduled start) and the fallback when ``wrk`` is missing
 run ``bench.pyload`` in a subprocess. Every system gets the same generator in one run, so the
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,10 @@ wrk.headers["Content-Type"] = "application/json"
 local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
 wrk.body = f:read("*a")
 f:close()
+for line in (os.getenv("BENCH_HEADERS") or ""):gmatch("[^\\n]+") do
+  local name, value = line:match("^([^:]+):%s*(.*)$")
+  if name then wrk.headers[name] = value end
+end
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
@@ -67,9 +73,18 @@ def have_wrk() -> bool:
 
 
 def closed_loop(
-    url: str, body: bytes, concurrency: int, seconds: float, *, tool: str = "auto"
+    url: str,
+    body: bytes,
+    concurrency: int,
+    seconds: float,
+    *,
+    tool: str = "auto",
+    headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
-    """``concurrency`` clients, each sending its next request when the last one answered."""
+    """``concurrency`` clients, each sending its next request when the last one answered.
+
+    ``headers`` (wrk only) are added to or replace the default ``Content-Type: application/json``.
+    """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if tool == "auto":
@@ -77,9 +92,11 @@ def closed_loop(
     if tool == "wrk":
         if not have_wrk():
             raise LoadError(f"wrk not found on PATH; {WRK_INSTALL_HINT}")
-        return _wrk(url, body, concurrency, seconds)
+        return _wrk(url, body, concurrency, seconds, headers or {})
     if tool != "python":
         raise ValueError(f"load tool must be 'wrk', 'python' or 'auto', got {tool!r}")
+    if headers:
+        raise LoadError(f"requests with headers of their own are sent by wrk; {WRK_INSTALL_HINT}")
     return _pyload(url, body, ["--concurrency", str(concurrency)], seconds)
 
 
@@ -90,18 +107,25 @@ def open_loop(url: str, body: bytes, rate: float, seconds: float) -> LoadResult:
     return _pyload(url, body, ["--rate", f"{rate:g}"], seconds)
 
 
-def _wrk(url: str, body: bytes, concurrency: int, seconds: float) -> LoadResult:
+def _wrk(
+    url: str, body: bytes, concurrency: int, seconds: float, headers: Mapping[str, str]
+) -> LoadResult:
     threads = min(2, concurrency)
     with tempfile.TemporaryDirectory(prefix="bench-wrk-") as tmp:
         script = Path(tmp) / "post.lua"
-        body_file = Path(tmp) / "body.json"
+        body_file = Path(tmp) / "body"
         script.write_text(_WRK_SCRIPT)
         body_file.write_bytes(body)
         argv = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s"]
         argv += ["--timeout", "30s", "-s", str(script), url]
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, env={"BENCH_BODY_FILE": str(body_file)}
-        )
+        for name, value in headers.items():
+            if not name or ":" in name or "\n" in name + value:
+                raise ValueError(f"header {name!r}: {value!r} cannot be sent as one line")
+        env = {
+            "BENCH_BODY_FILE": str(body_file),
+            "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items()),
+        }
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH_JSON ")), None)
     if proc.returncode != 0 or line is None:
         raise LoadError(f"wrk failed (exit {proc.returncode}): {proc.stdout[-800:]}{proc.stderr}")

@@ -1,0 +1,99 @@
+"""A closed-loop gRPC load over ``tritonclient.grpc.aio`` (``python -m bench.grpcload``).
+
+N coroutines on one channel, each sending ``ModelInfer`` with the row as raw contents as soon as
+its last answer came, for a fixed time; one JSON line out (``bench.load.LoadResult``). The
+inputs are prepared once, so the client's CPU goes to gRPC and protobuf, not to numpy. Every
+call has a deadline, so a stuck server costs at most ``seconds + timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from bench.load import LoadResult
+
+
+async def closed_loop(
+    url: str,
+    model: str,
+    inputs: dict[str, np.ndarray],
+    concurrency: int,
+    seconds: float,
+    timeout_s: float = 30.0,
+) -> LoadResult:
+    import tritonclient.grpc.aio as grpcclient
+    from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+    tensors = []
+    for name, value in inputs.items():
+        tensor = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    latencies: list[float] = []
+    errors = 0
+    first_error = ""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        start = time.perf_counter()
+        end = start + seconds
+
+        async def one_client() -> None:
+            nonlocal errors, first_error
+            while time.perf_counter() < end:
+                tick = time.perf_counter()
+                try:
+                    await client.infer(model, tensors, client_timeout=timeout_s)
+                except InferenceServerException as exc:
+                    errors += 1
+                    first_error = first_error or str(exc)[:300]
+                latencies.append(time.perf_counter() - tick)
+
+        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    finally:
+        await client.close()
+    if errors:
+        print(f"{errors} calls failed; the first: {first_error}", file=sys.stderr)
+    ms = np.asarray(latencies) * 1000 if latencies else np.zeros(1)
+    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
+    return LoadResult(
+        mode="closed",
+        concurrency=concurrency,
+        rate=None,
+        requests=len(latencies),
+        seconds=elapsed,
+        rps=(len(latencies) - errors) / elapsed,
+        p50_ms=p50,
+        p90_ms=p90,
+        p99_ms=p99,
+        errors=errors,
+        tool="tritonclient.grpc.aio",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True, help="host:port of the gRPC server")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--inputs", required=True, type=Path, help=".npz of the request's inputs")
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    if args.concurrency < 1 or args.seconds <= 0:
+        sys.exit("--concurrency must be >= 1 and --seconds > 0")
+    with np.load(args.inputs) as data:
+        inputs = {name: data[name] for name in data.files}
+    result = asyncio.run(closed_loop(args.url, args.model, inputs, args.concurrency, args.seconds))
+    sys.stdout.write(orjson.dumps(asdict(result)).decode() + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""``python -m bench protocols``: TF-Serving JSON, V2 JSON, V2 binary and V2 gRPC in one run.
+
+Per workload, one shardserve server (1 stage, max batch 64) serving HTTP and gRPC, and the
+model's own ceiling (direct calls at batch 64, ``bench.systems.ceiling``) measured before the
+server starts and after it stops. Each protocol runs a closed loop against the same server, in
+an order rotated per round: wrk for the HTTP routes (``POST /predict``; ``POST
+/v2/models/{m}/infer`` with JSON, or with binary tensors and ``Inference-Header-Content-Length``;
+the bodies are ``loadtest.bodies.encode_body``'s), ``bench.grpcload`` (``tritonclient.grpc.aio``)
+for gRPC. Measured per protocol: req/s, p50/p99, and the front end's CPU per request: utime +
+stime of the server process (uvicorn, the batcher, Ray's driver side; not the shard actors) from
+``/proc/<pid>/stat``, over the requests the server itself counted as answered in that window.
+
+Every answer of the one-off check must agree across the HTTP protocols before any load runs.
+The load generators share the server's cores (2 on the reference machine), as in ``bench run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import resource
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from bench.load import WRK_INSTALL_HINT, LoadError, LoadResult, closed_loop, have_wrk
+from bench.protocheck import check_answers
+from bench.protoreport import render
+from bench.run import Plan, measure_ceiling, save_workload
+from bench.scrape import Samples, delta, scrape
+from bench.systems import ServerProcess, SystemConfig
+from bench.systems.base import LaunchSpec, subprocess_env
+from bench.systems.shardserve import shardserve_spec
+from bench.workloads import get_workload
+from loadtest.bodies import encode_body, random_inputs, request_path
+
+Progress = Callable[[str], None]
+
+HTTP_PROTOCOLS = ("tfserving", "v2-json", "v2-binary")
+PROTOCOLS = (*HTTP_PROTOCOLS, "grpc")
+_LATENCY_COUNT = "shardserve_request_latency_seconds_count"
+
+
+@dataclass(frozen=True)
+class ProtocolsPlan:
+    workloads: tuple[str, ...] = ("heavy", "light")
+    protocols: tuple[str, ...] = PROTOCOLS
+    clients: dict[str, int] = field(default_factory=lambda: {"heavy": 256, "light": 64})
+    repeats: int = 2
+    seconds: float = 10.0
+    warmup_s: float = 2.0
+    max_batch_size: int = 64
+    batch_timeout_ms: float = 5.0
+    ceiling_s: float = 5.0
+    quiet_wait_s: float = 600.0  # wait this long at most for other benchmarks and load to end
+    quiet_load: float = 1.5  # 1-minute load average counted as quiet
+    port: int = 18433
+    grpc_port: int = 18434
+    workdir: Path = Path(".bench")
+
+    def __post_init__(self) -> None:
+        for workload in self.workloads:
+            get_workload(workload)
+            if self.clients.get(workload, 0) < 1:
+                raise ValueError(f"no --clients count (>= 1) for workload {workload!r}")
+        unknown = set(self.protocols) - set(PROTOCOLS)
+        if unknown or not self.protocols:
+            raise ValueError(f"protocols must be among {PROTOCOLS}, got {self.protocols}")
+        if self.repeats < 1 or self.seconds <= 0:
+            raise ValueError(f"repeats >= 1 and seconds > 0, got {self.repeats}, {self.seconds}")
+        if self.port == self.grpc_port:
+            raise ValueError(f"port and grpc_port are both {self.port}")
+
+
+def run_protocols(plan: ProtocolsPlan, progress: Progress = print) -> dict[str, Any]:
+    protocols = plan.protocols
+    if not have_wrk() and set(protocols) & set(HTTP_PROTOCOLS):
+        progress(f"note: wrk is missing, so only gRPC is measured; {WRK_INSTALL_HINT}")
+        protocols = tuple(p for p in protocols if p == "grpc")
+        if not protocols:
+            raise SystemExit(f"nothing to measure without wrk; {WRK_INSTALL_HINT}")
+    results: dict[str, Any] = {
+        "plan": _plan_json(plan),
+        "quiet": wait_until_quiet(plan.quiet_load, plan.quiet_wait_s, progress),
+        "ceiling": {},
+        "runs": [],
+    }
+    ceiling_plan = Plan(ceiling_batch_sizes=(plan.max_batch_size,), ceiling_s=plan.ceiling_s)
+    for workload in plan.workloads:
+        model = save_workload(workload, plan.workdir)
+        key = str(plan.max_batch_size)
+        before = measure_ceiling(model, ceiling_plan)[key]["rows_per_s"]
+        progress(f"[{workload}] ceiling at batch {key}: {before:,.0f} rows/s")
+        results["runs"] += _measure(plan, protocols, workload, model, progress)
+        after = measure_ceiling(model, ceiling_plan)[key]["rows_per_s"]
+        progress(f"[{workload}] ceiling after: {after:,.0f} rows/s")
+        results["ceiling"][workload] = {
+            "batch_size": plan.max_batch_size,
+            "before_rows_per_s": before,
+            "after_rows_per_s": after,
+            "rows_per_s": (before + after) / 2,
+        }
+    results["quiet_after"] = {"load_1min": os.getloadavg()[0], "other_benches": other_benches()}
+    return results
+
+
+def _measure(
+    plan: ProtocolsPlan,
+    protocols: tuple[str, ...],
+    workload: str,
+    model: Path,
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    config = SystemConfig(model, plan.port, plan.max_batch_size, plan.batch_timeout_ms)
+    spec = shardserve_spec(config, 1, plan.workdir / "cache")
+    spec = LaunchSpec(spec.name, [*spec.argv, "--grpc-port", str(plan.grpc_port)])
+    log = plan.workdir / "logs" / f"protocols-{workload}.log"
+    clients = plan.clients[workload]
+    records = []
+    progress(f"[{workload}] starting {spec.name} with gRPC on {plan.grpc_port} (log: {log})")
+    with ServerProcess(spec, plan.port, get_workload(workload).request_body(), log) as server:
+        base = server.url.rsplit("/", 1)[0]
+        name = _get_json(f"{base}/readyz")["model"]
+        metadata = _get_json(f"{base}/v1/models/{name}/metadata")
+        inputs = random_inputs(metadata, 1, np.random.default_rng(0))
+        bodies = {p: encode_body(inputs, p) for p in HTTP_PROTOCOLS}
+        check_answers(base, name, bodies)
+        inputs_file = plan.workdir / f"protocols-{workload}-inputs.npz"
+        np.savez(inputs_file, **inputs)  # type: ignore[arg-type]
+
+        def load(protocol: str, seconds: float) -> LoadResult:
+            if protocol == "grpc":
+                return _grpc_load(plan, name, inputs_file, clients, seconds)
+            body, headers = bodies[protocol]
+            url = base + request_path(protocol, name)
+            return closed_loop(url, body, clients, seconds, tool="wrk", headers=headers)
+
+        for protocol in protocols:
+            load(protocol, plan.warmup_s)
+        _drain(base)
+        for repeat in range(plan.repeats):
+            shift = repeat % len(protocols)
+            for protocol in (*protocols[shift:], *protocols[:shift]):
+                record = _one(server.pid, base, partial(load, protocol, plan.seconds))
+                record.update(workload=workload, protocol=protocol, repeat=repeat)
+                progress(
+                    f"  {workload} {protocol:>9}: {record['rps']:,.0f} req/s p50 "
+                    f"{record['p50_ms']:.1f} ms p99 {record['p99_ms']:.1f} ms errors "
+                    f"{record['errors']}; front end {record['cpu_ms_per_request']:.3f} ms CPU/req "
+                    f"({record['frontend_cores']:.2f} cores), load generator "
+                    f"{record['loadgen_cores']:.2f} cores"
+                )
+                records.append(record)
+    return records
+
+
+def _one(pid: int, base: str, load: Callable[[], LoadResult]) -> dict[str, Any]:
+    """One load window: the generator's figures, and the server's CPU and answers in it."""
+    before, cpu, gen, tick = scrape(base), process_cpu_seconds(pid), _children(), _now()
+    result = load()
+    _drain(base)  # the answers still out when the generator stopped belong to this window
+    elapsed = _now() - tick
+    used = process_cpu_seconds(pid) - cpu
+    after = scrape(base)
+    served = _answered(after) - _answered(before)
+    batches = delta(after, before, "shardserve_batch_size_rows_count")
+    rows = delta(after, before, "shardserve_batch_size_rows_sum")
+    return {
+        **result.to_json(),
+        "served": served,
+        "mean_batch_rows": rows / batches if batches else 0.0,
+        "frontend_cpu_s": used,
+        "cpu_ms_per_request": 1000 * used / served if served else float("nan"),
+        "frontend_cores": used / elapsed,
+        "loadgen_cores": (_children() - gen) / elapsed,
+    }
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` alone (not its children), from ``/proc/<pid>/stat``."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _answered(samples: Samples) -> float:
+    return sum(v for k, v in samples.items() if k.startswith(_LATENCY_COUNT + "{"))
+
+
+def _children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def _grpc_load(
+    plan: ProtocolsPlan, model: str, inputs: Path, clients: int, seconds: float
+) -> LoadResult:
+    argv = [sys.executable, "-m", "bench.grpcload", "--url", f"127.0.0.1:{plan.grpc_port}"]
+    argv += ["--model", model, "--inputs", str(inputs), "--concurrency", str(clients)]
+    argv += ["--seconds", f"{seconds:g}"]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, env=subprocess_env(), timeout=seconds + 120
+    )
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise LoadError(f"bench.grpcload failed (exit {proc.returncode}): {proc.stderr[-800:]}")
+    return LoadResult(**orjson.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _drain(base: str, timeout_s: float = 30.0) -> None:
+    """Until the server holds no queued row and no batch (windows must not overlap)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        samples = scrape(base)
+        if not samples.get("shardserve_queue_rows") and not samples.get(
+            "shardserve_inflight_batches"
+        ):
+            return
+        time.sleep(0.05)  # another process's counters: there is no event to wait on
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return orjson.loads(response.read())
+
+
+def other_benches() -> list[str]:
+    """Command lines of other ``python -m bench ...`` processes on this machine."""
+    mine = {os.getpid(), os.getppid()}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a == b"-m" and b == b"bench" for a, b in itertools.pairwise(argv)):
+            found.append(" ".join(x.decode(errors="replace") for x in argv if x))
+    return found
+
+
+def wait_until_quiet(max_load: float, timeout_s: float, progress: Progress) -> dict[str, Any]:
+    """Wait (at most ``timeout_s``) until no other benchmark runs and the load is low."""
+    start = time.monotonic()
+    said = -1.0
+    while True:
+        others, load = other_benches(), os.getloadavg()[0]
+        quiet = not others and load < max_load
+        waited = time.monotonic() - start
+        if quiet or waited >= timeout_s:
+            break
+        if waited - said >= 30:
+            said = waited
+            progress(f"waiting for quiet: 1-min load {load:.2f}, other benchmarks: {others}")
+        time.sleep(5)  # the load average moves over a minute; nothing to wait on
+    if not quiet and timeout_s > 0:
+        progress(f"measuring anyway after {waited:.0f} s: load {load:.2f}, others {others}")
+    return {
+        "quiet": quiet,
+        "waited_s": round(waited, 1),
+        "wait_limit_s": timeout_s,
+        "load_1min": load,
+        "others": others,
+    }
+
+
+def _plan_json(plan: ProtocolsPlan) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()}
+
+
+def _clients(text: str) -> dict[str, int]:
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, count = part.partition("=")
+        if not sep or not count.isdigit():
+            raise argparse.ArgumentTypeError(f"clients {part!r} must look like heavy=256")
+        out[name] = int(count)
+    return out
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "protocols", help="TF-Serving JSON vs V2 JSON, binary and gRPC (needs wrk)"
+    )
+    d = ProtocolsPlan()
+    parser.add_argument("--workloads", type=lambda s: tuple(s.split(",")), default=d.workloads)
+    parser.add_argument("--protocols", type=lambda s: tuple(s.split(",")), default=d.protocols)
+    parser.add_argument("--clients", type=_clients, default=d.clients, help="heavy=256,light=64")
+    parser.add_argument("--repeats", type=int, default=d.repeats)
+    parser.add_argument("--seconds", type=float, default=d.seconds)
+    parser.add_argument("--warmup", type=float, default=d.warmup_s)
+    parser.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+    parser.add_argument("--batch-timeout-ms", type=float, default=d.batch_timeout_ms)
+    parser.add_argument("--ceiling-seconds", type=float, default=d.ceiling_s)
+    parser.add_argument("--quiet-wait", type=float, default=d.quiet_wait_s)
+    parser.add_argument("--quiet-load", type=float, default=d.quiet_load)
+    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--grpc-port", type=int, default=d.grpc_port)
+    parser.add_argument("--workdir", type=Path, default=d.workdir)
+    parser.add_argument("--out", type=Path, default=Path("docs/bench-protocols"))
+    parser.set_defaults(handler=_command, render=render)
+
+
+def _command(args: argparse.Namespace) -> dict[str, Any]:
+    plan = ProtocolsPlan(
+        workloads=args.workloads,
+        protocols=args.protocols,
+        clients=args.clients,
+        repeats=args.repeats,
+        seconds=args.seconds,
+        warmup_s=args.warmup,
+        max_batch_size=args.max_batch_size,
+        batch_timeout_ms=args.batch_timeout_ms,
+        ceiling_s=args.ceiling_seconds,
+        quiet_wait_s=args.quiet_wait,
+        quiet_load=args.quiet_load,
+        port=args.port,
+        grpc_port=args.grpc_port,
+        workdir=args.workdir,
+    )
+    return run_protocols(plan, progress=lambda line: print(line, flush=True))
