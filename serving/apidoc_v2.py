@@ -80,8 +80,8 @@ def _outputs(signature: ModelSignature) -> Schema:
         "properties": {"binary_data": {"type": "boolean"}},
     }
     return {
-        "type": "array",
-        "description": "Outputs to return (all when absent or empty); each at most once",
+        "type": ["array", "null"],
+        "description": "Outputs to return (all when absent, null or empty); each at most once",
         "prefixItems": [
             {
                 "type": "object",

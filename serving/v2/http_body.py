@@ -160,7 +160,7 @@ def _outputs(
     entries: Any, binary_default: bool, signature: ModelSignature
 ) -> list[tuple[str, bool]]:
     names = signature.output_names
-    if not entries:  # absent or []: every output
+    if entries is None or entries == []:  # absent or []: every output
         asked = [(name, binary_default) for name in names]
     else:
         if not isinstance(entries, list):

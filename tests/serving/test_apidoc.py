@@ -228,6 +228,8 @@ V2_BODIES = [
     v2(ROW, tensor={"parameters": {"binary_data_size": 16}}),
     v2(ROW, outputs=[{"name": "nope"}]),
     v2(ROW, id=7),
+    v2(ROW, outputs=None),
+    v2(ROW, outputs={}),
     {"inputs": []},
     {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32"}]},
 ]
