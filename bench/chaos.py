@@ -29,7 +29,7 @@ import orjson
 
 from bench.chaosload import Outcome, Traffic, drive
 from bench.procinfo import read_proc
-from bench.scrape import Samples, base_url, delta, scrape
+from bench.scrape import Samples, base_url, delta, free_port, scrape
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.base import subprocess_env
 from bench.systems.shardserve import shardserve_spec
@@ -58,7 +58,7 @@ class ChaosPlan:
     request_timeout_s: float = 60.0
     recover_timeout_s: float = 180.0
     seed: int = 0
-    port: int = 18433
+    port: int = 0  # 0: a free port, picked at start (other servers may run on this machine)
     workdir: Path = Path(".bench")
 
     def __post_init__(self) -> None:
@@ -108,7 +108,8 @@ def run_chaos(plan: ChaosPlan, progress: Progress = print) -> dict[str, Any]:
     expected = np.load(directory / EXPECTED_FILE)
     model = directory / MODEL_FILE
 
-    config = SystemConfig(model, plan.port, plan.max_batch_size, plan.batch_timeout_ms)
+    port = plan.port or free_port()
+    config = SystemConfig(model, port, plan.max_batch_size, plan.batch_timeout_ms)
     spec = shardserve_spec(config, 1, plan.workdir / "cache")
     options = {
         "--cpus-per-shard": "1",
@@ -120,7 +121,7 @@ def run_chaos(plan: ChaosPlan, progress: Progress = print) -> dict[str, Any]:
     ready_body = orjson.dumps({"instances": [[1, 2, 3, 4]]})
     log = plan.workdir / "logs" / "chaos.log"
     progress(f"[chaos] starting {spec.name} on {model} (log: {log})")
-    with ServerProcess(spec, plan.port, ready_body, log) as server:
+    with ServerProcess(spec, port, ready_body, log) as server:
         base = base_url(server.url)
         status_url = f"{base}/v1/models/{MODEL_NAME}"
         if _wait_healthy(status_url, plan.replicas, plan.recover_timeout_s) != plan.replicas:
@@ -293,7 +294,7 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
     parser.add_argument("--batch-timeout-ms", type=float, default=d.batch_timeout_ms)
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--port", type=int, default=d.port, help="0: a free one")
     parser.add_argument("--workdir", type=Path, default=d.workdir)
     parser.add_argument("--out", type=Path, default=Path("docs/bench-faults"))
     parser.set_defaults(handler=_command, render=render)

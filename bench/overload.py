@@ -28,7 +28,7 @@ from bench.cpusplit import cores, cpu_seconds
 from bench.hey import HEY_INSTALL_HINT, HeyResult, have_hey, run_hey
 from bench.procinfo import RssSampler, read_proc
 from bench.run import save_workload
-from bench.scrape import Samples, base_url, delta, scrape
+from bench.scrape import Samples, base_url, delta, free_port, scrape
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.shardserve import shardserve_spec
 from bench.workloads import get_workload
@@ -53,7 +53,7 @@ class OverloadPlan:
     clients: int = 1500
     overload_s: float = 40.0
     retry_s: float = 20.0
-    port: int = 18432
+    port: int = 0  # 0: a free port, picked at start (other servers may run on this machine)
     workdir: Path = Path(".bench")
 
     def __post_init__(self) -> None:
@@ -77,12 +77,13 @@ def run_overload(plan: OverloadPlan, progress: Progress = print) -> dict[str, An
     ensure_open_files(2 * max(plan.clients, plan.capacity_clients) + 1024)
     model = save_workload(plan.workload, plan.workdir)
     body = get_workload(plan.workload).request_body()
-    config = SystemConfig(model, plan.port, plan.max_batch_size, plan.batch_timeout_ms)
+    port = plan.port or free_port()
+    config = SystemConfig(model, port, plan.max_batch_size, plan.batch_timeout_ms)
     spec = shardserve_spec(config, 1, plan.workdir / "cache")
     log = plan.workdir / "logs" / f"overload-{plan.workload}.log"
     phases: list[dict[str, Any]] = []
     progress(f"[overload] starting {spec.name} on {plan.workload} (log: {log})")
-    with ServerProcess(spec, plan.port, body, log) as server:
+    with ServerProcess(spec, port, body, log) as server:
         url = server.url
         run_hey(url, body, plan.capacity_clients, plan.warmup_s)
         _drain(url)
@@ -276,7 +277,7 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--clients", type=int, default=d.clients)
     parser.add_argument("--seconds", type=float, default=d.overload_s)
     parser.add_argument("--retry-seconds", type=float, default=d.retry_s)
-    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--port", type=int, default=d.port, help="0: a free one")
     parser.add_argument("--workdir", type=Path, default=d.workdir)
     parser.add_argument("--out", type=Path, default=Path("docs/bench-faults"))
     parser.set_defaults(handler=_command, render=render)

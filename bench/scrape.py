@@ -1,7 +1,8 @@
-"""The server's own counters, read from ``GET /metrics`` (Prometheus text) between phases."""
+"""The server under test, seen from outside: its counters (``GET /metrics``), a free port for it."""
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 
 Samples = dict[str, float]
@@ -34,3 +35,10 @@ def delta(after: Samples, before: Samples, key: str) -> float:
 def base_url(predict_url: str) -> str:
     """``http://host:port/predict`` -> ``http://host:port``."""
     return predict_url.rsplit("/", 1)[0]
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
