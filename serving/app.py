@@ -56,8 +56,9 @@ from serving.http_io import (
     unexpected_response,
     until_disconnect,
 )
+from serving.lifespan import load_model, poll_stage_stats
 from serving.runner import build_runner
-from serving.state import RunnerFactory, ServerState, load_model, poll_stage_stats
+from serving.state import RunnerFactory, ServerState
 from serving.v2.grpc_server import start_grpc_server, stop_grpc_server
 from serving.v2.http import install_v2_routes, v2_infer
 
