@@ -20,7 +20,7 @@ import numpy as np
 import ray
 
 from shards.errors import ReplicaLostError
-from shards.routes import Route
+from shards.tensor_routes import Route
 
 __all__ = ["CompiledStages"]
 

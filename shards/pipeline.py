@@ -44,14 +44,14 @@ from shards.replica import (
     wait_actors,
     wait_groups,
 )
-from shards.routes import Route, plan_routes
 from shards.runtime import (
     check_cluster_fits,
     cluster_has_gpus,
-    stage_bundles,
+    placement_resources,
 )
 from shards.shipping import ship_bundle, stages_off_node
 from shards.signature import ModelSignature
+from shards.tensor_routes import Route, plan_routes
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ __all__ = [
     "PipelineGroup",
     "PipelineOptions",
     "PipelineStartError",
+    "placement_resources",
     "plan_routes",
-    "stage_bundles",
 ]
 
 # Pauses between attempts to rebuild a replica: doubling from the first to the last.
@@ -108,7 +108,7 @@ class PipelineGroup:
         gpus = options.gpus_per_shard
         if gpus is None:
             gpus = 1.0 if cluster_has_gpus() else 0.0
-        bundles = stage_bundles(
+        bundles = placement_resources(
             len(manifest.stages), options.cpus_per_shard, gpus, options.stage_resources
         )
         check_cluster_fits(bundles, options.replicas, options.placement_strategy)

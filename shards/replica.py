@@ -27,9 +27,9 @@ from shards.compiled import CompiledStages
 from shards.errors import PipelineStartError, StageTimeoutError, one_line
 from shards.faults import is_replica_fault, translate
 from shards.health import ReplicaState
-from shards.routes import MODEL_INPUT, Route
 from shards.runtime import run_bounded
 from shards.shipping import ShippedStage
+from shards.tensor_routes import MODEL_INPUT, Route
 
 _RemoteShard = ray.remote(ShardActor)
 log = logging.getLogger(__name__)

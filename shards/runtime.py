@@ -172,7 +172,7 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strat
         have = ", ".join(f"{k}={total.get(k, 0.0):g}" for k in sorted(short))
         raise InsufficientResourcesError(
             f"the pipeline needs {wanted} ({replicas} replica(s) x {len(bundles)} stage(s), "
-            f"bundles {list(bundles)}) but the cluster has only {have}; lower gpus_per_shard / "
+            f"per stage {list(bundles)}) but the cluster has only {have}; lower gpus_per_shard / "
             "cpus_per_shard / replicas or add nodes"
         )
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
@@ -195,13 +195,14 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strat
             )
 
 
-def stage_bundles(
+def placement_resources(
     num_stages: int,
     cpus: float,
     gpus: float,
     extra: tuple[dict[str, float], ...] = (),
 ) -> list[dict[str, float]]:
-    """The placement-group bundle of each stage: its CPUs, GPUs and custom resources."""
+    """What each stage asks of its placement group (Ray calls each entry a bundle): its CPUs,
+    GPUs and custom resources."""
     if extra and len(extra) != num_stages:
         raise ValueError(
             f"stage_resources has {len(extra)} entries; the bundle has {num_stages} stages"
