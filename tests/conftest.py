@@ -3,6 +3,7 @@
 tests/serving  -> no marker (pure Python, fake model runner, no Ray, no TensorFlow)
 tests/shards   -> ray
 tests/e2e      -> ray, slow
+tests/loadtest -> none (test_tune_sweep.py: ray, slow, by its own pytestmark)
 tests/bench    -> ray, slow (the benchmark harness on a tiny setting)
 tests/gpu      -> gpu (skipped with a reason when no GPU is visible)
 """
@@ -28,7 +29,7 @@ os.environ.setdefault("SHARDSERVE_GRPC_PORT", "0")
 _MARKS_BY_DIR = {
     "shards": ("ray",),
     "e2e": ("ray", "slow"),
-    "loadtest": ("ray", "slow"),
+    "loadtest": (),  # pure; the sweep module marks itself ray + slow
     "bench": ("ray", "slow"),
     "deploy": (),
     "gpu": ("gpu",),

@@ -14,6 +14,8 @@ import pytest
 
 from tests.serverproc import ray_env, running_server
 
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
 TOKEN = "tune-test-token"
 
 
