@@ -189,7 +189,7 @@ def summarize(
         "good_latency_by_second": _by_second(good),
         "server": {name: delta(after, before, name) for name in _COUNTERS},
         "healthy_replicas_at_end": healthy_at_end,
-        "failures": [asdict(o) for o in outcomes if o.verdict not in ("ok", "poison_422")][:20],
+        "failures": _samples_of_failures(outcomes),
     }
 
 
@@ -200,12 +200,26 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return {"n": len(values), "p50": p50, "p99": p99, "max": float(max(values))}
 
 
+def _samples_of_failures(outcomes: list[Outcome], per_kind: int = 3) -> list[dict[str, Any]]:
+    """The first few failures of each kind (verdict and status), every kind shown."""
+    seen: Counter[tuple[str, int]] = Counter()
+    out = []
+    for o in outcomes:
+        if o.verdict in ("ok", "poison_422"):
+            continue
+        seen[(o.verdict, o.status)] += 1
+        if seen[(o.verdict, o.status)] <= per_kind:
+            out.append(asdict(o))
+    return out
+
+
 def _keep_outcomes(outcomes: list[Outcome], path: Path) -> None:
     """Every request's outcome, for a closer look (not part of the results)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["index,poisoned,due_s,latency_ms,status,verdict"]
+    lines = ["index,poisoned,due_s,latency_ms,status,verdict,detail"]
     lines += [
-        f"{o.index},{int(o.poisoned)},{o.due_s:.4f},{o.latency_ms:.2f},{o.status},{o.verdict}"
+        f"{o.index},{int(o.poisoned)},{o.due_s:.4f},{o.latency_ms:.2f},{o.status},{o.verdict},"
+        + o.detail[:120].replace(",", ";").replace("\n", " ")
         for o in outcomes
     ]
     path.write_text("\n".join(lines) + "\n")

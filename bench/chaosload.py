@@ -99,7 +99,9 @@ async def drive(traffic: Traffic) -> tuple[list[Outcome], list[dict[str, Any]]]:
     outcomes: list[Outcome] = []
     timeout = aiohttp.ClientTimeout(total=traffic.request_timeout_s)
     headers = {"Content-Type": "application/json"}
-    connector = aiohttp.TCPConnector(limit=0)
+    # Idle connections are closed here before uvicorn's keep-alive (5 s) closes them: a request
+    # sent on a connection the server is closing gets no answer, and that race is the client's.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         start = time.perf_counter()
 
