@@ -113,15 +113,16 @@ def _metric(server: Server, name: str) -> float:
 
 
 def _shard_pids() -> list[int]:
-    """The live shard actor processes (Ray titles them ``ray::ShardActor``)."""
-    import psutil
+    """The live shard actors of the session's Ray (the server's), from its GCS actor table:
+    other Ray instances on the machine (a benchmark's) are not ours to kill."""
+    from ray._private import state
 
-    pids = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or [""]
-        if cmdline[0].startswith("ray::ShardActor"):
-            pids.append(proc.pid)
-    return sorted(pids)
+    actors = state.actors().values()
+    return sorted(
+        int(a["Pid"])
+        for a in actors
+        if a["ActorClassName"] == "ShardActor" and a["State"] == "ALIVE"
+    )
 
 
 def _wait_healthy(server: Server, replicas: int, timeout: float = 240.0) -> dict[str, Any]:
