@@ -1,12 +1,15 @@
 """``python -m bench overload``: does the server keep delivering its capacity when offered more?
 
-One shardserve server (heavy model, 1 stage, max batch 64) and three phases in one run, all
+One shardserve server (heavy model, 1 stage, max batch 64) and four phases in one run, all
 driven by ``hey`` on 127.0.0.1:
 
 1. **capacity**: C = good (200) answers/s of ``capacity_clients`` closed-loop clients;
 2. **overload**: ``clients`` clients, each held to ``factor`` x C / ``clients`` requests/s, an
    offered load of 3C;
-3. **retry storm**: the same clients with no rate limit, each sending again as soon as it is
+3. **overload, staggered**: the same offered load from the clients split over several hey
+   processes started evenly over one tick of the rate limit: hey's rate-limited clients send
+   in step, one burst of 1,500 requests per tick, and this phase shows what smaller bursts do;
+4. **retry storm**: the same clients with no rate limit, each sending again as soon as it is
    answered (a 503 included).
 
 Reported per phase: goodput as a ratio of C, the 503s' p99 as the clients saw it, and the front
@@ -52,6 +55,9 @@ class OverloadPlan:
     factor: float = 3.0
     clients: int = 1500
     overload_s: float = 40.0
+    # A second overload phase with the clients split over this many hey processes started evenly
+    # over one tick (hey sends each process's rate-limited clients in step); 0: none.
+    staggered_groups: int = 10
     retry_s: float = 20.0
     port: int = 0  # 0: a free port, picked at start (other servers may run on this machine)
     workdir: Path = Path(".bench")
@@ -88,12 +94,16 @@ def run_overload(plan: OverloadPlan, progress: Progress = print) -> dict[str, An
         run_hey(url, body, plan.capacity_clients, plan.warmup_s)
         _drain(url)
 
-        def phase(name: str, clients: int, seconds: float, rate: float | None) -> HeyResult:
+        def phase(
+            name: str, clients: int, seconds: float, rate: float | None, groups: int = 1
+        ) -> HeyResult:
             before, rss_before = scrape(base_url(url)), read_proc(server.pid)
             cpu_before, tick = cpu_seconds(server.pid), time.monotonic()
             raw = plan.workdir / "logs" / f"overload-{name.replace(' ', '-')}.csv"
             with RssSampler(server.pid, interval_s=2.0) as rss:
-                result = run_hey(url, body, clients, seconds, rate_per_client=rate, keep_csv=raw)
+                result = run_hey(
+                    url, body, clients, seconds, rate_per_client=rate, groups=groups, keep_csv=raw
+                )
             used = cores(cpu_before, cpu_seconds(server.pid), time.monotonic() - tick)
             after, rss_after = scrape(base_url(url)), read_proc(server.pid)
             phases.append(_record(name, result, before, after, rss_before.rss_mb, rss_after))
@@ -113,6 +123,9 @@ def run_overload(plan: OverloadPlan, progress: Progress = print) -> dict[str, An
             f"  C = {capacity:,.0f} req/s; offering {plan.factor:g}C: {plan.clients} x {rate:g}/s"
         )
         phase("overload", plan.clients, plan.overload_s, rate)
+        if plan.staggered_groups > 1:
+            name = f"overload, {plan.staggered_groups} staggered hey"
+            phase(name, plan.clients, plan.overload_s, rate, plan.staggered_groups)
         phase("retry storm", plan.clients, plan.retry_s, None)
     for record in phases:
         record["goodput_ratio"] = record["good_per_s"] / capacity
@@ -233,10 +246,10 @@ def render(results: dict[str, Any]) -> str:
     ]
     lines += [
         "",
-        "| phase | 503s on a new connection | their connect p99 ms | batch ms: in the server "
-        "| in the actor | cores: front end | shard actor | rest of Ray | hey "
-        "| anything else on the machine |",
-        "|" + "---|" * 10,
+        "| phase | sent in the busiest tenth of a tick | 503s on a new connection "
+        "| their connect p99 ms | batch ms: in the server | in the actor | cores: front end "
+        "| shard actor | rest of Ray | hey | anything else on the machine |",
+        "|" + "---|" * 11,
     ]
     for p in results["phases"]:
         rejected = p["statuses"].get("503")
@@ -247,7 +260,8 @@ def render(results: dict[str, Any]) -> str:
             else "- | -"
         )
         lines.append(
-            f"| {p['phase']} | {conn} | {_ms(p.get('mean_batch_run_ms'))} "
+            f"| {p['phase']} | {_share(p.get('burst_share'))} | {conn} "
+            f"| {_ms(p.get('mean_batch_run_ms'))} "
             f"| {_ms(p.get('mean_stage_compute_ms'))} | "
             + " | ".join(
                 f"{used.get(k, 0.0):.2f}"
@@ -258,6 +272,10 @@ def render(results: dict[str, Any]) -> str:
     lines += ["", "| target (overload phase) | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {'met' if ok else '**missed**'} |" for t, m, ok in checks]
     return "\n".join(lines) + "\n"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _ms(value: float | None) -> str:
@@ -276,6 +294,9 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--factor", type=float, default=d.factor)
     parser.add_argument("--clients", type=int, default=d.clients)
     parser.add_argument("--seconds", type=float, default=d.overload_s)
+    parser.add_argument(
+        "--staggered-groups", type=int, default=d.staggered_groups, help="0: no staggered phase"
+    )
     parser.add_argument("--retry-seconds", type=float, default=d.retry_s)
     parser.add_argument("--port", type=int, default=d.port, help="0: a free one")
     parser.add_argument("--workdir", type=Path, default=d.workdir)
@@ -294,6 +315,7 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         factor=args.factor,
         clients=args.clients,
         overload_s=args.seconds,
+        staggered_groups=args.staggered_groups,
         retry_s=args.retry_seconds,
         port=args.port,
         workdir=args.workdir,

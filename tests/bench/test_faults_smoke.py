@@ -12,7 +12,7 @@ import pytest
 from bench.__main__ import main
 from bench.chaos import ChaosPlan, make_rows, with_options
 from bench.chaosload import judge
-from bench.hey import HEY_INSTALL_HINT, have_hey, parse_csv
+from bench.hey import HEY_INSTALL_HINT, have_hey, parse_csv, summarize
 from bench.overload import per_client_rate
 from bench.tokens import POISON_ID
 from tests.serverproc import free_ports
@@ -34,6 +34,14 @@ def test_hey_csv_is_split_by_status() -> None:
     assert result.statuses[200].max_ms == pytest.approx(300.0)
     assert result.p99_ms(503) == pytest.approx(3.98)
     assert result.p99_ms(500) is None
+
+
+def test_burst_share_tells_clients_in_step_from_clients_spread_out() -> None:
+    in_step = [(503, 0.001, 0.0, tick + 0.01) for tick in range(10) for _ in range(50)]
+    spread = [(503, 0.001, 0.0, i / 50 + 0.001) for i in range(500)]
+    assert summarize(in_step, clients=50, rate_per_client=1.0).burst_share == 1.0
+    assert summarize(spread, clients=50, rate_per_client=1.0).burst_share == pytest.approx(0.1)
+    assert summarize(spread, clients=50, rate_per_client=None).burst_share is None
 
 
 def test_each_client_gets_its_share_of_the_offered_rate_rounded_up() -> None:
@@ -78,13 +86,14 @@ def test_overload_bench_runs_on_a_tiny_setting(
     (port,) = free_ports(1)
     argv = ["overload", "--workload", "light", "--max-batch-size", "8", "--warmup", "1"]
     argv += ["--capacity-clients", "8", "--capacity-seconds", "2", "--clients", "64"]
-    argv += ["--seconds", "2", "--retry-seconds", "2", "--port", str(port)]
+    argv += ["--seconds", "2", "--staggered-groups", "4", "--retry-seconds", "2"]
+    argv += ["--port", str(port)]
     argv += ["--workdir", str(tmp_path / "work"), "--out", str(out)]
     assert main(argv) == 0
 
     results = orjson.loads((out / "overload.json").read_bytes())
     phases = {p["phase"]: p for p in results["phases"]}
-    assert list(phases) == ["capacity", "overload", "retry storm"]
+    assert list(phases) == ["capacity", "overload", "overload, 4 staggered hey", "retry storm"]
     assert results["capacity"] > 0
     assert phases["capacity"]["goodput_ratio"] == pytest.approx(1.0)
     assert phases["overload"]["rate_per_client"] > 0
