@@ -25,7 +25,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,11 +33,12 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench.cpusplit import cores, cpu_seconds
 from bench.load import WRK_INSTALL_HINT, LoadError, LoadResult, closed_loop, have_wrk
 from bench.protocheck import check_answers
 from bench.protoreport import render
 from bench.run import Plan, measure_ceiling, save_workload
-from bench.scrape import Samples, delta, scrape
+from bench.scrape import Samples, delta, free_port, scrape
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.base import LaunchSpec, subprocess_env
 from bench.systems.shardserve import shardserve_spec
@@ -64,8 +65,8 @@ class ProtocolsPlan:
     ceiling_s: float = 5.0
     quiet_wait_s: float = 600.0  # wait this long at most for other benchmarks and load to end
     quiet_load: float = 1.5  # 1-minute load average counted as quiet
-    port: int = 18433
-    grpc_port: int = 18434
+    port: int = 0  # 0: a free port, chosen at start
+    grpc_port: int = 0
     workdir: Path = Path(".bench")
 
     def __post_init__(self) -> None:
@@ -78,11 +79,14 @@ class ProtocolsPlan:
             raise ValueError(f"protocols must be among {PROTOCOLS}, got {self.protocols}")
         if self.repeats < 1 or self.seconds <= 0:
             raise ValueError(f"repeats >= 1 and seconds > 0, got {self.repeats}, {self.seconds}")
-        if self.port == self.grpc_port:
+        if self.port and self.port == self.grpc_port:
             raise ValueError(f"port and grpc_port are both {self.port}")
 
 
 def run_protocols(plan: ProtocolsPlan, progress: Progress = print) -> dict[str, Any]:
+    port = plan.port or free_port()
+    grpc_port = plan.grpc_port or next(p for p in iter(free_port, None) if p != port)
+    plan = replace(plan, port=port, grpc_port=grpc_port)
     protocols = plan.protocols
     if not have_wrk() and set(protocols) & set(HTTP_PROTOCOLS):
         progress(f"note: wrk is missing, so only gRPC is measured; {WRK_INSTALL_HINT}")
@@ -92,6 +96,7 @@ def run_protocols(plan: ProtocolsPlan, progress: Progress = print) -> dict[str, 
     results: dict[str, Any] = {
         "plan": _plan_json(plan),
         "quiet": wait_until_quiet(plan.quiet_load, plan.quiet_wait_s, progress),
+        "machine_cores": os.cpu_count(),
         "ceiling": {},
         "runs": [],
     }
@@ -167,10 +172,12 @@ def _measure(
 def _one(pid: int, base: str, load: Callable[[], LoadResult]) -> dict[str, Any]:
     """One load window: the generator's figures, and the server's CPU and answers in it."""
     before, cpu, gen, tick = scrape(base), process_cpu_seconds(pid), _children(), _now()
+    split = cpu_seconds(pid)
     result = load()
     _drain(base)  # the answers still out when the generator stopped belong to this window
     elapsed = _now() - tick
     used = process_cpu_seconds(pid) - cpu
+    parts = cores(split, cpu_seconds(pid), elapsed)
     after = scrape(base)
     served = _answered(after) - _answered(before)
     batches = delta(after, before, "shardserve_batch_size_rows_count")
@@ -183,6 +190,9 @@ def _one(pid: int, base: str, load: Callable[[], LoadResult]) -> dict[str, Any]:
         "cpu_ms_per_request": 1000 * used / served if served else float("nan"),
         "frontend_cores": used / elapsed,
         "loadgen_cores": (_children() - gen) / elapsed,
+        # Cores per part over the window: front end, shard actor, rest of Ray, load generator,
+        # and the rest of the machine (other people's work shows up there).
+        "cores": parts,
     }
 
 

@@ -18,18 +18,25 @@ LABELS = {
 _FIGURES: tuple[str, ...] = ("rps", "p50_ms", "p99_ms", "errors", "cpu_ms_per_request")
 _FIGURES += ("frontend_cores", "loadgen_cores", "concurrency", "mean_batch_rows")
 
+_PARTS = ("frontend", "shard_actors", "ray_other", "load_generator", "others")
 Medians = dict[tuple[str, str], dict[str, float]]
 
 
 def medians(runs: list[dict[str, Any]]) -> Medians:
-    """(workload, protocol) -> the median of each figure over the rounds, and their count."""
+    """(workload, protocol) -> the median of each figure over the rounds, and their count;
+    ``cores.<part>`` for the CPU split."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in runs:
         groups.setdefault((run["workload"], run["protocol"]), []).append(run)
-    return {
-        group: {k: statistics.median(r[k] for r in rows) for k in _FIGURES} | {"n": len(rows)}
-        for group, rows in groups.items()
-    }
+    out: Medians = {}
+    for group, rows in groups.items():
+        figures = {k: statistics.median(r[k] for r in rows) for k in _FIGURES}
+        for part in _PARTS:
+            figures[f"cores.{part}"] = statistics.median(
+                r.get("cores", {}).get(part, 0.0) for r in rows
+            )
+        out[group] = figures | {"n": len(rows)}
+    return out
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -65,6 +72,24 @@ def render(results: dict[str, Any]) -> str:
             f"| {m['cpu_ms_per_request']:.3f} "
             f"| {_x(ratio(m['cpu_ms_per_request'], base.get('cpu_ms_per_request')))} "
             f"| {m['frontend_cores']:.2f} | {m['loadgen_cores']:.2f} | {m['mean_batch_rows']:.1f} |"
+        )
+    total = results.get("machine_cores") or 0
+    lines += [
+        "",
+        f"Where the {total or '?'} cores went (mean cores busy per part over each window; *rest "
+        "of machine* is everything else, other people's work included; idle = cores - the sum):",
+        "",
+        "| workload | protocol | front end | shard actor | rest of Ray | load generator "
+        "| rest of machine | idle |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (workload, protocol), m in med.items():
+        parts = [m[f"cores.{part}"] for part in _PARTS]
+        idle = f"{max(total - sum(parts), 0.0):.2f}" if total else "-"
+        lines.append(
+            f"| {workload} | {LABELS[protocol]} | "
+            + " | ".join(f"{v:.2f}" for v in parts)
+            + f" | {idle} |"
         )
     checks = targets(results, med)
     if checks:
