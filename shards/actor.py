@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shards.bundle import Manifest, load_stage, read_manifest
+from shards.errors import ModelError, one_line
+from shards.faults import INPUT_ERRORS
 from shards.shipping import ShippedStage, default_cache_dir, stage_dir_for
 from shards.signature import TensorSpec
 
@@ -128,7 +130,14 @@ class ShardActor:
             merged.update(part)
         start = time.time()
         tick = time.perf_counter()
-        out = self._run(merged)
+        try:
+            out = self._run(merged)
+        except Exception as exc:
+            # Raised as TensorFlow's own error, it would be unpickled in the driver, and the
+            # front end would import TensorFlow (0.6 GB, seconds of stall) on a poison row.
+            log.warning("stage %d failed on a batch", self._spec.index, exc_info=True)
+            blamed = type(exc).__name__ in INPUT_ERRORS
+            raise ModelError(one_line(exc), input_blamed=blamed) from None
         elapsed = time.perf_counter() - tick
         self._intervals.append((start, time.time()))
         self._calls += 1

@@ -40,6 +40,8 @@ def translate(exc: BaseException) -> RunError:
 
     if isinstance(exc, rex.RayTaskError):
         cause = exc.cause
+        if isinstance(cause, RunError):
+            return cause  # the stage said it in our own terms (shards.actor.ShardActor.forward)
         if isinstance(cause, rex.RayError) and not isinstance(cause, rex.RayTaskError):
             return translate(cause)  # an upstream stage died: its error is passed down the chain
         root = cause if isinstance(cause, BaseException) else exc

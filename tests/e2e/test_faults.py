@@ -158,6 +158,9 @@ def test_a_poison_row_fails_alone_and_its_batch_mates_are_answered(
     got = np.array([answers[i].json()["predictions"][0] for i in good])
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert _metric(server, "shardserve_poison_isolations_total") == before + 1
+    # The stage's error crossed as our own exception: the front end never loaded TensorFlow.
+    maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+    assert "libtensorflow" not in maps
 
 
 def test_a_hung_stage_is_stopped_and_other_requests_keep_flowing(

@@ -65,3 +65,8 @@ def test_a_fixed_limit_overrides_the_measured_one() -> None:
     for _ in range(100):
         watchdog.observe(10.0)
     assert watchdog.limit_s == 3.0
+
+
+def test_a_stage_that_raised_our_own_error_is_passed_through_as_is() -> None:
+    raised = ModelError("InvalidArgumentError: indices[0,2] = 1000 is not in [0, 10)", True)
+    assert translate(_task_error(raised)) is raised
