@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -29,27 +28,21 @@ from serving.apidoc import (
     errors,
     ok,
 )
+from serving.batcher import Batcher
 from serving.codec import decode_predict, encode_predict
 from serving.config import Settings
 from serving.errors import (
-    InvalidInputError,
     NotFoundError,
     NotReadyError,
-    PayloadTooLargeError,
-    QueueFullError,
     ShardServeError,
 )
 from serving.fastpath import FastHandler, FastPathLayer, FastRoutes
 from serving.http_io import (
     REQUEST_ID_KEY,
-    ClientGone,
-    check_content_length,
-    check_headroom,
     error_response,
     json_response,
     log_failure,
     read_body,
-    request_deadline,
     request_id,
     request_id_from,
     send_with_request_id,
@@ -57,7 +50,8 @@ from serving.http_io import (
     until_disconnect,
 )
 from serving.lifespan import load_model, poll_stage_stats
-from serving.runner import build_runner
+from serving.predict_path import INLINE_DECODE_BYTES, serve_prediction
+from serving.runner import ModelRunner, build_runner
 from serving.state import RunnerFactory, ServerState
 from serving.v2.grpc_server import start_grpc_server, stop_grpc_server
 from serving.v2.http import install_v2_routes, v2_infer
@@ -65,9 +59,6 @@ from serving.v2.http import install_v2_routes, v2_infer
 log = logging.getLogger("shardserve")
 _DRAIN_TIMEOUT_S = 30.0
 _CLOSE_TIMEOUT_S = 10.0
-# Bodies above this are decoded on a worker thread: parsing 1 MiB of JSON holds the event loop
-# for milliseconds, and batch timers (and every other request) would wait for it.
-_INLINE_DECODE_BYTES = 256 * 1024
 
 
 def create_app(
@@ -238,51 +229,25 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         if name != served:
             raise NotFoundError(f"model {name!r} not found; this server serves {served!r}")
 
+    async def predict_work(
+        request: Request, batcher: Batcher, runner: ModelRunner, deadline: float, rid: str
+    ) -> Response:
+        body = await read_body(request, settings.max_body_bytes)
+        if len(body) > INLINE_DECODE_BYTES:
+            decoded = await asyncio.to_thread(decode_predict, body, runner.signature)
+        else:
+            decoded = decode_predict(body, runner.signature)
+        outputs = await until_disconnect(
+            request, batcher.submit(decoded.inputs, deadline=deadline, request_id=rid)
+        )
+        response = Response(
+            encode_predict(outputs, runner.signature, decoded.form),
+            media_type="application/json",
+        )
+        return response
+
     async def predict(request: Request) -> Response:
-        state = _state(request)
-        started = time.perf_counter()
-        status = "500"
-        rid = request_id(request)
-        try:
-            batcher = state.require_batcher()
-            runner = state.runner
-            assert runner is not None
-            # Admission from the headers alone: a refused request costs no body read, no decode.
-            check_content_length(request, settings.max_body_bytes)
-            try:
-                check_headroom(batcher)
-            except QueueFullError:
-                state.metrics.rejects.labels("queue_full").inc()
-                raise
-            deadline = request_deadline(request, settings)
-            body = await read_body(request, settings.max_body_bytes)
-            if len(body) > _INLINE_DECODE_BYTES:
-                decoded = await asyncio.to_thread(decode_predict, body, runner.signature)
-            else:
-                decoded = decode_predict(body, runner.signature)
-            outputs = await until_disconnect(
-                request, batcher.submit(decoded.inputs, deadline=deadline, request_id=rid)
-            )
-            response = Response(
-                encode_predict(outputs, runner.signature, decoded.form),
-                media_type="application/json",
-            )
-            status = "200"
-            return response
-        except ClientGone:
-            status = "499"
-            state.metrics.rejects.labels("client_gone").inc()
-            log_failure(rid, 499, "the client went away before its answer was ready")
-            return Response(status_code=499)
-        except ShardServeError as exc:
-            status = str(exc.status_code)
-            if isinstance(exc, InvalidInputError | PayloadTooLargeError):
-                state.metrics.rejects.labels("invalid_input").inc()
-            return error_response(exc, rid)
-        except Exception as exc:
-            return unexpected_response(request, exc)
-        finally:
-            state.metrics.request_latency.labels(status).observe(time.perf_counter() - started)
+        return await serve_prediction(request, _state(request), predict_work)
 
     async def predict_model(name: str, version: str | None, request: Request) -> Response:
         try:

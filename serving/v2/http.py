@@ -19,28 +19,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
+from serving.batcher import Batcher
 from serving.config import Settings
 from serving.errors import (
     InvalidInputError,
     NotFoundError,
     NotReadyError,
-    PayloadTooLargeError,
-    QueueFullError,
-    ShardServeError,
 )
 from serving.http_io import (
-    ClientGone,
-    check_content_length,
-    check_headroom,
-    error_response,
     json_response,
-    log_failure,
     read_body,
-    request_deadline,
-    request_id,
-    unexpected_response,
     until_disconnect,
 )
+from serving.predict_path import INLINE_DECODE_BYTES, serve_prediction
+from serving.runner import ModelRunner
 from serving.state import ServerState
 from serving.v2 import http_docs
 from serving.v2.http_body import HEADER_LENGTH, VERSION, encode_infer, parse_infer
@@ -53,7 +45,6 @@ SERVER_NAME = "shardserve"
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 PLATFORM = "tensorflow_keras"
 # A JSON header above this is parsed on a worker thread (as /predict decodes big bodies).
-_INLINE_DECODE_BYTES = 256 * 1024
 
 
 def _state(request: Request) -> ServerState:
@@ -85,57 +76,36 @@ def _not_ready_reason(state: ServerState) -> str | None:
 async def v2_infer(name: str, version: str | None, request: Request) -> Response:
     """``POST /v2/models/{name}[/versions/{version}]/infer``; maps its own errors (fast path)."""
     state = _state(request)
-    settings = state.settings
-    started = time.perf_counter()
-    status = "500"
-    rid = request_id(request)
-    try:
-        _check_model(state, name, version)
-        batcher = state.require_batcher()
-        runner = state.runner
-        assert runner is not None
-        # Admission from the headers alone: a refused request costs no body read, no decode.
-        check_content_length(request, settings.max_body_bytes)
-        try:
-            check_headroom(batcher)
-        except QueueFullError:
-            state.metrics.rejects.labels("queue_full").inc()
-            raise
-        deadline = request_deadline(request, settings)
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding != "identity":
-            raise InvalidInputError(
-                f"Content-Encoding {encoding!r} is not served; send the body uncompressed"
-            )
-        body = await read_body(request, settings.max_body_bytes)
-        header_length = request.headers.get(HEADER_LENGTH)
-        json_bytes = len(body) if header_length is None else min(len(body), _int(header_length))
-        if json_bytes > _INLINE_DECODE_BYTES:
-            call = await asyncio.to_thread(parse_infer, body, header_length, runner.signature)
-        else:
-            call = parse_infer(body, header_length, runner.signature)
-        if call.timeout_s is not None:
-            deadline = min(deadline, time.monotonic() + call.timeout_s)
-        outputs = await until_disconnect(
-            request, batcher.submit(call.inputs, deadline=deadline, request_id=rid)
+    return await serve_prediction(
+        request, state, _infer_work, check=lambda: _check_model(state, name, version)
+    )
+
+
+async def _infer_work(
+    request: Request, batcher: Batcher, runner: ModelRunner, deadline: float, rid: str
+) -> Response:
+    settings = _state(request).settings
+    # The check before this one made sure it is the served model's name.
+    name = settings.served_name()
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise InvalidInputError(
+            f"Content-Encoding {encoding!r} is not served; send the body uncompressed"
         )
-        response = encode_infer(outputs, call, runner.signature, name)
-        status = "200"
-        return response
-    except ClientGone:
-        status = "499"
-        state.metrics.rejects.labels("client_gone").inc()
-        log_failure(rid, 499, "the client went away before its answer was ready")
-        return Response(status_code=499)
-    except ShardServeError as exc:
-        status = str(exc.status_code)
-        if isinstance(exc, InvalidInputError | PayloadTooLargeError):
-            state.metrics.rejects.labels("invalid_input").inc()
-        return error_response(exc, rid)
-    except Exception as exc:
-        return unexpected_response(request, exc)
-    finally:
-        state.metrics.request_latency.labels(status).observe(time.perf_counter() - started)
+    body = await read_body(request, settings.max_body_bytes)
+    header_length = request.headers.get(HEADER_LENGTH)
+    json_bytes = len(body) if header_length is None else min(len(body), _int(header_length))
+    if json_bytes > INLINE_DECODE_BYTES:
+        call = await asyncio.to_thread(parse_infer, body, header_length, runner.signature)
+    else:
+        call = parse_infer(body, header_length, runner.signature)
+    if call.timeout_s is not None:
+        deadline = min(deadline, time.monotonic() + call.timeout_s)
+    outputs = await until_disconnect(
+        request, batcher.submit(call.inputs, deadline=deadline, request_id=rid)
+    )
+    response = encode_infer(outputs, call, runner.signature, name)
+    return response
 
 
 def _int(text: str) -> int:
