@@ -10,6 +10,7 @@ import pytest
 
 from bench.__main__ import main
 from bench.report import ANALYSIS_MARKER, medians, render
+from tests.serverproc import free_ports
 
 
 def _record(system: str, scenario: str, rps: float) -> dict[str, object]:
@@ -67,7 +68,9 @@ def test_harness_runs_end_to_end_on_a_tiny_setting(
     out = tmp_path / "docs"
     argv = ["run", "--workloads", "light", "--systems", "shardserve-1", "--repeats", "1"]
     argv += ["--seconds", "1", "--warmup", "0.5", "--concurrency", "1,8", "--max-batch-size", "8"]
-    argv += ["--open-rates", "light=20", "--overlap-stages", "", "--port", "18977"]
+    # A free port, not a fixed one: another server on the machine must not fail the run.
+    (port,) = free_ports(1)
+    argv += ["--open-rates", "light=20", "--overlap-stages", "", "--port", str(port)]
     argv += ["--ceiling-seconds", "0.3"]
     argv += ["--workdir", str(tmp_path / "work"), "--out", str(out)]
     assert main(argv) == 0
