@@ -17,9 +17,7 @@ The load generators share the server's cores (2 on the reference machine), as in
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -37,6 +35,15 @@ from bench.cpusplit import cores, cpu_seconds
 from bench.load import WRK_INSTALL_HINT, LoadError, LoadResult, closed_loop, have_wrk
 from bench.protocheck import check_answers
 from bench.protoreport import render
+from bench.quiet import (
+    busy_seconds,
+    children_cpu,
+    other_benches,
+    others_now,
+    process_cpu_seconds,
+    self_cpu,
+    wait_until_quiet,
+)
 from bench.run import Plan, measure_ceiling, save_workload
 from bench.scrape import Samples, delta, free_port, scrape
 from bench.systems import ServerProcess, SystemConfig
@@ -65,6 +72,10 @@ class ProtocolsPlan:
     ceiling_s: float = 5.0
     quiet_wait_s: float = 600.0  # wait this long at most for other benchmarks and load to end
     quiet_load: float = 1.5  # 1-minute load average counted as quiet
+    # A window in which the rest of the machine (other people's work) used more than this many
+    # cores is measured again, up to noise_retries times; the quietest attempt is kept.
+    noise_cores: float = 0.15
+    noise_retries: int = 2
     port: int = 0  # 0: a free port, chosen at start
     grpc_port: int = 0
     workdir: Path = Path(".bench")
@@ -103,17 +114,18 @@ def run_protocols(plan: ProtocolsPlan, progress: Progress = print) -> dict[str, 
     ceiling_plan = Plan(ceiling_batch_sizes=(plan.max_batch_size,), ceiling_s=plan.ceiling_s)
     for workload in plan.workloads:
         model = save_workload(workload, plan.workdir)
-        key = str(plan.max_batch_size)
-        before = measure_ceiling(model, ceiling_plan)[key]["rows_per_s"]
-        progress(f"[{workload}] ceiling at batch {key}: {before:,.0f} rows/s")
+        key = plan.max_batch_size
+        before = _quiet_ceiling(plan, model, ceiling_plan)
+        progress(f"[{workload}] ceiling at batch {key}: {before['rows_per_s']:,.0f} rows/s")
         results["runs"] += _measure(plan, protocols, workload, model, progress)
-        after = measure_ceiling(model, ceiling_plan)[key]["rows_per_s"]
-        progress(f"[{workload}] ceiling after: {after:,.0f} rows/s")
+        after = _quiet_ceiling(plan, model, ceiling_plan)
+        progress(f"[{workload}] ceiling after: {after['rows_per_s']:,.0f} rows/s")
         results["ceiling"][workload] = {
             "batch_size": plan.max_batch_size,
-            "before_rows_per_s": before,
-            "after_rows_per_s": after,
-            "rows_per_s": (before + after) / 2,
+            "before_rows_per_s": before["rows_per_s"],
+            "after_rows_per_s": after["rows_per_s"],
+            "rows_per_s": (before["rows_per_s"] + after["rows_per_s"]) / 2,
+            "others_cores": [before["others_cores"], after["others_cores"]],
         }
     results["quiet_after"] = {"load_1min": os.getloadavg()[0], "other_benches": other_benches()}
     return results
@@ -156,22 +168,67 @@ def _measure(
         for repeat in range(plan.repeats):
             shift = repeat % len(protocols)
             for protocol in (*protocols[shift:], *protocols[:shift]):
-                record = _one(server.pid, base, partial(load, protocol, plan.seconds))
+                record = _quiet_window(
+                    plan, server.pid, base, partial(load, protocol, plan.seconds)
+                )
                 record.update(workload=workload, protocol=protocol, repeat=repeat)
                 progress(
                     f"  {workload} {protocol:>9}: {record['rps']:,.0f} req/s p50 "
                     f"{record['p50_ms']:.1f} ms p99 {record['p99_ms']:.1f} ms errors "
                     f"{record['errors']}; front end {record['cpu_ms_per_request']:.3f} ms CPU/req "
                     f"({record['frontend_cores']:.2f} cores), load generator "
-                    f"{record['loadgen_cores']:.2f} cores"
+                    f"{record['loadgen_cores']:.2f} cores, rest of machine "
+                    f"{record['cores']['others']:.2f} cores (attempt {record['attempts']})"
                 )
                 records.append(record)
     return records
 
 
+def _quiet_window(
+    plan: ProtocolsPlan, pid: int, base: str, load: Callable[[], LoadResult]
+) -> dict[str, Any]:
+    """``_one``, after the rest of the machine has settled (at most a minute), and again while
+    other work took more than ``noise_cores`` during it; the quietest attempt is kept.
+    ``noise_retries`` 0: neither (one attempt, whatever the machine does)."""
+    best: dict[str, Any] | None = None
+    for attempt in range(plan.noise_retries + 1):
+        deadline = time.monotonic() + 60.0
+        while (
+            plan.noise_retries
+            and others_now(pid) > plan.noise_cores
+            and time.monotonic() < deadline
+        ):
+            time.sleep(2.0)  # someone else's work; nothing to wait on but time
+        record = _one(pid, base, load)
+        record["attempts"] = attempt + 1
+        if best is None or record["cores"]["others"] < best["cores"]["others"]:
+            best = record
+        if record["cores"]["others"] <= plan.noise_cores:
+            break
+    assert best is not None
+    return best
+
+
+def _quiet_ceiling(plan: ProtocolsPlan, model: Path, ceiling_plan: Plan) -> dict[str, float]:
+    """The model's rows/s at the max batch size, measured again while other work took more
+    than ``noise_cores`` during it (the quietest attempt is kept)."""
+    best: dict[str, float] | None = None
+    for _ in range(plan.noise_retries + 1):
+        busy, mine, tick = busy_seconds(), children_cpu() + self_cpu(), time.monotonic()
+        rows = measure_ceiling(model, ceiling_plan)[str(plan.max_batch_size)]["rows_per_s"]
+        used = busy_seconds() - busy - (children_cpu() + self_cpu() - mine)
+        record = {"rows_per_s": rows, "others_cores": max(used, 0.0) / (time.monotonic() - tick)}
+        if best is None or record["others_cores"] < best["others_cores"]:
+            best = record
+        if record["others_cores"] <= plan.noise_cores:
+            break
+    assert best is not None
+    return best
+
+
 def _one(pid: int, base: str, load: Callable[[], LoadResult]) -> dict[str, Any]:
     """One load window: the generator's figures, and the server's CPU and answers in it."""
-    before, cpu, gen, tick = scrape(base), process_cpu_seconds(pid), _children(), _now()
+    before, cpu, gen, tick = scrape(base), process_cpu_seconds(pid), children_cpu(), _now()
     split = cpu_seconds(pid)
     result = load()
     _drain(base)  # the answers still out when the generator stopped belong to this window
@@ -189,28 +246,15 @@ def _one(pid: int, base: str, load: Callable[[], LoadResult]) -> dict[str, Any]:
         "frontend_cpu_s": used,
         "cpu_ms_per_request": 1000 * used / served if served else float("nan"),
         "frontend_cores": used / elapsed,
-        "loadgen_cores": (_children() - gen) / elapsed,
+        "loadgen_cores": (children_cpu() - gen) / elapsed,
         # Cores per part over the window: front end, shard actor, rest of Ray, load generator,
         # and the rest of the machine (other people's work shows up there).
         "cores": parts,
     }
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` alone (not its children), from ``/proc/<pid>/stat``."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _answered(samples: Samples) -> float:
     return sum(v for k, v in samples.items() if k.startswith(_LATENCY_COUNT + "{"))
-
-
-def _children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _now() -> float:
@@ -248,47 +292,6 @@ def _get_json(url: str) -> Any:
         return orjson.loads(response.read())
 
 
-def other_benches() -> list[str]:
-    """Command lines of other ``python -m bench ...`` processes on this machine."""
-    mine = {os.getpid(), os.getppid()}
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in mine:
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a == b"-m" and b == b"bench" for a, b in itertools.pairwise(argv)):
-            found.append(" ".join(x.decode(errors="replace") for x in argv if x))
-    return found
-
-
-def wait_until_quiet(max_load: float, timeout_s: float, progress: Progress) -> dict[str, Any]:
-    """Wait (at most ``timeout_s``) until no other benchmark runs and the load is low."""
-    start = time.monotonic()
-    said = -1.0
-    while True:
-        others, load = other_benches(), os.getloadavg()[0]
-        quiet = not others and load < max_load
-        waited = time.monotonic() - start
-        if quiet or waited >= timeout_s:
-            break
-        if waited - said >= 30:
-            said = waited
-            progress(f"waiting for quiet: 1-min load {load:.2f}, other benchmarks: {others}")
-        time.sleep(5)  # the load average moves over a minute; nothing to wait on
-    if not quiet and timeout_s > 0:
-        progress(f"measuring anyway after {waited:.0f} s: load {load:.2f}, others {others}")
-    return {
-        "quiet": quiet,
-        "waited_s": round(waited, 1),
-        "wait_limit_s": timeout_s,
-        "load_1min": load,
-        "others": others,
-    }
-
-
 def _plan_json(plan: ProtocolsPlan) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()}
 
@@ -319,6 +322,8 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--ceiling-seconds", type=float, default=d.ceiling_s)
     parser.add_argument("--quiet-wait", type=float, default=d.quiet_wait_s)
     parser.add_argument("--quiet-load", type=float, default=d.quiet_load)
+    parser.add_argument("--noise-cores", type=float, default=d.noise_cores)
+    parser.add_argument("--noise-retries", type=int, default=d.noise_retries)
     parser.add_argument("--port", type=int, default=d.port)
     parser.add_argument("--grpc-port", type=int, default=d.grpc_port)
     parser.add_argument("--workdir", type=Path, default=d.workdir)
@@ -339,6 +344,8 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
         ceiling_s=args.ceiling_seconds,
         quiet_wait_s=args.quiet_wait,
         quiet_load=args.quiet_load,
+        noise_cores=args.noise_cores,
+        noise_retries=args.noise_retries,
         port=args.port,
         grpc_port=args.grpc_port,
         workdir=args.workdir,

@@ -108,6 +108,15 @@ def render(results: dict[str, Any]) -> str:
         f"benchmarks: {', '.join(quiet.get('others') or []) or 'none'}; waited "
         f"{quiet.get('waited_s', 0):g} s{settled}.",
     ]
+    noise = results["plan"].get("noise_cores")
+    if noise is not None:
+        again = sum(run.get("attempts", 1) - 1 for run in results["runs"])
+        noisy = sum(run.get("cores", {}).get("others", 0.0) > noise for run in results["runs"])
+        lines[-1] += (
+            f" A window (or ceiling) in which the rest of the machine used more than {noise:g} "
+            f"cores was measured again, up to {results['plan']['noise_retries']} times, keeping "
+            f"the quietest: {again} re-measured, {noisy} kept above the limit."
+        )
     return "\n".join(lines) + "\n"
 
 
