@@ -126,8 +126,12 @@ class Settings(BaseSettings):
     gpus_per_shard: float | None = Field(
         None, ge=0, le=8, description="GPUs per shard actor; unset = 1 if the cluster has GPUs."
     )
-    cpus_per_shard: float = Field(
-        1.0, gt=0, le=256, description="CPUs per shard actor (its TensorFlow threads)."
+    cpus_per_shard: float | None = Field(
+        None,
+        gt=0,
+        le=256,
+        description="CPUs per shard actor (whole ones are its TensorFlow threads); unset = the "
+        "cores split between all stage actors on a private local Ray, 1 on a cluster.",
     )
     placement_strategy: PlacementStrategy = Field(
         "PACK", description="Placement group strategy of a pipeline's shard actors."

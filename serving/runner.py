@@ -70,6 +70,7 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         replicas=settings.replicas,
         gpus_per_shard=settings.gpus_per_shard,
         cpus_per_shard=settings.cpus_per_shard,
+        private_ray=settings.ray_address is None,
         placement_strategy=settings.placement_strategy,
         stage_resources=tuple(settings.stage_resources),
         batch_sizes=settings.batch_sizes(),

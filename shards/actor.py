@@ -8,7 +8,6 @@ wrap the class) and must never load TensorFlow itself.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections import deque
@@ -21,6 +20,7 @@ import numpy as np
 from shards.bundle import Manifest, load_stage, read_manifest
 from shards.errors import ModelError, one_line
 from shards.faults import INPUT_ERRORS
+from shards.runtime import intra_op_threads
 from shards.shipping import ShippedStage, default_cache_dir, stage_dir_for
 from shards.signature import TensorSpec
 
@@ -184,9 +184,10 @@ def _configure_tensorflow() -> _Device:
     ray_gpus = ray.get_gpu_ids()
     physical = tf.config.list_physical_devices("GPU")
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-    threads = max(1, math.ceil(cpus))
+    threads = intra_op_threads(cpus)
     # Stages share the machine's cores: TensorFlow's default pool (all cores per process) makes
-    # them fight and pipelining gains nothing; one pool per CPU Ray granted keeps them apart. On
+    # them fight and pipelining gains nothing; one thread per whole CPU Ray granted keeps them
+    # apart (a fractional share, several stages per core, gets one). On
     # a GPU the host side (input copies, small ops) still runs on these threads.
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)

@@ -11,7 +11,12 @@ from shards.runtime import PLACEMENT_STRATEGIES
 class PipelineOptions:
     replicas: int = 1
     gpus_per_shard: float | None = None
-    cpus_per_shard: float = 1.0
+    # None: split the private local Ray's CPUs between all stage actors (see
+    # ``runtime.shared_cpus``), or 1 each when joined to a cluster.
+    cpus_per_shard: float | None = 1.0
+    # True when this process started its own local Ray: its CPU count is this machine's cores,
+    # a scheduling count only, so any number of stages may share them.
+    private_ray: bool = False
     placement_strategy: str = "PACK"
     stage_resources: tuple[dict[str, float], ...] = ()
     batch_sizes: tuple[int, ...] = (1,)
@@ -41,7 +46,7 @@ class PipelineOptions:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.gpus_per_shard is not None and self.gpus_per_shard < 0:
             raise ValueError(f"gpus_per_shard must be >= 0 or None, got {self.gpus_per_shard}")
-        if self.cpus_per_shard < 0:
+        if self.cpus_per_shard is not None and self.cpus_per_shard < 0:
             raise ValueError(f"cpus_per_shard must be >= 0, got {self.cpus_per_shard}")
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
             raise ValueError(

@@ -47,6 +47,8 @@ from shards.replica import (
 from shards.runtime import (
     check_cluster_fits,
     cluster_has_gpus,
+    cpus_per_stage,
+    intra_op_threads,
     placement_resources,
 )
 from shards.shipping import ship_bundle, stages_off_node
@@ -108,9 +110,20 @@ class PipelineGroup:
         gpus = options.gpus_per_shard
         if gpus is None:
             gpus = 1.0 if cluster_has_gpus() else 0.0
-        bundles = placement_resources(
-            len(manifest.stages), options.cpus_per_shard, gpus, options.stage_resources
+        cpus = cpus_per_stage(
+            options.cpus_per_shard,
+            private_ray=options.private_ray,
+            actors=len(manifest.stages) * options.replicas,
+            cluster_cpus=float(ray.cluster_resources().get("CPU", 0.0)),
         )
+        if options.cpus_per_shard is None:
+            log.info(
+                "%d stage actor(s) ask for %g CPU each (%d TensorFlow thread(s))",
+                len(manifest.stages) * options.replicas,
+                cpus,
+                intra_op_threads(cpus),
+            )
+        bundles = placement_resources(len(manifest.stages), cpus, gpus, options.stage_resources)
         check_cluster_fits(bundles, options.replicas, options.placement_strategy)
         pipelines: list[Pipeline] = []
         try:
@@ -127,7 +140,7 @@ class PipelineGroup:
             # them in the object store for actors that restart or are rebuilt later.
             spec = ActorSpec(
                 bundle_dir=Path(bundle_dir),
-                cpus=options.cpus_per_shard,
+                cpus=cpus,
                 gpus=gpus,
                 batch_sizes=options.batch_sizes,
                 imports=options.imports,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import math
 import os
 import signal
 import sysconfig
@@ -215,6 +216,28 @@ def placement_resources(
             raise ValueError(f"stage {index} asks for no resources; set cpus_per_shard > 0")
         bundles.append(bundle)
     return bundles
+
+
+def cpus_per_stage(
+    requested: float | None, *, private_ray: bool, actors: int, cluster_cpus: float
+) -> float:
+    """The CPUs each stage actor asks for. A value the user gave is kept. Unset on a private
+    local Ray, the machine's cores are split evenly between all ``actors`` (there CPUs are
+    only a scheduling count, so 4 stages start on 2 cores, each with one TensorFlow thread);
+    unset on a joined cluster, 1 each."""
+    if requested is not None:
+        return requested
+    if not private_ray or actors < 1:
+        return 1.0
+    # Ray counts resources in units of 1e-4; round down so that the shares always fit.
+    share = math.floor(cluster_cpus / actors * 10_000) / 10_000
+    return max(share, 0.0001)
+
+
+def intra_op_threads(cpus: float) -> int:
+    """TensorFlow threads for an actor granted ``cpus``: whole cores, at least one, so the
+    stages sharing a machine never run more threads than it has cores (when each has >= 1)."""
+    return max(1, math.floor(cpus + 1e-9))
 
 
 def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:

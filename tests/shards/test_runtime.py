@@ -12,6 +12,8 @@ from shards.bundle import read_manifest
 from shards.runtime import (
     cluster_summary,
     connect,
+    cpus_per_stage,
+    intra_op_threads,
     local_py_modules,
     resolve_bundle_remote,
     run_bounded,
@@ -66,3 +68,27 @@ def test_run_bounded_logs_an_error_instead_of_raising(caplog: pytest.LogCaptureF
     assert run_bounded(broken, 5.0, "removing a placement group") is True
     assert "removing a placement group failed" in caplog.text
     assert "GCS unreachable at 10.0.0.1:6379" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("requested", "private", "actors", "cpus", "expected"),
+    [
+        (None, True, 4, 2.0, 0.5),  # 4 stages on 2 cores: half a core each
+        (None, True, 3, 2.0, 0.6666),  # rounded down to Ray's 1e-4 unit so all three fit
+        (None, True, 2, 8.0, 4.0),  # spare cores become threads
+        (None, False, 4, 2.0, 1.0),  # a cluster's CPUs are real: one each
+        (2.0, True, 4, 2.0, 2.0),  # what the user asked for is kept
+    ],
+)
+def test_cpus_per_stage_splits_a_private_rays_cores(
+    requested: float | None, private: bool, actors: int, cpus: float, expected: float
+) -> None:
+    share = cpus_per_stage(requested, private_ray=private, actors=actors, cluster_cpus=cpus)
+    assert share == expected
+    if requested is None and private:
+        assert share * actors <= cpus
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [(0.25, 1), (0.5, 1), (1.0, 1), (1.5, 1), (4.0, 4)])
+def test_intra_op_threads_are_whole_cores_at_least_one(cpus: float, threads: int) -> None:
+    assert intra_op_threads(cpus) == threads
