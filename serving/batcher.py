@@ -118,6 +118,10 @@ class Batcher:
         rows = max(1, self._queues.rows)
         return self._wait.wait_s(self._policy, rows, self._inflight) * 1000
 
+    def observe_compute(self, stage_stats: list[dict[str, Any]]) -> None:
+        """The stage actors' compute per batch size (``runner.stats()``), for the policy."""
+        self._runtime.observe_compute(stage_stats)
+
     async def start(self) -> None:
         if self._loop_task is not None:
             return
@@ -237,14 +241,14 @@ class Batcher:
         """Send every batch that may go now; return when the next timeout falls due, if any."""
         policy = self._policy
         while self._inflight < policy.max_inflight_batches:
-            ready: tuple[float, QueueKey, str] | None = None
+            ready: tuple[float, QueueKey, str, int] | None = None
             for key, oldest, rows in self._queues.heads():
                 reason = self._close_reason(oldest, rows, now, policy)
                 if reason is not None and (ready is None or oldest < ready[0]):
-                    ready = (oldest, key, reason)  # oldest head first: queues are served fairly
+                    ready = (oldest, key, reason, rows)  # oldest head first: served fairly
             if ready is None:
                 break
-            self._dispatch(ready[1], ready[0], ready[2], now, policy)
+            self._dispatch(ready[1], ready[0], ready[2], now, policy, queued=ready[3])
         if self._inflight >= policy.max_inflight_batches:
             return None  # a finishing batch, a submit or a reconfigure wakes the loop
         return min(
@@ -271,14 +275,24 @@ class Batcher:
         )
 
     def _dispatch(
-        self, key: QueueKey, oldest: float, reason: str, now: float, policy: BatchingPolicy
+        self,
+        key: QueueKey,
+        oldest: float,
+        reason: str,
+        now: float,
+        policy: BatchingPolicy,
+        *,
+        queued: int,
     ) -> None:
-        limit = self._wait.batch_limit(policy, now - oldest)
+        limit = self._wait.batch_limit(policy, now - oldest, now, queued)
         segments = self._queues.take(key, limit)
         rows = sum(count for _, _, count in segments)
+        alone = self._inflight == 0
         self._inflight += 1
         self._inflight_rows += rows
-        task = asyncio.create_task(self._run(segments, rows, reason, now - oldest, policy))
+        task = asyncio.create_task(
+            self._run(segments, rows, reason, now - oldest, policy, alone=alone)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -289,6 +303,8 @@ class Batcher:
         reason: str,
         queue_wait_s: float,
         policy: BatchingPolicy,
+        *,
+        alone: bool = False,
     ) -> None:
         padded = policy.padded_size(rows)
         started = time.monotonic()
@@ -306,7 +322,7 @@ class Batcher:
             self._inflight -= 1
             self._inflight_rows -= rows
             if outcome.clean:
-                self._runtime.observe(padded, run_s)
+                self._runtime.observe(padded, run_s, now=started + run_s, alone=alone)
             self._wake.set()
             record = BatchRecord(
                 rows, padded, reason, queue_wait_s, run_s, outcome.clean, outcome.isolated
@@ -409,7 +425,9 @@ class Batcher:
 
     def _retry_after_s(self, rows: int) -> float:
         policy = self._policy
-        per_batch_s = self._runtime.predict(policy.max_batch_size) or 0.1
+        # A busy pipeline answers one batch per bottleneck stage's compute time (replicas
+        # shorten that: a hint that errs long).
+        per_batch_s = self._runtime.bottleneck_s(policy.max_batch_size) or 0.1
         batches = math.ceil((self._queues.rows + rows) / policy.max_batch_size)
-        wait_s = batches / policy.max_inflight_batches * per_batch_s
+        wait_s = batches * per_batch_s
         return float(max(1, math.ceil(wait_s)))

@@ -15,8 +15,9 @@ from serving.state import RunnerFactory, ServerState, policy_from_settings
 from shards.errors import one_line
 
 log = logging.getLogger("shardserve")
-# The stats poll is also the replicas' health check between batches.
-STATS_PERIOD_S = 5.0
+# The stats poll is also the replicas' health check between batches, and it brings the
+# stages' compute per batch size to the batching policy: often enough to follow a load change.
+STATS_PERIOD_S = 2.0
 
 
 def describe_error(exc: BaseException) -> str:
@@ -72,5 +73,8 @@ async def poll_stage_stats(state: ServerState) -> None:
         runner = state.runner
         if runner is not None:
             with contextlib.suppress(Exception):
-                state.metrics.set_stage_stats(await runner.stats())
+                stats = await runner.stats()
+                state.metrics.set_stage_stats(stats)
+                if state.batcher is not None:
+                    state.batcher.observe_compute(stats)
         await asyncio.sleep(STATS_PERIOD_S)

@@ -32,6 +32,7 @@ class ModelRunner(Protocol):
     signature: ModelSignature
     num_stages: int
     replicas: int
+    on_gpu: bool  # the stages run on GPUs: batches are padded to bucketed sizes
 
     async def run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 

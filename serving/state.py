@@ -48,4 +48,6 @@ def policy_from_settings(settings: Settings, runner: ModelRunner) -> BatchingPol
         allowed_batch_sizes=settings.batch_sizes(),
         slo_p99_ms=settings.slo_p99_ms,
         pipeline_depth=stages * replicas,
+        # CPU stages take any batch size with one trace: padding would only add rows.
+        pad_batches=settings.allowed_batch_sizes is not None or runner.on_gpu,
     )

@@ -40,8 +40,9 @@ class WaitPolicy(Protocol):
     def wait_s(self, policy: BatchingPolicy, rows: int, inflight_batches: int) -> float:
         """The longest a head of ``rows`` rows waits: the batcher wakes up by then."""
 
-    def batch_limit(self, policy: BatchingPolicy, waited_s: float) -> int:
-        """The most rows the next batch takes."""
+    def batch_limit(self, policy: BatchingPolicy, waited_s: float, now: float, queued: int) -> int:
+        """The most rows the next batch takes, of the ``queued`` rows of its queue; ``now`` is
+        the batcher's monotonic clock."""
 
 
 def wait_policy(policy: BatchingPolicy, runtime: RunTimeModel) -> WaitPolicy:
@@ -68,7 +69,7 @@ class FixedWait:
     def wait_s(self, policy: BatchingPolicy, rows: int, inflight_batches: int) -> float:
         return self.timeout_s
 
-    def batch_limit(self, policy: BatchingPolicy, waited_s: float) -> int:
+    def batch_limit(self, policy: BatchingPolicy, waited_s: float, now: float, queued: int) -> int:
         return policy.max_batch_size
 
 
@@ -113,12 +114,13 @@ class AutoWait:
             wait_s = min(wait_s, max(0.0, budget_s))
         return wait_s
 
-    def batch_limit(self, policy: BatchingPolicy, waited_s: float) -> int:
-        """With an SLO, the largest batch predicted to finish within it."""
+    def batch_limit(self, policy: BatchingPolicy, waited_s: float, now: float, queued: int) -> int:
+        """With an SLO, the largest batch predicted to finish within it (or, once in a while,
+        a larger one not run for long, to measure it again)."""
         if policy.slo_p99_ms is None:
             return policy.max_batch_size
         budget_s = policy.slo_p99_ms / 1000 - waited_s
         # When even the smallest batch would miss the SLO, shrinking cannot save these rows
         # and would only cut throughput while overloaded: send a full batch instead.
-        fitting = self.runtime.largest_within(budget_s, policy.batch_sizes())
+        fitting = self.runtime.largest_within(budget_s, policy.batch_sizes(), now, queued)
         return fitting or policy.max_batch_size

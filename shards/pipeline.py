@@ -90,6 +90,7 @@ class PipelineGroup:
         self.signature: ModelSignature = manifest.signature
         self.num_stages = len(manifest.stages)
         self.replicas = len(pipelines)
+        self.on_gpu = layout.actor.gpus > 0
         self._pipelines = pipelines
         self._layout = layout
         self._rotation = itertools.cycle(range(len(pipelines)))

@@ -73,6 +73,7 @@ class FakeRunner:
 
     num_stages = 1
     replicas = 1
+    on_gpu = False
 
     def __init__(
         self,

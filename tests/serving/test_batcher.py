@@ -247,6 +247,38 @@ async def test_batches_are_padded_and_padding_is_dropped(make: Harness) -> None:
     assert [(r.size, r.padded_size) for r in make.records] == [(3, 4)]
 
 
+async def test_without_padding_the_runner_sees_each_batch_at_its_row_count(
+    make: Harness,
+) -> None:
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=32, batch_timeout_ms=0, pad_batches=False)
+    x = make_rows(17)
+    assert_rows(await batcher.submit(x), x)
+    await batcher.submit(make_rows(3, start=17))
+    assert runner.batch_sizes() == [17, 3]
+    assert [(r.size, r.padded_size) for r in make.records] == [(17, 17), (3, 3)]
+
+
+async def test_the_slo_cap_follows_the_stages_compute_reports(make: Harness) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
+    now = time.monotonic()
+    # The driver's wall times (queueing included) said 8 rows take a second...
+    batcher._runtime.observe(1, 0.001, now=now)
+    batcher._runtime.observe(8, 1.0, now=now)
+    # ...the stage actors report 8 rows computing in 20 + 30 ms.
+    report = {"compute_by_rows": {1: {"ewma_ms": 1.0, "count": 9}, 8: {"ewma_ms": 20, "count": 2}}}
+    stage1 = {"compute_by_rows": {1: {"ewma_ms": 1.0, "count": 9}, 8: {"ewma_ms": 30, "count": 2}}}
+    batcher.observe_compute([{"stage_index": 0, **report}, {"stage_index": 1, **stage1}])
+    busy = await spawn(batcher.submit(make_rows(1)))
+    await runner.wait_started(1)
+    waiting = await spawn(batcher.submit(make_rows(6, start=1)))
+    assert runner.gate is not None
+    runner.gate.set()
+    await asyncio.gather(busy, waiting)
+    assert runner.batch_sizes() == [1, 8]  # 50 ms fits the 100 ms SLO: no cap
+
+
 async def test_allowed_batch_sizes_choose_the_padding(make: Harness) -> None:
     runner = FakeRunner()
     batcher = await make(runner, max_batch_size=12, batch_timeout_ms=0, allowed_batch_sizes=(5,))
@@ -373,9 +405,9 @@ async def test_auto_policy_fills_batches_while_busy(make: Harness) -> None:
 async def test_auto_policy_with_slo_caps_the_batch_size(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
-    # Seed the run-time model: one row is fast, a batch of 8 would take a whole second.
-    batcher._runtime.observe(1, 0.001)
-    batcher._runtime.observe(8, 1.0)
+    # Seed the run-time model: one row is fast, a batch of 8 took a whole second just now.
+    batcher._runtime.observe(1, 0.001, now=time.monotonic())
+    batcher._runtime.observe(8, 1.0, now=time.monotonic())
     assert batcher.effective_wait_ms == 0.0
     busy = await spawn(batcher.submit(make_rows(1)))
     await runner.wait_started(1)

@@ -107,6 +107,19 @@ def test_the_served_policy_knows_the_pipeline_depth() -> None:
     assert (policy.pipeline_depth, policy.max_inflight_batches, policy.is_auto) == (6, 8, True)
 
 
+def test_batches_are_padded_on_gpu_stages_or_when_sizes_are_given_not_on_cpu() -> None:
+    cpu, gpu = FakeRunner(), FakeRunner()
+    gpu.on_gpu = True  # type: ignore[misc]
+    default = load_settings()
+    assert not policy_from_settings(default, cpu).pad_batches
+    assert policy_from_settings(default, cpu).padded_size(17) == 17
+    assert policy_from_settings(default, gpu).padded_size(17) == 32
+    given = load_settings(allowed_batch_sizes="8,24")
+    assert policy_from_settings(given, cpu).padded_size(17) == 24
+    # The actors warm up at every bucket either way: on a GPU each is a shape to prepare.
+    assert default.batch_sizes() == (1, 2, 4, 8, 16, 32)
+
+
 def test_shard_actor_options_follow_the_settings() -> None:
     plain = pipeline_options(load_settings(max_batch_size=8))
     assert (plain.compiled_graph, plain.max_inflight_per_replica, plain.batch_sizes) == (

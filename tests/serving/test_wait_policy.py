@@ -29,7 +29,7 @@ def test_a_fixed_wait_closes_on_its_timeout_whatever_the_pipeline_does() -> None
     assert _ask(policy, runtime, waited_s=0.005, inflight=3) == "timeout"
     wait = wait_policy(policy, runtime)
     assert wait.wait_s(policy, 1, 0) == wait.wait_s(policy, 1, 3) == 0.005
-    assert wait.batch_limit(policy, 10.0) == policy.max_batch_size
+    assert wait.batch_limit(policy, 10.0, now=0.0, queued=40) == policy.max_batch_size
 
 
 def test_auto_sends_at_once_to_an_idle_pipeline_and_waits_one_batch_time_when_busy() -> None:
@@ -50,10 +50,10 @@ def test_auto_sends_at_once_to_an_idle_pipeline_and_waits_one_batch_time_when_bu
 def test_auto_with_an_slo_shortens_the_wait_and_caps_the_batch() -> None:
     policy = BatchingPolicy(batch_timeout_ms=None, max_batch_size=32, slo_p99_ms=50)
     runtime = RunTimeModel()
-    runtime.observe(4, 0.030)
-    runtime.observe(32, 0.080)
+    runtime.observe(4, 0.030, now=100.0)
+    runtime.observe(32, 0.080, now=100.0)
     wait = wait_policy(policy, runtime)
     # 4 rows predicted at 30 ms: at most 20 ms of the 50 ms budget is left for waiting.
     assert abs(wait.wait_s(policy, 4, 1) - 0.020) < 1e-9
     # 10 ms waited: 40 ms left, and a batch of 4 (30 ms) fits where 32 (80 ms) does not.
-    assert wait.batch_limit(policy, 0.010) == 4
+    assert wait.batch_limit(policy, 0.010, now=100.01, queued=20) == 4
