@@ -20,11 +20,13 @@ import numpy as np
 from shards.bundle import Manifest, load_stage, read_manifest
 from shards.errors import ModelError, one_line
 from shards.faults import INPUT_ERRORS
+from shards.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.runtime import intra_op_threads
 from shards.shipping import ShippedStage, default_cache_dir, stage_dir_for
 from shards.signature import TensorSpec
 
 INTERVAL_LOG_SIZE = 256
+COMPUTE_EWMA_ALPHA = 0.2
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ class ShardActor:
         simulate_device_ms: float | None = None,
         shipped: ShippedStage | None = None,
         stage_cache_dir: str | None = None,
+        activation_dtype: str | None = None,
+        weight_dtype: str | None = None,
     ) -> None:
         sizes = sorted({int(b) for b in batch_sizes})
         if not sizes or sizes[0] < 1:
@@ -59,6 +63,11 @@ class ShardActor:
                 f"{len(manifest.stages)} stages"
             )
         self._spec = manifest.stages[stage_index]
+        # Outputs a later stage reads and the driver does not: cast before they leave, cast back
+        # to the reader's declared dtype on arrival (``_pick``). Model outputs stay as computed.
+        self._cast_out = cut_casts(manifest, stage_index, activation_dtype)
+        self._bytes_in = 0
+        self._bytes_out = 0
         self._simulate_s = None if simulate_device_ms is None else simulate_device_ms / 1000.0
         # Thread pools and device visibility are fixed the first time TensorFlow runs an op, so
         # they are set before the stage is loaded (loading creates variables).
@@ -68,15 +77,21 @@ class ShardActor:
         self._stage_dir = str(stage_dir)
         modules = tuple(dict.fromkeys((*manifest.imports, *imports)))
         self._model = load_stage(stage_dir, stage_index, modules)
-        self._weight_bytes = int(sum(np.asarray(w).nbytes for w in self._model.get_weights()))
+        if weight_dtype is not None:
+            self._model = serve_weights_in(self._model, weight_dtype)
+        # From shapes: get_weights() would copy every weight into numpy once more.
+        self._weight_bytes = variable_bytes(self._model)
         self._trace_count = 0
         self._step = self._build_step()
         self._calls = 0
         self._compute_total_s = 0.0
         self._last_compute_ms = 0.0
+        # Per batch row count: [EWMA of compute ms, batches]; the server's batching policy
+        # predicts from it (serving.batching_policy.RunTimeModel.observe_compute).
+        self._compute_by_rows: dict[int, list[float]] = {}
         self._intervals: deque[tuple[float, float]] = deque(maxlen=INTERVAL_LOG_SIZE)
         for size in sizes:
-            self._run({t.name: _zeros(t, size) for t in self._spec.inputs})
+            self._run([_zeros(t, size) for t in self._spec.inputs])
 
     def _build_step(self) -> Any:
         import tensorflow as tf
@@ -95,19 +110,18 @@ class ShardActor:
 
         return tf.function(step, input_signature=signature)
 
-    def _run(self, merged: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        arrays = [_pick(merged, t) for t in self._spec.inputs]
+    def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         if self._simulate_s is not None:
             time.sleep(self._simulate_s)
             rows = arrays[0].shape[0] if arrays else 1
-            return {t.name: _zeros(t, rows) for t in self._spec.outputs}
+            return [_zeros(t, rows) for t in self._spec.outputs]
         import tensorflow as tf
 
         with tf.device(self._device.name):
             result = self._step(*arrays)
         return self._name_outputs(result)
 
-    def _name_outputs(self, result: Any) -> dict[str, np.ndarray]:
+    def _name_outputs(self, result: Any) -> list[np.ndarray]:
         names = [t.name for t in self._spec.outputs]
         if isinstance(result, dict):
             values = (
@@ -122,16 +136,24 @@ class ShardActor:
                 f"stage {self._spec.index} produced {len(values)} outputs; manifest lists {names}"
             )
         # numpy, not tf.Tensor: numpy crosses the object store zero-copy.
-        return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
+        return [np.asarray(v) for v in values]
 
-    def forward(self, *parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        merged: dict[str, np.ndarray] = {}
-        for part in parts:
-            merged.update(part)
+    def forward(self, *tensors: np.ndarray) -> Any:
+        """One batch: the stage's inputs positionally in ``spec.inputs`` order; its outputs as
+        separate returns in ``spec.outputs`` order (call with ``num_returns=len(outputs)``; one
+        output is returned bare), so each goes on its own to the stages that read it."""
+        specs = self._spec.inputs
+        if len(tensors) != len(specs):
+            raise ModelError(
+                f"stage {self._spec.index} reads {len(specs)} tensor(s) "
+                f"{[t.name for t in specs]}; got {len(tensors)}",
+                input_blamed=False,
+            )
+        self._bytes_in += sum(int(getattr(t, "nbytes", 0)) for t in tensors)
         start = time.time()
         tick = time.perf_counter()
         try:
-            out = self._run(merged)
+            out = self._run([_pick(t, spec) for t, spec in zip(tensors, specs, strict=True)])
         except Exception as exc:
             # Raised as TensorFlow's own error, it would be unpickled in the driver, and the
             # front end would import TensorFlow (0.6 GB, seconds of stall) on a poison row.
@@ -143,7 +165,23 @@ class ShardActor:
         self._calls += 1
         self._compute_total_s += elapsed
         self._last_compute_ms = elapsed * 1000.0
-        return out
+        self._record_compute(int(np.shape(tensors[0])[0]) if tensors else 1, elapsed)
+        if self._cast_out:
+            out = [
+                v.astype(self._cast_out[spec.name]) if spec.name in self._cast_out else v
+                for v, spec in zip(out, self._spec.outputs, strict=True)
+            ]
+        self._bytes_out += sum(v.nbytes for v in out)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _record_compute(self, rows: int, elapsed_s: float) -> None:
+        entry = self._compute_by_rows.get(rows)
+        ms = elapsed_s * 1000.0
+        if entry is None:
+            self._compute_by_rows[rows] = [ms, 1]
+        else:
+            entry[0] += COMPUTE_EWMA_ALPHA * (ms - entry[0])
+            entry[1] += 1
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -172,6 +210,14 @@ class ShardActor:
             "calls": self._calls,
             "compute_seconds_total": self._compute_total_s,
             "last_compute_ms": self._last_compute_ms,
+            # {rows: {"ewma_ms": ..., "count": ...}}: compute only, no queueing or transfer.
+            "compute_by_rows": {
+                rows: {"ewma_ms": ms, "count": int(count)}
+                for rows, (ms, count) in self._compute_by_rows.items()
+            },
+            # What crossed into and out of this stage (each tensor once, as sent).
+            "bytes_in_total": self._bytes_in,
+            "bytes_out_total": self._bytes_out,
             "intervals": list(self._intervals),
         }
 
@@ -222,11 +268,6 @@ def _zeros(spec: TensorSpec, rows: int) -> np.ndarray:
     return np.zeros(shape, dtype=spec.np_dtype)
 
 
-def _pick(merged: dict[str, np.ndarray], spec: TensorSpec) -> np.ndarray:
-    try:
-        value = merged[spec.name]
-    except KeyError:
-        raise KeyError(
-            f"stage input {spec.name!r} missing from the parts; got {sorted(merged)}"
-        ) from None
+def _pick(value: Any, spec: TensorSpec) -> np.ndarray:
+    # Also casts a reduced-precision activation back to the dtype the stage declares.
     return np.asarray(value, dtype=spec.np_dtype)

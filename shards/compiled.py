@@ -6,8 +6,10 @@ per-call task submission. The price, and why it is an option and not the default
 actor spins a CPU core while it waits for input, and an actor that dies closes the graph (Ray's
 actor restarts do not reattach it): ``shards.pipeline`` then rebuilds the whole replica.
 
-The graph mirrors the plain path's routes: a stage reads the request, earlier stages, or both,
-and the graph's outputs are the stages that produce model outputs.
+The graph mirrors the plain path's routes tensor by tensor: each stage method returns its
+outputs as separate graph outputs (``num_returns``), a stage binds exactly the tensors it reads
+(request tensors are the graph input's keyword arguments), and the graph's outputs are the model
+outputs only.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 import ray
 
 from shards.errors import ReplicaLostError
-from shards.tensor_routes import Route
+from shards.tensor_routes import Route, Source
 
 __all__ = ["CompiledStages"]
 
@@ -32,21 +34,25 @@ class CompiledStages:
         self,
         actors: Sequence[Any],
         routes: Sequence[Route],
-        output_stages: Sequence[int],
+        outputs: dict[str, Source],
         max_inflight: int,
     ) -> None:
         from ray.dag import InputNode, MultiOutputNode
 
-        if not output_stages:
+        if not outputs:
             raise ValueError("a compiled graph needs at least one stage that produces an output")
-        self.output_stages = tuple(output_stages)
+        self.output_names = tuple(outputs)
         with InputNode() as request:
-            nodes: list[Any] = []
+            made: list[list[Any]] = []
             for actor, route in zip(actors, routes, strict=True):
-                parts = [request] if route.needs_request else []
-                parts += [nodes[j] for j in route.from_stages]
-                nodes.append(actor.forward.bind(*parts))
-            leaves = [nodes[s] for s in self.output_stages]
+                args = [
+                    request[s.name] if s.from_request else made[s.stage][s.index]
+                    for s in route.inputs
+                ]
+                # bind with num_returns > 1 gives one node per return.
+                node = actor.forward.options(num_returns=route.num_returns).bind(*args)
+                made.append([node] if route.num_returns == 1 else list(node))
+            leaves = [made[s.stage][s.index] for s in outputs.values()]
             dag = leaves[0] if len(leaves) == 1 else MultiOutputNode(leaves)
         self._graph = dag.experimental_compile(
             enable_asyncio=True, _max_inflight_executions=max_inflight
@@ -54,11 +60,11 @@ class CompiledStages:
         # Past its capacity the graph raises instead of queueing: extra batches wait here.
         self._places = asyncio.Semaphore(max_inflight)
 
-    async def run(self, inputs: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
-        """Each output stage's outputs for one batch."""
+    async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The model outputs that stages make, for one batch."""
         async with self._places:
             try:
-                future = await self._graph.execute_async(inputs)
+                future = await self._graph.execute_async(**inputs)
                 result = await future
             except ray.exceptions.RayError:
                 raise  # the model raised (RayTaskError), or the graph says why it broke
@@ -68,7 +74,7 @@ class CompiledStages:
                 raise ReplicaLostError(
                     f"the compiled graph broke ({type(exc).__name__}); a stage actor died"
                 ) from exc
-            values = [result] if len(self.output_stages) == 1 else list(result)
+            values = [result] if len(self.output_names) == 1 else list(result)
             for value in values:
                 if isinstance(value, BaseException):
                     raise value
@@ -76,8 +82,8 @@ class CompiledStages:
             # taken while anything holds them: with callers keeping their answers, the stages
             # stalled on a full channel. A copy frees the buffer as this returns.
             return {
-                stage: {name: np.array(value, copy=True) for name, value in outputs.items()}
-                for stage, outputs in zip(self.output_stages, values, strict=True)
+                name: np.array(value, copy=True)
+                for name, value in zip(self.output_names, values, strict=True)
             }
 
     def teardown(self) -> None:

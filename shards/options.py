@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shards.precision import check_reduced
 from shards.runtime import PLACEMENT_STRATEGIES
 
 
@@ -38,6 +39,11 @@ class PipelineOptions:
     # The watchdog: a batch running longer is abandoned and its replica's stages restarted.
     # None: 10 x the p99 of recent batch times, at least 5 s (60 s until 20 batches were seen).
     batch_hard_timeout_s: float | None = None
+    # Float tensors crossing a cut travel in this dtype ("bfloat16", "float16"); None: as
+    # computed. Model outputs are never cast.
+    activation_dtype: str | None = None
+    # Stage weights held in this dtype, computing in float32; None: as saved.
+    weight_dtype: str | None = None
     # How long a batch waits for a healthy replica when none is, before it fails.
     replica_wait_s: float = 30.0
 
@@ -61,6 +67,8 @@ class PipelineOptions:
             raise ValueError(
                 f"max_inflight_per_replica must be >= 1, got {self.max_inflight_per_replica}"
             )
+        check_reduced(self.activation_dtype, "activation_dtype")
+        check_reduced(self.weight_dtype, "weight_dtype")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.batch_hard_timeout_s is not None and self.batch_hard_timeout_s <= 0:

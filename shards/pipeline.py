@@ -53,7 +53,7 @@ from shards.runtime import (
 )
 from shards.shipping import ship_bundle, stages_off_node
 from shards.signature import ModelSignature
-from shards.tensor_routes import Route, plan_routes
+from shards.tensor_routes import Route, Source, plan_routes
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class _Layout:
     """How a replica is built: kept so that a failed one can be built again."""
 
     routes: tuple[Route, ...]
-    output_sources: dict[str, int]
+    output_sources: dict[str, Source]
     bundles: list[dict[str, float]]
     actor: ActorSpec
     options: PipelineOptions
@@ -148,6 +148,8 @@ class PipelineGroup:
                 simulate_device_ms=options.simulate_device_ms,
                 stage_cache_dir=options.stage_cache_dir,
                 max_restarts=options.max_restarts,
+                activation_dtype=options.activation_dtype,
+                weight_dtype=options.weight_dtype,
                 shipped=tuple(shipped),
             )
             for pipeline in pipelines:

@@ -29,7 +29,7 @@ from shards.faults import is_replica_fault, translate
 from shards.health import ReplicaState
 from shards.runtime import run_bounded
 from shards.shipping import ShippedStage
-from shards.tensor_routes import MODEL_INPUT, Route
+from shards.tensor_routes import Route, Source, request_readers
 
 _RemoteShard = ray.remote(ShardActor)
 log = logging.getLogger(__name__)
@@ -52,6 +52,8 @@ class ActorSpec:
     stage_cache_dir: str | None
     max_restarts: int
     shipped: tuple[ShippedStage | None, ...]
+    activation_dtype: str | None = None
+    weight_dtype: str | None = None
 
 
 class Pipeline:
@@ -61,7 +63,7 @@ class Pipeline:
         self,
         actors: Sequence[Any],
         routes: tuple[Route, ...],
-        output_sources: dict[str, int],
+        output_sources: dict[str, Source],
         group: PlacementGroup,
     ) -> None:
         self.actors = list(actors)
@@ -75,13 +77,15 @@ class Pipeline:
         self._fault_seq: int | None = None
         self._routes = routes
         self._output_sources = output_sources
-        self._request_readers = sum(r.needs_request for r in routes)
-        self._output_stages = sorted({s for s in output_sources.values() if s != MODEL_INPUT})
+        self._request_readers = request_readers(routes)
+        # Only the model outputs that a stage makes are awaited; the rest of a stage's outputs
+        # go from stage to stage and never come back to the driver.
+        self._awaited = {n: s for n, s in output_sources.items() if not s.from_request}
         self.compiled: CompiledStages | None = None
 
     def compile(self, max_inflight: int) -> None:
         """Switch this replica to a compiled graph over its actors (inside the event loop)."""
-        self.compiled = CompiledStages(self.actors, self._routes, self._output_stages, max_inflight)
+        self.compiled = CompiledStages(self.actors, self._routes, self._awaited, max_inflight)
 
     async def run(
         self, inputs: dict[str, np.ndarray], timeout_s: float | None = None
@@ -120,22 +124,29 @@ class Pipeline:
     async def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.compiled is not None:
             return self._outputs(inputs, await self.compiled.run(inputs))
-        # One copy in the object store instead of one per stage that reads the request.
-        request: Any = ray.put(inputs) if self._request_readers > 1 else inputs
-        refs: list[Any] = []
+        # A request tensor that several stages read goes into the object store once.
+        request = {
+            name: ray.put(inputs[name]) if readers > 1 else inputs[name]
+            for name, readers in self._request_readers.items()
+        }
+        # Top-level refs as arguments: Ray hands each stage the arrays themselves, fetched from
+        # the stage that made them.
+        made: list[list[Any]] = []
         for actor, route in zip(self.actors, self._routes, strict=True):
-            parts = [request] if route.needs_request else []
-            parts += [refs[j] for j in route.from_stages]
-            refs.append(actor.forward.remote(*parts))
-        stages = self._output_stages
-        results = dict(zip(stages, await asyncio.gather(*(refs[s] for s in stages)), strict=True))
-        return self._outputs(inputs, results)
+            args = [
+                request[s.name] if s.from_request else made[s.stage][s.index] for s in route.inputs
+            ]
+            out = actor.forward.options(num_returns=route.num_returns).remote(*args)
+            made.append([out] if route.num_returns == 1 else list(out))
+        refs = [made[s.stage][s.index] for s in self._awaited.values()]
+        values = await asyncio.gather(*refs)
+        return self._outputs(inputs, dict(zip(self._awaited, values, strict=True)))
 
     def _outputs(
-        self, inputs: dict[str, np.ndarray], results: dict[int, dict[str, np.ndarray]]
+        self, inputs: dict[str, np.ndarray], made: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         return {
-            name: inputs[name] if src == MODEL_INPUT else results[src][name]
+            name: inputs[name] if src.from_request else made[name]
             for name, src in self._output_sources.items()
         }
 
@@ -247,6 +258,8 @@ def spawn_actors(
             # A dataclass, not a bare ObjectRef: Ray would fetch a top-level ref eagerly.
             shipped=spec.shipped[index] if spec.shipped else None,
             stage_cache_dir=spec.stage_cache_dir,
+            activation_dtype=spec.activation_dtype,
+            weight_dtype=spec.weight_dtype,
         )
         actors.append(actor)
     return actors

@@ -19,6 +19,7 @@ from shards.actor import ShardActor
 from shards.bundle import BundleError, Manifest, read_manifest
 from shards.partition import partition_to_bundle
 from shards.shipping import ShippedStage, digest_stage_file, ship_stage, stage_dir_for
+from shards.tensor_routes import plan_routes
 
 WARM_SIZES = [1, 3, 8]
 
@@ -43,6 +44,17 @@ def actors(ray_address: str, seq_bundle: tuple[Path, keras.Model, Inputs]) -> It
     yield handles
     for handle in handles:
         ray.kill(handle)
+
+
+def _chain(actors: list[Any], manifest: Manifest, inputs: Inputs) -> dict[str, np.ndarray]:
+    """The model outputs of a batch through ``actors``, one ref per tensor as the pipeline does."""
+    routes, outputs = plan_routes(manifest)
+    made: list[list[Any]] = []
+    for actor, route in zip(actors, routes, strict=True):
+        args = [inputs[s.name] if s.from_request else made[s.stage][s.index] for s in route.inputs]
+        out = actor.forward.options(num_returns=route.num_returns).remote(*args)
+        made.append([out] if route.num_returns == 1 else list(out))
+    return {name: ray.get(made[s.stage][s.index]) for name, s in outputs.items()}
 
 
 def test_each_actor_holds_only_its_stage_weights(
@@ -72,7 +84,7 @@ def test_chained_actors_match_the_whole_model(
     _, model, inputs = seq_bundle
     expected = call_whole(model, inputs)
 
-    out = ray.get(actors[1].forward.remote(actors[0].forward.remote(inputs)))
+    out = _chain(actors, read_manifest(seq_bundle[0]), inputs)
 
     assert sorted(out) == sorted(expected)
     for name, want in expected.items():
@@ -86,18 +98,31 @@ def test_no_retrace_at_any_batch_size_after_warmup(actors: list[Any], manifest: 
 
     for rows in [*WARM_SIZES, 2, 5, 17]:
         batch = {spec.name: np.ones((rows, *(d or 1 for d in spec.shape)), spec.dtype)}
-        out = ray.get(actors[1].forward.remote(actors[0].forward.remote(batch)))
+        out = _chain(actors, manifest, batch)
         assert all(v.shape[0] == rows for v in out.values())
 
     after = ray.get([a.info.remote() for a in actors])
     assert [i["trace_count"] for i in after] == [i["trace_count"] for i in before] == [1, 1]
 
 
-def test_forward_names_a_missing_input(actors: list[Any], manifest: Manifest) -> None:
-    wanted = manifest.stages[1].inputs[0].name
+def test_stats_report_compute_per_batch_row_count(actors: list[Any], manifest: Manifest) -> None:
+    spec = manifest.signature.inputs[0]
+    for rows in (17, 17, 5):
+        _chain(actors, manifest, {spec.name: np.ones((rows, *(d or 1 for d in spec.shape)))})
 
-    with pytest.raises(Exception, match=wanted):
-        ray.get(actors[1].forward.remote({"not_an_input": np.zeros((1, 3), "float32")}))
+    for stats in ray.get([a.stats.remote() for a in actors]):
+        by_rows = stats["compute_by_rows"]
+        assert by_rows[17]["count"] >= 2 and by_rows[5]["count"] >= 1
+        assert 0 < by_rows[17]["ewma_ms"] < 60_000
+        assert set(by_rows) <= set(range(1, 18))  # warm-up does not count: only batches
+
+
+def test_forward_names_the_tensors_it_reads(actors: list[Any], manifest: Manifest) -> None:
+    wanted = manifest.stages[1].inputs[0].name
+    extra = np.zeros((1, 3), "float32")
+
+    with pytest.raises(Exception, match=rf"reads 1 tensor\(s\) \['{wanted}'\]; got 2"):
+        ray.get(actors[1].forward.remote(extra, extra))
 
 
 def test_simulated_stage_returns_zeros_of_its_output_specs(
@@ -107,7 +132,14 @@ def test_simulated_stage_returns_zeros_of_its_output_specs(
     remote: Any = ray.remote(ShardActor).options(num_cpus=2, max_concurrency=1)
     actor = remote.remote(str(seq_bundle[0]), 0, [4], simulate_device_ms=20.0)
     try:
-        out = ray.get(actor.forward.remote(seq_bundle[2]))
+        arrays = [seq_bundle[2][t.name] for t in stage.inputs]
+        out = dict(
+            zip(
+                [t.name for t in stage.outputs],
+                [ray.get(actor.forward.remote(*arrays))],
+                strict=True,
+            )
+        )
         stats: dict[str, Any] = ray.get(actor.stats.remote())
         info: dict[str, Any] = ray.get(actor.info.remote())
     finally:
@@ -141,7 +173,7 @@ def test_actor_without_the_bundle_dir_loads_the_shipped_stage(
     shipped = ship_stage(bundle, read_manifest(bundle), 1, put=True)
     actor = _shipped_actor(tmp_path / "not-on-this-node", 1, shipped, tmp_path / "cache")
     try:
-        out = ray.get(actor.forward.remote(actors[0].forward.remote(inputs)))
+        out = _chain([actors[0], actor], read_manifest(bundle), inputs)
         info = ray.get(actor.info.remote())
     finally:
         ray.kill(actor)
@@ -171,7 +203,7 @@ def test_stage_file_gone_after_the_driver_read_it_loads_shipped(
         stage_file.write_bytes(b"x" * shipped.digest.size)
     actor = _shipped_actor(copy, 0, shipped, tmp_path / "cache")
     try:
-        out = ray.get(actors[1].forward.remote(actor.forward.remote(inputs)))
+        out = _chain([actor, actors[1]], read_manifest(bundle), inputs)
         info = ray.get(actor.info.remote())
     finally:
         ray.kill(actor)
