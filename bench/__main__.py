@@ -8,6 +8,8 @@ Examples::
     python -m bench overload                                 # goodput at 3x capacity (hey)
     python -m bench chaos                                    # kill -9 and poison rows under load
     python -m bench protocols                                # TF-Serving JSON vs V2 JSON/binary/gRPC
+    python -m bench openloop                                 # auto vs fixed timeouts, Poisson
+    python -m bench padding                                  # padded vs unpadded batches, CPU
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import chaos, overload, protocols
+from bench import batching, chaos, overload, protocols
 from bench.load import WRK_INSTALL_HINT, have_wrk
 from bench.report import machine, plot, render
 from bench.run import Plan, run_plan
@@ -70,10 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     overload.add_parser(sub)
     chaos.add_parser(sub)
     protocols.add_parser(sub)
+    batching.add_parsers(sub)
     args = parser.parse_args(argv)
     command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
 
-    if args.command in ("overload", "chaos", "protocols"):
+    if args.command in ("overload", "chaos", "protocols", "openloop", "padding"):
         return _faults(args, command)
 
     if args.command == "report":

@@ -100,11 +100,17 @@ def closed_loop(
     return _pyload(url, body, ["--concurrency", str(concurrency)], seconds)
 
 
-def open_loop(url: str, body: bytes, rate: float, seconds: float) -> LoadResult:
-    """Requests start at a fixed rate whatever the answers do (no coordinated omission)."""
+def open_loop(
+    url: str, body: bytes, rate: float, seconds: float, *, poisson: bool = False, skip_s: float = 0
+) -> LoadResult:
+    """Requests start at a fixed rate (or Poisson arrivals of that mean rate) whatever the answers
+    do (no coordinated omission); the first ``skip_s`` seconds are a warm-up, not counted."""
     if rate <= 0:
         raise ValueError(f"rate must be > 0 requests/s, got {rate}")
-    return _pyload(url, body, ["--rate", f"{rate:g}"], seconds)
+    extra = ["--poisson"] if poisson else []
+    if skip_s:
+        extra += ["--skip", f"{skip_s:g}"]
+    return _pyload(url, body, ["--rate", f"{rate:g}", *extra], seconds)
 
 
 def _wrk(

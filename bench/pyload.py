@@ -1,8 +1,10 @@
 """A small asyncio HTTP load generator (``python -m bench.pyload``), one JSON line out.
 
 Closed loop (``--concurrency N``): N clients, each sends when its last answer came. Open loop
-(``--rate R``): a request starts every 1/R s whatever the server does, and its latency counts
-from when it was due, so a server that falls behind shows it in the tail.
+(``--rate R``): a request starts every 1/R s whatever the server does (``--poisson``: gaps
+drawn from an exponential distribution of mean 1/R, seeded), and its latency counts from when it
+was due, so a server that falls behind shows it in the tail; ``--skip S``: requests due in the
+first S seconds are sent but not counted (a warm-up at the same rate).
 """
 
 from __future__ import annotations
@@ -50,29 +52,40 @@ async def _closed(url: str, body: bytes, concurrency: int, seconds: float) -> Lo
     return _result("closed", concurrency, None, latencies, errors, elapsed)
 
 
-async def _open(url: str, body: bytes, rate: float, seconds: float) -> LoadResult:
+def arrivals(rate: float, seconds: float, poisson: bool, seed: int = 0) -> np.ndarray:
+    """Offsets in seconds from the start at which requests are due, ``rate`` per second."""
+    if not poisson:
+        return np.arange(int(rate * seconds)) / rate
+    gaps = np.random.default_rng(seed).exponential(1 / rate, int(rate * seconds * 1.5) + 16)
+    due = np.cumsum(gaps) - gaps[0]
+    return due[due < seconds]
+
+
+async def _open(
+    url: str, body: bytes, rate: float, seconds: float, poisson: bool = False, skip_s: float = 0.0
+) -> LoadResult:
     latencies: list[float] = []
     errors = 0
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         start = time.perf_counter()
-        count = int(rate * seconds)
         tasks = []
 
-        async def fire(due: float) -> None:
+        async def fire(due: float, counted: bool) -> None:
             nonlocal errors
             ok = await _one(session, url, body)
-            latencies.append(time.perf_counter() - due)
-            errors += not ok
+            if counted:
+                latencies.append(time.perf_counter() - due)
+                errors += not ok
 
-        for i in range(count):
-            due = start + i / rate
+        for offset in arrivals(rate, seconds + skip_s, poisson):
+            due = start + float(offset)
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(fire(due)))
+            tasks.append(asyncio.create_task(fire(due, offset >= skip_s)))
         await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start - skip_s
     return _result("open", 0, rate, latencies, errors, elapsed)
 
 
@@ -103,12 +116,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int)
     parser.add_argument("--rate", type=float)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--poisson", action="store_true", help="open loop: Poisson arrivals")
+    parser.add_argument("--skip", type=float, default=0.0, help="open loop: uncounted warm-up s")
     args = parser.parse_args()
     body = open(args.body, "rb").read()  # noqa: SIM115 - read once at start
     if (args.concurrency is None) == (args.rate is None):
         sys.exit("give exactly one of --concurrency N (closed loop) or --rate R (open loop)")
     if args.rate is not None:
-        result = asyncio.run(_open(args.url, body, args.rate, args.seconds))
+        result = asyncio.run(
+            _open(args.url, body, args.rate, args.seconds, args.poisson, args.skip)
+        )
     else:
         result = asyncio.run(_closed(args.url, body, args.concurrency, args.seconds))
     sys.stdout.write(orjson.dumps(asdict(result)).decode() + "\n")

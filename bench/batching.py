@@ -1,0 +1,325 @@
+"""``python -m bench openloop`` and ``python -m bench padding``: the batching policy's benches.
+
+openloop (issue 13): one server (heavy model, 2 stages, max batch 32, admin token), its capacity
+measured closed loop (the best of the policies at ``capacity_clients``), then Poisson arrivals
+at fractions of that capacity; at every rate each policy (fixed timeouts and auto, switched with
+``PUT /admin/batching``) is measured once per repeat, the order rotated each repeat so that a
+drift of the machine touches every policy alike. Reported: medians and spread of p50, p99 and
+req/s, and auto against the best fixed timeout's p99 at each rate.
+
+padding: the same server at c clients of ``rows`` rows each, batches padded to 32 rows
+(``--allowed-batch-sizes 32``) or run at their row count (the CPU default), interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.load import closed_loop, open_loop
+from bench.quiet import other_benches
+from bench.run import save_workload
+from bench.scrape import base_url, delta, free_port, scrape
+from bench.systems import ServerProcess, SystemConfig
+from bench.systems.base import LaunchSpec
+from bench.systems.shardserve import shardserve_spec
+from bench.workloads import get_workload
+
+Progress = Callable[[str], None]
+TOKEN = "bench-batching"
+_ROWS = "shardserve_batch_size_rows"
+_PADDED = "shardserve_batch_padded_size_rows"
+
+
+@dataclass(frozen=True)
+class BatchingPlan:
+    workload: str = "heavy"
+    stages: int = 2
+    max_batch_size: int = 32
+    policies: tuple[str, ...] = ("0", "2", "5", "10", "auto")
+    fractions: tuple[float, ...] = (0.3, 0.6, 0.9)
+    capacity_clients: int = 64
+    capacity_s: float = 8.0
+    seconds: float = 10.0
+    warmup_s: float = 2.0
+    repeats: int = 3
+    # padding
+    clients: int = 16
+    rows: int = 17
+    max_inflight_batches: int = 16
+    port: int = 0
+    workdir: Path = Path(".bench")
+
+
+def _spec(plan: BatchingPlan, port: int, *extra: str) -> LaunchSpec:
+    model = save_workload(plan.workload, plan.workdir)
+    config = SystemConfig(model, port, plan.max_batch_size, 5.0)
+    spec = shardserve_spec(config, plan.stages, plan.workdir / "cache")
+    return LaunchSpec(spec.name, [*spec.argv, "--admin-token", TOKEN, *extra])
+
+
+def set_policy(base: str, changes: dict[str, Any]) -> None:
+    request = urllib.request.Request(
+        f"{base}/admin/batching",
+        data=orjson.dumps(changes),
+        method="PUT",
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        response.read()
+
+
+def _timeout(policy: str) -> float | str:
+    return "auto" if policy == "auto" else float(policy)
+
+
+def _measured(base: str, load: Callable[[], Any]) -> dict[str, Any]:
+    before = scrape(base)
+    result = load()
+    after = scrape(base)
+    batches = delta(after, before, f"{_ROWS}_count")
+    return {
+        **result.to_json(),
+        "mean_batch_rows": delta(after, before, f"{_ROWS}_sum") / batches if batches else 0.0,
+        "mean_padded_rows": delta(after, before, f"{_PADDED}_sum") / batches if batches else 0.0,
+        "loadavg_1min": _loadavg(),
+    }
+
+
+def _loadavg() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def run_openloop(plan: BatchingPlan, progress: Progress = print) -> dict[str, Any]:
+    port = plan.port or free_port()
+    body = get_workload(plan.workload).request_body(1)
+    log = plan.workdir / "logs" / "openloop.log"
+    runs: list[dict[str, Any]] = []
+    capacity: dict[str, float] = {}
+    with ServerProcess(_spec(plan, port), port, body, log) as server:
+        base = base_url(server.url)
+        for policy in ("10", "auto"):  # the two that batched most in closed loop (run 5)
+            set_policy(base, {"batch_timeout_ms": _timeout(policy)})
+            closed_loop(server.url, body, plan.capacity_clients, 2.0)
+            result = closed_loop(server.url, body, plan.capacity_clients, plan.capacity_s)
+            capacity[policy] = result.rps
+            progress(f"capacity ({policy} ms, c={plan.capacity_clients}): {result.rps:.1f} req/s")
+        top = max(capacity.values())
+        for repeat in range(plan.repeats):
+            shift = repeat % len(plan.policies)
+            order = (*plan.policies[shift:], *plan.policies[:shift])
+            for fraction in plan.fractions:
+                rate = round(top * fraction, 1)
+                load = partial(
+                    open_loop,
+                    server.url,
+                    body,
+                    rate,
+                    plan.seconds,
+                    poisson=True,
+                    skip_s=plan.warmup_s,
+                )
+                for policy in order:
+                    set_policy(base, {"batch_timeout_ms": _timeout(policy)})
+                    record = _measured(base, load)
+                    record.update(policy=policy, fraction=fraction, repeat=repeat)
+                    runs.append(record)
+                    progress(
+                        f"  r{repeat} {fraction:.0%} ({rate:g}/s) {policy:>4}: "
+                        f"{record['rps']:.1f} req/s p50 {record['p50_ms']:.1f} p99 "
+                        f"{record['p99_ms']:.1f} ms, {record['mean_batch_rows']:.1f} rows/batch, "
+                        f"errors {record['errors']}, load {record['loadavg_1min']:.1f}"
+                    )
+    return {
+        "bench": "openloop",
+        "plan": _plan_json(plan),
+        "capacity": capacity,
+        "runs": runs,
+        "other_benches": other_benches(),
+    }
+
+
+def run_padding(plan: BatchingPlan, progress: Progress = print) -> dict[str, Any]:
+    body = get_workload(plan.workload).request_body(plan.rows)
+    variants = {"padded to 32": ("--allowed-batch-sizes", "32"), "unpadded": ()}
+    runs: list[dict[str, Any]] = []
+    servers = {}
+    for name, extra in variants.items():
+        port = plan.port or free_port()
+        args = ("--batch-timeout-ms", "0", "--max-inflight-batches", str(plan.max_inflight_batches))
+        spec = _spec(plan, port, *args, *extra)
+        log = plan.workdir / "logs" / f"padding-{name.replace(' ', '-')}.log"
+        servers[name] = ServerProcess(spec, port, body, log)
+    # One server at a time: two would share the cores.
+    for repeat in range(plan.repeats):
+        order = list(variants) if repeat % 2 == 0 else list(reversed(variants))
+        for name in order:
+            with servers[name] as server:
+                base = base_url(server.url)
+                closed_loop(server.url, body, plan.clients, plan.warmup_s)
+                record = _measured(
+                    base, lambda: closed_loop(server.url, body, plan.clients, plan.seconds)
+                )
+            record.update(variant=name, repeat=repeat)
+            runs.append(record)
+            progress(
+                f"  r{repeat} {name:>12}: {record['rps']:.1f} req/s p50 {record['p50_ms']:.1f} "
+                f"p99 {record['p99_ms']:.1f} ms, {record['mean_batch_rows']:.1f} rows/batch "
+                f"padded to {record['mean_padded_rows']:.1f}, load {record['loadavg_1min']:.1f}"
+            )
+            time.sleep(1.0)  # the previous server's Ray going away
+    return {"bench": "padding", "plan": _plan_json(plan), "runs": runs}
+
+
+def _plan_json(plan: BatchingPlan) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()}
+
+
+def _label(policy: str) -> str:
+    return "auto" if policy == "auto" else f"{policy} ms"
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def render(results: dict[str, Any]) -> str:
+    if results["bench"] == "padding":
+        return _render_padding(results)
+    plan, runs = results["plan"], results["runs"]
+    cap = results["capacity"]
+    lines = [
+        f"Capacity (closed loop, c={plan['capacity_clients']}): "
+        + ", ".join(f"{_label(p)} {v:.1f} req/s" for p, v in cap.items())
+        + f"; rates are fractions of {max(cap.values()):.1f} req/s. Poisson arrivals, "
+        f"{plan['seconds']:g} s per point after {plan['warmup_s']:g} s uncounted; "
+        f"medians of {plan['repeats']} interleaved repeats (min-max).",
+        "",
+        "| rate | policy | p50 ms | p99 ms | req/s | rows/batch |",
+        "|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for fraction in plan["fractions"]:
+        p99s = {}
+        rps = {}
+        for policy in plan["policies"]:
+            mine = [r for r in runs if r["fraction"] == fraction and r["policy"] == policy]
+            if not mine:
+                continue
+            p99s[policy] = statistics.median(r["p99_ms"] for r in mine)
+            rps[policy] = statistics.median(r["rps"] for r in mine)
+            label = _label(policy)
+            lines.append(
+                f"| {fraction:.0%} | {label} | {_spread([r['p50_ms'] for r in mine])} | "
+                f"{_spread([r['p99_ms'] for r in mine])} | {_spread([r['rps'] for r in mine])} | "
+                f"{statistics.median(r['mean_batch_rows'] for r in mine):.1f} |"
+            )
+        fixed = {p: v for p, v in p99s.items() if p != "auto"}
+        if "auto" in p99s and fixed:
+            best = min(fixed, key=lambda p: fixed[p])
+            ratio = p99s["auto"] / fixed[best]
+            rps_ratio = rps["auto"] / rps[best]
+            ok = ratio <= 1.10 and rps_ratio >= 0.99
+            verdicts.append(
+                f"- {fraction:.0%}: auto p99 {p99s['auto']:.1f} ms = {ratio:.0%} of the best fixed "
+                f"({best} ms, {fixed[best]:.1f} ms); req/s {rps_ratio:.0%} of it: "
+                f"{'within' if ok else 'NOT within'} the bar"
+            )
+    return "\n".join([*lines, "", *verdicts]) + "\n"
+
+
+def _render_padding(results: dict[str, Any]) -> str:
+    plan, runs = results["plan"], results["runs"]
+    lines = [
+        f"c={plan['clients']} closed loop, {plan['rows']} rows per request, max batch "
+        f"{plan['max_batch_size']}, timeout 0, {plan['max_inflight_batches']} batches in flight, "
+        f"{plan['stages']} stages; {plan['seconds']:g} s per run, medians of {plan['repeats']} "
+        f"(min-max), one server at a time, order alternated.",
+        "",
+        "| batches | req/s | rows/s | p50 ms | p99 ms | rows/batch | padded rows/batch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in ("padded to 32", "unpadded"):
+        mine = [r for r in runs if r["variant"] == name]
+        if not mine:
+            continue
+        lines.append(
+            f"| {name} | {_spread([r['rps'] for r in mine])} | "
+            f"{statistics.median(r['rps'] for r in mine) * plan['rows']:.0f} | "
+            f"{_spread([r['p50_ms'] for r in mine])} | {_spread([r['p99_ms'] for r in mine])} | "
+            f"{statistics.median(r['mean_batch_rows'] for r in mine):.1f} | "
+            f"{statistics.median(r['mean_padded_rows'] for r in mine):.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(p) for p in text.split(",") if p.strip())
+
+
+def add_parsers(sub: Any) -> None:
+    d = BatchingPlan()
+    for command, about in (
+        ("openloop", "auto vs fixed timeouts under Poisson arrivals at fractions of capacity"),
+        ("padding", "padded vs unpadded batches, closed loop (c clients of rows rows)"),
+    ):
+        parser = sub.add_parser(command, help=about)
+        parser.add_argument("--workload", default=d.workload)
+        parser.add_argument("--stages", type=int, default=d.stages)
+        parser.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+        parser.add_argument("--seconds", type=float, default=d.seconds)
+        parser.add_argument("--warmup", type=float, default=d.warmup_s)
+        parser.add_argument("--repeats", type=int, default=d.repeats)
+        parser.add_argument("--port", type=int, default=d.port, help="0: a free one")
+        parser.add_argument("--workdir", type=Path, default=d.workdir)
+        parser.add_argument("--out", type=Path, default=Path("docs/bench-batching"))
+        if command == "openloop":
+            parser.add_argument("--policies", default=",".join(d.policies))
+            parser.add_argument("--fractions", type=_floats, default=d.fractions)
+            parser.add_argument("--capacity-clients", type=int, default=d.capacity_clients)
+            parser.add_argument("--capacity-seconds", type=float, default=d.capacity_s)
+        else:
+            parser.add_argument("--clients", type=int, default=d.clients)
+            parser.add_argument("--rows", type=int, default=d.rows)
+            parser.add_argument("--max-inflight-batches", type=int, default=d.max_inflight_batches)
+        parser.set_defaults(handler=_command, render=render)
+
+
+def _command(args: argparse.Namespace) -> dict[str, Any]:
+    common = {
+        "workload": args.workload,
+        "stages": args.stages,
+        "max_batch_size": args.max_batch_size,
+        "seconds": args.seconds,
+        "warmup_s": args.warmup,
+        "repeats": args.repeats,
+        "port": args.port,
+        "workdir": args.workdir,
+    }
+    progress: Progress = lambda line: print(line, flush=True)  # noqa: E731
+    if args.command == "openloop":
+        plan = BatchingPlan(
+            **common,
+            policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+            fractions=args.fractions,
+            capacity_clients=args.capacity_clients,
+            capacity_s=args.capacity_seconds,
+        )
+        return run_openloop(plan, progress)
+    plan = BatchingPlan(
+        **common,
+        clients=args.clients,
+        rows=args.rows,
+        max_inflight_batches=args.max_inflight_batches,
+    )
+    return run_padding(plan, progress)
