@@ -1,4 +1,4 @@
-"""The ``shardserve`` command: ``serve``, ``partition`` (and ``tune`` from loadtest).
+"""The ``shardserve`` command: ``serve``, ``partition``, ``plan`` (and ``tune`` from loadtest).
 
 ``serve`` has one flag per setting, generated from ``Settings`` so that the flags, the env vars
 and the TOML keys can never drift apart.
@@ -134,18 +134,63 @@ def run_server(settings: Settings) -> None:
 app.command("serve")(serve)
 
 
+_STAGES_HELP = "Balanced stages to cut."
+_BUDGET_HELP = (
+    "Memory budget per device (weights + activations + overhead), with units: 16GiB = the "
+    "fewest stages that fit; 16GiB,16GiB,40GiB = stage i fits device i."
+)
+_BATCH_HELP = "Rows in a full batch: activations are planned at this size."
+_OVERHEAD_HELP = (
+    "A device's own memory before any weight, e.g. 1GiB; default 1 GiB on a GPU, 700 MiB on a CPU."
+)
+
+
+def _fail(exc: Exception, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {exc}", highlight=False)
+    return typer.Exit(code)
+
+
+def _plan_options(
+    stages: int | None, max_stage_bytes: str | None, device_overhead_bytes: str | None
+) -> tuple[tuple[int, ...] | None, int | None]:
+    if stages is not None and max_stage_bytes is not None:
+        err.print("[red]error:[/red] give either --stages or --max-stage-bytes, not both")
+        raise typer.Exit(2)
+    from shards.memory import parse_budgets, parse_bytes
+
+    try:
+        budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
+        overhead = None
+        if device_overhead_bytes is not None:
+            overhead = (
+                0 if device_overhead_bytes.strip() == "0" else parse_bytes(device_overhead_bytes)
+            )
+    except ValueError as exc:
+        raise _fail(exc, 2) from None
+    return budgets, overhead
+
+
+def _stdout() -> Console:
+    out = Console()
+    # Piped or captured, rich assumes 80 columns and would cut the table's cells.
+    return out if out.is_terminal else Console(width=200)
+
+
 @app.command("partition")
 def partition(
     model: Annotated[
         str, typer.Argument(help="A .keras file, a SavedModel dir or a demo model name.")
     ],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the bundle to.")],
-    stages: Annotated[Optional[int], typer.Option(help="Balanced stages to cut.", min=1)] = None,  # noqa: UP045
+    stages: Annotated[Optional[int], typer.Option(help=_STAGES_HELP, min=1)] = None,  # noqa: UP045
     max_stage_bytes: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(
-            "--max-stage-bytes", help="Per-device weight budget: fewest stages that fit.", min=1
-        ),
+        Optional[str],  # noqa: UP045
+        typer.Option("--max-stage-bytes", help=_BUDGET_HELP, metavar="BYTES[,BYTES...]"),
+    ] = None,
+    max_batch_size: Annotated[int, typer.Option(help=_BATCH_HELP, min=1)] = 32,
+    device_overhead_bytes: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--device-overhead-bytes", help=_OVERHEAD_HELP, metavar="BYTES"),
     ] = None,
     imports: Annotated[
         Optional[list[str]],  # noqa: UP045
@@ -153,9 +198,7 @@ def partition(
     ] = None,
 ) -> None:
     """Cut a Keras model into stages and write a bundle (manifest.json + one file per stage)."""
-    if stages is not None and max_stage_bytes is not None:
-        err.print("[red]error:[/red] give either --stages or --max-stage-bytes, not both")
-        raise typer.Exit(2)
+    budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
     from shards.models import DEMO_MODELS, build_demo
     from shards.partition import partition_to_bundle
 
@@ -167,19 +210,97 @@ def partition(
                 out,
                 source_name=f"demo:{model}" if model in DEMO_MODELS else None,
                 stages=stages,
-                max_stage_bytes=max_stage_bytes,
+                max_stage_bytes=budgets,
                 imports=tuple(imports or ()),
                 progress=lambda step: status.update(step),
+                max_batch_size=max_batch_size,
+                device_overhead_bytes=overhead,
             )
         except (ValueError, OSError) as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
-            raise typer.Exit(1) from None
+            raise _fail(exc) from None
     for stage in manifest.stages:
         ins = ", ".join(t.name for t in stage.inputs)
         err.print(
             f"stage {stage.index}: {stage.param_bytes / 2**20:.1f} MiB of weights, inputs [{ins}]"
         )
+    from serving.plan_table import plan_table
+
+    _stdout().print(plan_table(manifest.stages))
     err.print(f"wrote {len(manifest.stages)} stage(s) to {out}")
+
+
+@app.command("plan")
+def plan(
+    model: Annotated[
+        str, typer.Argument(help="A .keras file, a bundle directory or a demo model name.")
+    ],
+    stages: Annotated[Optional[int], typer.Option(help=_STAGES_HELP, min=1)] = None,  # noqa: UP045
+    max_stage_bytes: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--max-stage-bytes", help=_BUDGET_HELP, metavar="BYTES[,BYTES...]"),
+    ] = None,
+    max_batch_size: Annotated[int, typer.Option(help=_BATCH_HELP, min=1)] = 32,
+    device_overhead_bytes: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--device-overhead-bytes", help=_OVERHEAD_HELP, metavar="BYTES"),
+    ] = None,
+    imports: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--import", help="Module to import first (custom layers); repeatable."),
+    ] = None,
+) -> None:
+    """Print the memory plan per stage (what partition would write), without writing anything.
+    A bundle directory: the plan in its manifest."""
+    budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
+    from serving.plan_table import plan_table
+    from shards.bundle import MANIFEST_NAME, read_manifest
+
+    try:
+        if (Path(model) / MANIFEST_NAME).is_file():
+            specs = list(read_manifest(model).stages)
+        else:
+            with err.status("planning..."):
+                specs = _plan_model(model, stages, budgets, max_batch_size, overhead, imports)
+    except (ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    _stdout().print(plan_table(specs))
+
+
+def _plan_model(
+    model: str,
+    stages: int | None,
+    budgets: tuple[int, ...] | None,
+    max_batch_size: int,
+    overhead: int | None,
+    imports: list[str] | None,
+) -> list[Any]:
+    from shards.bundle import import_modules
+    from shards.graph import analyse
+    from shards.models import DEMO_MODELS, build_demo
+    from shards.partition import plan_stages
+
+    import_modules(imports or ())
+    path = Path(model)
+    if model in DEMO_MODELS:
+        keras_model = build_demo(model)
+    elif path.is_file() and path.suffix == ".keras":
+        import keras
+
+        keras_model = keras.saving.load_model(path, compile=False)
+    else:
+        raise ValueError(
+            f"cannot plan {model!r}: expected a bundle directory (with manifest.json), a .keras "
+            f"file or a demo model name ({', '.join(DEMO_MODELS)}); a TF SavedModel is served "
+            "whole, as one stage"
+        )
+    planned = plan_stages(
+        analyse(keras_model),
+        stages=stages,
+        max_stage_bytes=budgets,
+        max_batch_size=max_batch_size,
+        device_overhead_bytes=overhead,
+    )
+    return [spec for _, spec in planned]
 
 
 @app.command("tune")

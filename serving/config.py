@@ -22,6 +22,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from serving.batching_policy import BatchingPolicy
+from shards.memory import parse_budgets, parse_bytes
 
 MiB = 1024 * 1024
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
@@ -106,8 +107,15 @@ class Settings(BaseSettings):
     stages: int | None = Field(
         None, ge=1, le=64, description="Cut the model into this many balanced stages."
     )
-    max_stage_bytes: int | None = Field(
-        None, ge=1, description="Per-device weight budget: the fewest stages that fit it."
+    max_stage_bytes: Annotated[list[int] | None, NoDecode] = Field(
+        None,
+        description="Memory budget per device (weights + activations at max_batch_size + "
+        "overhead), e.g. 16GiB: the fewest stages that fit; 16GiB,40GiB: stage i on device i.",
+    )
+    device_overhead_bytes: int | None = Field(
+        None,
+        description="A device's own memory before any weight (e.g. 1GiB); unset = 1 GiB on a "
+        "GPU, 700 MiB on a CPU.",
     )
     imports: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -204,6 +212,18 @@ class Settings(BaseSettings):
     def _csv_lists(cls, value: Any) -> Any:
         return _split_csv(value)
 
+    @field_validator("max_stage_bytes", mode="before")
+    @classmethod
+    def _budgets(cls, value: Any) -> Any:
+        return None if value is None else list(parse_budgets(value))
+
+    @field_validator("device_overhead_bytes", mode="before")
+    @classmethod
+    def _overhead(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int | str) and str(value).strip() == "0"):
+            return None if value is None else 0
+        return parse_bytes(value)
+
     @field_validator("stage_resources", mode="before")
     @classmethod
     def _json_resources(cls, value: Any) -> Any:
@@ -239,6 +259,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"max_queue_rows ({self.max_queue_rows}) must be >= max_batch_size "
                 f"({self.max_batch_size}) so that a batch can fill"
+            )
+        budgets = self.max_stage_bytes or []
+        if self.stage_resources and len(budgets) > 1 and len(budgets) != len(self.stage_resources):
+            raise ValueError(
+                f"max_stage_bytes lists {len(budgets)} device budgets but stage_resources "
+                f"{len(self.stage_resources)} stages; give one of each per stage"
             )
         if self.stage_resources and self.stages and len(self.stage_resources) != self.stages:
             raise ValueError(

@@ -56,11 +56,25 @@ async def build_runner(settings: Settings) -> ModelRunner:
         max_stage_bytes=settings.max_stage_bytes,
         imports=tuple(settings.imports),
         cache_dir=settings.cache_dir,
+        max_batch_size=settings.max_batch_size,
+        device_overhead_bytes=device_overhead(settings),
     )
     log.info("model %r -> bundle %s", settings.model, bundle)
     options = pipeline_options(settings)
     group: Any = await PipelineGroup.create(bundle, options)
     return group  # type: ignore[no-any-return]
+
+
+def device_overhead(settings: Settings) -> int:
+    """The per-device overhead the memory plan counts: the setting, else the default for the
+    device the stages will run on (a GPU when they get one)."""
+    from shards import runtime
+    from shards.memory import default_overhead
+
+    if settings.device_overhead_bytes is not None:
+        return settings.device_overhead_bytes
+    gpus = settings.gpus_per_shard
+    return default_overhead(gpu=runtime.cluster_has_gpus() if gpus is None else gpus > 0)
 
 
 def pipeline_options(settings: Settings) -> PipelineOptions:

@@ -15,7 +15,7 @@ import importlib
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +38,11 @@ class StageSpec:
     outputs: tuple[TensorSpec, ...]
     param_bytes: int
     flops_per_row: int
+    # The memory plan (shards.memory); absent from manifests written before it: zeros.
+    memory: StageMemory | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "index": self.index,
             "file": self.file,
             "inputs": [t.to_json() for t in self.inputs],
@@ -48,6 +50,17 @@ class StageSpec:
             "param_bytes": self.param_bytes,
             "flops_per_row": self.flops_per_row,
         }
+        if self.memory is not None:
+            data["memory"] = asdict(self.memory)
+        return data
+
+    @property
+    def planned_peak_bytes(self) -> int:
+        """Weights + activations at the max batch + device overhead (weights alone in a
+        manifest written before the memory plan)."""
+        if self.memory is None:
+            return self.param_bytes
+        return self.param_bytes + self.memory.activation_bytes + self.memory.overhead_bytes
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageSpec:
@@ -58,6 +71,35 @@ class StageSpec:
             outputs=tuple(TensorSpec.from_json(t) for t in data["outputs"]),
             param_bytes=int(data["param_bytes"]),
             flops_per_row=int(data["flops_per_row"]),
+            memory=StageMemory.from_json(data["memory"]) if data.get("memory") else None,
+        )
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """A stage's share of the memory plan, as ``shardserve plan`` prints it."""
+
+    first_layer: str
+    last_layer: str
+    activation_bytes: int  # live at the stage's worst point, at max_batch_size rows
+    overhead_bytes: int
+    max_batch_size: int
+    budget_bytes: int | None  # the device's budget, when one was given
+    crossing_bytes_per_row: int  # what the stage sends on (later stages, model outputs)
+    unknown_dims: bool = False  # a dimension unknown in the graph was counted as 1
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StageMemory:
+        budget = data.get("budget_bytes")
+        return cls(
+            first_layer=str(data.get("first_layer", "")),
+            last_layer=str(data.get("last_layer", "")),
+            activation_bytes=int(data.get("activation_bytes", 0)),
+            overhead_bytes=int(data.get("overhead_bytes", 0)),
+            max_batch_size=int(data.get("max_batch_size", 0)),
+            budget_bytes=None if budget is None else int(budget),
+            crossing_bytes_per_row=int(data.get("crossing_bytes_per_row", 0)),
+            unknown_dims=bool(data.get("unknown_dims", False)),
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from shards.bundle import (
     FORMAT_VERSION,
     SAVEDMODEL_SUFFIX,
     Manifest,
+    StageMemory,
     StageSpec,
     import_modules,
     load_stage,
@@ -25,23 +27,97 @@ from shards.bundle import (
     write_manifest,
 )
 from shards.graph import Graph, PartitionError, analyse, cut
+from shards.memory import MemoryModel, default_overhead, parse_budgets
 from shards.plan import Plan, plan_balanced, plan_budget
 from shards.signature import ModelSignature, TensorSpec
 
-__all__ = ["PartitionError", "partition_to_bundle", "plan", "run_chain"]
+__all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_chain"]
 
 Progress = Callable[[str], None]
+# The server's default max_batch_size (serving.config): the batch a plan sizes activations at.
+DEFAULT_MAX_BATCH_SIZE = 32
 
 
-def plan(graph: Graph, *, stages: int | None, max_stage_bytes: int | None) -> Plan:
+Budgets = int | Sequence[int]
+
+
+def plan(
+    graph: Graph,
+    *,
+    stages: int | None,
+    max_stage_bytes: Budgets | None,
+    memory: MemoryModel | None = None,
+) -> Plan:
+    """The cuts: ``stages`` balanced ones, or the fewest (one budget) or exactly one per device
+    (a list of budgets) whose peak needs fit; without ``memory`` a budget counts weights only."""
     costs = [n.cost for n in graph.nodes]
     if stages is not None and max_stage_bytes is not None:
         raise PartitionError(
             f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"
         )
     if max_stage_bytes is not None:
-        return plan_budget(costs, max_stage_bytes)
+        if memory is None:
+            return plan_budget(costs, max_stage_bytes)
+        return plan_budget(
+            costs,
+            max_stage_bytes,
+            need=lambda a, b: memory.need(a, b).total,
+            explain=lambda a, b: memory.need(a, b).explain(),
+        )
     return plan_balanced(costs, 1 if stages is None else stages)
+
+
+def _tf_sees_gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def plan_stages(
+    graph: Graph,
+    *,
+    stages: int | None = None,
+    max_stage_bytes: Budgets | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    device_overhead_bytes: int | None = None,
+) -> list[tuple[keras.Model, StageSpec]]:
+    """Plan and cut: each stage's sub-model and its spec, memory plan included (what
+    ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
+    default for a GPU when TensorFlow sees one here, else for a CPU."""
+    overhead = device_overhead_bytes
+    if overhead is None:
+        overhead = default_overhead(gpu=_tf_sees_gpu())
+    memory = MemoryModel(graph, max_batch_size, overhead)
+    budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
+    stage_plan = plan(graph, stages=stages, max_stage_bytes=budgets, memory=memory)
+    cut_stages = []
+    for index, (start, end) in enumerate(stage_plan):
+        stage, spec = cut(graph, start, end, index)
+        need = memory.need(start, end)
+        budget = None if budgets is None else budgets[min(index, len(budgets) - 1)]
+        spec = replace(
+            spec,
+            memory=StageMemory(
+                first_layer=graph.nodes[start].name,
+                last_layer=graph.nodes[end - 1].name,
+                activation_bytes=need.activation_bytes,
+                overhead_bytes=need.overhead_bytes,
+                max_batch_size=max_batch_size,
+                budget_bytes=budget,
+                crossing_bytes_per_row=memory.crossing_bytes_per_row(start, end),
+                unknown_dims=need.unknown_dims,
+            ),
+        )
+        if budget is not None and spec.planned_peak_bytes > budget:
+            # Planning counts a reused layer's weights once; a stage holding a later call of
+            # it carries its weights again.
+            raise PartitionError(
+                f"stage {index} needs {spec.planned_peak_bytes} bytes ({spec.param_bytes} of "
+                f"weights), over its budget {budget}, because it reuses a layer of an earlier "
+                "stage; raise the budget"
+            )
+        cut_stages.append((stage, spec))
+    return cut_stages
 
 
 def _sha256_model(model: keras.Model) -> str:
@@ -71,10 +147,12 @@ def partition_to_bundle(
     out_dir: str | Path,
     *,
     stages: int | None = None,
-    max_stage_bytes: int | None = None,
+    max_stage_bytes: Budgets | None = None,
     imports: Sequence[str] = (),
     source_name: str | None = None,
     progress: Progress | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    device_overhead_bytes: int | None = None,
 ) -> Manifest:
     """Cut ``model`` (a ``.keras`` file, a SavedModel directory or a model built in code) into
     stages and write ``manifest.json`` plus one file per stage into ``out_dir``."""
@@ -98,23 +176,21 @@ def partition_to_bundle(
         model = keras.saving.load_model(path, compile=False)
     _prepare_out_dir(out)
     graph = analyse(model)
-    stage_plan = plan(graph, stages=stages, max_stage_bytes=max_stage_bytes)
-    report(f"planned {len(stage_plan)} stage(s) over {len(graph.nodes)} nodes")
+    planned = plan_stages(
+        graph,
+        stages=stages,
+        max_stage_bytes=max_stage_bytes,
+        max_batch_size=max_batch_size,
+        device_overhead_bytes=device_overhead_bytes,
+    )
+    report(f"planned {len(planned)} stage(s) over {len(graph.nodes)} nodes")
     specs = []
-    for index, (start, end) in enumerate(stage_plan):
-        stage, spec = cut(graph, start, end, index)
-        if max_stage_bytes is not None and spec.param_bytes > max_stage_bytes:
-            # Planning counts a reused layer's weights once; a stage holding a later call of
-            # it carries its weights again.
-            raise PartitionError(
-                f"stage {index} holds {spec.param_bytes} weight bytes, over max_stage_bytes="
-                f"{max_stage_bytes}, because it reuses a layer of an earlier stage; raise the "
-                "budget"
-            )
+    for stage, spec in planned:
         stage.save(out / spec.file)
         report(
-            f"stage {index}: nodes {start}..{end - 1}, {len(spec.inputs)} input(s), "
-            f"{len(spec.outputs)} output(s), {spec.param_bytes} weight bytes -> {spec.file}"
+            f"stage {spec.index}: {len(spec.inputs)} input(s), {len(spec.outputs)} output(s), "
+            f"{spec.param_bytes} weight bytes, planned peak {spec.planned_peak_bytes} bytes "
+            f"-> {spec.file}"
         )
         specs.append(spec)
     manifest = Manifest(FORMAT_VERSION, graph.signature, tuple(specs), source, sha, tuple(imports))
@@ -127,7 +203,7 @@ def _savedmodel_bundle(
     path: Path,
     out: Path,
     stages: int | None,
-    max_stage_bytes: int | None,
+    max_stage_bytes: Budgets | None,
     imports: Sequence[str],
     source: str,
     report: Progress,
@@ -168,7 +244,9 @@ def _savedmodel_bundle(
 
 
 def run_chain(
-    bundle_dir: str | Path, inputs: Mapping[str, np.ndarray], imports: Sequence[str] = ()
+    bundle_dir: str | Path,
+    inputs: Mapping[str, np.ndarray],
+    imports: Sequence[str] = (),
 ) -> dict[str, np.ndarray]:
     """Run a bundle's stages one after the other, each loaded on its own, routing every tensor
     by name from wherever it was produced (a model input or an earlier stage's output)."""

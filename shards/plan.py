@@ -12,11 +12,12 @@ list of ``(start, end)`` half-open ranges that tile ``range(len(nodes))``. Two q
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shards.errors import PlanError
+from shards.memory import format_size as format_bytes
 
 Plan = list[tuple[int, int]]
 
@@ -74,17 +75,6 @@ def estimate_flops(op: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> in
     return out_elems + 2 * sum(math.prod(w.shape) for w in weights)
 
 
-def format_bytes(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        size /= 1024
-        if size < 1024 or unit == "GiB":
-            break
-    return f"{size:.1f} {unit}"
-
-
 def _greedy(costs: Sequence[int], sizes: Sequence[int], max_cost: int, max_size: int) -> Plan:
     """Fill each stage as far as both limits allow: for contiguous ranges this gives the fewest
     stages (any plan's k-th cut is never to the right of the greedy k-th cut)."""
@@ -134,23 +124,111 @@ def plan_balanced(nodes: Sequence[NodeCost], stages: int) -> Plan:
     return _min_max_cost(costs, [0] * len(nodes), stages, max_size=0)
 
 
-def plan_budget(nodes: Sequence[NodeCost], max_stage_bytes: int) -> Plan:
-    if max_stage_bytes < 1:
-        raise PlanError(f"max_stage_bytes must be an integer >= 1, got {max_stage_bytes}")
+# Bytes a stage over nodes[a:b] needs at its peak, and the same spelled out for an error.
+Need = Callable[[int, int], int]
+Explain = Callable[[int, int], str]
+
+
+def _budget_text(budgets: Sequence[int]) -> str:
+    if len(budgets) == 1:
+        return f"max_stage_bytes={budgets[0]} ({format_bytes(budgets[0])})"
+    top = max(budgets)
+    listed = ",".join(str(b) for b in budgets)
+    return f"the largest device budget {top} ({format_bytes(top)}) of max_stage_bytes={listed}"
+
+
+def _fill(
+    costs: Sequence[int], cap: int, fits: Callable[[int, int, int], bool], k: int | None
+) -> Plan:
+    """Greedy over k devices in order (k=None: as many as it takes): stage j takes nodes while
+    its cost stays <= cap and it fits device j, leaving one node for each later stage; the last
+    stage takes the rest. Its j-th cut is never left of any fitting plan's (a sub-range of a
+    range that fits fits too), so it finds a plan whenever one exists."""
+    n = len(costs)
+    plan: Plan = []
+    start, cost = 0, 0
+    for i, c in enumerate(costs):
+        j = len(plan)
+        last = k is not None and j == k - 1
+        reserve = k is not None and n - i == k - 1 - j
+        full = cost + c > cap or not fits(j, start, i + 1)
+        if i > start and not last and (reserve or full):
+            plan.append((start, i))
+            start, cost = i, 0
+        cost += c
+    plan.append((start, n))
+    return plan
+
+
+def plan_budget(
+    nodes: Sequence[NodeCost],
+    max_stage_bytes: int | Sequence[int],
+    need: Need | None = None,
+    explain: Explain | None = None,
+) -> Plan:
+    """One budget: the fewest stages whose needs each fit it, the most balanced among them.
+    One budget per device: exactly that many stages, stage i fitting device i.
+
+    ``need`` is what a stage needs at its peak (default: its weights only)."""
+    budgets = (max_stage_bytes,) if isinstance(max_stage_bytes, int) else tuple(max_stage_bytes)
+    if not budgets or any(b < 1 for b in budgets):
+        raise PlanError(f"max_stage_bytes must be integers >= 1, got {list(budgets)}")
     if not nodes:
         raise PlanError("the model has no cuttable nodes")
-    for n in nodes:
-        if n.param_bytes > max_stage_bytes:
+
+    def weights(a: int, b: int) -> int:
+        return sum(n.param_bytes for n in nodes[a:b])
+
+    need = need or weights
+    explain = explain or (
+        lambda a, b: f"{format_bytes(weights(a, b))} of weights ({weights(a, b)} bytes)"
+    )
+    for i, node in enumerate(nodes):
+        if need(i, i + 1) > max(budgets):
             raise PlanError(
-                f"layer {n.name!r} alone holds {format_bytes(n.param_bytes)} of weights "
-                f"({n.param_bytes} bytes), more than max_stage_bytes={max_stage_bytes} "
-                f"({format_bytes(max_stage_bytes)}); raise the budget to at least "
-                f"{n.param_bytes} bytes"
+                f"layer {node.name!r} alone holds {explain(i, i + 1)}, more than "
+                f"{_budget_text(budgets)}; raise the budget to at least {need(i, i + 1)} bytes"
             )
     costs = [n.cost for n in nodes]
-    sizes = [n.param_bytes for n in nodes]
-    fewest = len(_greedy(costs, sizes, sum(costs), max_stage_bytes))
-    return _min_max_cost(costs, sizes, fewest, max_stage_bytes)
+    total = sum(costs)
+    if len(budgets) == 1:
+        k = len(_fill(costs, total, lambda _j, a, b: need(a, b) <= budgets[0], None))
+        budgets = budgets * k
+    if len(budgets) > len(nodes):
+        raise PlanError(
+            f"max_stage_bytes lists {len(budgets)} devices but the model has only {len(nodes)} "
+            "cuttable nodes; give at most that many budgets"
+        )
+    k = len(budgets)
+
+    def fits(j: int, a: int, b: int) -> bool:
+        return need(a, b) <= budgets[j]
+
+    def feasible(cap: int) -> Plan | None:
+        plan = _fill(costs, cap, fits, k)
+        ok = all(fits(j, a, b) and sum(costs[a:b]) <= cap for j, (a, b) in enumerate(plan))
+        return plan if ok else None
+
+    best = feasible(total)
+    if best is None:
+        plan = _fill(costs, total, fits, k)
+        j, (a, b) = next((j, s) for j, s in enumerate(plan) if not fits(j, *s))
+        raise PlanError(
+            f"the model does not fit max_stage_bytes={','.join(str(x) for x in budgets)} in "
+            f"that order: filled as far as they go, stage {j} (budget {budgets[j]}, "
+            f"{format_bytes(budgets[j])}) would hold layers {nodes[a].name!r}.."
+            f"{nodes[b - 1].name!r}, {explain(a, b)}; give the devices more memory, add a "
+            "device, or order them differently"
+        )
+    lo, hi = max(costs), total
+    while lo < hi:
+        mid = (lo + hi) // 2
+        found = feasible(mid)
+        if found is not None:
+            hi, best = mid, found
+        else:
+            lo = mid + 1
+    return feasible(lo) or best
 
 
 def stage_costs(nodes: Sequence[NodeCost], plan: Plan) -> list[int]:

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from shards.bundle import (
     FORMAT_VERSION,
@@ -28,6 +28,7 @@ from shards.bundle import (
     sha256_file,
 )
 from shards.errors import ResolveError
+from shards.memory import parse_budgets
 
 if TYPE_CHECKING:
     import keras
@@ -44,17 +45,21 @@ def resolve_bundle(
     model: str,
     *,
     stages: int | None,
-    max_stage_bytes: int | None,
+    max_stage_bytes: int | Sequence[int] | None,
     imports: Sequence[str] = (),
     cache_dir: Path,
     progress: Callable[[str], None] | None = None,
+    max_batch_size: int = 32,
+    device_overhead_bytes: int | None = None,
 ) -> Path:
+    """``max_batch_size`` and ``device_overhead_bytes`` size the memory plan (shards.memory)."""
     path = Path(model).expanduser()
+    budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     if (path / MANIFEST_NAME).is_file():
-        _check_bundle_options(path, read_manifest(path), stages, max_stage_bytes)
+        _check_bundle_options(path, read_manifest(path), stages, budgets)
         return path
-    options = f"stages={stages};max_stage_bytes={max_stage_bytes};imports={list(imports)}"
-    options += f";format={FORMAT_VERSION}"
+    options = f"stages={stages};max_stage_bytes={budgets};imports={list(imports)}"
+    options += f";format={FORMAT_VERSION};batch={max_batch_size};overhead={device_overhead_bytes}"
     if path.is_dir() and (path / "saved_model.pb").is_file():
         key = _sha256(sha256_file(path / "saved_model.pb") + options)
     elif path.is_file() and path.suffix == ".keras":
@@ -72,7 +77,8 @@ def resolve_bundle(
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".partial-{key[:24]}-", dir=cache_dir))
     try:
-        _partition(model, path, tmp, stages, max_stage_bytes, imports, progress)
+        plan = _MemoryOptions(budgets, max_batch_size, device_overhead_bytes)
+        _partition(model, path, tmp, stages, plan, imports, progress)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -89,7 +95,7 @@ def _partition(
     path: Path,
     out: Path,
     stages: int | None,
-    max_stage_bytes: int | None,
+    memory: _MemoryOptions,
     imports: Sequence[str],
     progress: Callable[[str], None] | None,
 ) -> Manifest:
@@ -106,29 +112,44 @@ def _partition(
         source,
         out,
         stages=stages,
-        max_stage_bytes=max_stage_bytes,
+        max_stage_bytes=memory.budgets,
         imports=imports,
         source_name=name,
         progress=progress,
+        max_batch_size=memory.max_batch_size,
+        device_overhead_bytes=memory.overhead_bytes,
     )
 
 
+class _MemoryOptions(NamedTuple):
+    budgets: tuple[int, ...] | None
+    max_batch_size: int
+    overhead_bytes: int | None
+
+
 def _check_bundle_options(
-    path: Path, manifest: Manifest, stages: int | None, max_stage_bytes: int | None
+    path: Path, manifest: Manifest, stages: int | None, budgets: tuple[int, ...] | None
 ) -> None:
     if stages is not None and stages != len(manifest.stages):
         raise ResolveError(
             f"bundle {str(path)!r} has {len(manifest.stages)} stages but stages={stages} was "
             "asked; drop the option or re-partition the source model"
         )
-    if max_stage_bytes is not None:
-        for spec in manifest.stages:
-            if spec.param_bytes > max_stage_bytes:
-                raise ResolveError(
-                    f"bundle {str(path)!r} stage {spec.index} holds {spec.param_bytes} weight "
-                    f"bytes, over max_stage_bytes={max_stage_bytes}; re-partition the source "
-                    "model with this budget"
-                )
+    if budgets is None:
+        return
+    if len(budgets) > 1 and len(budgets) != len(manifest.stages):
+        raise ResolveError(
+            f"bundle {str(path)!r} has {len(manifest.stages)} stages but max_stage_bytes lists "
+            f"{len(budgets)} device budgets; give one per stage or re-partition the source model"
+        )
+    for spec in manifest.stages:
+        budget = budgets[spec.index] if len(budgets) > 1 else budgets[0]
+        if spec.planned_peak_bytes > budget:
+            raise ResolveError(
+                f"bundle {str(path)!r} stage {spec.index} needs {spec.planned_peak_bytes} bytes "
+                f"at its peak ({spec.param_bytes} of weights), over max_stage_bytes={budget}; "
+                "re-partition the source model with this budget"
+            )
 
 
 def _is_bundle(path: Path) -> bool:

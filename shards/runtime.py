@@ -256,9 +256,11 @@ def _public(node: dict[str, float]) -> dict[str, float]:
 def _resolve_in_worker(
     model: str,
     stages: int | None,
-    max_stage_bytes: int | None,
+    max_stage_bytes: tuple[int, ...] | None,
     imports: tuple[str, ...],
     cache_dir: str,
+    max_batch_size: int,
+    device_overhead_bytes: int | None,
 ) -> str:
     from shards.resolve import resolve_bundle
 
@@ -268,6 +270,8 @@ def _resolve_in_worker(
         max_stage_bytes=max_stage_bytes,
         imports=imports,
         cache_dir=Path(cache_dir),
+        max_batch_size=max_batch_size,
+        device_overhead_bytes=device_overhead_bytes,
     )
     return str(path)
 
@@ -276,9 +280,11 @@ async def resolve_bundle_remote(
     model: str,
     *,
     stages: int | None,
-    max_stage_bytes: int | None,
+    max_stage_bytes: Sequence[int] | None,
     imports: Sequence[str] = (),
     cache_dir: str | Path,
+    max_batch_size: int = 32,
+    device_overhead_bytes: int | None = None,
 ) -> Path:
     """Run ``shards.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
 
@@ -292,6 +298,15 @@ async def resolve_bundle_remote(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
     )
-    ref = task.remote(model, stages, max_stage_bytes, tuple(imports), str(cache_dir))
+    budgets = None if max_stage_bytes is None else tuple(max_stage_bytes)
+    ref = task.remote(
+        model,
+        stages,
+        budgets,
+        tuple(imports),
+        str(cache_dir),
+        max_batch_size,
+        device_overhead_bytes,
+    )
     path: str = await asyncio.wrap_future(ref.future())
     return Path(path)

@@ -1,0 +1,132 @@
+"""The memory plan: byte sizes with units, the activation peak of a stage worked out by hand on a
+small real Keras model, and budgets (one per device) honoured or refused with the layer named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import pytest
+
+from shards.errors import PlanError
+from shards.graph import analyse
+from shards.memory import GiB, MemoryModel, parse_budgets, parse_bytes
+from shards.partition import partition_to_bundle, plan_stages
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("16GiB", 16 * GiB),
+        ("40GB", 40 * 10**9),
+        ("512MiB", 512 * 2**20),
+        ("1.5 GiB", 3 * 2**29),
+        ("123", 123),
+        (4096, 4096),
+        ("2kb", 2000),
+    ],
+)
+def test_byte_sizes_with_units(text: str | int, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "16 parsecs", "-1", "0", "1e9"])
+def test_bad_byte_sizes_are_refused(text: str) -> None:
+    with pytest.raises(PlanError, match="byte size"):
+        parse_bytes(text)
+
+
+def test_one_budget_per_device() -> None:
+    assert parse_budgets("16GiB,16GiB,40GiB") == (16 * GiB, 16 * GiB, 40 * GiB)
+    assert parse_budgets(["1KiB", 5]) == (1024, 5)
+    assert parse_budgets(7) == (7,)
+
+
+def skip_model() -> keras.Model:
+    x = keras.Input((8,), name="x")
+    h = keras.layers.Dense(16, name="h")(x)
+    y = keras.layers.Dense(4, name="y")(h)
+    out = keras.layers.Concatenate(name="out")([x, y])
+    return keras.Model(x, out)
+
+
+def test_activation_peak_by_hand() -> None:
+    memory = MemoryModel(analyse(skip_model()), max_batch_size=10, overhead_bytes=0)
+    # Whole model: x (32 B a row) is held all along, and read again by the concat. At h: h (64);
+    # at y: h and y (64 + 16); at out: y and out (16 + 48). Peak 32 + 80 = 112 B a row.
+    assert memory.activation_rows(0, 3) == (112, False)
+    need = memory.need(0, 3)
+    assert need.activation_bytes == 1120
+    assert need.weight_bytes == (8 * 16 + 16 + 16 * 4 + 4) * 4
+    # Stage over y..out: it is sent h and x (64 + 32); then y (16) and out (48) at once.
+    assert memory.activation_rows(1, 3) == (96 + 64, False)
+    # What crosses after h: h only (x goes from the driver to whoever reads it).
+    assert memory.crossing_bytes_per_row(0, 1) == 64
+    assert memory.crossing_bytes_per_row(0, 3) == 48
+
+
+def test_unknown_dimension_counts_one_and_says_so() -> None:
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    emb = keras.layers.Embedding(100, 8, name="emb")(tokens)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(emb)
+    memory = MemoryModel(analyse(keras.Model(tokens, pooled)), 1, 0)
+    rows, unknown = memory.activation_rows(0, 2)
+    # tokens (1 x int32) held; at the pool, emb and the pooled row (8 floats each).
+    assert unknown and rows == 4 + 32 + 32
+
+
+def ladder() -> keras.Model:
+    features = keras.Input((64,), name="features")
+    x = features
+    for i, width in enumerate((256, 64, 256, 64, 256, 8)):
+        x = keras.layers.Dense(width, name=f"d{i}")(x)
+    return keras.Model(features, x)
+
+
+def test_each_stage_fits_its_own_device(tmp_path: Path) -> None:
+    # Weights: 66,560 / 65,792 / 66,560 / 65,792 / 66,560 / 8,224 bytes.
+    budgets = [160_000, 90_000, 220_000]
+    manifest = partition_to_bundle(
+        ladder(),
+        tmp_path / "b",
+        max_stage_bytes=budgets,
+        max_batch_size=16,
+        device_overhead_bytes=1000,
+    )
+    assert len(manifest.stages) == 3
+    for spec, budget in zip(manifest.stages, budgets, strict=True):
+        assert spec.memory is not None and spec.memory.budget_bytes == budget
+        assert spec.memory.overhead_bytes == 1000
+        assert spec.planned_peak_bytes <= budget
+    # The small device got one layer; the activations were counted (16 rows).
+    assert manifest.stages[1].memory is not None
+    assert manifest.stages[1].memory.first_layer == manifest.stages[1].memory.last_layer
+    assert all(s.memory and s.memory.activation_bytes > 0 for s in manifest.stages)
+
+
+def test_a_layer_that_fits_no_device_is_named() -> None:
+    graph = analyse(ladder())
+    with pytest.raises(PlanError, match=r"layer 'd0' alone holds .* of activations at batch 16"):
+        plan_stages(
+            graph, max_stage_bytes="60000,60000", max_batch_size=16, device_overhead_bytes=0
+        )
+
+
+def test_devices_too_small_in_that_order_are_refused_with_numbers() -> None:
+    graph = analyse(ladder())
+    with pytest.raises(PlanError, match=r"does not fit max_stage_bytes=.*stage 1 .*'d\d'"):
+        plan_stages(
+            graph, max_stage_bytes=[100_000, 100_000], max_batch_size=1, device_overhead_bytes=0
+        )
+
+
+def test_activations_and_overhead_count_against_the_budget() -> None:
+    graph = analyse(ladder())
+    weights_only = plan_stages(
+        graph, max_stage_bytes=140_000, device_overhead_bytes=0, max_batch_size=1
+    )
+    with_overhead = plan_stages(
+        graph, max_stage_bytes=140_000, device_overhead_bytes=20_000, max_batch_size=16
+    )
+    assert len(with_overhead) > len(weights_only)
+    assert all(spec.planned_peak_bytes <= 140_000 for _, spec in with_overhead)
