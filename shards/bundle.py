@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shards.errors import BundleError
+from shards.errors import BundleError, ShardsError
 from shards.signature import ModelSignature, TensorSpec
 
 if TYPE_CHECKING:
@@ -187,7 +187,36 @@ def import_modules(names: Iterable[str]) -> None:
             ) from exc
 
 
-def load_stage(bundle_dir: str | Path, index: int, imports: Iterable[str] = ()) -> keras.Model:
+UNSAFE_FLAG = "--unsafe-deserialization"
+
+
+def load_keras(
+    path: Path, what: str, *, unsafe_deserialization: bool, error: type[ShardsError] = BundleError
+) -> keras.Model:
+    """``keras.saving.load_model`` in Keras's safe mode unless ``unsafe_deserialization``: a
+    Lambda layer (Python bytecode) then fails with one line naming the flag that allows it."""
+    import keras
+
+    import shards.masking  # noqa: F401 - registers CarryMask, which stage files may hold
+
+    try:
+        return keras.saving.load_model(path, compile=False, safe_mode=not unsafe_deserialization)
+    except (TypeError, ValueError) as exc:
+        if unsafe_deserialization or "safe_mode" not in str(exc):
+            raise
+    raise error(
+        f"{what} holds a Lambda layer or other Python code, which is loaded only with "
+        f"{UNSAFE_FLAG} (unsafe_deserialization=True); pass it if you trust the model's source"
+    )
+
+
+def load_stage(
+    bundle_dir: str | Path,
+    index: int,
+    imports: Iterable[str] = (),
+    *,
+    unsafe_deserialization: bool = False,
+) -> keras.Model:
     import_modules(imports)
     manifest = read_manifest(bundle_dir)
     if not 0 <= index < len(manifest.stages):
@@ -200,10 +229,9 @@ def load_stage(bundle_dir: str | Path, index: int, imports: Iterable[str] = ()) 
         raise BundleError(f"stage {index} file {str(path)!r} is missing from the bundle")
     if spec.file.endswith(SAVEDMODEL_SUFFIX):
         return _wrap_savedmodel(path, spec)
-
-    import keras
-
-    return keras.saving.load_model(path, compile=False)
+    return load_keras(
+        path, f"stage {index} ({spec.file})", unsafe_deserialization=unsafe_deserialization
+    )
 
 
 def _wrap_savedmodel(path: Path, spec: StageSpec) -> keras.Model:

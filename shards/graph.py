@@ -6,18 +6,26 @@ produced before its range (or model inputs) and consumed in it; its outputs are 
 produced in it that later stages consume or that are model outputs. A tensor that a later stage
 needs but this stage does not produce is never routed through it (Keras cannot output a tensor a
 sub-model merely hands on): the driver routes every tensor by name from wherever it was produced.
+
+Nested functional and Sequential models are flattened into their layers first
+(``shards.flatten``). A layer called in several places is charged its weights at every call, so
+each stage that calls it counts them. An implicit Keras mask (``Embedding(mask_zero=True)``) is
+a tensor of the graph: it crosses a cut like any other, and the next stage attaches it again to
+the tensor it belongs to (``shards.masking.CarryMask``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import keras
 
 from shards.bundle import StageSpec
 from shards.errors import PartitionError
+from shards.flatten import flatten_nested, mask_of, topological_nodes
+from shards.masking import CarryMask
 from shards.plan import NodeCost, estimate_flops, param_bytes
 from shards.signature import ModelSignature, TensorSpec
 
@@ -39,6 +47,8 @@ class Graph:
     input_ids: tuple[int, ...]  # model inputs, in the model's order
     output_ids: tuple[int, ...]
     signature: ModelSignature
+    # id(tensor) -> the Keras mask it carries (a tensor of the graph), for masked tensors only.
+    masks: dict[int, Any] = field(default_factory=dict)
 
 
 def _spec(tensor: Any, name: str) -> TensorSpec:
@@ -46,11 +56,17 @@ def _spec(tensor: Any, name: str) -> TensorSpec:
 
 
 def _named(struct: Any, flat: Sequence[Any], fallback: Sequence[str]) -> list[str]:
-    """Names of a model's flat inputs/outputs: dict keys when the model was built with a dict."""
-    if isinstance(struct, dict):
-        by_id = {id(t): str(k) for k, t in struct.items()}
-        return [by_id[id(t)] for t in flat]
-    return list(fallback)
+    """Names of a model's flat inputs/outputs: dict keys when the model was built with a dict,
+    joined by dots through nested structures (``{"a": {"b": t}}`` names ``t`` ``a.b``)."""
+    flat_list = isinstance(struct, list | tuple) and not any(
+        isinstance(s, dict | list | tuple) for s in struct
+    )
+    if flat_list or isinstance(struct, keras.KerasTensor):
+        return list(fallback)
+    by_id: dict[int, str] = {}
+    for path, tensor in keras.tree.flatten_with_path(struct):
+        by_id.setdefault(id(tensor), ".".join(str(p) for p in path))
+    return [by_id[id(t)] for t in flat]
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -79,37 +95,12 @@ def as_functional(model: keras.Model) -> keras.Model:
     return model
 
 
-def _topological_nodes(model: keras.Model) -> list[Any]:
-    """Keras nodes (skipping Input layers) in DFS post-order from the outputs: a topological
-    order that keeps each branch together, so fewer tensors cross a cut."""
-    order: list[Any] = []
-    seen: set[int] = set()
-    stack: list[tuple[Any, bool]] = []
-    for tensor in reversed(model.outputs):
-        op, node_index, _ = tensor._keras_history
-        stack.append((op._inbound_nodes[node_index], False))
-    while stack:
-        node, expanded = stack.pop()
-        if id(node) in seen:
-            continue
-        if expanded:
-            seen.add(id(node))
-            if not node.is_input:
-                order.append(node)
-            continue
-        stack.append((node, True))
-        for tensor in reversed(node.input_tensors):
-            op, node_index, _ = tensor._keras_history
-            parent = op._inbound_nodes[node_index]
-            if id(parent) not in seen:
-                stack.append((parent, False))
-    return order
-
-
 def analyse(model: keras.Model) -> Graph:
     model = as_functional(model)
     input_names = _named(model._inputs_struct, model.inputs, [t.name for t in model.inputs])
     output_names = _named(model._outputs_struct, model.outputs, model.output_names)
+    # Named from the model as the user built it; flattening keeps the order of the flat lists.
+    model = flatten_nested(model)
     taken: set[str] = set()
     names: dict[int, str] = {}
     for tensor, name in zip(model.inputs, input_names, strict=True):
@@ -123,9 +114,9 @@ def analyse(model: keras.Model) -> Graph:
         names[id(tensor)] = _unique(name, taken)
 
     nodes: list[GraphNode] = []
-    counted_ops: set[int] = set()
+    masks: dict[int, Any] = {}
     calls: dict[int, int] = {}
-    for node in _topological_nodes(model):
+    for node in topological_nodes(model.outputs):
         op = node.operation
         calls[id(op)] = calls.get(id(op), 0) + 1
         outputs = tuple(node.output_tensors)
@@ -135,10 +126,10 @@ def analyse(model: keras.Model) -> Graph:
                 suffix += "" if len(outputs) == 1 else f"_out{k}"
                 names[id(tensor)] = _unique(f"{op.name}{suffix}", taken)
         inputs = tuple({id(t): t for t in node.input_tensors}.values())
-        # A reused layer's weights are counted at its first call only.
-        weight_bytes = 0 if id(op) in counted_ops else param_bytes(op)
-        counted_ops.add(id(op))
-        cost = NodeCost(op.name, weight_bytes, estimate_flops(op, inputs, outputs))
+        masks.update({id(t): m for t in inputs if (m := mask_of(t)) is not None})
+        # A reused layer's weights are charged at every call: any stage that calls it holds
+        # them (two calls in one stage over-count, never under-count).
+        cost = NodeCost(op.name, param_bytes(op), estimate_flops(op, inputs, outputs))
         nodes.append(GraphNode(op.name, node, inputs, outputs, cost))
 
     signature = ModelSignature(
@@ -153,6 +144,7 @@ def analyse(model: keras.Model) -> Graph:
         input_ids=tuple(id(t) for t in model.inputs),
         output_ids=tuple(id(t) for t in model.outputs),
         signature=signature,
+        masks=masks,
     )
 
 
@@ -171,17 +163,25 @@ def _replay(
         mapping[id(tensor)] = keras.Input(
             batch_shape=tensor.shape, dtype=tensor.dtype, name=input_name
         )
+    new_ins = [mapping[id(t)] for t in ins]
+    # Stage inputs whose mask arrived as a tensor of its own: attached before the first read.
+    unmasked = {id(t) for t in ins if id(t) in graph.masks}
 
     def substitute(value: Any) -> Any:
         return mapping[id(value)] if isinstance(value, keras.KerasTensor) else value
 
     for gnode in graph.nodes[start:end]:
+        for tensor in gnode.inputs:
+            if id(tensor) in unmasked:
+                unmasked.discard(id(tensor))
+                carry = CarryMask(name=_unique(f"{graph.tensor_names[id(tensor)]}_mask", taken))
+                mask = mapping[id(graph.masks[id(tensor)])]
+                mapping[id(tensor)] = carry(mapping[id(tensor)], mask=mask)
         args = keras.tree.map_structure(substitute, gnode.node.arguments.args)
         kwargs = keras.tree.map_structure(substitute, gnode.node.arguments.kwargs)
         result = gnode.node.operation(*args, **kwargs)
         for old, new in zip(gnode.outputs, keras.tree.flatten(result), strict=True):
             mapping[id(old)] = new
-    new_ins = [mapping[id(t)] for t in ins]
     new_outs = [mapping[id(t)] for t in outs]
     return keras.Model(
         inputs=new_ins[0] if len(new_ins) == 1 else new_ins,
@@ -199,7 +199,14 @@ def cut(graph: Graph, start: int, end: int, index: int) -> tuple[keras.Model, St
             if id(tensor) not in produced:
                 inputs.setdefault(id(tensor), tensor)
         produced.update(id(t) for t in node.outputs)
-    needed_later = {id(t) for node in graph.nodes[end:] for t in node.inputs}
+    # A mask made before the stage travels with the masked tensors the stage receives.
+    for tensor in list(inputs.values()):
+        mask = graph.masks.get(id(tensor))
+        if mask is not None and id(mask) not in produced:
+            inputs.setdefault(id(mask), mask)
+    later_reads = [t for node in graph.nodes[end:] for t in node.inputs]
+    needed_later = {id(t) for t in later_reads}
+    needed_later.update(id(graph.masks[id(t)]) for t in later_reads if id(t) in graph.masks)
     needed_later.update(graph.output_ids)
     outputs = [t for node in graph.nodes[start:end] for t in node.outputs if id(t) in needed_later]
     ins, outs = list(inputs.values()), outputs

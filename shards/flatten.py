@@ -1,0 +1,133 @@
+"""A functional model's layer calls in topological order, and the same model with every nested
+functional or Sequential model replaced by its own layers, so that each inner layer is a node
+the partitioner can cut at.
+
+Flattening calls the layers again on fresh ``keras.Input``s: an inner model's inputs stand for
+the outer tensors it was called on, its layers are called on those (a model called twice calls
+its layers twice, sharing their weights), and its outputs are the tensors the outer graph reads.
+Implicit Keras masks (``Embedding(mask_zero=True)``) are recomputed on the way, as Keras computes
+them when the whole model runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+from keras.src.models.functional import Functional
+
+from shards.errors import PartitionError
+
+
+def mask_of(tensor: Any) -> Any:
+    """The Keras mask a tensor carries, when it is a tensor of the graph (made by an op)."""
+    mask = getattr(tensor, "_keras_mask", None)
+    if isinstance(mask, keras.KerasTensor) and hasattr(mask, "_keras_history"):
+        return mask
+    return None
+
+
+def _parent(tensor: Any) -> Any:
+    op, node_index, _ = tensor._keras_history
+    return op._inbound_nodes[node_index]
+
+
+def topological_nodes(outputs: list[Any]) -> list[Any]:
+    """Keras nodes (skipping Input layers) in DFS post-order from the outputs: a topological
+    order that keeps each branch together, so fewer tensors cross a cut. A layer that reads its
+    input's mask implicitly (attention) comes after the op that makes the mask."""
+    order: list[Any] = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(_parent(t), False) for t in reversed(outputs)]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in seen:
+            continue
+        if expanded:
+            seen.add(id(node))
+            if not node.is_input:
+                order.append(node)
+            continue
+        stack.append((node, True))
+        reads = list(node.input_tensors)
+        reads += [m for m in map(mask_of, node.input_tensors) if m is not None]
+        for tensor in reversed(reads):
+            parent = _parent(tensor)
+            if id(parent) not in seen:
+                stack.append((parent, False))
+    return order
+
+
+def _inner_graph(op: Any) -> Any:
+    """The functional graph of a nested model, or None for a layer (or a subclassed model,
+    which stays one node: its ``call`` is Python, not a graph)."""
+    if isinstance(op, keras.Sequential):
+        return getattr(op, "_functional", None)
+    if isinstance(op, Functional) and type(op).call is Functional.call:
+        return op
+    return None
+
+
+def has_nested_models(model: keras.Model) -> bool:
+    return any(_inner_graph(n.operation) is not None for n in topological_nodes(model.outputs))
+
+
+def _inner_inputs(inner: Any, given: Any) -> list[Any]:
+    """The tensors a nested model's call binds to its flat inputs, as ``Functional.call`` binds
+    them: a dict to a list by names, a dtype cast, a rank off by one squeezed or expanded (ops
+    only where they change something: Keras's own conversion adds a node per input)."""
+    if isinstance(given, dict) and not isinstance(inner._inputs_struct, dict):
+        flat = [given[t.name] for t in inner.inputs]
+    else:
+        flat = keras.tree.flatten(given)
+    cast = [
+        x if x.dtype == ref.dtype else keras.ops.cast(x, ref.dtype)
+        for x, ref in zip(flat, inner.inputs, strict=True)
+    ]
+    return list(inner._adjust_input_rank(cast))
+
+
+def _replay_into(model: Any, values: dict[int, Any]) -> None:
+    """Call ``model``'s layers on the tensors in ``values`` (keyed by the id of the tensor they
+    stand for), recursing into nested models; every tensor made is added to ``values``."""
+
+    def substitute(value: Any) -> Any:
+        return values[id(value)] if isinstance(value, keras.KerasTensor) else value
+
+    for node in topological_nodes(model.outputs):
+        op = node.operation
+        args = keras.tree.map_structure(substitute, node.arguments.args)
+        kwargs = keras.tree.map_structure(substitute, node.arguments.kwargs)
+        inner = _inner_graph(op)
+        if inner is None:
+            made = keras.tree.flatten(op(*args, **kwargs))
+        else:
+            flat = _inner_inputs(inner, args[0] if args else kwargs["inputs"])
+            values.update({id(old): new for old, new in zip(inner.inputs, flat, strict=True)})
+            _replay_into(inner, values)
+            made = [values[id(t)] for t in inner.outputs]
+        for old, new in zip(node.outputs, made, strict=True):
+            values[id(old)] = new
+
+
+def flatten_nested(model: keras.Model) -> keras.Model:
+    """``model`` itself when it nests no model; else a model over the same layers with the
+    nested models' layers called directly, inputs and outputs flat and in the same order."""
+    if not has_nested_models(model):
+        return model
+    values: dict[int, Any] = {}
+    inputs = []
+    for tensor in model.inputs:
+        new = keras.Input(batch_shape=tensor.shape, dtype=tensor.dtype, name=tensor.name)
+        values[id(tensor)] = new
+        inputs.append(new)
+    _replay_into(model, values)
+    try:
+        return keras.Model(inputs, [values[id(t)] for t in model.outputs], name=model.name)
+    except ValueError as exc:
+        if "should be unique" not in str(exc):
+            raise
+        raise PartitionError(
+            f"model {model.name!r} nests models whose layers share a name ({exc}); give the "
+            "nested models' layers distinct names to cut it"
+        ) from None
