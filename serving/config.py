@@ -187,7 +187,9 @@ class Settings(BaseSettings):
         None, ge=1, description="Queued rows before 503; unset = 4 x batch x in-flight."
     )
     allowed_batch_sizes: Annotated[list[int] | None, NoDecode] = Field(
-        None, description="Batch sizes a batch is padded to; unset = powers of two up to max."
+        None,
+        description="Batch sizes a batch is padded to; unset = no padding on CPU stages, powers "
+        "of two up to max on GPU stages (docs/tuning.md).",
     )
     request_timeout_ms: float = Field(
         30000.0, gt=0, le=3_600_000, description="Deadline of a request (header may shorten)."
