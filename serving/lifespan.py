@@ -10,9 +10,11 @@ from collections.abc import Callable
 import numpy as np
 
 from serving.batcher import Batcher
+from serving.metrics import memory_figures
 from serving.runner import ModelRunner
 from serving.state import RunnerFactory, ServerState, policy_from_settings
 from shards.errors import one_line
+from shards.memory import format_size
 
 log = logging.getLogger("shardserve")
 # The stats poll is also the replicas' health check between batches, and it brings the
@@ -47,6 +49,7 @@ async def load_model(
         )
         state.metrics.bind_health(runner.health)
         await _warm_up(runner)
+        await _log_memory(state, runner)
         state.batcher = batcher
         state.accepting = True
         state.ready.set()
@@ -66,6 +69,36 @@ async def _warm_up(runner: ModelRunner) -> None:
         for spec in runner.signature.inputs
     }
     await runner.run_batch(inputs)
+
+
+async def _log_memory(state: ServerState, runner: ModelRunner) -> None:
+    """One line per stage actor: the memory plan beside what the actor holds; the same figures
+    go to /metrics (shardserve_stage_memory_bytes) from here on."""
+    try:
+        rows = await runner.stats()
+    except Exception:
+        log.warning("could not read the stage actors' memory", exc_info=True)
+        return
+    state.metrics.set_stage_stats(rows)
+    for row in rows:
+        figures = memory_figures(row.get("memory"))
+        if "planned" not in figures or "measured" not in figures:
+            continue
+        planned, measured = figures["planned"], figures["measured"]
+        gpu = ""
+        if "gpu_measured_peak" in figures:
+            gpu = f", GPU peak {format_size(figures['gpu_measured_peak'])}"
+        log.info(
+            "stage %s (replica %s) memory: planned peak %s, measured RSS %s (%.2fx the plan; "
+            "process peak %s)%s",
+            row.get("stage_index"),
+            row.get("replica", 0),
+            format_size(planned),
+            format_size(measured),
+            measured / planned if planned else 0.0,
+            format_size(figures.get("measured_peak", 0)),
+            gpu,
+        )
 
 
 async def poll_stage_stats(state: ServerState) -> None:

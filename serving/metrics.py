@@ -32,12 +32,37 @@ class _StageCollector:
             "Total compute time of a shard actor",
             labels=["replica", "stage"],
         )
+        memory = GaugeMetricFamily(
+            "shardserve_stage_memory_bytes",
+            "A shard actor's memory: planned peak (weights + activations + device overhead), "
+            "measured RSS now and at its peak, and on a GPU TensorFlow's current and peak bytes",
+            labels=["replica", "stage", "kind"],
+        )
         for row in self.snapshot:
             labels = [str(row.get("replica", 0)), str(row.get("stage_index", 0))]
             calls.add_metric(labels, float(row.get("calls", 0)))
             compute.add_metric(labels, float(row.get("compute_seconds_total", 0.0)))
+            for kind, value in memory_figures(row.get("memory")).items():
+                memory.add_metric([*labels, kind], float(value))
         yield calls
         yield compute
+        yield memory
+
+
+def memory_figures(report: Any) -> dict[str, int]:
+    """The figures of a stage actor's memory report (``ShardActor.memory``) by kind."""
+    if not isinstance(report, dict):
+        return {}
+    figures = {
+        "planned": report.get("planned_peak_bytes"),
+        "measured": report.get("rss_bytes"),
+        "measured_peak": report.get("rss_peak_bytes"),
+    }
+    gpu = report.get("gpu")
+    if isinstance(gpu, dict):
+        figures["gpu_measured"] = gpu.get("current")
+        figures["gpu_measured_peak"] = gpu.get("peak")
+    return {k: int(v) for k, v in figures.items() if isinstance(v, int | float)}
 
 
 class _HealthCollector:

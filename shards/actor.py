@@ -20,6 +20,7 @@ import numpy as np
 from shards.bundle import Manifest, load_stage, read_manifest
 from shards.errors import ModelError, one_line
 from shards.faults import INPUT_ERRORS
+from shards.memstat import MemoryMarks
 from shards.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.runtime import intra_op_threads
 from shards.shipping import ShippedStage, default_cache_dir, stage_dir_for
@@ -50,6 +51,7 @@ class ShardActor:
         activation_dtype: str | None = None,
         weight_dtype: str | None = None,
     ) -> None:
+        self._memory = MemoryMarks()
         sizes = sorted({int(b) for b in batch_sizes})
         if not sizes or sizes[0] < 1:
             raise ValueError(f"batch_sizes must be integers >= 1, got {list(batch_sizes)!r}")
@@ -72,6 +74,7 @@ class ShardActor:
         # Thread pools and device visibility are fixed the first time TensorFlow runs an op, so
         # they are set before the stage is loaded (loading creates variables).
         self._device = _configure_tensorflow()
+        self._memory.mark("tensorflow")
         cache = Path(stage_cache_dir) if stage_cache_dir else default_cache_dir()
         stage_dir, self._source = stage_dir_for(bundle_dir, stage_index, shipped, cache)
         self._stage_dir = str(stage_dir)
@@ -92,6 +95,7 @@ class ShardActor:
         self._intervals: deque[tuple[float, float]] = deque(maxlen=INTERVAL_LOG_SIZE)
         for size in sizes:
             self._run([_zeros(t, size) for t in self._spec.inputs])
+        self._memory.mark("loaded")
 
     def _build_step(self) -> Any:
         import tensorflow as tf
@@ -202,7 +206,14 @@ class ShardActor:
             "intra_op_threads": self._device.intra_op_threads,
             "trace_count": self._trace_count,
             "simulated": self._simulate_s is not None,
+            "memory": self.memory(),
         }
+
+    def memory(self) -> dict[str, Any]:
+        """Measured (RSS now, peak, at the start-up marks; GPU allocator) beside planned."""
+        return self._memory.report(
+            self._device.name, self._spec.planned_peak_bytes, self._weight_bytes
+        )
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -219,6 +230,7 @@ class ShardActor:
             "bytes_in_total": self._bytes_in,
             "bytes_out_total": self._bytes_out,
             "intervals": list(self._intervals),
+            "memory": self.memory(),
         }
 
 
