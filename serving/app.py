@@ -36,21 +36,20 @@ from serving.errors import (
     NotReadyError,
     ShardServeError,
 )
-from serving.fastpath import FastHandler, FastPathLayer, FastRoutes
+from serving.fastpath import FastPathLayer, FastRoutes, RawHandler
 from serving.http_io import (
     REQUEST_ID_KEY,
     error_response,
     json_response,
     log_failure,
-    read_body,
     request_id,
     request_id_from,
     send_with_request_id,
     unexpected_response,
-    until_disconnect,
 )
 from serving.lifespan import load_model, poll_stage_stats
 from serving.predict_path import INLINE_DECODE_BYTES, serve_prediction
+from serving.raw_http import JSON, FastRequest, RawAnswer, Reply, error_reply, send_reply
 from serving.runner import ModelRunner, build_runner
 from serving.state import RunnerFactory, ServerState
 from serving.v2.grpc_server import start_grpc_server, stop_grpc_server
@@ -119,18 +118,30 @@ class ShardServeApp(FastAPI):
         self._doc_key: tuple[object, ...] | None = None
         self._doc: dict[str, Any] = {}
         self._untraced: bool | None = None
+        self._bare = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        # Outside every middleware, so that their own answers (a CORS preflight, a 500 from
-        # ServerErrorMiddleware) carry the id too.
         rid = request_id_from(scope["headers"])
         scope[REQUEST_ID_KEY] = rid
-        send = send_with_request_id(send, rid)
         if self._untraced is None:
             self._untraced = _untraced(self)
+        if self._bare and self._untraced and scope["method"] == "POST":
+            # No middleware of the user's, no body limit of FastAPI's: the fast routes are
+            # answered here, before the five layers FastAPI's stack would pass them through
+            # (each one a coroutine and a ``send`` wrapper per request). Their handlers write
+            # the request id and map every error themselves.
+            hit = self.fast_routes.match_scope(scope)
+            if hit is not None:
+                handler, name, version = hit
+                scope["app"] = self
+                await handler(name, version, scope, receive, send)
+                return
+        # Outside every middleware, so that their own answers (a CORS preflight, a 500 from
+        # ServerErrorMiddleware) carry the id too.
+        send = send_with_request_id(send, rid)
         if self._untraced and self.middleware_stack is not None:
             # FastAPI.__call__ asks OpenTelemetry on every request whether it is configured
             # (8 us, as much as the rest of the stack); the answer is taken once, at the first
@@ -141,6 +152,9 @@ class ShardServeApp(FastAPI):
         await super().__call__(scope, receive, send)
 
     def build_middleware_stack(self) -> ASGIApp:
+        # Nothing of the user's (or FastAPI's body limit) would wrap a fast route. Starlette
+        # builds the stack once, at the first request, and refuses middleware after that.
+        self._bare = not self.user_middleware and getattr(self, "max_body_size", None) is None
         # The fast path joins the stack as the innermost user middleware: below everything
         # added with add_middleware, above the exception middleware and the router.
         user = self.user_middleware
@@ -230,34 +244,33 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
             raise NotFoundError(f"model {name!r} not found; this server serves {served!r}")
 
     async def predict_work(
-        request: Request, batcher: Batcher, runner: ModelRunner, deadline: float, rid: str
-    ) -> Response:
-        body = await read_body(request, settings.max_body_bytes)
+        request: FastRequest, batcher: Batcher, runner: ModelRunner, deadline: float, rid: str
+    ) -> Reply:
+        body = await request.body(settings.max_body_bytes)
         if len(body) > INLINE_DECODE_BYTES:
             decoded = await asyncio.to_thread(decode_predict, body, runner.signature)
         else:
             decoded = decode_predict(body, runner.signature)
-        outputs = await until_disconnect(
-            request, batcher.submit(decoded.inputs, deadline=deadline, request_id=rid)
+        outputs = await request.until_disconnect(
+            batcher.submit(decoded.inputs, deadline=deadline, request_id=rid)
         )
-        response = Response(
-            encode_predict(outputs, runner.signature, decoded.form),
-            media_type="application/json",
-        )
-        return response
+        return 200, encode_predict(outputs, runner.signature, decoded.form), JSON, []
+
+    async def predict_model(
+        name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        request = FastRequest(scope, receive, send)
+        if name != served:
+            exc = NotFoundError(f"model {name!r} not found; this server serves {served!r}")
+            await send_reply(send, request.rid, *error_reply(exc, request.rid))
+            return
+        await serve_prediction(request, scope["app"].state.shardserve, predict_work)
 
     async def predict(request: Request) -> Response:
-        return await serve_prediction(request, _state(request), predict_work)
-
-    async def predict_model(name: str, version: str | None, request: Request) -> Response:
-        try:
-            check_name(name)
-        except NotFoundError as exc:
-            return error_response(exc, request_id(request))
-        return await predict(request)
+        return RawAnswer(predict_model, served, None)
 
     async def predict_named(name: str, request: Request) -> Response:
-        return await predict_model(name, None, request)
+        return RawAnswer(predict_model, name, None)
 
     # Declared for the OpenAPI document; the fast path answers them (ShardServeApp).
     predict_doc: dict[str, Any] = {
@@ -345,11 +358,11 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def _install_fast_routes(routes: FastRoutes, predict: FastHandler, served: str) -> None:
-    routes.add("/predict", predict, name=served)
-    routes.add("/v1/models/{name}:predict", predict)
-    routes.add("/v2/models/{name}/infer", v2_infer)
-    routes.add("/v2/models/{name}/versions/{version}/infer", v2_infer)
+def _install_fast_routes(routes: FastRoutes, predict: RawHandler, served: str) -> None:
+    routes.add_raw("/predict", predict, name=served)
+    routes.add_raw("/v1/models/{name}:predict", predict)
+    routes.add_raw("/v2/models/{name}/infer", v2_infer)
+    routes.add_raw("/v2/models/{name}/versions/{version}/infer", v2_infer)
 
 
 _PREDICT_DESCRIPTION = (

@@ -3,26 +3,22 @@ admission from the headers, the body limit, deadlines, and noticing a client tha
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import re
-import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import Request, Response
 from starlette.types import Message, Send
 
-from serving.config import Settings
-from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError, ShardServeError
+from serving.errors import PayloadTooLargeError, QueueFullError, ShardServeError
 
 if TYPE_CHECKING:
     from serving.batcher import Batcher
 
 log = logging.getLogger("shardserve")
-TIMEOUT_HEADER = "x-request-timeout-ms"
 REQUEST_ID_HEADER = b"x-request-id"
 REQUEST_ID_KEY = "shardserve.request_id"  # where the id lives in the ASGI scope
 _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
@@ -44,12 +40,16 @@ def request_id(request: Request) -> str:
 
 
 def send_with_request_id(send: Send, rid: bytes) -> Send:
-    """``send`` that adds the ``X-Request-Id`` header to the response it starts."""
+    """``send`` that adds the ``X-Request-Id`` header to the response it starts, unless the
+    response has one (the fast routes write their own, ``serving.raw_http.send_reply``)."""
     header = (REQUEST_ID_HEADER, rid)
 
     async def send_with_id(message: Message) -> None:
         if message["type"] == "http.response.start":
-            message["headers"] = [*message.get("headers", ()), header]
+            headers = list(message.get("headers", ()))
+            if all(name.lower() != REQUEST_ID_HEADER for name, _ in headers):
+                headers.append(header)
+            message["headers"] = headers
         await send(message)
 
     return send_with_id
@@ -123,45 +123,5 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def request_deadline(request: Request, settings: Settings) -> float:
-    timeout_ms = settings.request_timeout_ms
-    header = request.headers.get(TIMEOUT_HEADER)
-    if header is not None:
-        try:
-            asked = float(header)
-        except ValueError:
-            asked = float("nan")
-        if not asked > 0:
-            raise InvalidInputError(
-                f"header X-Request-Timeout-Ms must be a positive number of ms, got {header!r}"
-            )
-        timeout_ms = min(timeout_ms, asked)
-    return time.monotonic() + timeout_ms / 1000.0
-
-
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
-
-
-async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
-    """Await ``work``; if the client goes away first, cancel it (its rows are then dropped)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    # A done-callback instead of asyncio.wait: no per-request set of waiters (measured on the
-    # hot path); cancelling a finished task is a no-op.
-    watcher.add_done_callback(lambda _: task.cancel())
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if watcher.done() and not watcher.cancelled():
-            raise ClientGone from None
-        raise
-    finally:
-        watcher.cancel()
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

@@ -145,10 +145,26 @@ class Metrics:
             "raises on (their batch-mates were answered)",
             registry=r,
         )
+        # Children by label, taken once: ``labels()`` costs a lock and a dict of label values
+        # on every call, and these two are on every request's path.
+        self._latency_by_status: dict[int, Any] = {}
+        self._rejects_by_reason: dict[str, Any] = {}
         self.stages = _StageCollector()
         r.register(self.stages)  # type: ignore[arg-type]
         self.health = _HealthCollector()
         r.register(self.health)  # type: ignore[arg-type]
+
+    def observe_latency(self, status: int, seconds: float) -> None:
+        child = self._latency_by_status.get(status)
+        if child is None:
+            child = self._latency_by_status[status] = self.request_latency.labels(str(status))
+        child.observe(seconds)
+
+    def reject(self, reason: str) -> None:
+        child = self._rejects_by_reason.get(reason)
+        if child is None:
+            child = self._rejects_by_reason[reason] = self.rejects.labels(reason)
+        child.inc()
 
     def observe_batch(self, record: BatchRecord) -> None:
         self.batch_size.observe(record.size)

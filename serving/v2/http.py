@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from starlette.types import Receive, Scope, Send
 
 from serving.batcher import Batcher
 from serving.config import Settings
@@ -27,16 +28,13 @@ from serving.errors import (
     NotFoundError,
     NotReadyError,
 )
-from serving.http_io import (
-    json_response,
-    read_body,
-    until_disconnect,
-)
+from serving.http_io import json_response
 from serving.predict_path import INLINE_DECODE_BYTES, serve_prediction
+from serving.raw_http import FastRequest, RawAnswer, Reply
 from serving.runner import ModelRunner
 from serving.state import ServerState
 from serving.v2 import http_docs
-from serving.v2.http_body import HEADER_LENGTH, VERSION, encode_infer, parse_infer
+from serving.v2.http_body import VERSION, encode_infer, parse_infer
 from serving.v2.tensors import tensor_config, tensor_metadata
 from shards.signature import ModelSignature
 
@@ -86,27 +84,31 @@ def _not_ready_reason(state: ServerState) -> str | None:
     return None
 
 
-async def v2_infer(name: str, version: str | None, request: Request) -> Response:
+async def v2_infer(
+    name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+) -> None:
     """``POST /v2/models/{name}[/versions/{version}]/infer``; maps its own errors (fast path)."""
-    state = _state(request)
-    return await serve_prediction(
+    state: ServerState = scope["app"].state.shardserve
+    request = FastRequest(scope, receive, send)
+    await serve_prediction(
         request, state, _infer_work, check=lambda: _check_model(state, name, version)
     )
 
 
 async def _infer_work(
-    request: Request, batcher: Batcher, runner: ModelRunner, deadline: float, rid: str
-) -> Response:
-    settings = _state(request).settings
+    request: FastRequest, batcher: Batcher, runner: ModelRunner, deadline: float, rid: str
+) -> Reply:
+    settings = request.scope["app"].state.shardserve.settings
     # The check before this one made sure it is the served model's name.
     name = served_name(settings)
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding != "identity":
+    encoding = request.content_encoding
+    if encoding is not None and encoding.strip().lower() != "identity":
         raise InvalidInputError(
-            f"Content-Encoding {encoding!r} is not served; send the body uncompressed"
+            f"Content-Encoding {encoding.strip().lower()!r} is not served; send the body "
+            "uncompressed"
         )
-    body = await read_body(request, settings.max_body_bytes)
-    header_length = request.headers.get(HEADER_LENGTH)
+    body = await request.body(settings.max_body_bytes)
+    header_length = request.header_length
     json_bytes = len(body) if header_length is None else min(len(body), _int(header_length))
     if json_bytes > INLINE_DECODE_BYTES:
         call = await asyncio.to_thread(parse_infer, body, header_length, runner.signature)
@@ -114,11 +116,10 @@ async def _infer_work(
         call = parse_infer(body, header_length, runner.signature)
     if call.timeout_s is not None:
         deadline = min(deadline, time.monotonic() + call.timeout_s)
-    outputs = await until_disconnect(
-        request, batcher.submit(call.inputs, deadline=deadline, request_id=rid)
+    outputs = await request.until_disconnect(
+        batcher.submit(call.inputs, deadline=deadline, request_id=rid)
     )
-    response = encode_infer(outputs, call, runner.signature, name)
-    return response
+    return encode_infer(outputs, call, runner.signature, name)
 
 
 def _int(text: str) -> int:
@@ -193,7 +194,7 @@ async def _config(name: str, request: Request, version: str | None = None) -> Re
 
 
 async def _infer(name: str, request: Request) -> Response:
-    return await v2_infer(name, None, request)
+    return RawAnswer(v2_infer, name, None)
 
 
 # The same handlers under /versions/{version}: FastAPI reads path parameters off the signature.
@@ -210,7 +211,7 @@ async def _config_v(name: str, version: str, request: Request) -> Response:
 
 
 async def _infer_v(name: str, version: str, request: Request) -> Response:
-    return await v2_infer(name, version, request)
+    return RawAnswer(v2_infer, name, version)
 
 
 async def _server_metadata() -> Response:

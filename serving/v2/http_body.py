@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import orjson
-from fastapi import Response
 
 from serving.errors import InvalidInputError
+from serving.raw_http import JSON, OCTET_STREAM, Reply
 from serving.v2.datatypes import BINARY_ONLY
 from serving.v2.tensors import decode_tensor, encode_tensor, spec_datatype
 from shards.signature import ModelSignature
@@ -196,7 +196,8 @@ def _outputs(
 
 def encode_infer(
     outputs: dict[str, np.ndarray], call: InferCall, signature: ModelSignature, model_name: str
-) -> Response:
+) -> Reply:
+    """The answer: ``(200, body, content type, headers)`` (``serving.raw_http.Reply``)."""
     specs = {spec.name: spec for spec in signature.outputs}
     entries: list[dict[str, Any]] = []
     buffers: list[memoryview] = []
@@ -215,9 +216,6 @@ def encode_infer(
     body["outputs"] = entries
     header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     if not buffers:
-        return Response(header, media_type="application/json")
-    return Response(
-        b"".join([header, *buffers]),
-        media_type="application/octet-stream",
-        headers={"Inference-Header-Content-Length": str(len(header))},
-    )
+        return 200, header, JSON, []
+    length = [(b"inference-header-content-length", b"%d" % len(header))]
+    return 200, b"".join([header, *buffers]), OCTET_STREAM, length

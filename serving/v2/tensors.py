@@ -98,20 +98,21 @@ def decode_tensor(
 
 
 def _check_shape(where: str, shape: Any, spec: TensorSpec) -> tuple[int, ...]:
-    want = wire_shape(spec)
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInputError(
-            f"{where} has shape {shape!r}; a shape is a list of integers >= 0, expected {want}"
+            f"{where} has shape {shape!r}; a shape is a list of integers >= 0, expected "
+            f"{wire_shape(spec)}"
         )
-    if len(shape) != len(want) or not spec.matches_row_shape(tuple(shape[1:])):
+    dims = tuple(shape)
+    # A fixed row shape (the usual case) is one tuple comparison.
+    if not dims or (dims[1:] != spec.shape and not spec.matches_row_shape(dims[1:])):
         raise InvalidInputError(
-            f"{where} has shape {shape}; the model expects {want} (the first dimension is rows)"
+            f"{where} has shape {shape}; the model expects {wire_shape(spec)} (the first "
+            "dimension is rows)"
         )
     if shape[0] < 1:
         raise InvalidInputError(f"{where} has shape {shape}: no rows; send at least one")
-    return tuple(shape)
+    return dims
 
 
 def _from_raw(
