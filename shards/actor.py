@@ -20,6 +20,7 @@ import numpy as np
 from shards.bundle import Manifest, load_stage, read_manifest
 from shards.errors import ModelError, one_line
 from shards.faults import INPUT_ERRORS
+from shards.heap import release_free_heap
 from shards.memstat import MemoryMarks
 from shards.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.runtime import intra_op_threads
@@ -95,6 +96,8 @@ class ShardActor:
         self._intervals: deque[tuple[float, float]] = deque(maxlen=INTERVAL_LOG_SIZE)
         for size in sizes:
             self._run([_zeros(t, size) for t in self._spec.inputs])
+        # Lean loading: what loading and tracing freed goes back to the system, not the heap.
+        release_free_heap()
         self._memory.mark("loaded")
 
     def _build_step(self) -> Any:
