@@ -26,6 +26,7 @@ from shards.memory import parse_budgets, parse_bytes
 
 MiB = 1024 * 1024
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+ReducedDtype = Literal["float32", "bfloat16", "float16"]
 
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "shardserve_config_file", default=None
@@ -156,6 +157,16 @@ class Settings(BaseSettings):
         False,
         description="Run stages as a Ray compiled graph: ~1.5 ms less per batch; a core spins per "
         "stage actor and a dead actor means rebuilding its replica (docs/benchmarks.md).",
+    )
+    activation_dtype: ReducedDtype = Field(
+        "float32",
+        description="Float tensors crossing a cut travel in this dtype and are cast back on "
+        "arrival (half the bytes at 16 bits); model outputs stay float32 (docs/benchmarks.md).",
+    )
+    weight_dtype: ReducedDtype = Field(
+        "float32",
+        description="Stage weights held in this dtype (half the memory at 16 bits), computing "
+        "in float32 (docs/benchmarks.md).",
     )
     simulate_device_ms: float | None = Field(
         None, ge=0, description="Benchmarks: shards sleep this long per batch instead of computing."

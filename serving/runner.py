@@ -93,6 +93,8 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         simulate_device_ms=settings.simulate_device_ms,
         ship_stages=settings.ship_stages,
         compiled_graph=settings.compiled_graph,
+        activation_dtype=settings.activation_dtype,
+        weight_dtype=settings.weight_dtype,
         max_inflight_per_replica=settings.max_inflight_batches,
         max_restarts=settings.shard_max_restarts,
         batch_hard_timeout_s=None
