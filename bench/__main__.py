@@ -8,6 +8,7 @@ Examples::
     python -m bench overload                                 # goodput at 3x capacity (hey)
     python -m bench chaos                                    # kill -9 and poison rows under load
     python -m bench protocols                                # TF-Serving JSON vs V2 JSON/binary/gRPC
+    python -m bench memory                                   # memory plan vs actors' RSS
     python -m bench openloop                                 # auto vs fixed timeouts, Poisson
     python -m bench padding                                  # padded vs unpadded batches, CPU
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import batching, chaos, overload, protocols
+from bench import batching, chaos, memory, overload, protocols
 from bench.load import WRK_INSTALL_HINT, have_wrk
 from bench.report import machine, plot, render
 from bench.run import Plan, run_plan
@@ -72,11 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     overload.add_parser(sub)
     chaos.add_parser(sub)
     protocols.add_parser(sub)
+    memory.add_parser(sub)
     batching.add_parsers(sub)
     args = parser.parse_args(argv)
     command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
 
-    if args.command in ("overload", "chaos", "protocols", "openloop", "padding"):
+    if args.command in ("overload", "chaos", "protocols", "openloop", "padding", "memory"):
         return _faults(args, command)
 
     if args.command == "report":
