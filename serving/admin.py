@@ -58,6 +58,8 @@ def batching_view(batcher: Batcher) -> dict[str, Any]:
         "effective_wait_ms": batcher.effective_wait_ms,
         "queued_rows": batcher.queued_rows,
         "inflight_batches": batcher.inflight_batches,
+        "padding": policy.pad_batches,
+        "run_time_ms": batcher.run_time_view(),
     }
 
 

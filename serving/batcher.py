@@ -122,6 +122,10 @@ class Batcher:
         """The stage actors' compute per batch size (``runner.stats()``), for the policy."""
         self._runtime.observe_compute(stage_stats)
 
+    def run_time_view(self) -> dict[str, Any]:
+        """What the policy predicts per batch size (ms), for the admin route."""
+        return self._runtime.view(self._policy.batch_sizes())
+
     async def start(self) -> None:
         if self._loop_task is not None:
             return

@@ -191,6 +191,19 @@ class RunTimeModel:
             return _scaled(self._bottleneck, padded_size)
         return self.predict(padded_size)
 
+    def view(self, sizes: tuple[int, ...]) -> dict[str, Any]:
+        """Milliseconds per size: predicted latency and bottleneck; the hop; from compute?"""
+
+        def ms(value: float | None) -> float | None:
+            return None if value is None else round(value * 1000, 3)
+
+        return {
+            "from_compute": bool(self._latency),
+            "hop": ms(self.hop_s),
+            "latency": {str(size): ms(self.predict(size)) for size in sizes},
+            "bottleneck": {str(size): ms(self.bottleneck_s(size)) for size in sizes},
+        }
+
     def is_stale(self, size: int, now: float) -> bool:
         """The measurement ``predict(size)`` rests on (its own, or the nearest size's) is from a
         batch older than ``stale_s``, and no batch of ``size`` ran since."""

@@ -87,6 +87,13 @@ async def test_get_shows_the_policy() -> None:
         "effective_wait_ms": 1000.0,
         "queued_rows": 0,
         "inflight_batches": 0,
+        "padding": False,  # a CPU runner: batches run at their row count
+        "run_time_ms": {
+            "from_compute": False,
+            "hop": 0.0,
+            "latency": {"1": None, "2": None, "4": None},
+            "bottleneck": {"1": None, "2": None, "4": None},
+        },
     }
 
 
@@ -136,7 +143,7 @@ async def test_put_applies_to_the_next_batch_without_dropping_queued_rows() -> N
     for i, response in enumerate(responses):
         want = expected_outputs(make_rows(1, start=i))["y"][0].tolist()
         assert response.json()["predictions"][0] == pytest.approx(want)
-    assert runner.batch_sizes() == [1, 4]  # the 3 queued rows went as one batch of the new size
+    assert runner.batch_sizes() == [1, 3]  # the 3 queued rows went as one batch (a CPU runner: unpadded)
 
 
 @pytest.mark.parametrize(
