@@ -99,6 +99,7 @@ def run_server(settings: Settings) -> None:
 
     from serving.app import create_app
     from serving.graceful import GracefulServer
+    from serving.refusal import refusing_protocol
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -120,6 +121,8 @@ def run_server(settings: Settings) -> None:
             # The server never reads the client address; the proxy-headers layer costs CPU
             # on every request (py-spy, docs/benchmarks.md).
             proxy_headers=False,
+            # Queue-full 503s answered from the request's headers, before any ASGI work.
+            http=refusing_protocol(api),
             timeout_graceful_shutdown=30,
         ),
         state_of=lambda: getattr(api.state, "shardserve", None),
@@ -142,6 +145,10 @@ _BUDGET_HELP = (
 _BATCH_HELP = "Rows in a full batch: activations are planned at this size."
 _OVERHEAD_HELP = (
     "A device's own memory before any weight, e.g. 1GiB; default 1 GiB on a GPU, 700 MiB on a CPU."
+)
+_UNSAFE_HELP = (
+    "Load a model holding Lambda layers or other Python code (Keras safe_mode off); only for "
+    "models from a source you trust."
 )
 
 
@@ -196,6 +203,9 @@ def partition(
         Optional[list[str]],  # noqa: UP045
         typer.Option("--import", help="Module to import first (custom layers); repeatable."),
     ] = None,
+    unsafe_deserialization: Annotated[
+        bool, typer.Option("--unsafe-deserialization", help=_UNSAFE_HELP)
+    ] = False,
 ) -> None:
     """Cut a Keras model into stages and write a bundle (manifest.json + one file per stage)."""
     budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
@@ -215,6 +225,7 @@ def partition(
                 progress=lambda step: status.update(step),
                 max_batch_size=max_batch_size,
                 device_overhead_bytes=overhead,
+                unsafe_deserialization=unsafe_deserialization,
             )
         except (ValueError, OSError) as exc:
             raise _fail(exc) from None
@@ -248,6 +259,9 @@ def plan(
         Optional[list[str]],  # noqa: UP045
         typer.Option("--import", help="Module to import first (custom layers); repeatable."),
     ] = None,
+    unsafe_deserialization: Annotated[
+        bool, typer.Option("--unsafe-deserialization", help=_UNSAFE_HELP)
+    ] = False,
 ) -> None:
     """Print the memory plan per stage (what partition would write), without writing anything.
     A bundle directory: the plan in its manifest."""
@@ -260,7 +274,15 @@ def plan(
             specs = list(read_manifest(model).stages)
         else:
             with err.status("planning..."):
-                specs = _plan_model(model, stages, budgets, max_batch_size, overhead, imports)
+                specs = _plan_model(
+                    model,
+                    stages,
+                    budgets,
+                    max_batch_size,
+                    overhead,
+                    imports,
+                    unsafe_deserialization,
+                )
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
     _stdout().print(plan_table(specs))
@@ -273,8 +295,10 @@ def _plan_model(
     max_batch_size: int,
     overhead: int | None,
     imports: list[str] | None,
+    unsafe_deserialization: bool,
 ) -> list[Any]:
-    from shards.bundle import import_modules
+    from shards.bundle import import_modules, load_keras
+    from shards.errors import PartitionError
     from shards.graph import analyse
     from shards.models import DEMO_MODELS, build_demo
     from shards.partition import plan_stages
@@ -284,9 +308,12 @@ def _plan_model(
     if model in DEMO_MODELS:
         keras_model = build_demo(model)
     elif path.is_file() and path.suffix == ".keras":
-        import keras
-
-        keras_model = keras.saving.load_model(path, compile=False)
+        keras_model = load_keras(
+            path,
+            repr(str(path)),
+            unsafe_deserialization=unsafe_deserialization,
+            error=PartitionError,
+        )
     else:
         raise ValueError(
             f"cannot plan {model!r}: expected a bundle directory (with manifest.json), a .keras "

@@ -122,6 +122,11 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Modules imported before loading a stage (custom Keras layers).",
     )
+    unsafe_deserialization: bool = Field(
+        False,
+        description="Load models and stages holding Lambda layers or other Python code (Keras "
+        "safe_mode off); only for models from a source you trust.",
+    )
     cache_dir: Path = Field(
         Path.home() / ".cache" / "shardserve",
         description="Where partitioned bundles of .keras files and demo models are kept.",

@@ -58,6 +58,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
         cache_dir=settings.cache_dir,
         max_batch_size=settings.max_batch_size,
         device_overhead_bytes=device_overhead(settings),
+        unsafe_deserialization=settings.unsafe_deserialization,
     )
     log.info("model %r -> bundle %s", settings.model, bundle)
     options = pipeline_options(settings)
@@ -95,6 +96,7 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         compiled_graph=settings.compiled_graph,
         activation_dtype=settings.activation_dtype,
         weight_dtype=settings.weight_dtype,
+        unsafe_deserialization=settings.unsafe_deserialization,
         max_inflight_per_replica=settings.max_inflight_batches,
         max_restarts=settings.shard_max_restarts,
         batch_hard_timeout_s=None

@@ -51,6 +51,7 @@ class ShardActor:
         stage_cache_dir: str | None = None,
         activation_dtype: str | None = None,
         weight_dtype: str | None = None,
+        unsafe_deserialization: bool = False,
     ) -> None:
         self._memory = MemoryMarks()
         sizes = sorted({int(b) for b in batch_sizes})
@@ -80,7 +81,9 @@ class ShardActor:
         stage_dir, self._source = stage_dir_for(bundle_dir, stage_index, shipped, cache)
         self._stage_dir = str(stage_dir)
         modules = tuple(dict.fromkeys((*manifest.imports, *imports)))
-        self._model = load_stage(stage_dir, stage_index, modules)
+        self._model = load_stage(
+            stage_dir, stage_index, modules, unsafe_deserialization=unsafe_deserialization
+        )
         if weight_dtype is not None:
             self._model = serve_weights_in(self._model, weight_dtype)
         # From shapes: get_weights() would copy every weight into numpy once more.

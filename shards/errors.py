@@ -122,6 +122,9 @@ _LEAKS = re.compile(
     r"|\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b"
 )
 _MAX_CHARS = 300
+# A shards error raised in a remote actor's __init__ reaches the driver only as the text of
+# Ray's error (a traceback); its last line is the reason the user needs.
+_REMOTE_SHARDS_ERROR = re.compile(r"^shards\.errors\.(\w+): (.+)$", re.MULTILINE)
 
 
 def one_line(exc: BaseException) -> str:
@@ -131,6 +134,10 @@ def one_line(exc: BaseException) -> str:
     [0, 10)``); the node and graph context TensorFlow appends after it is dropped.
     """
     text = _ANSI.sub("", str(getattr(exc, "message", None) or exc))
+    remote = _REMOTE_SHARDS_ERROR.findall(text)
+    if remote:
+        name, reason = remote[-1]
+        return _clip(f"{name}: {_LEAKS.sub('', reason).strip()}")
     lines = [line for line in text.splitlines() if line.strip()]
     if lines and lines[0].startswith("Graph execution error"):
         # "Graph execution error:", "Detected at node X defined at:", an indented Python
@@ -143,5 +150,8 @@ def one_line(exc: BaseException) -> str:
     # TensorFlow appends "\n\t [[{{node ...}}]]" or " [Op:...]" to the op's message.
     first = re.split(r"\s*\[\[|\s*\[Op:", first)[0].strip()
     name = type(exc).__name__
-    text = f"{name}: {first}" if first else name
+    return _clip(f"{name}: {first}" if first else name)
+
+
+def _clip(text: str) -> str:
     return text if len(text) <= _MAX_CHARS else text[: _MAX_CHARS - 3] + "..."

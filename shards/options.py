@@ -44,6 +44,8 @@ class PipelineOptions:
     activation_dtype: str | None = None
     # Stage weights held in this dtype, computing in float32; None: as saved.
     weight_dtype: str | None = None
+    # Load stages holding Lambda layers or other Python code (Keras safe_mode off).
+    unsafe_deserialization: bool = False
     # How long a batch waits for a healthy replica when none is, before it fails.
     replica_wait_s: float = 30.0
 

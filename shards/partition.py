@@ -21,6 +21,7 @@ from shards.bundle import (
     StageMemory,
     StageSpec,
     import_modules,
+    load_keras,
     load_stage,
     read_manifest,
     sha256_file,
@@ -153,6 +154,7 @@ def partition_to_bundle(
     progress: Progress | None = None,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     device_overhead_bytes: int | None = None,
+    unsafe_deserialization: bool = False,
 ) -> Manifest:
     """Cut ``model`` (a ``.keras`` file, a SavedModel directory or a model built in code) into
     stages and write ``manifest.json`` plus one file per stage into ``out_dir``."""
@@ -173,7 +175,12 @@ def partition_to_bundle(
             )
         report(f"loading {path}")
         sha = sha256_file(path)
-        model = keras.saving.load_model(path, compile=False)
+        model = load_keras(
+            path,
+            repr(str(path)),
+            unsafe_deserialization=unsafe_deserialization,
+            error=PartitionError,
+        )
     _prepare_out_dir(out)
     graph = analyse(model)
     planned = plan_stages(
@@ -247,13 +254,20 @@ def run_chain(
     bundle_dir: str | Path,
     inputs: Mapping[str, np.ndarray],
     imports: Sequence[str] = (),
+    *,
+    unsafe_deserialization: bool = False,
 ) -> dict[str, np.ndarray]:
     """Run a bundle's stages one after the other, each loaded on its own, routing every tensor
     by name from wherever it was produced (a model input or an earlier stage's output)."""
     manifest = read_manifest(bundle_dir)
     tensors: dict[str, np.ndarray] = dict(inputs)
     for spec in manifest.stages:
-        stage = load_stage(bundle_dir, spec.index, imports or manifest.imports)
+        stage = load_stage(
+            bundle_dir,
+            spec.index,
+            imports or manifest.imports,
+            unsafe_deserialization=unsafe_deserialization,
+        )
         args = [tensors[t.name] for t in spec.inputs]
         result = stage(args[0] if len(args) == 1 else args, training=False)
         results = result if isinstance(result, list | tuple) else [result]

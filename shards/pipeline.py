@@ -150,6 +150,7 @@ class PipelineGroup:
                 max_restarts=options.max_restarts,
                 activation_dtype=options.activation_dtype,
                 weight_dtype=options.weight_dtype,
+                unsafe_deserialization=options.unsafe_deserialization,
                 shipped=tuple(shipped),
             )
             for pipeline in pipelines:

@@ -54,6 +54,7 @@ class ActorSpec:
     shipped: tuple[ShippedStage | None, ...]
     activation_dtype: str | None = None
     weight_dtype: str | None = None
+    unsafe_deserialization: bool = False
 
 
 class Pipeline:
@@ -260,6 +261,7 @@ def spawn_actors(
             stage_cache_dir=spec.stage_cache_dir,
             activation_dtype=spec.activation_dtype,
             weight_dtype=spec.weight_dtype,
+            unsafe_deserialization=spec.unsafe_deserialization,
         )
         actors.append(actor)
     return actors

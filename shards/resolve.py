@@ -51,8 +51,10 @@ def resolve_bundle(
     progress: Callable[[str], None] | None = None,
     max_batch_size: int = 32,
     device_overhead_bytes: int | None = None,
+    unsafe_deserialization: bool = False,
 ) -> Path:
-    """``max_batch_size`` and ``device_overhead_bytes`` size the memory plan (shards.memory)."""
+    """``max_batch_size`` and ``device_overhead_bytes`` size the memory plan (shards.memory);
+    ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load."""
     path = Path(model).expanduser()
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     if (path / MANIFEST_NAME).is_file():
@@ -78,7 +80,7 @@ def resolve_bundle(
     tmp = Path(tempfile.mkdtemp(prefix=f".partial-{key[:24]}-", dir=cache_dir))
     try:
         plan = _MemoryOptions(budgets, max_batch_size, device_overhead_bytes)
-        _partition(model, path, tmp, stages, plan, imports, progress)
+        _partition(model, path, tmp, stages, plan, imports, progress, unsafe_deserialization)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -98,6 +100,7 @@ def _partition(
     memory: _MemoryOptions,
     imports: Sequence[str],
     progress: Callable[[str], None] | None,
+    unsafe_deserialization: bool,
 ) -> Manifest:
     from shards.partition import partition_to_bundle
 
@@ -118,6 +121,7 @@ def _partition(
         progress=progress,
         max_batch_size=memory.max_batch_size,
         device_overhead_bytes=memory.overhead_bytes,
+        unsafe_deserialization=unsafe_deserialization,
     )
 
 

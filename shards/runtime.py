@@ -261,6 +261,7 @@ def _resolve_in_worker(
     cache_dir: str,
     max_batch_size: int,
     device_overhead_bytes: int | None,
+    unsafe_deserialization: bool,
 ) -> str:
     from shards.resolve import resolve_bundle
 
@@ -272,6 +273,7 @@ def _resolve_in_worker(
         cache_dir=Path(cache_dir),
         max_batch_size=max_batch_size,
         device_overhead_bytes=device_overhead_bytes,
+        unsafe_deserialization=unsafe_deserialization,
     )
     return str(path)
 
@@ -285,6 +287,7 @@ async def resolve_bundle_remote(
     cache_dir: str | Path,
     max_batch_size: int = 32,
     device_overhead_bytes: int | None = None,
+    unsafe_deserialization: bool = False,
 ) -> Path:
     """Run ``shards.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
 
@@ -307,6 +310,7 @@ async def resolve_bundle_remote(
         str(cache_dir),
         max_batch_size,
         device_overhead_bytes,
+        unsafe_deserialization,
     )
     path: str = await asyncio.wrap_future(ref.future())
     return Path(path)
