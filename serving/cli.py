@@ -143,6 +143,7 @@ _BUDGET_HELP = (
     "fewest stages that fit; 16GiB,16GiB,40GiB = stage i fits device i."
 )
 _BATCH_HELP = "Rows in a full batch: activations are planned at this size."
+_WEIGHT_DTYPE_HELP = "Plan the weights as served in this dtype: float32, bfloat16 or float16."
 _OVERHEAD_HELP = (
     "A device's own memory before any weight, e.g. 1GiB; default 1 GiB on a GPU, 700 MiB on a CPU."
 )
@@ -206,6 +207,9 @@ def partition(
     unsafe_deserialization: Annotated[
         bool, typer.Option("--unsafe-deserialization", help=_UNSAFE_HELP)
     ] = False,
+    weight_dtype: Annotated[
+        str, typer.Option("--weight-dtype", help=_WEIGHT_DTYPE_HELP, metavar="DTYPE")
+    ] = "float32",
 ) -> None:
     """Cut a Keras model into stages and write a bundle (manifest.json + one file per stage)."""
     budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
@@ -226,6 +230,7 @@ def partition(
                 max_batch_size=max_batch_size,
                 device_overhead_bytes=overhead,
                 unsafe_deserialization=unsafe_deserialization,
+                weight_dtype=weight_dtype,
             )
         except (ValueError, OSError) as exc:
             raise _fail(exc) from None
@@ -262,6 +267,9 @@ def plan(
     unsafe_deserialization: Annotated[
         bool, typer.Option("--unsafe-deserialization", help=_UNSAFE_HELP)
     ] = False,
+    weight_dtype: Annotated[
+        str, typer.Option("--weight-dtype", help=_WEIGHT_DTYPE_HELP, metavar="DTYPE")
+    ] = "float32",
 ) -> None:
     """Print the memory plan per stage (what partition would write), without writing anything.
     A bundle directory: the plan in its manifest."""
@@ -282,6 +290,7 @@ def plan(
                     overhead,
                     imports,
                     unsafe_deserialization,
+                    weight_dtype=weight_dtype,
                 )
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
@@ -296,6 +305,8 @@ def _plan_model(
     overhead: int | None,
     imports: list[str] | None,
     unsafe_deserialization: bool,
+    *,
+    weight_dtype: str,
 ) -> list[Any]:
     from shards.bundle import import_modules, load_keras
     from shards.errors import PartitionError
@@ -326,6 +337,7 @@ def _plan_model(
         max_stage_bytes=budgets,
         max_batch_size=max_batch_size,
         device_overhead_bytes=overhead,
+        weight_dtype=weight_dtype,
     )
     return [spec for _, spec in planned]
 

@@ -54,7 +54,7 @@ def plan_rows(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
             (
                 str(spec.index),
                 f"{mem.first_layer}..{mem.last_layer}",
-                format_size(spec.param_bytes),
+                _weights(spec),
                 format_size(mem.activation_bytes) + ("*" if mem.unknown_dims else ""),
                 format_size(mem.overhead_bytes),
                 format_size(total),
@@ -64,6 +64,13 @@ def plan_rows(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def _weights(spec: StageSpec) -> str:
+    mem = spec.memory
+    if mem is None or mem.weight_bytes is None:
+        return format_size(spec.param_bytes)
+    return f"{format_size(mem.weight_bytes)} ({mem.weight_dtype})"
 
 
 def plan_table(stages: Sequence[StageSpec]) -> Table:

@@ -59,6 +59,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
         max_batch_size=settings.max_batch_size,
         device_overhead_bytes=device_overhead(settings),
         unsafe_deserialization=settings.unsafe_deserialization,
+        weight_dtype=settings.weight_dtype,
     )
     log.info("model %r -> bundle %s", settings.model, bundle)
     options = pipeline_options(settings)

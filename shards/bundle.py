@@ -60,7 +60,9 @@ class StageSpec:
         manifest written before the memory plan)."""
         if self.memory is None:
             return self.param_bytes
-        return self.param_bytes + self.memory.activation_bytes + self.memory.overhead_bytes
+        mem = self.memory
+        weights = self.param_bytes if mem.weight_bytes is None else mem.weight_bytes
+        return weights + mem.activation_bytes + mem.overhead_bytes
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageSpec:
@@ -87,10 +89,14 @@ class StageMemory:
     budget_bytes: int | None  # the device's budget, when one was given
     crossing_bytes_per_row: int  # what the stage sends on (later stages, model outputs)
     unknown_dims: bool = False  # a dimension unknown in the graph was counted as 1
+    # Served in a reduced weight_dtype (bfloat16, float16): the weights at that size.
+    weight_dtype: str | None = None
+    weight_bytes: int | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageMemory:
         budget = data.get("budget_bytes")
+        served = data.get("weight_bytes")
         return cls(
             first_layer=str(data.get("first_layer", "")),
             last_layer=str(data.get("last_layer", "")),
@@ -100,6 +106,8 @@ class StageMemory:
             budget_bytes=None if budget is None else int(budget),
             crossing_bytes_per_row=int(data.get("crossing_bytes_per_row", 0)),
             unknown_dims=bool(data.get("unknown_dims", False)),
+            weight_dtype=None if data.get("weight_dtype") is None else str(data["weight_dtype"]),
+            weight_bytes=None if served is None else int(served),
         )
 
 

@@ -132,11 +132,34 @@ def format_size(n: int) -> str:
     return f"{size:.1f} {unit}"
 
 
+def _served_bytes(node: Any, itemsize: int | None) -> int:
+    """A node's planned weight bytes, its float weights at ``itemsize`` bytes when given."""
+    planned = int(node.cost.param_bytes)
+    op = getattr(getattr(node, "node", None), "operation", None)
+    weights = list(getattr(op, "weights", ()))
+    if itemsize is None or planned == 0 or not weights:
+        return planned
+    full = served = 0
+    for w in weights:
+        count, dtype = math.prod(w.shape), str(w.dtype)
+        full += count * _itemsize(dtype)
+        served += count * (itemsize if dtype in ("float32", "float64") else _itemsize(dtype))
+    return planned * served // full if full else planned
+
+
 class MemoryModel:
     """Per-stage needs over a ``shards.graph.Graph`` (read through ``nodes[i].inputs``,
     ``.outputs``, ``.cost.param_bytes`` and ``output_ids``)."""
 
-    def __init__(self, graph: Any, max_batch_size: int, overhead_bytes: int) -> None:
+    def __init__(
+        self,
+        graph: Any,
+        max_batch_size: int,
+        overhead_bytes: int,
+        weight_dtype: str | None = None,
+    ) -> None:
+        """``weight_dtype`` (bfloat16, float16): the float weights are served in it
+        (``--weight-dtype``), so they count at its size."""
         if max_batch_size < 1:
             raise PlanError(f"max_batch_size must be an integer >= 1, got {max_batch_size}")
         if overhead_bytes < 0:
@@ -144,7 +167,8 @@ class MemoryModel:
         self.max_batch_size = max_batch_size
         self.overhead_bytes = overhead_bytes
         nodes = graph.nodes
-        self._weights = [int(n.cost.param_bytes) for n in nodes]
+        reduced = None if weight_dtype in (None, "float32") else _itemsize(str(weight_dtype))
+        self._weights = [_served_bytes(n, reduced) for n in nodes]
         self._row: dict[int, int] = {}
         self._unknown: set[int] = set()
         self._producer: dict[int, int] = {}

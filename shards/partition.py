@@ -30,6 +30,7 @@ from shards.bundle import (
 from shards.graph import Graph, PartitionError, analyse, cut
 from shards.memory import MemoryModel, default_overhead, parse_budgets
 from shards.plan import Plan, plan_balanced, plan_budget
+from shards.precision import check_reduced
 from shards.signature import ModelSignature, TensorSpec
 
 __all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_chain"]
@@ -81,14 +82,17 @@ def plan_stages(
     max_stage_bytes: Budgets | None = None,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     device_overhead_bytes: int | None = None,
+    weight_dtype: str | None = None,
 ) -> list[tuple[keras.Model, StageSpec]]:
     """Plan and cut: each stage's sub-model and its spec, memory plan included (what
     ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
-    default for a GPU when TensorFlow sees one here, else for a CPU."""
+    default for a GPU when TensorFlow sees one here, else for a CPU. ``weight_dtype``: the
+    weights will be served in it (``--weight-dtype``), and count at its size."""
     overhead = device_overhead_bytes
     if overhead is None:
         overhead = default_overhead(gpu=_tf_sees_gpu())
-    memory = MemoryModel(graph, max_batch_size, overhead)
+    weight_dtype = check_reduced(weight_dtype, "weight_dtype")
+    memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype)
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     stage_plan = plan(graph, stages=stages, max_stage_bytes=budgets, memory=memory)
     cut_stages = []
@@ -107,6 +111,8 @@ def plan_stages(
                 budget_bytes=budget,
                 crossing_bytes_per_row=memory.crossing_bytes_per_row(start, end),
                 unknown_dims=need.unknown_dims,
+                weight_dtype=weight_dtype,
+                weight_bytes=None if weight_dtype is None else need.weight_bytes,
             ),
         )
         if budget is not None and spec.planned_peak_bytes > budget:
@@ -155,6 +161,7 @@ def partition_to_bundle(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     device_overhead_bytes: int | None = None,
     unsafe_deserialization: bool = False,
+    weight_dtype: str | None = None,
 ) -> Manifest:
     """Cut ``model`` (a ``.keras`` file, a SavedModel directory or a model built in code) into
     stages and write ``manifest.json`` plus one file per stage into ``out_dir``."""
@@ -189,6 +196,7 @@ def partition_to_bundle(
         max_stage_bytes=max_stage_bytes,
         max_batch_size=max_batch_size,
         device_overhead_bytes=device_overhead_bytes,
+        weight_dtype=weight_dtype,
     )
     report(f"planned {len(planned)} stage(s) over {len(graph.nodes)} nodes")
     specs = []

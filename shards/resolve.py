@@ -52,6 +52,7 @@ def resolve_bundle(
     max_batch_size: int = 32,
     device_overhead_bytes: int | None = None,
     unsafe_deserialization: bool = False,
+    weight_dtype: str | None = None,
 ) -> Path:
     """``max_batch_size`` and ``device_overhead_bytes`` size the memory plan (shards.memory);
     ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load."""
@@ -62,6 +63,8 @@ def resolve_bundle(
         return path
     options = f"stages={stages};max_stage_bytes={budgets};imports={list(imports)}"
     options += f";format={FORMAT_VERSION};batch={max_batch_size};overhead={device_overhead_bytes}"
+    if weight_dtype not in (None, "float32"):
+        options += f";weights={weight_dtype}"
     if path.is_dir() and (path / "saved_model.pb").is_file():
         key = _sha256(sha256_file(path / "saved_model.pb") + options)
     elif path.is_file() and path.suffix == ".keras":
@@ -79,7 +82,7 @@ def resolve_bundle(
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".partial-{key[:24]}-", dir=cache_dir))
     try:
-        plan = _MemoryOptions(budgets, max_batch_size, device_overhead_bytes)
+        plan = _MemoryOptions(budgets, max_batch_size, device_overhead_bytes, weight_dtype)
         _partition(model, path, tmp, stages, plan, imports, progress, unsafe_deserialization)
         try:
             os.rename(tmp, final)
@@ -121,6 +124,7 @@ def _partition(
         progress=progress,
         max_batch_size=memory.max_batch_size,
         device_overhead_bytes=memory.overhead_bytes,
+        weight_dtype=memory.weight_dtype,
         unsafe_deserialization=unsafe_deserialization,
     )
 
@@ -129,6 +133,7 @@ class _MemoryOptions(NamedTuple):
     budgets: tuple[int, ...] | None
     max_batch_size: int
     overhead_bytes: int | None
+    weight_dtype: str | None
 
 
 def _check_bundle_options(

@@ -262,6 +262,7 @@ def _resolve_in_worker(
     max_batch_size: int,
     device_overhead_bytes: int | None,
     unsafe_deserialization: bool,
+    weight_dtype: str | None,
 ) -> str:
     from shards.resolve import resolve_bundle
 
@@ -274,6 +275,7 @@ def _resolve_in_worker(
         max_batch_size=max_batch_size,
         device_overhead_bytes=device_overhead_bytes,
         unsafe_deserialization=unsafe_deserialization,
+        weight_dtype=weight_dtype,
     )
     return str(path)
 
@@ -288,6 +290,7 @@ async def resolve_bundle_remote(
     max_batch_size: int = 32,
     device_overhead_bytes: int | None = None,
     unsafe_deserialization: bool = False,
+    weight_dtype: str | None = None,
 ) -> Path:
     """Run ``shards.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
 
@@ -311,6 +314,7 @@ async def resolve_bundle_remote(
         max_batch_size,
         device_overhead_bytes,
         unsafe_deserialization,
+        weight_dtype,
     )
     path: str = await asyncio.wrap_future(ref.future())
     return Path(path)

@@ -130,3 +130,19 @@ def test_activations_and_overhead_count_against_the_budget() -> None:
     )
     assert len(with_overhead) > len(weights_only)
     assert all(spec.planned_peak_bytes <= 140_000 for _, spec in with_overhead)
+
+
+def test_weights_served_in_16_bits_count_half() -> None:
+    graph = analyse(ladder())
+    full = plan_stages(graph, stages=2, device_overhead_bytes=0, max_batch_size=4)
+    half = plan_stages(
+        graph, stages=2, device_overhead_bytes=0, max_batch_size=4, weight_dtype="bfloat16"
+    )
+    for (_, f), (_, h) in zip(full, half, strict=True):
+        assert h.memory is not None and h.memory.weight_dtype == "bfloat16"
+        assert h.memory.weight_bytes == f.param_bytes // 2
+        assert h.planned_peak_bytes == f.planned_peak_bytes - f.param_bytes // 2
+    # A budget the float32 weights need 3 stages for fits bfloat16 weights in 2.
+    budget = {"max_stage_bytes": 150_000, "device_overhead_bytes": 0, "max_batch_size": 1}
+    assert len(plan_stages(graph, **budget)) == 3  # type: ignore[arg-type]
+    assert len(plan_stages(graph, weight_dtype="bfloat16", **budget)) == 2  # type: ignore[arg-type]
