@@ -151,6 +151,12 @@ class ShardServeApp(FastAPI):
             return
         await super().__call__(scope, receive, send)
 
+    @property
+    def answers_fast_routes(self) -> bool:
+        """The fast routes are answered before the middleware stack, which nothing of the
+        user's joined (known from the first request on; ``serving.refusal`` asks)."""
+        return self._bare and bool(self._untraced)
+
     def build_middleware_stack(self) -> ASGIApp:
         # Nothing of the user's (or FastAPI's body limit) would wrap a fast route. Starlette
         # builds the stack once, at the first request, and refuses middleware after that.
