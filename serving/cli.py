@@ -279,6 +279,12 @@ def plan(
 
     try:
         if (Path(model) / MANIFEST_NAME).is_file():
+            if budgets is not None or stages is not None or overhead is not None:
+                raise ValueError(
+                    f"{model!r} is a bundle: its plan was made when it was partitioned, and "
+                    "the plan in its manifest is what this shows; drop --stages, "
+                    "--max-stage-bytes and --device-overhead-bytes, or plan the source model"
+                )
             specs = list(read_manifest(model).stages)
         else:
             with err.status("planning..."):

@@ -47,6 +47,12 @@ def test_plan_prints_what_partition_writes(tmp_path: Path) -> None:
     again = runner.invoke(app, ["plan", str(out)])
     assert again.exit_code == 0, again.output
     assert stage_lines(again.output) == lines
+    # Planned already: options that would plan it otherwise are refused.
+    other = runner.invoke(app, ["plan", str(out), "--stages", "2"])
+    assert other.exit_code == 1
+    assert "is a bundle: its plan was made when it was partitioned" in " ".join(
+        other.output.split()
+    )
 
 
 def test_plan_refuses_a_budget_without_a_number() -> None:
