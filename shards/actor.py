@@ -20,7 +20,7 @@ import numpy as np
 from shards.bundle import Manifest, load_stage, read_manifest
 from shards.errors import ModelError, one_line
 from shards.faults import INPUT_ERRORS
-from shards.heap import release_free_heap
+from shards.heap import release_free_heap, weights_read_in_place
 from shards.memstat import MemoryMarks
 from shards.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.runtime import intra_op_threads
@@ -81,9 +81,10 @@ class ShardActor:
         stage_dir, self._source = stage_dir_for(bundle_dir, stage_index, shipped, cache)
         self._stage_dir = str(stage_dir)
         modules = tuple(dict.fromkeys((*manifest.imports, *imports)))
-        self._model = load_stage(
-            stage_dir, stage_index, modules, unsafe_deserialization=unsafe_deserialization
-        )
+        with weights_read_in_place():
+            self._model = load_stage(
+                stage_dir, stage_index, modules, unsafe_deserialization=unsafe_deserialization
+            )
         if weight_dtype is not None:
             self._model = serve_weights_in(self._model, weight_dtype)
         # From shapes: get_weights() would copy every weight into numpy once more.

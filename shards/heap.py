@@ -13,6 +13,8 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +33,28 @@ def release_free_heap() -> bool:
         return False
     trim.argtypes = [ctypes.c_size_t]
     return bool(trim(0))
+
+
+@contextmanager
+def weights_read_in_place() -> Iterator[None]:
+    """Within: Keras loads a ``.keras`` file's weights variable by variable from the file.
+
+    When it guesses that memory suffices, ``keras.saving.load_model`` first reads the whole
+    ``model.weights.h5`` into one in-memory buffer, a second full copy of the weights at the
+    loading peak. Told that memory does not suffice, it extracts the h5 file to a temporary
+    directory beside the stage file (or, where it cannot, reads it from the archive) and h5py
+    reads one variable at a time. Keras 3's private hook: without it, loading is as before.
+    """
+    try:
+        from keras.src.saving import saving_lib
+    except ImportError:
+        saving_lib = None
+    original = getattr(saving_lib, "is_memory_sufficient", None)
+    if original is None:
+        yield
+        return
+    saving_lib.is_memory_sufficient = lambda model: False
+    try:
+        yield
+    finally:
+        saving_lib.is_memory_sufficient = original
