@@ -27,6 +27,27 @@ def mask_of(tensor: Any) -> Any:
     return None
 
 
+def runtime_masks(nodes: list[Any]) -> list[dict[int, Any]]:
+    """For each node (in run order), the masks its inputs carry when it runs: id(tensor) ->
+    mask. Not simply each tensor's ``_keras_mask``: when the model runs, MultiHeadAttention
+    deletes the masks of its query, value and key, so a layer that runs after it gets none, and
+    a layer whose first input lost its mask makes no mask either (``Add([x, attention(x)])``)."""
+    erased: set[int] = set()
+    seen: list[dict[int, Any]] = []
+    for node in nodes:
+        reads = {id(t): m for t in node.input_tensors if (m := mask_of(t)) is not None}
+        seen.append({k: m for k, m in reads.items() if k not in erased})
+        first = keras.tree.flatten(node.arguments.args[:1])
+        explicit = node.arguments.kwargs.get("mask") is not None
+        if not explicit and any(id(t) in erased and id(t) in reads for t in first):
+            erased.update(id(t) for t in node.outputs)
+        if isinstance(node.operation, keras.layers.MultiHeadAttention):
+            kwargs = node.arguments.kwargs
+            qvk = [*node.arguments.args[:3], *(kwargs.get(k) for k in ("query", "value", "key"))]
+            erased.update(id(t) for t in qvk if isinstance(t, keras.KerasTensor))
+    return seen
+
+
 def _parent(tensor: Any) -> Any:
     op, node_index, _ = tensor._keras_history
     return op._inbound_nodes[node_index]

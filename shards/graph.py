@@ -24,7 +24,7 @@ import keras
 
 from shards.bundle import StageSpec
 from shards.errors import PartitionError
-from shards.flatten import flatten_nested, mask_of, topological_nodes
+from shards.flatten import flatten_nested, runtime_masks, topological_nodes
 from shards.masking import CarryMask
 from shards.plan import NodeCost, estimate_flops, param_bytes
 from shards.signature import ModelSignature, TensorSpec
@@ -47,8 +47,9 @@ class Graph:
     input_ids: tuple[int, ...]  # model inputs, in the model's order
     output_ids: tuple[int, ...]
     signature: ModelSignature
-    # id(tensor) -> the Keras mask it carries (a tensor of the graph), for masked tensors only.
-    masks: dict[int, Any] = field(default_factory=dict)
+    # Per node: id(input tensor) -> the Keras mask (a tensor of the graph) it carries when the
+    # node runs, for masked inputs only.
+    masks: tuple[dict[int, Any], ...] = field(default_factory=tuple)
 
 
 def _spec(tensor: Any, name: str) -> TensorSpec:
@@ -114,9 +115,9 @@ def analyse(model: keras.Model) -> Graph:
         names[id(tensor)] = _unique(name, taken)
 
     nodes: list[GraphNode] = []
-    masks: dict[int, Any] = {}
     calls: dict[int, int] = {}
-    for node in topological_nodes(model.outputs):
+    order = topological_nodes(model.outputs)
+    for node in order:
         op = node.operation
         calls[id(op)] = calls.get(id(op), 0) + 1
         outputs = tuple(node.output_tensors)
@@ -126,12 +127,20 @@ def analyse(model: keras.Model) -> Graph:
                 suffix += "" if len(outputs) == 1 else f"_out{k}"
                 names[id(tensor)] = _unique(f"{op.name}{suffix}", taken)
         inputs = tuple({id(t): t for t in node.input_tensors}.values())
-        masks.update({id(t): m for t in inputs if (m := mask_of(t)) is not None})
         # A reused layer's weights are charged at every call: any stage that calls it holds
         # them (two calls in one stage over-count, never under-count).
         cost = NodeCost(op.name, param_bytes(op), estimate_flops(op, inputs, outputs))
         nodes.append(GraphNode(op.name, node, inputs, outputs, cost))
 
+    masks = runtime_masks(order)
+    # A mask op reached through a mask that no layer reads when the model runs is dead.
+    live = {id(t) for t in model.outputs}
+    keep: list[int] = []
+    for i in reversed(range(len(nodes))):
+        if any(id(t) in live for t in nodes[i].outputs):
+            keep.insert(0, i)
+            live.update(id(t) for t in nodes[i].inputs)
+            live.update(id(m) for m in masks[i].values())
     signature = ModelSignature(
         name=model.name,
         inputs=tuple(_spec(t, names[id(t)]) for t in model.inputs),
@@ -139,17 +148,23 @@ def analyse(model: keras.Model) -> Graph:
     )
     return Graph(
         model=model,
-        nodes=tuple(nodes),
+        nodes=tuple(nodes[i] for i in keep),
         tensor_names=names,
         input_ids=tuple(id(t) for t in model.inputs),
         output_ids=tuple(id(t) for t in model.outputs),
         signature=signature,
-        masks=masks,
+        masks=tuple(masks[i] for i in keep),
     )
 
 
 def _replay(
-    graph: Graph, start: int, end: int, ins: list[Any], outs: list[Any], name: str
+    graph: Graph,
+    start: int,
+    end: int,
+    ins: list[Any],
+    outs: list[Any],
+    name: str,
+    carried: dict[int, Any],
 ) -> keras.Model:
     """Call the range's layers again on fresh ``keras.Input``s. Not ``keras.Model(inputs=
     <intermediate tensors>)``: its graph cloning swaps every call of the layer that produced an
@@ -165,7 +180,7 @@ def _replay(
         )
     new_ins = [mapping[id(t)] for t in ins]
     # Stage inputs whose mask arrived as a tensor of its own: attached before the first read.
-    unmasked = {id(t) for t in ins if id(t) in graph.masks}
+    unmasked = set(carried)
 
     def substitute(value: Any) -> Any:
         return mapping[id(value)] if isinstance(value, keras.KerasTensor) else value
@@ -175,7 +190,7 @@ def _replay(
             if id(tensor) in unmasked:
                 unmasked.discard(id(tensor))
                 carry = CarryMask(name=_unique(f"{graph.tensor_names[id(tensor)]}_mask", taken))
-                mask = mapping[id(graph.masks[id(tensor)])]
+                mask = mapping[id(carried[id(tensor)])]
                 mapping[id(tensor)] = carry(mapping[id(tensor)], mask=mask)
         args = keras.tree.map_structure(substitute, gnode.node.arguments.args)
         kwargs = keras.tree.map_structure(substitute, gnode.node.arguments.kwargs)
@@ -194,23 +209,24 @@ def cut(graph: Graph, start: int, end: int, index: int) -> tuple[keras.Model, St
     """The sub-model over nodes[start:end] and its spec (file named after the index)."""
     produced: set[int] = set()
     inputs: dict[int, Any] = {}
-    for node in graph.nodes[start:end]:
+    carried: dict[int, Any] = {}  # stage input -> the mask it carries at its first read here
+    for node, masks in zip(graph.nodes[start:end], graph.masks[start:end], strict=True):
         for tensor in node.inputs:
-            if id(tensor) not in produced:
-                inputs.setdefault(id(tensor), tensor)
+            if id(tensor) not in produced and id(tensor) not in inputs:
+                inputs[id(tensor)] = tensor
+                if id(tensor) in masks:
+                    carried[id(tensor)] = masks[id(tensor)]
         produced.update(id(t) for t in node.outputs)
     # A mask made before the stage travels with the masked tensors the stage receives.
-    for tensor in list(inputs.values()):
-        mask = graph.masks.get(id(tensor))
-        if mask is not None and id(mask) not in produced:
+    for mask in carried.values():
+        if id(mask) not in produced:
             inputs.setdefault(id(mask), mask)
-    later_reads = [t for node in graph.nodes[end:] for t in node.inputs]
-    needed_later = {id(t) for t in later_reads}
-    needed_later.update(id(graph.masks[id(t)]) for t in later_reads if id(t) in graph.masks)
+    needed_later = {id(t) for node in graph.nodes[end:] for t in node.inputs}
+    needed_later.update(id(m) for masks in graph.masks[end:] for m in masks.values())
     needed_later.update(graph.output_ids)
     outputs = [t for node in graph.nodes[start:end] for t in node.outputs if id(t) in needed_later]
     ins, outs = list(inputs.values()), outputs
-    stage = _replay(graph, start, end, ins, outs, name=f"stage_{index:03d}")
+    stage = _replay(graph, start, end, ins, outs, f"stage_{index:03d}", carried)
     names = graph.tensor_names
     spec = StageSpec(
         index=index,

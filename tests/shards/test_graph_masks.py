@@ -45,7 +45,26 @@ def attention_model(mask_zero: bool = True) -> keras.Model:
     return keras.Model(tokens, keras.layers.Dense(3, name="out")(x), name="attention")
 
 
-MODELS: dict[str, Callable[..., keras.Model]] = {"lstm": lstm_model, "attention": attention_model}
+def nested_blocks_model(mask_zero: bool = True) -> keras.Model:
+    """A transformer block nested as a model and called twice: at run time its attention drops
+    the masks of its inputs, so the residual sum and everything after it carry none."""
+    keras.utils.set_random_seed(13)
+    block_in = keras.Input((SEQ, 8))
+    att = keras.layers.MultiHeadAttention(2, 4, name="block_att")(block_in, block_in)
+    block_out = keras.layers.LayerNormalization(name="block_norm")(
+        keras.layers.Add(name="block_res")([block_in, att])
+    )
+    block = keras.Model(block_in, block_out, name="block")
+    tokens, x = _embedded(mask_zero)
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(block(block(x)))
+    return keras.Model(tokens, keras.layers.Dense(3, name="out")(x), name="blocks")
+
+
+MODELS: dict[str, Callable[..., keras.Model]] = {
+    "lstm": lstm_model,
+    "attention": attention_model,
+    "nested_blocks": nested_blocks_model,
+}
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
