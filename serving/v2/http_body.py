@@ -19,7 +19,7 @@ from serving.errors import InvalidInputError
 from serving.raw_http import JSON, OCTET_STREAM, Reply
 from serving.v2.datatypes import BINARY_ONLY
 from serving.v2.tensors import decode_tensor, encode_tensor, spec_datatype
-from shards.signature import ModelSignature
+from shards.signature import ModelSignature, TensorSpec
 
 __all__ = ["HEADER_LENGTH", "InferCall", "encode_infer", "parse_infer"]
 
@@ -35,6 +35,35 @@ class InferCall:
     outputs: list[tuple[str, bool]]
     id: str | None
     timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """A signature's names and specs by name, built once (four per request otherwise)."""
+
+    signature: ModelSignature
+    input_names: list[str]
+    output_names: list[str]
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+
+
+_PARTS: dict[int, _Parts] = {}
+
+
+def _parts(signature: ModelSignature) -> _Parts:
+    parts = _PARTS.get(id(signature))
+    if parts is None or parts.signature is not signature:
+        if len(_PARTS) > 16:
+            _PARTS.clear()
+        parts = _PARTS[id(signature)] = _Parts(
+            signature,
+            signature.input_names,
+            signature.output_names,
+            {spec.name: spec for spec in signature.inputs},
+            {spec.name: spec for spec in signature.outputs},
+        )
+    return parts
 
 
 def parse_infer(body: bytes, header_length: str | None, signature: ModelSignature) -> InferCall:
@@ -102,10 +131,10 @@ def _flag(params: dict[str, Any], key: str, where: str) -> bool:
 def _inputs(
     entries: Any, binary: memoryview, signature: ModelSignature, maybe_bool: bool
 ) -> dict[str, np.ndarray]:
-    names = signature.input_names
+    parts = _parts(signature)
+    names, specs = parts.input_names, parts.inputs
     if not isinstance(entries, list) or not entries:
         raise InvalidInputError(f'"inputs" must be a non-empty list of the model\'s inputs {names}')
-    specs = {spec.name: spec for spec in signature.inputs}
     arrays: dict[str, np.ndarray] = {}
     offset = 0
     for i, entry in enumerate(entries):
@@ -159,7 +188,8 @@ def _inputs(
 def _outputs(
     entries: Any, binary_default: bool, signature: ModelSignature
 ) -> list[tuple[str, bool]]:
-    names = signature.output_names
+    parts = _parts(signature)
+    names = parts.output_names
     if entries is None or entries == []:  # absent or []: every output
         asked = [(name, binary_default) for name in names]
     else:
@@ -183,7 +213,7 @@ def _outputs(
                 )
             binary = _flag(params, "binary_data", f"output {name!r}: parameters")
             asked.append((name, binary if "binary_data" in params else binary_default))
-    specs = {spec.name: spec for spec in signature.outputs}
+    specs = parts.outputs
     for name, binary in asked:
         datatype = spec_datatype(specs[name])
         if not binary and datatype in BINARY_ONLY:
@@ -198,7 +228,7 @@ def encode_infer(
     outputs: dict[str, np.ndarray], call: InferCall, signature: ModelSignature, model_name: str
 ) -> Reply:
     """The answer: ``(200, body, content type, headers)`` (``serving.raw_http.Reply``)."""
-    specs = {spec.name: spec for spec in signature.outputs}
+    specs = _parts(signature).outputs
     entries: list[dict[str, Any]] = []
     buffers: list[memoryview] = []
     for name, binary in call.outputs:
