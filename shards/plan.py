@@ -11,6 +11,7 @@ list of ``(start, end)`` half-open ranges that tile ``range(len(nodes))``. Two q
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -160,6 +161,41 @@ def _fill(
     return plan
 
 
+def _reach(
+    costs: Sequence[int], cap: int, fits: Callable[[int, int, int], bool], k: int
+) -> tuple[Plan | None, list[dict[int, int]]]:
+    """Exactly k stages, stage j fitting device j, each costing <= cap: the cut positions each
+    device can reach (with the cut before it), and a plan when the last reaches the end.
+    Greedy is not enough with different budgets: going further on a big device can leave a
+    layer to a small one that cannot hold it."""
+    n = len(costs)
+    prefix = list(itertools.accumulate(costs, initial=0))
+    reach: list[dict[int, int]] = [{0: -1}]
+    for j in range(k):
+        nxt: dict[int, int] = {}
+        last = n - (k - 1 - j)  # leave a node for each later stage
+        end = covered = 0
+        for a in sorted(reach[j]):
+            # A range inside one that fits fits too, so the furthest end from a later start is
+            # never nearer: two pointers, O(n) needs per device.
+            end = max(end, a)
+            while end < last and prefix[end + 1] - prefix[a] <= cap and fits(j, a, end + 1):
+                end += 1
+            for b in range(max(covered, a) + 1, end + 1):
+                nxt[b] = a
+            covered = max(covered, end)
+        reach.append(nxt)
+    if n not in reach[k]:
+        return None, reach
+    plan: Plan = []
+    end = n
+    for j in range(k, 0, -1):
+        start = reach[j][end]
+        plan.append((start, end))
+        end = start
+    return plan[::-1], reach
+
+
 def plan_budget(
     nodes: Sequence[NodeCost],
     max_stage_bytes: int | Sequence[int],
@@ -200,26 +236,23 @@ def plan_budget(
             "cuttable nodes; give at most that many budgets"
         )
     k = len(budgets)
+    needs: dict[tuple[int, int], int] = {}
 
     def fits(j: int, a: int, b: int) -> bool:
-        return need(a, b) <= budgets[j]
+        if (a, b) not in needs:
+            needs[a, b] = need(a, b)
+        return needs[a, b] <= budgets[j]
 
     def feasible(cap: int) -> Plan | None:
-        plan = _fill(costs, cap, fits, k)
-        ok = all(fits(j, a, b) and sum(costs[a:b]) <= cap for j, (a, b) in enumerate(plan))
-        return plan if ok else None
+        if len(set(budgets)) == 1:  # one budget: greedy fill is optimal, and cheaper
+            plan = _fill(costs, cap, fits, k)
+            ok = all(fits(j, a, b) and sum(costs[a:b]) <= cap for j, (a, b) in enumerate(plan))
+            return plan if ok else None
+        return _reach(costs, cap, fits, k)[0]
 
     best = feasible(total)
     if best is None:
-        plan = _fill(costs, total, fits, k)
-        j, (a, b) = next((j, s) for j, s in enumerate(plan) if not fits(j, *s))
-        raise PlanError(
-            f"the model does not fit max_stage_bytes={','.join(str(x) for x in budgets)} in "
-            f"that order: filled as far as they go, stage {j} (budget {budgets[j]}, "
-            f"{format_bytes(budgets[j])}) would hold layers {nodes[a].name!r}.."
-            f"{nodes[b - 1].name!r}, {explain(a, b)}; give the devices more memory, add a "
-            "device, or order them differently"
-        )
+        raise PlanError(_no_fit(nodes, budgets, _reach(costs, total, fits, k)[1], fits, explain))
     lo, hi = max(costs), total
     while lo < hi:
         mid = (lo + hi) // 2
@@ -229,6 +262,31 @@ def plan_budget(
         else:
             lo = mid + 1
     return feasible(lo) or best
+
+
+def _no_fit(
+    nodes: Sequence[NodeCost],
+    budgets: Sequence[int],
+    reach: list[dict[int, int]],
+    fits: Callable[[int, int, int], bool],
+    explain: Explain,
+) -> str:
+    """Why no plan fits the devices in order: how far they get, and the layer that stops them."""
+    k = len(budgets)
+    j = max(i for i, r in enumerate(reach) if r)  # devices 0..j-1 placed, stage j could start
+    pos = max(reach[j])
+    head = f"the model does not fit max_stage_bytes={','.join(str(x) for x in budgets)} in order"
+    done = f"devices 0..{j - 1} hold at most the layers up to {nodes[pos - 1].name!r}" if j else ""
+    fix = "; give the devices more memory, add a device, or order them differently"
+    if j == k:
+        return f"{head}: {done}, and layer {nodes[pos].name!r} onwards is left over{fix}"
+    if not fits(j, pos, pos + 1):
+        return (
+            f"{head}: {done + ', and ' if done else ''}stage {j}'s device (budget {budgets[j]}, "
+            f"{format_bytes(budgets[j])}) cannot hold the next layer {nodes[pos].name!r}, which "
+            f"alone holds {explain(pos, pos + 1)}{fix}"
+        )
+    return f"{head}: {done}, and too few layers are left for the other {k - j} device(s){fix}"
 
 
 def stage_costs(nodes: Sequence[NodeCost], plan: Plan) -> list[int]:

@@ -115,9 +115,25 @@ def test_a_layer_that_fits_no_device_is_named() -> None:
 
 def test_devices_too_small_in_that_order_are_refused_with_numbers() -> None:
     graph = analyse(ladder())
-    with pytest.raises(PlanError, match=r"does not fit max_stage_bytes=.*stage 1 .*'d\d'"):
+    with pytest.raises(
+        PlanError,
+        match=r"does not fit max_stage_bytes=100000,100000 in order: devices 0..1 hold at most the layers up to 'd1', and layer 'd2' onwards is left over",
+    ):
         plan_stages(
             graph, max_stage_bytes=[100_000, 100_000], max_batch_size=1, device_overhead_bytes=0
+        )
+
+
+def test_the_layer_a_small_device_cannot_take_is_named() -> None:
+    graph = analyse(ladder())
+    with pytest.raises(
+        PlanError,
+        match=r"devices 0..0 hold at most the layers up to 'd1', and stage 1's device \(budget "
+        r"40000, 39.1 KiB\) cannot hold the next layer 'd2', which alone holds 65.0 KiB of "
+        r"weights \(66560 bytes\) \+ .* of activations at batch 1",
+    ):
+        plan_stages(
+            graph, max_stage_bytes=[200_000, 40_000], max_batch_size=1, device_overhead_bytes=0
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -117,3 +118,38 @@ def test_format_bytes() -> None:
     assert format_bytes(512) == "512 B"
     assert format_bytes(2048) == "2.0 KiB"
     assert format_bytes(3 * 1024**3) == "3.0 GiB"
+
+
+def brute_force_devices(nodes: list[NodeCost], budgets: list[int]) -> int | None:
+    """The smallest max stage cost over plans with stage i's weights <= budgets[i]; None if none."""
+    n, k = len(nodes), len(budgets)
+    best = None
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        plan = list(itertools.pairwise([0, *cuts, n]))
+        sizes = [sum(x.param_bytes for x in nodes[a:b]) for a, b in plan]
+        if all(s <= b for s, b in zip(sizes, budgets, strict=True)):
+            worst = max(stage_costs(nodes, plan))
+            best = worst if best is None else min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_one_budget_per_device_fits_each_and_balances_like_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes = [
+        NodeCost(f"n{i}", rng.randint(0, 50), rng.randint(0, 20)) for i in range(rng.randint(3, 8))
+    ]
+    budgets = [rng.randint(20, 150) for _ in range(rng.randint(1, min(4, len(nodes))))]
+    if len(budgets) == 1:
+        budgets = budgets * 2  # one budget means "fewest stages"; here, per device
+    best = brute_force_devices(nodes, budgets)
+    if best is None:
+        with pytest.raises(PlanError):
+            plan_budget(nodes, budgets)
+        return
+    plan = plan_budget(nodes, budgets)
+    assert_tiles(plan, len(nodes))
+    assert len(plan) == len(budgets)
+    for (a, b), budget in zip(plan, budgets, strict=True):
+        assert sum(x.param_bytes for x in nodes[a:b]) <= budget
+    assert max(stage_costs(nodes, plan)) == best
