@@ -141,10 +141,11 @@ def _budget_text(budgets: Sequence[int]) -> str:
 def _fill(
     costs: Sequence[int], cap: int, fits: Callable[[int, int, int], bool], k: int | None
 ) -> Plan:
-    """Greedy over k devices in order (k=None: as many as it takes): stage j takes nodes while
-    its cost stays <= cap and it fits device j, leaving one node for each later stage; the last
-    stage takes the rest. Its j-th cut is never left of any fitting plan's (a sub-range of a
-    range that fits fits too), so it finds a plan whenever one exists."""
+    """Greedy over k devices of one budget (k=None: as many as it takes): stage j takes nodes
+    while its cost stays <= cap and it fits, leaving one node for each later stage; the last
+    stage takes the rest. With one budget its j-th cut is never left of any fitting plan's (a
+    sub-range of a range that fits fits too), so it finds a plan whenever one exists; with
+    different budgets it may not (``_reach``)."""
     n = len(costs)
     plan: Plan = []
     start, cost = 0, 0
