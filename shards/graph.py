@@ -59,15 +59,18 @@ def _spec(tensor: Any, name: str) -> TensorSpec:
 def _named(struct: Any, flat: Sequence[Any], fallback: Sequence[str]) -> list[str]:
     """Names of a model's flat inputs/outputs: dict keys when the model was built with a dict,
     joined by dots through nested structures (``{"a": {"b": t}}`` names ``t`` ``a.b``)."""
-    flat_list = isinstance(struct, list | tuple) and not any(
-        isinstance(s, dict | list | tuple) for s in struct
-    )
-    if flat_list or isinstance(struct, keras.KerasTensor):
+    if not _has_dict(struct):
         return list(fallback)
     by_id: dict[int, str] = {}
     for path, tensor in keras.tree.flatten_with_path(struct):
         by_id.setdefault(id(tensor), ".".join(str(p) for p in path))
     return [by_id[id(t)] for t in flat]
+
+
+def _has_dict(struct: Any) -> bool:
+    if isinstance(struct, dict):
+        return True
+    return isinstance(struct, list | tuple) and any(_has_dict(s) for s in struct)
 
 
 def _unique(name: str, taken: set[str]) -> str:
