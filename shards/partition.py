@@ -116,12 +116,11 @@ def plan_stages(
             ),
         )
         if budget is not None and spec.planned_peak_bytes > budget:
-            # Planning counts a reused layer's weights once; a stage holding a later call of
-            # it carries its weights again.
+            # A guard: planning charges a reused layer's weights at every call (shards.graph),
+            # so the stage cut holds no more than planned.
             raise PartitionError(
                 f"stage {index} needs {spec.planned_peak_bytes} bytes ({spec.param_bytes} of "
-                f"weights), over its budget {budget}, because it reuses a layer of an earlier "
-                "stage; raise the budget"
+                f"weights), over its budget {budget}; raise the budget"
             )
         cut_stages.append((stage, spec))
     return cut_stages
