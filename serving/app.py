@@ -154,7 +154,7 @@ class ShardServeApp(FastAPI):
     @property
     def answers_fast_routes(self) -> bool:
         """The fast routes are answered before the middleware stack, which nothing of the
-        user's joined (known from the first request on; ``serving.refusal`` asks)."""
+        user's joined (known from the first request on; ``serving.http_protocol`` asks)."""
         return self._bare and bool(self._untraced)
 
     def build_middleware_stack(self) -> ASGIApp:

@@ -99,7 +99,7 @@ def run_server(settings: Settings) -> None:
 
     from serving.app import create_app
     from serving.graceful import GracefulServer
-    from serving.refusal import refusing_protocol
+    from serving.http_protocol import http_protocol
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -121,8 +121,9 @@ def run_server(settings: Settings) -> None:
             # The server never reads the client address; the proxy-headers layer costs CPU
             # on every request (py-spy, docs/benchmarks.md).
             proxy_headers=False,
-            # Queue-full 503s answered from the request's headers, before any ASGI work.
-            http=refusing_protocol(api),
+            # Queue-full 503s answered from the request's headers, before any ASGI work;
+            # hang-ups reported without a watcher task (serving/http_protocol.py).
+            http=http_protocol(api),
             timeout_graceful_shutdown=30,
         ),
         state_of=lambda: getattr(api.state, "shardserve", None),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("shardserve")
+# The scope key of a list of callbacks the server calls when the client hangs up before the
+# answer is complete (set by serving.http_protocol; absent under another server).
+DISCONNECT_KEY = "shardserve.on_disconnect"
 T = TypeVar("T")
 JSON = b"application/json"
 OCTET_STREAM = b"application/octet-stream"
@@ -123,19 +126,24 @@ class FastRequest:
     async def until_disconnect(self, work: Awaitable[T]) -> T:
         """Await ``work``; if the client goes away first, cancel it (its rows are then dropped).
 
-        ``work`` runs in this task, and a watcher task cancels this one on a hang-up: one task
-        per request instead of two (``asyncio.ensure_future(work)`` and the watcher)."""
+        ``work`` runs in this task, which a hang-up cancels: told by the server's protocol
+        (``DISCONNECT_KEY``), or else by a watcher task blocked in ``receive()``."""
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.ensure_future(self._wait_disconnect())
         state = [False, False]  # [the client went away, the work is over]
 
-        def gone(_: object) -> None:
-            if not state[1] and not watcher.cancelled():
+        def gone(*_: object) -> None:
+            if not state[1]:
                 state[0] = True
                 task.cancel()
 
-        watcher.add_done_callback(gone)
+        hooks: list[Callable[[], None]] | None = self.scope.get(DISCONNECT_KEY)
+        watcher = None
+        if hooks is not None:  # shardserve's protocol calls it (serving.http_protocol)
+            hooks.append(gone)
+        else:
+            watcher = asyncio.ensure_future(self._wait_disconnect())
+            watcher.add_done_callback(lambda w: None if w.cancelled() else gone())
         try:
             return await work
         except asyncio.CancelledError:
@@ -145,7 +153,8 @@ class FastRequest:
             raise
         finally:
             state[1] = True
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     async def _wait_disconnect(self) -> None:
         while True:

@@ -1,4 +1,4 @@
-"""Queue-full refusals answered in uvicorn's protocol (serving.refusal), on a real uvicorn
+"""Queue-full refusals answered in uvicorn's protocol (serving.http_protocol), on a real uvicorn
 server in this event loop: the answer is the app's own 503, the app never sees the request,
 the connection stays usable, and everything the app must answer itself still reaches it."""
 
@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from serving.app import create_app
 from serving.config import Settings
-from serving.refusal import refusing_protocol
+from serving.http_protocol import http_protocol
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner
 from tests.serverproc import free_ports
@@ -59,7 +59,7 @@ async def running(
     counting = Counting(app)
     (port,) = free_ports(1)
     config = uvicorn.Config(
-        counting, host="127.0.0.1", port=port, log_level="warning", http=refusing_protocol(app)
+        counting, host="127.0.0.1", port=port, log_level="warning", http=http_protocol(app)
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -144,3 +144,40 @@ async def test_with_a_user_middleware_the_app_refuses() -> None:
     assert refused.status_code == 503
     assert refused.headers["x-user-middleware"] == "1"
     assert seen.count("POST /predict") == 4
+
+
+async def test_a_hang_up_drops_the_queued_rows_without_a_watcher_task() -> None:
+    gate = asyncio.Event()
+    runner = FakeRunner()
+    async with (
+        running(runner) as (client, _, state),
+        httpx.AsyncClient(base_url=str(client.base_url), timeout=10) as others,
+    ):
+        assert (await client.post("/predict", json={"instances": [row(9)]})).status_code == 200
+        runner.gate = gate
+        first = asyncio.create_task(others.post("/predict", json={"instances": [row(0), row(1)]}))
+        await runner.wait_started(3)  # the only in-flight slot is now held
+        tasks_before = len(asyncio.all_tasks())
+        port = client.base_url.port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = b'{"instances": [[7.0, 1.0, 2.0, 3.0]]}'
+        writer.write(
+            b"POST /predict HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        async with asyncio.timeout(5):
+            while state.batcher.queued_rows < 1:
+                await asyncio.sleep(0.001)
+        # The request's own task only: no task waits in receive() for a hang-up.
+        assert len(asyncio.all_tasks()) == tasks_before + 1
+        writer.close()  # the client hangs up while its row is still queued
+        async with asyncio.timeout(5):
+            while state.batcher.queued_rows:
+                await asyncio.sleep(0.001)
+        gate.set()
+        assert (await first).status_code == 200
+        metrics = (await client.get("/metrics")).text
+        del reader
+    assert all(7 not in b["x"][:, 0] for b in runner.batches)
+    assert 'shardserve_rejects_total{reason="client_gone"} 1.0' in metrics

@@ -1,42 +1,49 @@
-"""Queue-full refusals answered inside uvicorn's HTTP protocol, before any ASGI work.
+"""shardserve's HTTP protocol for uvicorn (httptools): queue-full refusals answered before any
+ASGI work, and a hang-up reported to the request's handler without a watcher task.
 
-Under overload most requests are refused (issue 10: 3x the capacity offered, two of three get
-503). Through the ASGI app each refusal still cost an ASGI task, a scope, a chain of
-coroutines and two socket writes (py-spy: the writes alone were 30% of a refusal). Here the
+**Refusals.** Under overload most requests are refused (issue 10: 3x the capacity offered, two
+of three get 503). Through the ASGI app each refusal still cost an ASGI task, a scope, a chain
+of coroutines and two socket writes (py-spy: the writes alone were 30% of a refusal). Here the
 parser's "headers complete" callback answers a POST to a fast route of the served model while
 the queue has no room for one more row: one prebuilt response, one write, no task; the body
 that follows is discarded by uvicorn as for any answered request. Everything else (a route
 the fast path does not own, another model's name, a body over ``max_body_bytes``, a server
-still loading or stopping) goes to the app as before, so its answer is unchanged.
+still loading or stopping) goes to the app as before, so its answer is unchanged. Only where
+nothing would wrap the answer: the app has no middleware of the user's (a CORS or auth layer
+sees every response) and is not traced (``ShardServeApp.answers_fast_routes``).
 
-Only where nothing would wrap the answer: the app has no middleware of the user's (a CORS or
-auth layer sees every response) and is not traced (``ShardServeApp.answers_fast_routes``).
+**Hang-ups.** A request waiting on the batcher must learn that its client went away (its
+rows are then dropped). Through ASGI alone that takes a task per request blocked in
+``receive()``; here the scope of every request carries a list (``raw_http.DISCONNECT_KEY``)
+where its handler puts a callback, called when the connection is lost before the answer.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from serving.http_io import request_id_from
+from serving.raw_http import DISCONNECT_KEY
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from serving.state import ServerState
 
-__all__ = ["refusing_protocol"]
+__all__ = ["http_protocol"]
 
 log = logging.getLogger("shardserve")
 _STATUS = b"HTTP/1.1 503 Service Unavailable\r\n"
 
 
-def refusing_protocol(app: FastAPI) -> type[Any] | str:
-    """uvicorn's httptools protocol that refuses for ``app``; ``"auto"`` without httptools or
-    for an app that is not a ``ShardServeApp``."""
+def http_protocol(app: FastAPI) -> type[Any] | str:
+    """uvicorn's httptools protocol for ``app``; ``"auto"`` (uvicorn's own) without httptools
+    or for an app that is not a ``ShardServeApp``."""
     from serving.app import ShardServeApp
 
     if not isinstance(app, ShardServeApp):
@@ -47,10 +54,11 @@ def refusing_protocol(app: FastAPI) -> type[Any] | str:
         return "auto"
     refuser = _Refuser(app)
 
-    class RefusingProtocol(HttpToolsProtocol):  # type: ignore[misc]
+    class ShardServeProtocol(HttpToolsProtocol):  # type: ignore[misc]
         def _start_asgi_task(self, cycle: Any, asgi: Any) -> None:
             answer = refuser.answer(cycle.scope)
             if answer is None:
+                cycle.scope[DISCONNECT_KEY] = []
                 super()._start_asgi_task(cycle, asgi)
                 return
             head = [_STATUS]
@@ -65,7 +73,15 @@ def refusing_protocol(app: FastAPI) -> type[Any] | str:
             cycle.message_event.set()
             cycle.on_response()
 
-    return RefusingProtocol
+        def connection_lost(self, exc: Exception | None) -> None:
+            cycle: Any = self.cycle
+            super().connection_lost(exc)
+            if cycle is not None and not cycle.response_complete:
+                hooks: list[Callable[[], None]] = cycle.scope.get(DISCONNECT_KEY) or []
+                for hung_up in hooks:
+                    hung_up()
+
+    return ShardServeProtocol
 
 
 class _Refuser:
