@@ -9,6 +9,7 @@ Examples::
     python -m bench chaos                                    # kill -9 and poison rows under load
     python -m bench protocols                                # TF-Serving JSON vs V2 JSON/binary/gRPC
     python -m bench memory                                   # memory plan vs actors' RSS
+    python -m bench datapath                                 # bytes between shards, 16-bit
     python -m bench openloop                                 # auto vs fixed timeouts, Poisson
     python -m bench padding                                  # padded vs unpadded batches, CPU
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import batching, chaos, memory, overload, protocols
+from bench import batching, chaos, datapath, memory, overload, protocols
 from bench.load import WRK_INSTALL_HINT, have_wrk
 from bench.report import machine, plot, render
 from bench.run import Plan, run_plan
@@ -74,11 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     chaos.add_parser(sub)
     protocols.add_parser(sub)
     memory.add_parser(sub)
+    datapath.add_parser(sub)
     batching.add_parsers(sub)
     args = parser.parse_args(argv)
     command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
 
-    if args.command in ("overload", "chaos", "protocols", "openloop", "padding", "memory"):
+    if args.command in (
+        "overload",
+        "chaos",
+        "protocols",
+        "openloop",
+        "padding",
+        "memory",
+        "datapath",
+    ):
         return _faults(args, command)
 
     if args.command == "report":

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 MiB = 2**20
-MODELS = ("mlp-1.2g", "resnet50")  # and "tiny", for the smoke test
+MODELS = ("mlp-1.2g", "resnet50")  # and "mlp-1.2g-narrow"; "tiny", for the smoke test
 _BARE = (
     "import tensorflow, keras, pathlib; "
     "s = pathlib.Path('/proc/self/status').read_text(); "
@@ -57,13 +57,25 @@ def build(name: str) -> Any:
             )
         logits = keras.layers.Dense(10, name="logits")(x)
         return keras.Model(features, logits, name="mlp_1_2g")
+    if name == "mlp-1.2g-narrow":
+        # 2048 features, 72 hidden layers of 2048: the same 1.21 GB in 17 MB layers, under
+        # glibc's mmap threshold, so what loading frees stays in the heap unless it is trimmed.
+        features = keras.Input((2048,), name="features")
+        x = features
+        for i in range(72):
+            init = keras.initializers.RandomUniform(-0.02, 0.02, seed=i)
+            x = keras.layers.Dense(2048, activation="relu", kernel_initializer=init, name=f"d{i}")(
+                x
+            )
+        logits = keras.layers.Dense(10, name="logits")(x)
+        return keras.Model(features, logits, name="mlp_1_2g_narrow")
     if name == "tiny":  # for the bench's smoke test
         features = keras.Input((64,), name="features")
         hidden = keras.layers.Dense(64, name="d0")(features)
         return keras.Model(features, keras.layers.Dense(4, name="d1")(hidden), name="tiny")
     if name == "resnet50":
         return keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3))
-    raise ValueError(f"unknown bench model {name!r}; known: {', '.join(MODELS)}, tiny")
+    raise ValueError(f"unknown bench model {name!r}; known: {', '.join(MODELS)}, mlp-1.2g-narrow, tiny")
 
 
 def _partition_in_subprocess(name: str, out: Path, stages: int, batch: int) -> None:
