@@ -75,7 +75,9 @@ def build(name: str) -> Any:
         return keras.Model(features, keras.layers.Dense(4, name="d1")(hidden), name="tiny")
     if name == "resnet50":
         return keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3))
-    raise ValueError(f"unknown bench model {name!r}; known: {', '.join(MODELS)}, mlp-1.2g-narrow, tiny")
+    raise ValueError(
+        f"unknown bench model {name!r}; known: {', '.join(MODELS)}, mlp-1.2g-narrow, tiny"
+    )
 
 
 def _partition_in_subprocess(name: str, out: Path, stages: int, batch: int) -> None:
