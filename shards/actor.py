@@ -85,10 +85,17 @@ class ShardActor:
             self._model = load_stage(
                 stage_dir, stage_index, modules, unsafe_deserialization=unsafe_deserialization
             )
+        # From shapes: get_weights() would copy every weight into numpy once more.
+        saved_bytes = variable_bytes(self._model)
         if weight_dtype is not None:
             self._model = serve_weights_in(self._model, weight_dtype)
-        # From shapes: get_weights() would copy every weight into numpy once more.
         self._weight_bytes = variable_bytes(self._model)
+        # A plan made without this weight_dtype counted the weights as saved (float32): the
+        # planned peak is compared with what the variables hold now.
+        plan = self._spec.memory
+        self._planned_weight_cut = (
+            saved_bytes - self._weight_bytes if plan is None or plan.weight_dtype is None else 0
+        )
         self._trace_count = 0
         self._step = self._build_step()
         self._calls = 0
@@ -219,7 +226,9 @@ class ShardActor:
     def memory(self) -> dict[str, Any]:
         """Measured (RSS now, peak, at the start-up marks; GPU allocator) beside planned."""
         return self._memory.report(
-            self._device.name, self._spec.planned_peak_bytes, self._weight_bytes
+            self._device.name,
+            self._spec.planned_peak_bytes - self._planned_weight_cut,
+            self._weight_bytes,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -127,6 +127,9 @@ async def test_weights_served_in_reduced_precision(
 
     for stage, info in zip(manifest.stages, infos, strict=True):
         assert info["weight_bytes"] * 2 == stage.param_bytes
+        # The plan (made for float32 weights) is compared with the weights as served.
+        planned = stage.planned_peak_bytes - stage.param_bytes // 2
+        assert info["memory"]["planned_peak_bytes"] == planned
     for name, want in call_whole(model, inputs).items():
         assert out[name].dtype == np.float32
         scale = float(np.abs(want).max())
