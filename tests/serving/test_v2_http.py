@@ -329,6 +329,31 @@ def test_binary_input_is_a_view_of_the_request_bytes() -> None:
     np.testing.assert_array_equal(arr, np.arange(8, dtype=np.float32).reshape(2, 4))
 
 
+def test_a_repeated_binary_header_reads_each_request_s_own_bytes() -> None:
+    """The layout a binary header decides is kept; the tensors are still each body's own,
+    and a body whose byte count no longer fits that header is refused as before."""
+    from serving.v2.http_body import parse_infer
+
+    sig = MULTI
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(8, dtype=np.int32).reshape(2, 2, 2)
+    header = {"inputs": [binary_input("a", a, "FP32"), binary_input("b", b, "INT32")]}
+    calls = []
+    for k in range(3):
+        body, headers = binary_body(header, a + k, b * k)
+        calls.append(parse_infer(body, headers["Inference-Header-Content-Length"], sig))
+        assert np.shares_memory(calls[-1].inputs["a"], np.frombuffer(body, np.uint8))
+    for k, call in enumerate(calls):
+        np.testing.assert_array_equal(call.inputs["a"], a + k)
+        np.testing.assert_array_equal(call.inputs["b"], b * k)
+        assert call.inputs["b"].dtype == np.int32 and call.inputs["b"].shape == (2, 2, 2)
+    body, headers = binary_body(header, a, b)
+    with pytest.raises(InvalidInputError, match="bytes of binary data are left"):
+        parse_infer(body[:-8], headers["Inference-Header-Content-Length"], sig)
+    with pytest.raises(InvalidInputError, match="that no input's binary_data_size accounts"):
+        parse_infer(body + b"\0" * 8, headers["Inference-Header-Content-Length"], sig)
+
+
 @pytest.mark.parametrize(
     ("dtype", "data", "message"),
     [
