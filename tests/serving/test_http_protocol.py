@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
@@ -181,3 +182,41 @@ async def test_a_hang_up_drops_the_queued_rows_without_a_watcher_task() -> None:
         del reader
     assert all(7 not in b["x"][:, 0] for b in runner.batches)
     assert 'shardserve_rejects_total{reason="client_gone"} 1.0' in metrics
+
+
+async def test_a_refused_body_still_arriving_is_discarded_and_the_connection_reused() -> None:
+    gate = asyncio.Event()
+    runner = FakeRunner()
+    async with (
+        running(runner) as (client, _, state),
+        httpx.AsyncClient(base_url=str(client.base_url), timeout=10) as others,
+    ):
+        assert (await client.post("/predict", json={"instances": [row(9)]})).status_code == 200
+        runner.gate = gate
+        first = asyncio.create_task(others.post("/predict", json={"instances": [row(0), row(1)]}))
+        await runner.wait_started(3)
+        queued = asyncio.create_task(others.post("/predict", json={"instances": [row(2), row(3)]}))
+        async with asyncio.timeout(5):
+            while state.batcher.queued_rows < 2:
+                await asyncio.sleep(0.001)
+        reader, writer = await asyncio.open_connection("127.0.0.1", client.base_url.port)
+        body = b'{"instances": [[1.0, 1.0, 2.0, 3.0]]}' + b" " * 3000
+        writer.write(
+            b"POST /predict HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body[:1000])
+        )
+        await writer.drain()
+        async with asyncio.timeout(5):  # answered before the rest of its body is sent
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            refused = await reader.readexactly(length)
+        writer.write(body[1000:] + b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n")
+        await writer.drain()
+        async with asyncio.timeout(5):
+            health = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        gate.set()
+        assert (await first).status_code == 200 and (await queued).status_code == 200
+    assert head.startswith(b"HTTP/1.1 503 ")
+    assert orjson.loads(refused) == {"error": "queue full: 2 rows queued, max_queue_rows=2"}
+    assert health.startswith(b"HTTP/1.1 200 ")
