@@ -1,4 +1,4 @@
-"""`python -m bench datapath` on a tiny U-Net in 3 stages: bytes per batch by routing and dtype."""
+"""`python -m bench datapath` on a tiny U-Net in 4 stages: bytes per batch by routing and dtype."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_datapath_bench_counts_the_bytes_of_each_routing(tmp_path: Path) -> None:
     out = tmp_path / "out"
     modes = "dicts,tensors,tensors+bf16"
-    args = ["--models", "unet", "--image", "16", "--stages", "3", "--batch", "2"]
+    args = ["--models", "unet", "--image", "16", "--stages", "4", "--batch", "2"]
     args += ["--batches", "2", "--rounds", "1", "--modes", modes, "--unet-modes", modes]
     args += ["--workdir", str(tmp_path), "--out", str(out)]
     done = subprocess.run(
