@@ -30,7 +30,11 @@ async def main():
     out = await group.run({group.signature.inputs[0].name: x})
     infos = await group.describe()
     await group.close()
-    return {"infos": infos, "finite": bool(np.isfinite(out["logits"]).all())}
+    return {
+        "infos": infos,
+        "finite": bool(np.isfinite(out["logits"]).all()),
+        "on_gpu": group.on_gpu,
+    }
 
 print(json.dumps(asyncio.run(main()), default=str))
 """
@@ -43,6 +47,7 @@ def test_each_shard_runs_on_its_own_gpu() -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     infos = result["infos"]
+    assert result["on_gpu"]  # the server pads batches to buckets on GPU stages
     assert result["finite"]
     assert all("GPU" in info["device"] for info in infos), infos
     gpu_sets = [tuple(info["gpu_ids"]) for info in infos]
