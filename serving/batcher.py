@@ -17,40 +17,29 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from serving.batching_policy import BatchingPolicy, RunTimeModel
-from serving.batching_rows import (
-    PendingRequest,
-    QueueKey,
-    RowQueues,
-    Segment,
-    assemble,
-    check_outputs,
-    deliver,
-    row_count,
-)
+from serving.batching_rows import PendingRequest, QueueKey, RowQueues, Segment, row_count
 from serving.errors import (
     BatchFailedError,
     DeadlineExceededError,
     InvalidInputError,
-    ModelInputError,
     NotReadyError,
     QueueFullError,
     ShardServeError,
-    from_runner,
 )
+from serving.isolation import Outcome, RunBatch, isolation_depth, settle
 from serving.wait_policy import WaitPolicy, wait_policy
 
 __all__ = ["BatchRecord", "Batcher", "BatchingPolicy", "RunBatch"]
 
 log = logging.getLogger("shardserve")
 
-RunBatch = Callable[[dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
 _SHUTTING_DOWN = "server is shutting down"
 
 
@@ -63,17 +52,6 @@ class BatchRecord:
     run_s: float
     ok: bool  # every row answered by the first run
     isolated: int = 0  # requests failed alone after splitting the batch to find them
-
-
-@dataclass
-class _Outcome:
-    clean: bool = True
-    isolated: int = 0
-
-
-def _isolation_depth(segments: list[Segment]) -> int:
-    """Halving the batch's requests this many times leaves one request per batch."""
-    return max(0, math.ceil(math.log2(max(1, len(segments)))))
 
 
 class Batcher:
@@ -312,9 +290,12 @@ class Batcher:
     ) -> None:
         padded = policy.padded_size(rows)
         started = time.monotonic()
-        outcome = _Outcome()
+        outcome = Outcome()
         try:
-            await self._settle(segments, policy, _isolation_depth(segments), outcome)
+            await settle(
+                self._run_batch, segments, policy, isolation_depth(segments), outcome,
+                self._fail_segments,
+            )  # fmt: skip
         except BaseException:
             self._fail_segments(
                 segments, NotReadyError(f"{_SHUTTING_DOWN}: the batch was cancelled")
@@ -336,44 +317,6 @@ class Batcher:
                     self._on_batch(record)
                 except Exception:
                     log.exception("on_batch callback failed")
-
-    async def _settle(
-        self, segments: list[Segment], policy: BatchingPolicy, depth: int, outcome: _Outcome
-    ) -> None:
-        """Run the segments as one batch and answer their requests. When the model fails on
-        the input, split the batch by request and rerun the halves, down to single requests
-        (at most ``depth`` times), so that only the requests that trigger it get the error."""
-        rows = sum(count for _, _, count in segments)
-        padded = policy.padded_size(rows)
-        try:
-            raw = await self._run_batch(assemble(segments, rows, padded))
-            outputs = check_outputs(raw, rows, padded)
-        except Exception as exc:
-            error = from_runner(exc, rows)
-            outcome.clean = False
-            live = [s for s in segments if not s[0].future.done()]
-            if isinstance(error, ModelInputError) and len(live) > 1 and depth > 0:
-                half = len(live) // 2
-                await asyncio.gather(
-                    self._settle(live[:half], policy, depth - 1, outcome),
-                    self._settle(live[half:], policy, depth - 1, outcome),
-                )
-                return
-            if isinstance(error, ModelInputError):
-                if len(live) > 1:  # not isolated: the error is no single request's
-                    error = BatchFailedError(f"the model failed on a batch of {rows} rows")
-                else:
-                    outcome.isolated += len(live)
-            ids = [r.request_id for r, _, _ in live if r.request_id]
-            log.warning(
-                "batch of %d rows failed for request(s) %s: %s",
-                rows,
-                ",".join(ids) or "-",
-                error.message,
-            )
-            self._fail_segments(live, error)
-            return
-        deliver(segments, outputs)
 
     # --- answering requests
 
