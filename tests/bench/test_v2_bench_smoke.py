@@ -4,6 +4,9 @@ cannot rot; its answer decoding and its target verdicts on canned figures."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +106,21 @@ def test_cpu_seconds_of_this_process_grow_with_its_work() -> None:
     while process_cpu_seconds(os.getpid()) < end:
         sum(range(10_000))
     assert process_cpu_seconds(os.getpid()) >= end
-    assert all("-m bench protocols" not in line for line in other_benches())
+
+
+def test_other_benches_lists_a_running_bench_process_until_it_ends() -> None:
+    # argv after -c's code is the script's own: the process looks like "python ... -m bench".
+    code = "import sys, time; time.sleep(60)"
+    fake = subprocess.Popen([sys.executable, "-c", code, "-m", "bench", "protocols", "marker"])
+    try:
+        deadline = time.monotonic() + 10
+        while not any(line.endswith("protocols marker") for line in other_benches()):
+            assert time.monotonic() < deadline, other_benches()
+            time.sleep(0.05)
+    finally:
+        fake.kill()
+        fake.wait()
+    assert not any(line.endswith("protocols marker") for line in other_benches())
 
 
 @pytest.mark.skipif(not have_wrk(), reason=f"the HTTP part drives wrk; {WRK_INSTALL_HINT}")
