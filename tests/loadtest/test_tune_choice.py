@@ -95,7 +95,10 @@ def test_recommend_gives_up_the_least_throughput_anywhere() -> None:
     ]
     setting, why = recommend(points, slo_p99_ms=100)
     assert setting == ("auto", None)
-    assert why == "auto keeps at least 93% of the best throughput at every load level with p99 <= 100 ms"
+    assert (
+        why
+        == "auto keeps at least 93% of the best throughput at every load level with p99 <= 100 ms"
+    )
 
 
 def test_recommend_prefers_settings_that_meet_the_slo_everywhere() -> None:

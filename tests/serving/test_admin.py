@@ -143,7 +143,10 @@ async def test_put_applies_to_the_next_batch_without_dropping_queued_rows() -> N
     for i, response in enumerate(responses):
         want = expected_outputs(make_rows(1, start=i))["y"][0].tolist()
         assert response.json()["predictions"][0] == pytest.approx(want)
-    assert runner.batch_sizes() == [1, 3]  # the 3 queued rows went as one batch (a CPU runner: unpadded)
+    assert runner.batch_sizes() == [
+        1,
+        3,
+    ]  # the 3 queued rows went as one batch (a CPU runner: unpadded)
 
 
 @pytest.mark.parametrize(

@@ -108,4 +108,3 @@ def test_a_second_signal_stops_at_once(raised: list[int]) -> None:
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, previous)
-

@@ -47,7 +47,11 @@ def test_manifest_json_round_trip() -> None:
     manifest = make_manifest()
     data = json.loads(json.dumps(manifest.to_json()))
     assert Manifest.from_json(data) == manifest
-    assert data["stages"][1]["inputs"][1] == {"name": "mask", "shape": [None, 4], "dtype": "float32"}
+    assert data["stages"][1]["inputs"][1] == {
+        "name": "mask",
+        "shape": [None, 4],
+        "dtype": "float32",
+    }
 
 
 def test_write_then_read(tmp_path: Path) -> None:

@@ -57,7 +57,9 @@ async def test_compiled_graph_matches_the_whole_model_past_its_capacity(
             np.testing.assert_allclose(out[name], want[i % 3 : i % 3 + 1], atol=1e-5, rtol=0)
 
 
-async def test_a_failing_batch_leaves_the_graph_serving(ray_address: str, encoder_case: Case) -> None:
+async def test_a_failing_batch_leaves_the_graph_serving(
+    ray_address: str, encoder_case: Case
+) -> None:
     bundle, model, inputs = encoder_case
     group = await PipelineGroup.create(
         bundle, PipelineOptions(batch_sizes=(3,), compiled_graph=True)

@@ -17,7 +17,7 @@ class ResourceExhaustedError(Exception):
 
 
 def _task_error(cause: BaseException) -> rex.RayTaskError:
-    trace = "Traceback (most recent call last):\n  File \"actor.py\", line 1\n(pid=7, ip=10.0.0.2)"
+    trace = 'Traceback (most recent call last):\n  File "actor.py", line 1\n(pid=7, ip=10.0.0.2)'
     return rex.RayTaskError("ShardActor.forward", trace, cause)
 
 

@@ -24,7 +24,17 @@ def test_partition_writes_a_bundle(tmp_path: Path) -> None:
 
 def test_partition_refuses_both_ways_of_asking(tmp_path: Path) -> None:
     result = runner.invoke(
-        app, ["partition", "demo-tiny", "--stages", "2", "--max-stage-bytes", "10", "--out", str(tmp_path)]
+        app,
+        [
+            "partition",
+            "demo-tiny",
+            "--stages",
+            "2",
+            "--max-stage-bytes",
+            "10",
+            "--out",
+            str(tmp_path),
+        ],
     )
     assert result.exit_code == 2
     assert "either --stages or --max-stage-bytes" in result.output
