@@ -153,6 +153,26 @@ _UNSAFE_HELP = (
     "models from a source you trust."
 )
 
+# The options partition and plan share (Typer reads them from these aliases).
+StagesOption = Annotated[Optional[int], typer.Option(help=_STAGES_HELP, min=1)]  # noqa: UP045
+BudgetOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--max-stage-bytes", help=_BUDGET_HELP, metavar="BYTES[,BYTES...]"),
+]
+BatchOption = Annotated[int, typer.Option(help=_BATCH_HELP, min=1)]
+OverheadOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--device-overhead-bytes", help=_OVERHEAD_HELP, metavar="BYTES"),
+]
+ImportsOption = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option("--import", help="Module to import first (custom layers); repeatable."),
+]
+UnsafeOption = Annotated[bool, typer.Option("--unsafe-deserialization", help=_UNSAFE_HELP)]
+WeightDtypeOption = Annotated[
+    str, typer.Option("--weight-dtype", help=_WEIGHT_DTYPE_HELP, metavar="DTYPE")
+]
+
 
 def _fail(exc: Exception, code: int = 1) -> typer.Exit:
     err.print(f"[red]error:[/red] {exc}", highlight=False)
@@ -191,26 +211,13 @@ def partition(
         str, typer.Argument(help="A .keras file, a SavedModel dir or a demo model name.")
     ],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the bundle to.")],
-    stages: Annotated[Optional[int], typer.Option(help=_STAGES_HELP, min=1)] = None,  # noqa: UP045
-    max_stage_bytes: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--max-stage-bytes", help=_BUDGET_HELP, metavar="BYTES[,BYTES...]"),
-    ] = None,
-    max_batch_size: Annotated[int, typer.Option(help=_BATCH_HELP, min=1)] = 32,
-    device_overhead_bytes: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--device-overhead-bytes", help=_OVERHEAD_HELP, metavar="BYTES"),
-    ] = None,
-    imports: Annotated[
-        Optional[list[str]],  # noqa: UP045
-        typer.Option("--import", help="Module to import first (custom layers); repeatable."),
-    ] = None,
-    unsafe_deserialization: Annotated[
-        bool, typer.Option("--unsafe-deserialization", help=_UNSAFE_HELP)
-    ] = False,
-    weight_dtype: Annotated[
-        str, typer.Option("--weight-dtype", help=_WEIGHT_DTYPE_HELP, metavar="DTYPE")
-    ] = "float32",
+    stages: StagesOption = None,
+    max_stage_bytes: BudgetOption = None,
+    max_batch_size: BatchOption = 32,
+    device_overhead_bytes: OverheadOption = None,
+    imports: ImportsOption = None,
+    unsafe_deserialization: UnsafeOption = False,
+    weight_dtype: WeightDtypeOption = "float32",
 ) -> None:
     """Cut a Keras model into stages and write a bundle (manifest.json + one file per stage)."""
     budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
@@ -251,26 +258,13 @@ def plan(
     model: Annotated[
         str, typer.Argument(help="A .keras file, a bundle directory or a demo model name.")
     ],
-    stages: Annotated[Optional[int], typer.Option(help=_STAGES_HELP, min=1)] = None,  # noqa: UP045
-    max_stage_bytes: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--max-stage-bytes", help=_BUDGET_HELP, metavar="BYTES[,BYTES...]"),
-    ] = None,
-    max_batch_size: Annotated[int, typer.Option(help=_BATCH_HELP, min=1)] = 32,
-    device_overhead_bytes: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--device-overhead-bytes", help=_OVERHEAD_HELP, metavar="BYTES"),
-    ] = None,
-    imports: Annotated[
-        Optional[list[str]],  # noqa: UP045
-        typer.Option("--import", help="Module to import first (custom layers); repeatable."),
-    ] = None,
-    unsafe_deserialization: Annotated[
-        bool, typer.Option("--unsafe-deserialization", help=_UNSAFE_HELP)
-    ] = False,
-    weight_dtype: Annotated[
-        str, typer.Option("--weight-dtype", help=_WEIGHT_DTYPE_HELP, metavar="DTYPE")
-    ] = "float32",
+    stages: StagesOption = None,
+    max_stage_bytes: BudgetOption = None,
+    max_batch_size: BatchOption = 32,
+    device_overhead_bytes: OverheadOption = None,
+    imports: ImportsOption = None,
+    unsafe_deserialization: UnsafeOption = False,
+    weight_dtype: WeightDtypeOption = "float32",
 ) -> None:
     """Print the memory plan per stage (what partition would write), without writing anything.
     A bundle directory: the plan in its manifest."""
