@@ -67,8 +67,9 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 1000:1000
 WORKDIR /home/shardserve
 
-# 8000 HTTP; 6379 Ray GCS, 8265 Ray dashboard, 10001 Ray client (cluster nodes only).
-EXPOSE 8000 6379 8265 10001
+# 8000 HTTP, 8001 gRPC (Open Inference Protocol); 6379 Ray GCS, 8265 Ray dashboard, 10001 Ray
+# client (cluster nodes only).
+EXPOSE 8000 8001 6379 8265 10001
 
 # Loading and warming a large model takes minutes: the start period keeps Docker from calling the
 # container unhealthy before /healthz can answer.

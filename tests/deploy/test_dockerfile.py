@@ -173,10 +173,10 @@ def test_runtime_has_what_the_ray_launcher_runs(stages: list[Stage]) -> None:
     assert "rsync" in apt and "openssh-client" in apt, apt
 
 
-def test_exposes_the_servers_default_port(stages: list[Stage]) -> None:
-    port = Settings.model_fields["port"].default
+def test_exposes_the_servers_default_ports(stages: list[Stage]) -> None:
+    ports = {Settings.model_fields[name].default for name in ("port", "grpc_port")}
     exposed = {int(p.split("/")[0]) for a in stages[-1].args("EXPOSE") for p in a.split()}
-    assert port in exposed
+    assert ports <= exposed, f"EXPOSE {sorted(exposed)} lacks {sorted(ports - exposed)}"
     assert exposed >= {6379, 8265, 10001}
 
 
