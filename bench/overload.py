@@ -176,7 +176,7 @@ def _record(
         # own compute: the gap is the hop and the front end's event loop.
         "mean_batch_run_ms": mean_ms("shardserve_batch_run_seconds_sum", batches),
         "mean_stage_compute_ms": mean_ms(
-            f"shardserve_stage_compute_seconds{stage}", f"shardserve_stage_calls{stage}"
+            f"shardserve_stage_compute_seconds_total{stage}", f"shardserve_stage_calls_total{stage}"
         ),
         "mean_queue_wait_ms": mean_ms("shardserve_queue_wait_seconds_sum", batches),
         "rss_before_mb": rss_before,

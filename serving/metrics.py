@@ -22,12 +22,14 @@ class _StageCollector:
         self.snapshot: list[dict[str, Any]] = []
 
     def collect(self) -> Iterator[Metric]:
-        calls = GaugeMetricFamily(
+        # Counters (exported with ``_total``) so that rate() works; an actor Ray restarts starts
+        # again from 0, which Prometheus reads as a counter reset.
+        calls = CounterMetricFamily(
             "shardserve_stage_calls",
             "Batches computed by a shard actor",
             labels=["replica", "stage"],
         )
-        compute = GaugeMetricFamily(
+        compute = CounterMetricFamily(
             "shardserve_stage_compute_seconds",
             "Total compute time of a shard actor",
             labels=["replica", "stage"],
