@@ -216,7 +216,12 @@ class Batcher:
         except Exception as exc:
             log.exception("batcher loop crashed")
             self._accepting = False
-            self._fail_queued(BatchFailedError(f"the batcher failed: {type(exc).__name__}: {exc}"))
+            # The exception's text is for the log above, not for clients: it may hold anything.
+            self._fail_queued(
+                BatchFailedError(
+                    f"the batcher failed ({type(exc).__name__}); the server log has the detail"
+                )
+            )
             raise
 
     def _dispatch_ready(self, now: float) -> float | None:

@@ -5,14 +5,17 @@ put back together per request once computed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from serving.errors import BatchFailedError, InvalidInputError
+
+log = logging.getLogger("shardserve")
 
 QueueKey = tuple[tuple[str, tuple[int, ...], str], ...]
 
@@ -170,12 +173,23 @@ def assemble(segments: list[Segment], rows: int, padded: int) -> dict[str, np.nd
     return batch
 
 
-def check_outputs(outputs: Any, rows: int, padded: int) -> dict[str, np.ndarray]:
-    """The outputs cut to the real rows; a model answer of any other shape fails the batch."""
+def check_outputs(
+    outputs: Any, rows: int, padded: int, request_ids: Sequence[str] = ()
+) -> dict[str, np.ndarray]:
+    """The outputs cut to the real rows; a model answer of any other shape fails the batch.
+
+    What the model returned goes to the log with ``request_ids``; clients get its type only (its
+    repr may hold anything: paths, addresses, object ids)."""
     if not isinstance(outputs, Mapping) or not outputs:
+        log.error(
+            "model returned %s for request(s) %s: %.200r",
+            type(outputs).__name__,
+            ",".join(request_ids) or "-",
+            outputs,
+        )
         raise BatchFailedError(
-            f"model returned {type(outputs).__name__} {outputs!r:.80}; "
-            f"expected a non-empty dict of output name -> array"
+            f"model returned {'an empty ' if isinstance(outputs, Mapping) else 'a '}"
+            f"{type(outputs).__name__}; expected a non-empty dict of output name -> array"
         )
     checked: dict[str, np.ndarray] = {}
     for name, value in outputs.items():

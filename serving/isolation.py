@@ -51,7 +51,8 @@ async def settle(
     padded = policy.padded_size(rows)
     try:
         raw = await run_batch(assemble(segments, rows, padded))
-        outputs = check_outputs(raw, rows, padded)
+        ids = [r.request_id for r, _, _ in segments if r.request_id]
+        outputs = check_outputs(raw, rows, padded, ids)
     except Exception as exc:
         error = from_runner(exc, rows)
         outcome.clean = False

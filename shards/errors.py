@@ -42,6 +42,7 @@ __all__ = [
     "StageTimeoutError",
     "StartError",
     "one_line",
+    "scrub",
 ]
 
 
@@ -115,11 +116,32 @@ class NoHealthyReplicaError(RunError):
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # What a remote error's text may carry that no client may see: "pid=123", "ip=10.0.0.1",
-# "actor_id=ab12...", "<shards.actor.ShardActor object at 0x7f...>".
+# "actor_id=ab12...", "<shards.actor.ShardActor object at 0x7f...>", IPv4 and IPv6 addresses
+# (with a port or a zone), and the names of hosts on a private network.
+_HEX4 = r"[0-9A-Fa-f]{1,4}"
 _LEAKS = re.compile(
     r"\(?\b(pid|ip|actor_id|repr|node_id|worker_id|task_id)=(<[^<>]*>|[^,)\s]*)[,)]?\s*"
     r"|<[^<>]* at 0x[0-9a-fA-F]+>"
+    # Host names before addresses: "ip-10-0-0-12" must go whole, not leave its digits behind.
+    r"|\b(?!threading\.local\b)(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+"
+    r"(?:internal|local|localdomain|lan|corp|intra|intranet|arpa|amazonaws\.com|cloudapp\.net"
+    r"|googleusercontent\.com)\b(?::\d+)?"
+    r"|\bip-\d{1,3}(?:-\d{1,3}){3}\b(?::\d+)?"
+    r"|\blocalhost\b(?::\d+)?"
+    # IPv6: eight groups, or fewer around "::", optionally bracketed with a port.
+    rf"|\[?(?<![\w:])(?:(?:{_HEX4}:){{7}}{_HEX4}"
+    rf"|(?:{_HEX4}(?::{_HEX4})*)?::(?:{_HEX4}(?::{_HEX4})*)?(?:\.\d{{1,3}}){{0,3}})"
+    r"(?:%\w+)?(?![\w:])\]?(?::\d+)?"
     r"|\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b"
+)
+# Absolute paths (POSIX, home-relative, Windows) become their last part: the file a client
+# named is still recognisable, the layout of the server's disks is not. A path needs two parts
+# so that a route in a message ("GET /readyz") is left alone.
+_PATH_PART = r"[^\s/\\'\"`,;:()\[\]{}<>|]+"
+_PATHS = re.compile(
+    rf"(?<![\w.~/\\-])~?(?:/{_PATH_PART}){{2,}}/?"
+    rf"|~/{_PATH_PART}(?:/{_PATH_PART})*/?"
+    rf"|\b[A-Za-z]:\\(?:{_PATH_PART}\\)*{_PATH_PART}\\?"
 )
 _MAX_CHARS = 300
 # A shards error raised in a remote actor's __init__ reaches the driver only as the text of
@@ -128,7 +150,8 @@ _REMOTE_SHARDS_ERROR = re.compile(r"^shards\.errors\.(\w+): (.+)$", re.MULTILINE
 
 
 def one_line(exc: BaseException) -> str:
-    """``TypeName: first line of the message``, scrubbed of colours, pids, IPs, ids and reprs.
+    """``TypeName: first line of the message``, scrubbed of colours, pids, addresses, host names,
+    ids and reprs, with absolute paths cut to their last part (``scrub``).
 
     For a TensorFlow error the useful line is its first (``indices[0,3] = 1000 is not in
     [0, 10)``); the node and graph context TensorFlow appends after it is dropped.
@@ -137,7 +160,7 @@ def one_line(exc: BaseException) -> str:
     remote = _REMOTE_SHARDS_ERROR.findall(text)
     if remote:
         name, reason = remote[-1]
-        return _clip(f"{name}: {_LEAKS.sub('', reason).strip()}")
+        return _clip(f"{name}: {scrub(reason)}")
     lines = [line for line in text.splitlines() if line.strip()]
     if lines and lines[0].startswith("Graph execution error"):
         # "Graph execution error:", "Detected at node X defined at:", an indented Python
@@ -146,11 +169,22 @@ def one_line(exc: BaseException) -> str:
             line for line in lines[1:] if not line.startswith((" ", "\t", "Detected at node"))
         ] or lines
     first = lines[0].strip() if lines else ""
-    first = _LEAKS.sub("", first).strip()
+    first = scrub(first)
     # TensorFlow appends "\n\t [[{{node ...}}]]" or " [Op:...]" to the op's message.
     first = re.split(r"\s*\[\[|\s*\[Op:", first)[0].strip()
     name = type(exc).__name__
     return _clip(f"{name}: {first}" if first else name)
+
+
+def scrub(text: str) -> str:
+    """``text`` without what no client may see: pids, ids, reprs, addresses and host names are
+    removed, absolute paths cut to their last part."""
+    text = _PATHS.sub(_last_part, text)
+    return re.sub(r"  +", " ", _LEAKS.sub("", text)).strip()
+
+
+def _last_part(match: re.Match[str]) -> str:
+    return re.split(r"[/\\]", match.group(0).rstrip("/\\"))[-1]
 
 
 def _clip(text: str) -> str:

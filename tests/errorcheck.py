@@ -13,6 +13,14 @@ _LEAKS = {
     "a traceback": re.compile(r"Traceback|File \""),
     "a process id": re.compile(r"pid="),
     "an IPv4 address": re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b"),
+    "an IPv6 address": re.compile(
+        r"(?<![\w:])(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}(?![\w:])"
+        r"|(?<![\w:])(?:[0-9a-fA-F]{1,4}:)+:|::[0-9a-fA-F]{1,4}\b"
+    ),
+    "a host name": re.compile(r"\.(?:internal|local|localdomain)\b|\bip-\d+-\d+-\d+-\d+\b"),
+    "an absolute path": re.compile(
+        r"(?<![\w.])(?:~|/(?:home|tmp|usr|var|root|opt|etc|srv|mnt|Users|private|work|data))/"
+    ),
     "an actor id": re.compile(r"actor_id"),
     "an object repr": re.compile(r"0x[0-9a-fA-F]{4,}"),
     "an ANSI escape": re.compile(r"\x1b\["),
