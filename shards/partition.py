@@ -9,7 +9,6 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import keras
 import numpy as np
@@ -31,7 +30,8 @@ from shards.graph import Graph, PartitionError, analyse, cut
 from shards.memory import MemoryModel, default_overhead, parse_budgets
 from shards.plan import Plan, plan_balanced, plan_budget
 from shards.precision import check_reduced
-from shards.signature import ModelSignature, TensorSpec
+from shards.savedmodel import read_savedmodel
+from shards.signature import ModelSignature
 
 __all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_chain"]
 
@@ -225,31 +225,17 @@ def _savedmodel_bundle(
     """A SavedModel that is not a Keras model has no layer graph: it is served whole."""
     if (stages is not None and stages != 1) or max_stage_bytes is not None:
         raise PartitionError(
-            f"{str(path)!r} is a TF SavedModel, which is served as one stage; it cannot be "
+            f"{path.name!r} is a TF SavedModel, which is served as one stage; it cannot be "
             f"sharded (got stages={stages}, max_stage_bytes={max_stage_bytes}). Save the model "
             "as a .keras file to shard it"
         )
-    import tensorflow as tf
-
     _prepare_out_dir(out)
     report(f"reading SavedModel {path}")
-    loaded = tf.saved_model.load(str(path))
-    if "serving_default" not in loaded.signatures:
-        raise PartitionError(f"SavedModel {str(path)!r} has no 'serving_default' signature")
-    fn = loaded.signatures["serving_default"]
-    in_specs = fn.structured_input_signature[1]
-    out_specs = fn.structured_outputs
-
-    def spec(name: str, ts: Any) -> TensorSpec:
-        return TensorSpec(name, tuple(ts.shape.as_list()[1:]), ts.dtype.name)
-
-    inputs = tuple(spec(n, in_specs[n]) for n in sorted(in_specs))
-    outputs = tuple(spec(n, out_specs[n]) for n in sorted(out_specs))
+    info = read_savedmodel(path)
     file = f"stage_000{SAVEDMODEL_SUFFIX}"
     shutil.copytree(path, out / file)
-    weight_bytes = sum(int(np.prod(v.shape)) * v.dtype.size for v in loaded.variables)
-    stage = StageSpec(0, file, inputs, outputs, weight_bytes, 0)
-    signature = ModelSignature(path.name, inputs, outputs)
+    stage = StageSpec(0, file, info.inputs, info.outputs, info.weight_bytes, 0)
+    signature = ModelSignature(path.name, info.inputs, info.outputs)
     sha = sha256_file(path / "saved_model.pb")
     manifest = Manifest(FORMAT_VERSION, signature, (stage,), source, sha, tuple(imports))
     write_manifest(out, manifest)
