@@ -1,4 +1,5 @@
-"""The ``shardserve`` command: ``serve``, ``partition``, ``plan`` (and ``tune`` from loadtest).
+"""The ``shardserve`` command: ``serve``, ``partition``, ``plan``, ``cache`` (serving.cache_cli)
+and ``tune`` (from loadtest).
 
 ``serve`` has one flag per setting, generated from ``Settings`` so that the flags, the env vars
 and the TOML keys can never drift apart.
@@ -16,6 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from serving.cache_cli import app as cache_app
 from serving.config import ConfigError, Settings, load_settings
 
 app = typer.Typer(
@@ -136,6 +138,7 @@ def run_server(settings: Settings) -> None:
 
 
 app.command("serve")(serve)
+app.add_typer(cache_app)
 
 
 _STAGES_HELP = "Balanced stages to cut."

@@ -131,6 +131,12 @@ class Settings(BaseSettings):
         Path.home() / ".cache" / "shardserve",
         description="Where partitioned bundles of .keras files and demo models are kept.",
     )
+    cache_max_bytes: int = Field(
+        20 * 1024 * MiB,
+        ge=0,
+        description="Size the bundle cache is pruned to after each load (e.g. 20GiB), least "
+        "recently used bundles first; a bundle being served is never removed.",
+    )
 
     # --- Ray and placement
     ray_address: str | None = Field(
@@ -240,6 +246,14 @@ class Settings(BaseSettings):
     def _overhead(cls, value: Any) -> Any:
         if value is None or (isinstance(value, int | str) and str(value).strip() == "0"):
             return None if value is None else 0
+        return parse_bytes(value)
+
+    @field_validator("cache_max_bytes", mode="before")
+    @classmethod
+    def _cache_bytes(cls, value: Any) -> Any:
+        # 0 keeps only the bundles in use; parse_bytes refuses it as a budget.
+        if isinstance(value, int | str) and str(value).strip() == "0":
+            return 0
         return parse_bytes(value)
 
     @field_validator("stage_resources", mode="before")

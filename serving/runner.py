@@ -60,6 +60,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
         device_overhead_bytes=device_overhead(settings),
         unsafe_deserialization=settings.unsafe_deserialization,
         weight_dtype=settings.weight_dtype,
+        cache_max_bytes=settings.cache_max_bytes,
     )
     log.info("model %r -> bundle %s", settings.model, bundle)
     options = pipeline_options(settings)

@@ -15,17 +15,21 @@ import importlib
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shards.errors import BundleError, ShardsError
+from shards.fingerprint import built_with
 from shards.signature import ModelSignature, TensorSpec
 
 if TYPE_CHECKING:
     import keras
 
-FORMAT_VERSION = 1
+# 2: masks, nested models and shared layers cut anew (issue 17); the manifest records the code
+# that cut the bundle (``built_with``). A version-1 bundle is refused, never served: its cuts of
+# those models could give wrong answers.
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 SAVEDMODEL_SUFFIX = ".savedmodel"
 
@@ -119,6 +123,8 @@ class Manifest:
     source: str
     source_sha256: str
     imports: tuple[str, ...] = ()
+    # Keras and TensorFlow versions and the partitioner's source digest (shards.fingerprint).
+    built_with: dict[str, str] = field(default_factory=built_with)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,11 +134,19 @@ class Manifest:
             "source": self.source,
             "source_sha256": self.source_sha256,
             "imports": list(self.imports),
+            "built_with": dict(self.built_with),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
         version = data.get("format_version")
+        if version == 1:
+            raise BundleError(
+                "the bundle was cut by an older shardserve (manifest format_version 1), whose "
+                "cuts of masked, nested and shared-layer models can give wrong answers; "
+                "re-partition the source model with this version (shardserve partition MODEL "
+                "--out DIR)"
+            )
         if version != FORMAT_VERSION:
             raise BundleError(
                 f"manifest format_version is {version!r}; this shardserve reads version "
@@ -145,6 +159,7 @@ class Manifest:
             source=str(data["source"]),
             source_sha256=str(data["source_sha256"]),
             imports=tuple(str(m) for m in data.get("imports", ())),
+            built_with={str(k): str(v) for k, v in data.get("built_with", {}).items()},
         )
 
     @property

@@ -1,9 +1,12 @@
 """Turn what the user named as ``--model`` into a bundle directory, partitioning on the fly.
 
 Accepted: a bundle directory, a ``.keras`` file, a TF SavedModel directory, or a demo model name.
-Partitioned bundles are cached under ``cache_dir`` by the source's content and the options, and
-written to a temporary directory that is renamed into place, so a crash or a concurrent resolver
-never leaves a half-written bundle where a later call would reuse it.
+Partitioned bundles are cached under ``cache_dir`` (shards.cache), keyed by everything the bundle
+depends on: every byte of the model's files, the options, the bundle format, the partitioner's
+own source and the Keras and TensorFlow versions (shards.fingerprint). A bundle is written to a
+temporary directory that is renamed into place, so a crash or a concurrent resolver never leaves
+a half-written bundle where a later call would reuse it; the cache is then pruned to
+``cache_max_bytes``.
 
 TensorFlow is imported only when a model must be partitioned (inside the function), so importing
 this module is cheap; callers run it in a Ray task to keep TensorFlow out of the HTTP process.
@@ -13,21 +16,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from shards.bundle import (
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    BundleError,
-    Manifest,
-    read_manifest,
-    sha256_file,
-)
+from shards import cache
+from shards.bundle import FORMAT_VERSION, MANIFEST_NAME, BundleError, Manifest, read_manifest
 from shards.errors import ResolveError
+from shards.fingerprint import built_with, model_sha256
 from shards.memory import parse_budgets
 
 if TYPE_CHECKING:
@@ -53,46 +50,56 @@ def resolve_bundle(
     device_overhead_bytes: int | None = None,
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
+    cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
 ) -> Path:
     """``max_batch_size`` and ``device_overhead_bytes`` size the memory plan (shards.memory);
-    ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load."""
+    ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load. The caller marks
+    the bundle it serves (``shards.cache.hold``), or a later prune may remove it."""
     path = Path(model).expanduser()
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     if (path / MANIFEST_NAME).is_file():
         _check_bundle_options(path, read_manifest(path), stages, budgets)
         return path
+    cache_dir = Path(cache_dir)
     options = f"stages={stages};max_stage_bytes={budgets};imports={list(imports)}"
-    options += f";format={FORMAT_VERSION};batch={max_batch_size};overhead={device_overhead_bytes}"
+    options += f";batch={max_batch_size};overhead={device_overhead_bytes}"
     if weight_dtype not in (None, "float32"):
         options += f";weights={weight_dtype}"
-    if path.is_dir() and (path / "saved_model.pb").is_file():
-        key = _sha256(sha256_file(path / "saved_model.pb") + options)
-    elif path.is_file() and path.suffix == ".keras":
-        key = _sha256(sha256_file(path) + options)
+    key = cache_key(model, path, options, cache_dir)
+    final = cache_dir / key
+    if _is_bundle(final):
+        cache.touch(final)
+    else:
+        with cache.writing(cache_dir, key) as tmp:
+            plan = _MemoryOptions(budgets, max_batch_size, device_overhead_bytes, weight_dtype)
+            _partition(model, path, tmp, stages, plan, imports, progress, unsafe_deserialization)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                # Another resolver finished the same bundle first; its copy is as good as ours.
+                if not _is_bundle(final):
+                    raise
+    cache.prune(cache_dir, cache_max_bytes, keep=[key])
+    return final
+
+
+def cache_key(model: str, path: Path, options: str, cache_dir: Path) -> str:
+    """``<name>-<digest>``: the digest covers the model's bytes (every file of a SavedModel,
+    ``variables/`` and assets included), the options, the bundle format and the code that cuts
+    (partitioner source, Keras and TensorFlow versions)."""
+    if (path.is_dir() and (path / "saved_model.pb").is_file()) or (
+        path.is_file() and path.suffix == ".keras"
+    ):
+        name, content = path.name, model_sha256(path, memo_dir=cache_dir)
     elif model in DEMO_NAMES:
-        key = f"{model}-{_sha256(options)[:16]}"
+        name, content = model, "demo"  # built in code: models.py is in the partitioner digest
     elif path.exists():
         raise ResolveError(f"cannot serve {model!r}: expected {ACCEPTED}")
     else:
         raise ResolveError(f"{model!r} does not exist and is not a demo model; expected {ACCEPTED}")
-
-    final = Path(cache_dir) / key
-    if _is_bundle(final):
-        return final
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".partial-{key[:24]}-", dir=cache_dir))
-    try:
-        plan = _MemoryOptions(budgets, max_batch_size, device_overhead_bytes, weight_dtype)
-        _partition(model, path, tmp, stages, plan, imports, progress, unsafe_deserialization)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            # Another resolver finished the same bundle first; its copy is as good as ours.
-            if not _is_bundle(final):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    code = ";".join(f"{k}={v}" for k, v in sorted(built_with().items()))
+    digest = _sha256(f"{content};{options};format={FORMAT_VERSION};{code}")
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)[:40]}-{digest[:32]}"
 
 
 def _partition(

@@ -24,7 +24,8 @@ from typing import Any
 
 import ray
 
-from shards.errors import InsufficientResourcesError
+from shards import cache
+from shards.errors import InsufficientResourcesError, ResolveError
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,7 @@ def _resolve_in_worker(
     device_overhead_bytes: int | None,
     unsafe_deserialization: bool,
     weight_dtype: str | None,
+    cache_max_bytes: int,
 ) -> str:
     from shards.resolve import resolve_bundle
 
@@ -276,6 +278,7 @@ def _resolve_in_worker(
         device_overhead_bytes=device_overhead_bytes,
         unsafe_deserialization=unsafe_deserialization,
         weight_dtype=weight_dtype,
+        cache_max_bytes=cache_max_bytes,
     )
     return str(path)
 
@@ -291,11 +294,13 @@ async def resolve_bundle_remote(
     device_overhead_bytes: int | None = None,
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
+    cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
 ) -> Path:
     """Run ``shards.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
 
     The task is pinned to the caller's node: the bundle lands on this node's disk, where the
-    caller then reads its manifest.
+    caller then reads its manifest. A bundle from the cache is marked as served by the caller's
+    process (``shards.cache.hold``), so no prune removes it while this process lives.
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -305,16 +310,26 @@ async def resolve_bundle_remote(
         )
     )
     budgets = None if max_stage_bytes is None else tuple(max_stage_bytes)
-    ref = task.remote(
-        model,
-        stages,
-        budgets,
-        tuple(imports),
-        str(cache_dir),
-        max_batch_size,
-        device_overhead_bytes,
-        unsafe_deserialization,
-        weight_dtype,
+    # A prune by another process can remove the entry between the task's answer and the mark.
+    for _ in range(3):
+        ref = task.remote(
+            model,
+            stages,
+            budgets,
+            tuple(imports),
+            str(cache_dir),
+            max_batch_size,
+            device_overhead_bytes,
+            unsafe_deserialization,
+            weight_dtype,
+            cache_max_bytes,
+        )
+        answer: str = await asyncio.wrap_future(ref.future())
+        path = Path(answer)
+        in_cache = path.parent.resolve() == Path(cache_dir).resolve()
+        if not in_cache or await asyncio.to_thread(cache.hold, path):
+            return path
+    raise ResolveError(
+        f"the cached bundle of {model!r} was removed by another process's cache prune three "
+        "times while loading; raise cache_max_bytes"
     )
-    path: str = await asyncio.wrap_future(ref.future())
-    return Path(path)

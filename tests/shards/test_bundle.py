@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from shards.bundle import (
     read_manifest,
     write_manifest,
 )
+from shards.fingerprint import built_with
 from shards.signature import ModelSignature, TensorSpec
 
 
@@ -79,8 +81,26 @@ def test_bad_json(tmp_path: Path) -> None:
 def test_unknown_format_version(tmp_path: Path) -> None:
     data = make_manifest().to_json() | {"format_version": 99}
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
-    with pytest.raises(BundleError, match="format_version is 99; this shardserve reads version 1"):
+    with pytest.raises(BundleError, match="format_version is 99; this shardserve reads version 2"):
         read_manifest(tmp_path)
+
+
+def test_a_version_1_bundle_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    """Cut by the code before masks, nested models and shared layers were cut anew: never
+    served, even as a bundle the user gives."""
+    data = make_manifest().to_json() | {"format_version": 1}
+    del data["built_with"]
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(BundleError, match=r"older shardserve .*re-partition the source model"):
+        read_manifest(tmp_path)
+
+
+def test_the_manifest_records_the_code_that_cut_it(tmp_path: Path) -> None:
+    write_manifest(tmp_path, make_manifest())
+    recorded = json.loads((tmp_path / MANIFEST_NAME).read_text())["built_with"]
+    assert recorded == built_with()
+    assert set(recorded) == {"keras", "tensorflow", "partitioner_sha256"}
+    assert recorded["keras"] == importlib.metadata.version("keras")
 
 
 def test_missing_field(tmp_path: Path) -> None:

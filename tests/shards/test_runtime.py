@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shards import cache
 from shards.bundle import read_manifest
 from shards.runtime import (
     cluster_summary,
@@ -37,6 +38,12 @@ async def test_resolve_bundle_remote_writes_a_bundle(ray_address: str, tmp_path:
 
     assert bundle.is_relative_to(tmp_path)
     assert len(read_manifest(bundle).stages) == 2
+    # Marked as served by this process (the server's): no prune may remove it.
+    try:
+        assert [e.in_use for e in cache.entries(tmp_path)] == [True]
+        assert cache.prune(tmp_path, max_bytes=0) == []
+    finally:
+        cache.release(bundle)
 
 
 def test_local_py_modules_lists_module_files_not_installed_packages(
