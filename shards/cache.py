@@ -127,8 +127,8 @@ def prune(cache_dir: Path, max_bytes: int, keep: Iterable[str] = ()) -> list[Ent
     """Remove entries until the cache holds at most ``max_bytes``: other format versions first,
     then the least recently used; never one being served or written, nor a key in ``keep``.
     Also clears what crashed writers and deleters left. Returns the entries removed."""
-    if not cache_dir.is_dir():
-        return []
+    if not cache_dir.is_dir() or not os.access(cache_dir, os.W_OK):
+        return []  # nothing to prune, or nothing this process may remove (a read-only cache)
     kept = set(keep)
     with _prune_lock(cache_dir):
         _clear_leftovers(cache_dir)
