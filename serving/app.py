@@ -348,7 +348,8 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         if state.load_error:
             return json_response({"status": "failed", "error": state.load_error}, 503)
         if not state.ready.is_set():
-            return json_response({"status": "loading"}, 503)
+            waiting = {"error": state.load_waiting} if state.load_waiting else {}
+            return json_response({"status": "loading", **waiting}, 503)
         if not state.accepting:
             return json_response({"status": "shutting down"}, 503)
         health = state.runner.health() if state.runner is not None else None

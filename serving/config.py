@@ -195,6 +195,13 @@ class Settings(BaseSettings):
         description="Watchdog: a batch running longer is abandoned, its stages restarted and its "
         "rows retried once on another replica; unset = max(10 x p99 batch time, 5 s).",
     )
+    load_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="Longest the model may take to load (resolve, placement, shard actors, warm-up "
+        "batch); past it the load fails with what it waited for, instead of waiting for ever.",
+    )
 
     # --- batching
     max_batch_size: int = Field(32, ge=1, le=4096, description="Rows in a full batch.")

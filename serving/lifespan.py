@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -20,6 +21,8 @@ log = logging.getLogger("shardserve")
 # The stats poll is also the replicas' health check between batches, and it brings the
 # stages' compute per batch size to the batching policy: often enough to follow a load change.
 STATS_PERIOD_S = 2.0
+# While loading, how often /readyz's account of what the load waits for is refreshed.
+WAITS_PERIOD_S = 1.0
 
 
 def describe_error(exc: BaseException) -> str:
@@ -31,35 +34,84 @@ def describe_error(exc: BaseException) -> str:
 async def load_model(
     state: ServerState, factory: RunnerFactory, on_failure: Callable[[str], None] | None
 ) -> None:
+    """Load, start the batcher and warm up within ``load_timeout_s``; meanwhile keep
+    ``state.load_waiting`` saying what the load waits for. Any failure, the timeout included,
+    becomes ``state.load_error`` (for ``/readyz``) and ``on_failure``: never a silent hang."""
+    timeout_s = state.settings.load_timeout_s
+    watcher = asyncio.create_task(_watch_waits(state))
+    started: list[Batcher] = []
     try:
-        runner = await factory(state.settings)
-        state.runner = runner
-        state.loaded.set()
-        batcher = Batcher(
-            runner.run_batch,
-            policy_from_settings(state.settings, runner),
-            on_batch=state.metrics.observe_batch,
-            on_reject=lambda reason: state.metrics.rejects.labels(reason).inc(),
-        )
-        await batcher.start()
-        state.metrics.bind_gauges(
-            lambda: batcher.queued_rows,
-            lambda: batcher.inflight_batches,
-            lambda: batcher.effective_wait_ms,
-        )
-        state.metrics.bind_health(runner.health)
-        await _warm_up(runner)
-        await _log_memory(state, runner)
-        state.batcher = batcher
-        state.accepting = True
-        state.ready.set()
-        log.info("ready: serving %r (%d stage(s))", state.settings.served_name(), runner.num_stages)
-    except Exception as exc:  # any failure becomes a clear /readyz message, never a hang
-        state.load_error = describe_error(exc)
-        log.exception("model failed to load")
+        async with asyncio.timeout(timeout_s) as deadline:
+            await _load(state, factory, started)
+    except Exception as exc:
+        if isinstance(exc, TimeoutError) and deadline.expired():
+            # The last look of the watcher: the cancelled load has removed its placement groups
+            # since, in the same step of the loop, so the watcher has not looked again.
+            state.load_error = _timed_out(timeout_s, state.load_waiting)
+            log.error("model failed to load: %s", state.load_error)
+        else:
+            state.load_error = describe_error(exc)
+            log.exception("model failed to load")
         state.loaded.set()
         if on_failure is not None:
             on_failure(state.load_error)
+    finally:
+        watcher.cancel()
+        state.load_waiting = None
+        if state.batcher is None:  # failed or cancelled: its loop task must not outlive the load
+            for batcher in started:
+                await batcher.stop(drain=False)
+
+
+async def _load(state: ServerState, factory: RunnerFactory, started: list[Batcher]) -> None:
+    runner = await factory(state.settings)
+    state.runner = runner
+    state.loaded.set()
+    batcher = Batcher(
+        runner.run_batch,
+        policy_from_settings(state.settings, runner),
+        on_batch=state.metrics.observe_batch,
+        on_reject=lambda reason: state.metrics.rejects.labels(reason).inc(),
+    )
+    await batcher.start()
+    started.append(batcher)
+    state.metrics.bind_gauges(
+        lambda: batcher.queued_rows,
+        lambda: batcher.inflight_batches,
+        lambda: batcher.effective_wait_ms,
+    )
+    state.metrics.bind_health(runner.health)
+    await _warm_up(runner)
+    await _log_memory(state, runner)
+    state.batcher = batcher
+    state.accepting = True
+    state.ready.set()
+    log.info("ready: serving %r (%d stage(s))", state.settings.served_name(), runner.num_stages)
+
+
+async def _watch_waits(state: ServerState) -> None:
+    """Ask Ray what this process's placement groups wait for, every ``WAITS_PERIOD_S``.
+
+    ``shards.runtime`` (it imports Ray) is looked up, not imported: the real runner imports it
+    while it loads, and a server on another runner (the tests' fakes) has no Ray to ask."""
+    while True:
+        await asyncio.sleep(WAITS_PERIOD_S)
+        runtime = sys.modules.get("shards.runtime")
+        if runtime is None:
+            continue
+        try:
+            waiting = await asyncio.to_thread(runtime.pending_placement)
+        except Exception:  # a GCS hiccup must not end the load; the next look may work
+            log.debug("could not read the pending placement groups", exc_info=True)
+            continue
+        state.load_waiting = waiting
+
+
+def _timed_out(timeout_s: float, waiting: str | None) -> str:
+    message = f"the model did not load within load_timeout_s={timeout_s:g} s"
+    if waiting:
+        return f"{message} ({waiting}); free or add those resources, or raise load_timeout_s"
+    return f"{message}; the server log says how far it got; raise load_timeout_s if it needs longer"
 
 
 async def _warm_up(runner: ModelRunner) -> None:

@@ -27,12 +27,17 @@ class ServerState:
     accepting: bool = False
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
+    # While loading: what the load waits for (resources Ray has not granted yet), for /readyz.
+    load_waiting: str | None = None
 
     def require_batcher(self) -> Batcher:
         if self.load_error:
             raise NotReadyError(f"model failed to load: {self.load_error}")
         if self.batcher is None or not self.ready.is_set():
-            raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
+            waiting = f" ({self.load_waiting})" if self.load_waiting else ""
+            raise NotReadyError(
+                f"model is still loading{waiting}; retry when GET /readyz answers 200"
+            )
         if not self.accepting:
             raise NotReadyError("server is shutting down")
         return self.batcher

@@ -18,6 +18,7 @@ import os
 import signal
 import sysconfig
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import ray
 
 from shards import cache
-from shards.errors import InsufficientResourcesError, ResolveError
+from shards.errors import InsufficientResourcesError, ResolveError, scrub
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,42 @@ def cluster_summary() -> dict[str, Any]:
         "gpus": float(total.get("GPU", 0.0)),
         "resources": {k: v for k, v in total.items() if not k.startswith("node:")},
     }
+
+
+def pending_placement() -> str | None:
+    """What this job's placement groups not yet placed ask for, beside what the cluster has
+    free, in one line for ``/readyz``: ``waiting for resources: placement group of 2 x {CPU: 1};
+    cluster has CPU 0/2 free``. None when nothing of this job waits (or Ray is not running)."""
+    if not ray.is_initialized():
+        return None
+    # A placement group's id ends with the id of the job that created it.
+    job = ray.get_runtime_context().get_job_id()
+    waiting = [
+        group
+        for group_id, group in ray.util.placement_group_table().items()
+        if group_id.endswith(job) and group.get("state") in ("PENDING", "RESCHEDULING")
+    ]
+    if not waiting:
+        return None
+    shapes = Counter(_group_shape(group) for group in waiting)
+    asked = "; ".join(
+        f"{count} placement groups of {shape}" if count > 1 else f"placement group of {shape}"
+        for shape, count in shapes.items()
+    )
+    keys = sorted({key for group in waiting for b in group["bundles"].values() for key in b})
+    total, free = ray.cluster_resources(), ray.available_resources()
+    have = ", ".join(f"{k} {free.get(k, 0.0):g}/{total.get(k, 0.0):g} free" for k in keys)
+    return scrub(f"waiting for resources: {asked}; cluster has {have}")
+
+
+def _group_shape(group: dict[str, Any]) -> str:
+    bundles = Counter(
+        "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(bundle.items())) + "}"
+        for bundle in group["bundles"].values()
+    )
+    shape = " + ".join(f"{n} x {b}" if n > 1 else b for b, n in bundles.items())
+    strategy = group.get("strategy", "PACK")
+    return shape if strategy == "PACK" else f"{shape} ({strategy})"
 
 
 def cluster_has_gpus() -> bool:
@@ -304,7 +341,10 @@ async def resolve_bundle_remote(
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(num_cpus=1, max_retries=0)(_resolve_in_worker).options(
+    # No CPU asked: the shard actors may hold every CPU of the node (a private local Ray gives
+    # them all) or the node may have none (a head started with --num-cpus=0), and a resolve
+    # waiting for a CPU would wait for ever.
+    task = ray.remote(num_cpus=0, max_retries=0)(_resolve_in_worker).options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
