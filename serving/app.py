@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
@@ -52,12 +52,14 @@ from serving.predict_path import INLINE_DECODE_BYTES, serve_prediction
 from serving.raw_http import JSON, FastRequest, RawAnswer, Reply, error_reply, send_reply
 from serving.runner import ModelRunner, build_runner
 from serving.state import RunnerFactory, ServerState
+from serving.stop_budget import drain_batcher
 from serving.v2.grpc_server import start_grpc_server, stop_grpc_server
 from serving.v2.http import install_v2_routes, v2_infer
 
+if TYPE_CHECKING:
+    import grpc
+
 log = logging.getLogger("shardserve")
-_DRAIN_TIMEOUT_S = 30.0
-_CLOSE_TIMEOUT_S = 10.0
 
 
 def create_app(
@@ -77,22 +79,7 @@ def create_app(
         try:
             yield
         finally:
-            state.accepting = False
-            await stop_grpc_server(grpc_server)
-            poller.cancel()
-            loader.cancel()
-            await asyncio.gather(loader, poller, return_exceptions=True)
-            if state.batcher is not None:
-                try:
-                    await asyncio.wait_for(state.batcher.stop(drain=True), _DRAIN_TIMEOUT_S)
-                except TimeoutError:
-                    log.warning("drain took over %.0f s; failing what is left", _DRAIN_TIMEOUT_S)
-                    await state.batcher.stop(drain=False)
-            if state.runner is not None:
-                try:
-                    await asyncio.wait_for(state.runner.close(), _CLOSE_TIMEOUT_S)
-                except Exception:  # a dead Ray must not keep the process from exiting
-                    log.warning("closing the model runner failed", exc_info=True)
+            await _shut_down(state, grpc_server, loader, poller)
 
     app = ShardServeApp(title="shardserve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.served_name = settings.served_name()
@@ -101,6 +88,29 @@ def create_app(
     install_admin_routes(app, settings)
     install_v2_routes(app, settings)
     return app
+
+
+async def _shut_down(
+    state: ServerState,
+    grpc_server: grpc.aio.Server | None,
+    loader: asyncio.Task[None],
+    poller: asyncio.Task[None],
+) -> None:
+    """Every step within what is left of the stop budget (``serving.stop_budget``): after a
+    SIGTERM the graceful server has drained the batcher already, out of the same budget."""
+    budget = state.begin_stop()
+    poller.cancel()
+    loader.cancel()
+    await asyncio.wait([loader, poller], timeout=budget.answer_left())
+    if state.batcher is not None:
+        # gRPC keeps serving meanwhile: its calls held in the batcher get their answers.
+        await drain_batcher(state.batcher, budget)
+    await stop_grpc_server(grpc_server, grace_s=budget.answer_left())
+    if state.runner is not None:
+        try:
+            await asyncio.wait_for(state.runner.close(), budget.left())
+        except Exception:  # a dead Ray must not keep the process from exiting
+            log.warning("closing the model runner failed", exc_info=True)
 
 
 class ShardServeApp(FastAPI):
@@ -299,13 +309,14 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         check_name(name)
         state = _state(request)
         health = state.runner.health() if state.runner is not None else None
-        ready = state.ready.is_set() and not state.load_error and (health is None or health.ok)
+        failure = state.load_error or state.batcher_failure
+        ready = state.ready.is_set() and not failure and (health is None or health.ok)
         version = {
             "version": "1",
-            "state": "AVAILABLE" if ready else ("FAILED" if state.load_error else "LOADING"),
+            "state": "AVAILABLE" if ready else ("FAILED" if failure else "LOADING"),
             "status": {
                 "error_code": "OK" if ready else "UNAVAILABLE",
-                "error_message": state.load_error or "",
+                "error_message": failure or "",
             },
         }
         body: dict[str, Any] = {"model_version_status": [version]}
@@ -352,6 +363,8 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
             return json_response({"status": "loading", **waiting}, 503)
         if not state.accepting:
             return json_response({"status": "shutting down"}, 503)
+        if state.batcher_failure:
+            return json_response({"status": "failed", "error": state.batcher_failure}, 503)
         health = state.runner.health() if state.runner is not None else None
         if health is not None and not health.ok:
             reason = f"no healthy replica of {health.replicas}; rebuilding"

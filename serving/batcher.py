@@ -41,6 +41,10 @@ __all__ = ["BatchRecord", "Batcher", "BatchingPolicy", "RunBatch"]
 log = logging.getLogger("shardserve")
 
 _SHUTTING_DOWN = "server is shutting down"
+# A loop that crashed is started again, but one that keeps crashing has a bug that restarts
+# cannot fix: past this many crashes in the window the batcher stays down and readiness says so.
+LOOP_MAX_CRASHES = 3
+LOOP_CRASH_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,9 @@ class Batcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._accepting = False
         self._draining = False
+        self._stopped = False
+        self._crashes: list[float] = []  # when the loop crashed, within the last window
+        self._failure: str | None = None
         self._runtime = RunTimeModel()
         self._wait: WaitPolicy = wait_policy(policy, self._runtime)
 
@@ -96,6 +103,12 @@ class Batcher:
         rows = max(1, self._queues.rows)
         return self._wait.wait_s(self._policy, rows, self._inflight) * 1000
 
+    @property
+    def failure(self) -> str | None:
+        """Why the batcher stopped serving on its own (its loop kept crashing), in words for
+        clients and ``/readyz``; None while it serves."""
+        return self._failure
+
     def observe_compute(self, stage_stats: list[dict[str, Any]]) -> None:
         """The stage actors' compute per batch size (``runner.stats()``), for the policy."""
         self._runtime.observe_compute(stage_stats)
@@ -108,7 +121,7 @@ class Batcher:
         if self._loop_task is not None:
             return
         self._accepting = True
-        self._loop_task = asyncio.create_task(self._serve(), name="shardserve-batcher")
+        self._loop_task = asyncio.create_task(self._supervise(), name="shardserve-batcher")
 
     def reconfigure(self, **changes: Any) -> BatchingPolicy:
         """Swap in a validated policy; it applies to the next batch, queued rows stay queued."""
@@ -138,6 +151,8 @@ class Batcher:
         if not self._accepting:
             if self._loop_task is None:
                 raise NotReadyError("the batcher has not been started")
+            if self._failure is not None:
+                raise NotReadyError(self._failure)
             self._reject("shutdown")
             raise NotReadyError(_SHUTTING_DOWN)
         rows = row_count(inputs)
@@ -177,6 +192,7 @@ class Batcher:
     async def stop(self, *, drain: bool = True) -> None:
         """Stop accepting; with ``drain`` answer everything queued first, else fail it."""
         self._accepting = False
+        self._stopped = True
         task = self._loop_task
         if task is None or task.done():
             self._abort()
@@ -196,6 +212,37 @@ class Batcher:
             await self._abort_and_wait()
 
     # --- the loop
+
+    async def _supervise(self) -> None:
+        """Run the loop, and run it again after a crash (``_serve`` logs the traceback and fails
+        what was queued): in-flight batches answer on their own, so a restarted loop loses
+        nothing more. Past ``LOOP_MAX_CRASHES`` crashes within ``LOOP_CRASH_WINDOW_S`` the
+        batcher stays down with ``failure`` set, which readiness reports."""
+        while True:
+            try:
+                await self._serve()
+                return
+            except Exception:
+                if self._draining or self._stopped:
+                    raise  # stop() is waiting on this task and fails what is left
+                now = time.monotonic()
+                self._crashes = [t for t in self._crashes if now - t < LOOP_CRASH_WINDOW_S]
+                self._crashes.append(now)
+                if len(self._crashes) > LOOP_MAX_CRASHES:
+                    self._failure = (
+                        f"the batcher crashed {len(self._crashes)} times in "
+                        f"{LOOP_CRASH_WINDOW_S:g} s and was not restarted; restart the server "
+                        "(its log has the tracebacks)"
+                    )
+                    log.error("batcher loop not restarted: %s", self._failure)
+                    return
+                log.warning(
+                    "restarting the batcher loop (crash %d of at most %d in %g s)",
+                    len(self._crashes),
+                    LOOP_MAX_CRASHES,
+                    LOOP_CRASH_WINDOW_S,
+                )
+                self._accepting = True
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()

@@ -126,9 +126,9 @@ def run_server(settings: Settings) -> None:
             # Queue-full 503s answered from the request's headers, before any ASGI work;
             # hang-ups reported without a watcher task (serving/http_protocol.py).
             http=http_protocol(api),
-            timeout_graceful_shutdown=30,
         ),
         state_of=lambda: getattr(api.state, "shardserve", None),
+        stop_timeout_s=settings.stop_timeout_s,
     )
     server.run()
     state = getattr(api.state, "shardserve", None)

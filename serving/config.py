@@ -97,6 +97,14 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the server."
     )
+    stop_timeout_s: float = Field(
+        25.0,
+        gt=0,
+        le=3600,
+        description="Longest a stop (SIGTERM) takes: requests still held near its end get 503, "
+        "then the process exits; keep it below the orchestrator's grace period "
+        "(terminationGracePeriodSeconds, docker stop -t).",
+    )
 
     # --- the model
     model: str = Field(

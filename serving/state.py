@@ -12,6 +12,7 @@ from serving.config import Settings
 from serving.errors import NotReadyError
 from serving.metrics import Metrics
 from serving.runner import ModelRunner
+from serving.stop_budget import StopBudget
 
 log = logging.getLogger("shardserve")
 RunnerFactory = Callable[[Settings], Awaitable[ModelRunner]]
@@ -29,6 +30,21 @@ class ServerState:
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
     # While loading: what the load waits for (resources Ray has not granted yet), for /readyz.
     load_waiting: str | None = None
+    # Set when the server starts stopping: every phase of the stop shares this one deadline.
+    stop_budget: StopBudget | None = None
+
+    @property
+    def batcher_failure(self) -> str | None:
+        """Why the batcher stopped serving on its own (its loop kept crashing), if it did."""
+        return self.batcher.failure if self.batcher is not None else None
+
+    def begin_stop(self) -> StopBudget:
+        """Refuse new requests from now on; the stop's budget (``stop_timeout_s``), started by
+        the first caller and shared by the later ones."""
+        self.accepting = False
+        if self.stop_budget is None:
+            self.stop_budget = StopBudget.start(self.settings.stop_timeout_s)
+        return self.stop_budget
 
     def require_batcher(self) -> Batcher:
         if self.load_error:
@@ -40,6 +56,8 @@ class ServerState:
             )
         if not self.accepting:
             raise NotReadyError("server is shutting down")
+        if self.batcher.failure is not None:
+            raise NotReadyError(self.batcher.failure)
         return self.batcher
 
 

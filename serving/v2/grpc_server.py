@@ -53,9 +53,6 @@ from serving.v2.tensors import decode_tensor, encode_tensor
 from shards.signature import ModelSignature, TensorSpec
 
 log = logging.getLogger("shardserve")
-# In-flight calls get this long to be answered once the server stops; after a SIGTERM the
-# graceful drain has answered their rows before the lifespan stops gRPC.
-STOP_GRACE_S = 10.0
 _Context: TypeAlias = grpc.aio.ServicerContext
 
 _CODES: dict[type[ShardServeError], grpc.StatusCode] = {
@@ -345,6 +342,8 @@ async def start_grpc_server(state: ServerState) -> grpc.aio.Server | None:
     return server
 
 
-async def stop_grpc_server(server: grpc.aio.Server | None) -> None:
+async def stop_grpc_server(server: grpc.aio.Server | None, *, grace_s: float) -> None:
+    """New calls are refused at once; calls still open get ``grace_s`` (what is left of the
+    stop budget's answer phase: their rows were answered or failed by then) to finish."""
     if server is not None:
-        await server.stop(STOP_GRACE_S)
+        await server.stop(grace_s)

@@ -78,6 +78,8 @@ def _not_ready_reason(state: ServerState) -> str | None:
         return "model is still loading"
     if not state.accepting:
         return "server is shutting down"
+    if state.batcher_failure:
+        return state.batcher_failure
     health = state.runner.health() if state.runner is not None else None
     if health is not None and not health.ok:
         return f"no healthy replica of {health.replicas}; rebuilding"

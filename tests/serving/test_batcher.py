@@ -1,5 +1,6 @@
 """The dynamic batcher against the fake runner. Timing-dependent steps are gated with events (the
-runner's gate and its call-started events); no test sleeps to decide an outcome."""
+runner's gate and its call-started events) or run on a clock the test moves (``clock``); no test
+sleeps to decide an outcome, and no outcome depends on how fast a loaded machine runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.batcher import Batcher, BatchingPolicy, BatchRecord
+import serving.batcher
+from serving.batcher import LOOP_MAX_CRASHES, Batcher, BatchingPolicy, BatchRecord
 from serving.errors import (
     BatchFailedError,
     DeadlineExceededError,
@@ -25,6 +27,30 @@ from shards.errors import ModelError, NoHealthyReplicaError, ReplicaLostError, S
 from tests.fakes import FakeRunner, expected_outputs, make_rows, row_ids, settle, spawn
 
 LONG_MS = 60_000.0  # a timeout no test waits for: batches then close on size or flush only
+
+
+class FakeClock:
+    """``time.monotonic`` moved forward at will. The event loop reads it too, so its timers
+    (the batcher's timeouts, a request's deadline) fall due when the test moves the clock past
+    them: deadlines far longer than any stall of a loaded machine, reached at once."""
+
+    def __init__(self) -> None:
+        self._real = time.monotonic
+        self._offset = 0.0
+
+    def __call__(self) -> float:
+        return self._real() + self._offset
+
+    def advance(self, seconds: float) -> None:
+        self._offset += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """Request it before ``make``, so that the batchers stop before the real clock is back."""
+    fake = FakeClock()
+    monkeypatch.setattr(time, "monotonic", fake)
+    return fake
 
 
 class Harness:
@@ -81,22 +107,25 @@ async def test_lone_row_goes_on_timeout(make: Harness) -> None:
     assert make.records[0].queue_wait_s >= 0.019  # the timer runs from arrival (float slack)
 
 
-async def test_timeout_runs_from_the_first_row_not_the_last(make: Harness) -> None:
-    # Rows keep arriving faster than the timeout: a timer restarted by every arrival would never
-    # fire and the batch would only close when full (64 rows).
+async def test_timeout_runs_from_the_first_row_not_the_last(
+    clock: FakeClock, make: Harness
+) -> None:
+    # Rows keep arriving faster than the timeout: a timer restarted by every arrival would only
+    # fire 10 s after the last one.
     runner = FakeRunner()
-    batcher = await make(runner, max_batch_size=64, batch_timeout_ms=40)
+    batcher = await make(runner, max_batch_size=64, batch_timeout_ms=10_000)
     tasks = []
-    for i in range(64):
+    for i in range(10):
+        if i:
+            clock.advance(1.0)
         tasks.append(await spawn(batcher.submit(make_rows(1, start=i))))
-        if runner.calls_started:
-            break
-        await asyncio.sleep(0.002)  # paces arrivals only; nothing is asserted about time
+    assert runner.calls_started == 0  # 9 s after the first row
+    clock.advance(1.5)  # 10.5 s after the first row, 1.5 s after the last
+    await runner.wait_started(1)
     await asyncio.gather(*tasks)
-    first = make.records[0]
-    assert first.reason == "timeout"
-    assert 1 < first.size < 64
-    assert row_ids(runner.batches[0])[: first.size] == list(range(first.size))
+    assert [(r.size, r.reason) for r in make.records] == [(10, "timeout")]
+    assert make.records[0].queue_wait_s >= 10.0
+    assert row_ids(runner.batches[0])[:10] == list(range(10))  # then padding
 
 
 async def test_large_request_is_split_and_reassembled_in_order(make: Harness) -> None:
@@ -155,12 +184,16 @@ async def test_queue_full_is_rejected_at_once(make: Harness) -> None:
     await asyncio.gather(busy, queued)
 
 
-async def test_deadline_in_the_queue_fails_and_rows_are_never_computed(make: Harness) -> None:
+async def test_deadline_in_the_queue_fails_and_rows_are_never_computed(
+    clock: FakeClock, make: Harness
+) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
     busy = await spawn(batcher.submit(make_rows(1)))
     await runner.wait_started(1)
-    late = await spawn(batcher.submit(make_rows(2, start=100), deadline=time.monotonic() + 0.02))
+    late = await spawn(batcher.submit(make_rows(2, start=100), deadline=time.monotonic() + 60))
+    assert (batcher.queued_rows, late.done()) == (2, False)
+    clock.advance(60)
     # The gate is still closed: the error comes at the deadline, not when a slot frees.
     with pytest.raises(DeadlineExceededError, match="in the queue"):
         await late
@@ -173,11 +206,15 @@ async def test_deadline_in_the_queue_fails_and_rows_are_never_computed(make: Har
     assert make.rejects == ["deadline"]
 
 
-async def test_deadline_while_computing_fails_at_the_deadline(make: Harness) -> None:
+async def test_deadline_while_computing_fails_at_the_deadline(
+    clock: FakeClock, make: Harness
+) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
-    task = await spawn(batcher.submit(make_rows(1), deadline=time.monotonic() + 0.02))
+    task = await spawn(batcher.submit(make_rows(1), deadline=time.monotonic() + 60))
     await runner.wait_started(1)
+    assert not task.done()
+    clock.advance(60)
     with pytest.raises(DeadlineExceededError, match="being computed"):
         await task
     assert runner.calls_finished == 0
@@ -614,3 +651,71 @@ async def test_runner_faults_become_one_clear_status_each(
         assert isinstance(outcome, ShardServeError)
         assert (outcome.status_code, str(outcome)) == (status, message)
     assert len(runner.batches) == 1  # a replica fault is retried by the runner, not here
+
+
+# --- the loop itself fails: a bug inside it (here in the wait policy it consults)
+
+
+class BuggyWait:
+    """The real wait policy, but ``close_reason`` raises while ``crashes`` is above 0 (each
+    raise counts one down; None: it always raises)."""
+
+    def __init__(self, real: serving.batcher.WaitPolicy, crashes: int | None) -> None:
+        self.real = real
+        self.crashes = crashes
+
+    def close_reason(self, policy: BatchingPolicy, **kwargs: Any) -> str | None:
+        if self.crashes is None or self.crashes > 0:
+            self.crashes = None if self.crashes is None else self.crashes - 1
+            raise RuntimeError("bug in the wait policy")
+        return self.real.close_reason(policy, **kwargs)
+
+    def wait_s(self, policy: BatchingPolicy, rows: int, inflight_batches: int) -> float:
+        return self.real.wait_s(policy, rows, inflight_batches)
+
+    def batch_limit(self, policy: BatchingPolicy, waited_s: float, now: float, queued: int) -> int:
+        return self.real.batch_limit(policy, waited_s, now, queued)
+
+
+def buggy_wait(monkeypatch: pytest.MonkeyPatch, crashes: int | None) -> None:
+    real = serving.batcher.wait_policy
+    monkeypatch.setattr(
+        serving.batcher, "wait_policy", lambda policy, rt: BuggyWait(real(policy, rt), crashes)
+    )
+
+
+async def test_a_crashed_loop_is_logged_and_restarted(
+    make: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    buggy_wait(monkeypatch, crashes=1)
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=2, batch_timeout_ms=LONG_MS)
+    # One row is not a full batch: the loop asks the wait policy, which raises.
+    with pytest.raises(BatchFailedError, match="the batcher failed"):
+        await batcher.submit(make_rows(1))
+    crashed = [r for r in caplog.records if r.getMessage() == "batcher loop crashed"]
+    assert len(crashed) == 1 and crashed[0].exc_info is not None
+    assert crashed[0].exc_info[0] is RuntimeError  # the traceback is in the log
+
+    x = make_rows(2, start=1)
+    assert_rows(await batcher.submit(x), x)  # the loop runs again
+    assert batcher.failure is None
+
+
+async def test_a_loop_that_keeps_crashing_leaves_the_batcher_failed(
+    make: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buggy_wait(monkeypatch, crashes=None)
+    runner = FakeRunner()
+    batcher = await make(runner, max_batch_size=2, batch_timeout_ms=LONG_MS)
+    for i in range(LOOP_MAX_CRASHES + 1):
+        with pytest.raises(BatchFailedError):
+            await batcher.submit(make_rows(1, start=i))
+    assert batcher.failure == (
+        f"the batcher crashed {LOOP_MAX_CRASHES + 1} times in 60 s and was not restarted; "
+        "restart the server (its log has the tracebacks)"
+    )
+    with pytest.raises(NotReadyError) as info:
+        await batcher.submit(make_rows(2))
+    assert str(info.value) == batcher.failure
+    assert runner.batches == []

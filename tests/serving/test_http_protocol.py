@@ -23,6 +23,16 @@ from tests.serverproc import free_ports
 from tests.serving.test_fastpath import Recorder
 
 
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """The coroutines ``task`` is suspended in, outermost first."""
+    names = []
+    coro: Any = task.get_coro()
+    while hasattr(coro, "cr_code"):
+        names.append(coro.cr_code.co_qualname)
+        coro = coro.cr_await
+    return names
+
+
 def row(i: int) -> list[float]:
     return [float(i), 1.0, 2.0, 3.0]
 
@@ -158,7 +168,7 @@ async def test_a_hang_up_drops_the_queued_rows_without_a_watcher_task() -> None:
         runner.gate = gate
         first = asyncio.create_task(others.post("/predict", json={"instances": [row(0), row(1)]}))
         await runner.wait_started(3)  # the only in-flight slot is now held
-        tasks_before = len(asyncio.all_tasks())
+        tasks_before = asyncio.all_tasks()
         port = client.base_url.port
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         body = b'{"instances": [[7.0, 1.0, 2.0, 3.0]]}'
@@ -170,12 +180,17 @@ async def test_a_hang_up_drops_the_queued_rows_without_a_watcher_task() -> None:
         async with asyncio.timeout(5):
             while state.batcher.queued_rows < 1:
                 await asyncio.sleep(0.001)
-        # The request's own task only: no task waits in receive() for a hang-up.
-        assert len(asyncio.all_tasks()) == tasks_before + 1
+        # The request's own task, waiting on the batcher, and no task waiting in receive()
+        # for a hang-up (other tasks may come and go meanwhile: only these are looked for).
+        chains = {t: awaiting(t) for t in asyncio.all_tasks() - tasks_before}
+        request = [t for t, chain in chains.items() if "Batcher.submit" in chain]
+        assert len(request) == 1, chains
+        assert not [c for c in chains.values() if "RequestResponseCycle.receive" in c], chains
         writer.close()  # the client hangs up while its row is still queued
         async with asyncio.timeout(5):
             while state.batcher.queued_rows:
                 await asyncio.sleep(0.001)
+            await asyncio.wait(request)  # and the request's task ends: nothing left behind
         gate.set()
         assert (await first).status_code == 200
         metrics = (await client.get("/metrics")).text
