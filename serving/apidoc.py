@@ -13,14 +13,13 @@ import copy
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from serving import apidoc_v2
 from shards.signature import ModelSignature, TensorSpec
 
 __all__ = [
     "ADMIN_SECURITY",
-    "BATCHING_CHANGE",
     "PREDICT_REQUEST",
     "PREDICT_RESPONSE",
     "document",
@@ -58,7 +57,14 @@ _WHY = {
 }
 
 
-class Error(BaseModel):
+class Body(BaseModel):
+    """A response body: a key the model lacks fails the route that sends it (a test finds that
+    before the document drifts from what is sent)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Error(Body):
     error: str
 
 
@@ -92,49 +98,49 @@ PREDICT_RESPONSE = {"$ref": _REF + "PredictResponse"}
 # ---- fixed bodies
 
 
-class Alive(BaseModel):
+class Alive(Body):
     status: Literal["alive"]
 
 
-class Readiness(BaseModel):
+class Readiness(Body):
     status: Literal["ready", "loading", "failed", "shutting down", "unavailable"]
     model: str | None = None
     error: str | None = None
 
 
-class VersionState(BaseModel):
+class VersionState(Body):
     error_code: Literal["OK", "UNAVAILABLE"]
     error_message: str
 
 
-class ModelVersion(BaseModel):
+class ModelVersion(Body):
     version: str
     state: Literal["AVAILABLE", "LOADING", "FAILED"]
     status: VersionState
 
 
-class Replicas(BaseModel):
+class Replicas(Body):
     total: int
     healthy: int
 
 
-class ModelStatus(BaseModel):
+class ModelStatus(Body):
     model_version_status: list[ModelVersion]
     replicas: Replicas | None = None
 
 
-class TensorDoc(BaseModel):
+class TensorDoc(Body):
     name: str
     shape: list[int | None]
     dtype: str
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(Body):
     name: str
     version: str
 
 
-class ModelMetadata(BaseModel):
+class ModelMetadata(Body):
     model_spec: ModelSpec
     name: str
     inputs: list[TensorDoc]
@@ -144,7 +150,16 @@ class ModelMetadata(BaseModel):
     max_batch_size: int
 
 
-class BatchingView(BaseModel):
+class RunTimeView(Body):
+    """What the batching policy predicts per batch size (ms; null: nothing measured yet)."""
+
+    from_compute: bool
+    hop: float | None
+    latency: dict[str, float | None]
+    bottleneck: dict[str, float | None]
+
+
+class BatchingView(Body):
     max_batch_size: int
     batch_timeout_ms: float | Literal["auto"]
     max_inflight_batches: int
@@ -153,35 +168,9 @@ class BatchingView(BaseModel):
     effective_wait_ms: float
     queued_rows: int
     inflight_batches: int
+    padding: bool
+    run_time_ms: RunTimeView
 
-
-_AUTO = {"type": "string", "pattern": r"^\s*[Aa][Uu][Tt][Oo]\s*$"}
-BATCHING_CHANGE: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "minProperties": 1,
-                    "additionalProperties": False,
-                    "properties": {
-                        "max_batch_size": {"type": "integer", "minimum": 1},
-                        "batch_timeout_ms": {
-                            "anyOf": [{"type": "number", "minimum": 0}, _AUTO, {"type": "null"}],
-                            "description": "ms, or 'auto' (or null) for the adaptive wait",
-                        },
-                        "max_inflight_batches": {"type": "integer", "minimum": 1},
-                        "slo_p99_ms": {
-                            "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}]
-                        },
-                    },
-                }
-            }
-        },
-    },
-    **ADMIN_SECURITY,
-}
 
 # ---- the bodies of the predict routes
 
@@ -296,8 +285,8 @@ def _is_v2_infer(path: str) -> bool:
     return path.startswith("/v2/models/") and path.endswith("/infer")
 
 
-def _v2_infer(operation: Schema, signature: ModelSignature, batch_rows: int) -> None:
-    body = apidoc_v2.infer_request(signature, batch_rows)
+def _v2_infer(operation: Schema, signature: ModelSignature, max_rows: int) -> None:
+    body = apidoc_v2.infer_request(signature, max_rows)
     if body is None:
         return
     example = apidoc_v2.infer_example(signature)
@@ -313,13 +302,13 @@ def document(
     signature: ModelSignature | None,
     served: str,
     max_rows: int | None,
-    batch_rows: int | None,
 ) -> Schema:
     """``base`` (FastAPI's document, left unchanged) completed: the predict and V2 infer bodies
     for ``signature`` (generic while it is None), the served model's name and version as the
     only values of ``{name}`` and ``{version}``, a request of one row as the example of each
     predict and infer body, the admin token's scheme, and ``X-Request-Id`` on every response.
-    ``max_rows`` is the most rows a request may hold, ``batch_rows`` those of one batch."""
+    ``max_rows`` is the most rows a request may hold: fixed at start-up, whatever the batching
+    policy becomes, so the document depends on the model alone."""
     doc = copy.deepcopy(base)
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
@@ -337,8 +326,8 @@ def document(
     }
     for path, operations in doc.get("paths", {}).items():
         for operation in operations.values():
-            if signature is not None and batch_rows is not None and _is_v2_infer(path):
-                _v2_infer(operation, signature, batch_rows)
+            if signature is not None and max_rows is not None and _is_v2_infer(path):
+                _v2_infer(operation, signature, max_rows)
             json_body = operation.get("requestBody", {}).get("content", {}).get("application/json")
             is_predict = (
                 json_body and json_body.get("schema", {}).get("$ref") == _REF + "PredictRequest"

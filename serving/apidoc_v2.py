@@ -3,8 +3,10 @@
 The protocol's own request schema (``serving.v2.http_docs``) admits every model's inputs; once
 the model is loaded, ``infer_request`` narrows it to this model's: the input names, datatypes
 and per-row dimensions, and data that holds exactly as many values as the shape says. JSON
-Schema cannot multiply, so that last rule is spelt out for each row count up to one batch
-(``max_batch_size``; a request may hold more rows, up to ``max_queue_rows``).
+Schema cannot multiply, so that last rule is spelt out for each row count, from 1 to
+``LISTED_ROWS`` at most, whatever the batch: a request may hold more rows (up to
+``max_queue_rows``), and a document that listed them all would grow with the batch (one schema
+per row count, 4,096 of them at ``--max-batch-size 4096``).
 
 The binary tensor extension (``Inference-Header-Content-Length`` and the bytes after the JSON)
 is described in words there: no schema can say that a header gives the length of a body's first
@@ -22,7 +24,7 @@ from serving.v2.datatypes import BINARY_ONLY
 from serving.v2.tensors import spec_datatype
 from shards.signature import ModelSignature, TensorSpec
 
-__all__ = ["BINARY_EXTENSION", "infer_example", "infer_request"]
+__all__ = ["BINARY_EXTENSION", "LISTED_ROWS", "infer_example", "infer_request"]
 
 Schema = dict[str, Any]
 
@@ -35,6 +37,7 @@ BINARY_EXTENSION = (
     "the same way."
 )
 _PARAMETERS = {"type": ["object", "null"]}
+LISTED_ROWS = 8
 
 
 def _value(datatype: str, spec: TensorSpec) -> Schema:
@@ -95,10 +98,12 @@ def _outputs(signature: ModelSignature) -> Schema:
 
 
 def infer_request(signature: ModelSignature, max_rows: int) -> Schema | None:
-    """The JSON request body, or None where it cannot be written (an input of free dimensions
-    or a binary-only datatype)."""
+    """The JSON request body of up to ``max_rows`` rows (the schema lists ``LISTED_ROWS`` at
+    most), or None where it cannot be written (an input of free dimensions or a binary-only
+    datatype)."""
     if any(None in spec.shape or spec_datatype(spec) in BINARY_ONLY for spec in signature.inputs):
         return None
+    listed = min(max_rows, LISTED_ROWS)
     by_rows = [
         {
             "properties": {
@@ -109,14 +114,14 @@ def infer_request(signature: ModelSignature, max_rows: int) -> Schema | None:
                 }
             }
         }
-        for rows in range(1, max_rows + 1)
+        for rows in range(1, listed + 1)
     ]
     return {
         "type": "object",
         "required": ["inputs"],
         "description": f"The model's inputs, in this order, each of shape [rows, ...] with "
         f"rows x (its row size) values in data (flat or nested); the schema lists 1 to "
-        f"{max_rows} rows. {BINARY_EXTENSION}",
+        f"{listed} rows, a request may hold up to {max_rows}. {BINARY_EXTENSION}",
         "properties": {
             "id": {"type": ["string", "null"]},
             "parameters": {

@@ -181,17 +181,18 @@ class ShardServeApp(FastAPI):
             self.user_middleware = user
 
     def openapi(self) -> dict[str, Any]:
+        # Built once per model, not per request nor per batching policy (an admin PUT changes
+        # that): the rows a request may hold are the start-up queue's, which a PUT keeps.
         state: ServerState | None = getattr(self.state, "shardserve", None)
         runner = state.runner if state is not None else None
         signature = runner.signature if runner is not None else None
-        batcher = state.batcher if state is not None else None
-        policy = batcher.policy if batcher is not None else None
-        max_rows = policy.max_queue_rows if policy is not None else None
-        batch_rows = policy.max_batch_size if policy is not None else None
-        key = (signature, max_rows, batch_rows)
+        max_rows = None
+        if state is not None and runner is not None:
+            max_rows = state.settings.queue_rows(runner.num_stages, runner.replicas)
+        key = (signature, max_rows)
         if key != self._doc_key:
             base = super().openapi()
-            self._doc = document(base, signature, self.served_name, max_rows, batch_rows)
+            self._doc = document(base, signature, self.served_name, max_rows)
             self._doc_key = key
         return self._doc
 
@@ -304,8 +305,16 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
     if isinstance(app, ShardServeApp):
         _install_fast_routes(app.fast_routes, predict_model, served)
 
-    @app.get("/v1/models/{name:model_status}", responses={**ok(ModelStatus), **errors(404)})
-    async def model_status(name: str, request: Request) -> Response:
+    # Each GET returns its declared model (response_model), so that the document cannot drift
+    # from the bodies: a key the model lacks fails the route (extra="forbid"). Unset keys are
+    # left out, as optional ones were before.
+    @app.get(
+        "/v1/models/{name:model_status}",
+        response_model=ModelStatus,
+        response_model_exclude_unset=True,
+        responses=errors(404),
+    )
+    async def model_status(name: str, request: Request) -> dict[str, Any]:
         check_name(name)
         state = _state(request)
         health = state.runner.health() if state.runner is not None else None
@@ -322,56 +331,61 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         body: dict[str, Any] = {"model_version_status": [version]}
         if health is not None:
             body["replicas"] = {"total": health.replicas, "healthy": health.healthy}
-        return json_response(body)
+        return body
 
-    @app.get("/v1/models/{name}/metadata", responses={**ok(ModelMetadata), **errors(404, 503)})
-    async def model_metadata(name: str, request: Request) -> Response:
+    @app.get("/v1/models/{name}/metadata", response_model=ModelMetadata, responses=errors(404, 503))
+    async def model_metadata(name: str, request: Request) -> dict[str, Any]:
         check_name(name)
         state = _state(request)
         if state.runner is None:
             raise NotReadyError("model is still loading; its signature is not known yet")
         runner = state.runner
         batcher = state.batcher
-        return json_response(
-            {
-                "model_spec": {"name": served, "version": "1"},
-                **runner.signature.to_json(),
-                "name": served,
-                "num_stages": runner.num_stages,
-                "replicas": runner.replicas,
-                "max_batch_size": batcher.policy.max_batch_size
-                if batcher
-                else settings.max_batch_size,
-            }
-        )
+        return {
+            "model_spec": {"name": served, "version": "1"},
+            **runner.signature.to_json(),
+            "name": served,
+            "num_stages": runner.num_stages,
+            "replicas": runner.replicas,
+            "max_batch_size": batcher.policy.max_batch_size if batcher else settings.max_batch_size,
+        }
 
-    @app.get("/healthz", responses=ok(Alive))
-    async def healthz() -> Response:
-        return json_response({"status": "alive"})
+    @app.get("/healthz", response_model=Alive)
+    async def healthz() -> dict[str, Any]:
+        return {"status": "alive"}
 
     not_ready: dict[int | str, dict[str, Any]] = {
         503: {"model": Readiness, "description": _NOT_READY}
     }
 
-    @app.get("/readyz", responses={**ok(Readiness), **not_ready})
-    async def readyz(request: Request) -> Response:
+    def unready(response: Response, body: dict[str, Any]) -> dict[str, Any]:
+        response.status_code = 503
+        return body
+
+    @app.get(
+        "/readyz",
+        response_model=Readiness,
+        response_model_exclude_unset=True,
+        responses=not_ready,
+    )
+    async def readyz(request: Request, response: Response) -> dict[str, Any]:
         state = _state(request)
         if state.load_error:
-            return json_response({"status": "failed", "error": state.load_error}, 503)
+            return unready(response, {"status": "failed", "error": state.load_error})
         if not state.ready.is_set():
             waiting = {"error": state.load_waiting} if state.load_waiting else {}
-            return json_response({"status": "loading", **waiting}, 503)
+            return unready(response, {"status": "loading", **waiting})
         if not state.accepting:
-            return json_response({"status": "shutting down"}, 503)
+            return unready(response, {"status": "shutting down"})
         if state.batcher_failure:
-            return json_response({"status": "failed", "error": state.batcher_failure}, 503)
+            return unready(response, {"status": "failed", "error": state.batcher_failure})
         health = state.runner.health() if state.runner is not None else None
         if health is not None and not health.ok:
             reason = f"no healthy replica of {health.replicas}; rebuilding"
             if health.reason:
                 reason += f" (last fault: {health.reason})"
-            return json_response({"status": "unavailable", "error": reason}, 503)
-        return json_response({"status": "ready", "model": served})
+            return unready(response, {"status": "unavailable", "error": reason})
+        return {"status": "ready", "model": served}
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=_METRICS_DOC)
     async def metrics(request: Request) -> Response:

@@ -28,7 +28,6 @@ from serving.errors import (
     NotFoundError,
     NotReadyError,
 )
-from serving.http_io import json_response
 from serving.predict_path import INLINE_DECODE_BYTES, serve_prediction
 from serving.raw_http import FastRequest, RawAnswer, Reply
 from serving.runner import ModelRunner
@@ -176,23 +175,28 @@ def _signature(state: ServerState) -> ModelSignature:
     return state.runner.signature
 
 
-async def _metadata(name: str, request: Request, version: str | None = None) -> Response:
+# The GET handlers return their bodies as dicts, checked and sent by FastAPI against the
+# route's response_model (``http_docs``), so that the document cannot drift from them.
+async def _metadata(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
     state = _state(request)
     _check_model(state, name, version)
-    return json_response(model_metadata(name, _signature(state)))
+    return model_metadata(name, _signature(state))
 
 
-async def _model_ready(name: str, request: Request, version: str | None = None) -> Response:
+async def _model_ready(
+    name: str, request: Request, response: Response, version: str | None = None
+) -> dict[str, Any]:
     state = _state(request)
     _check_model(state, name, version)
     ready = _not_ready_reason(state) is None
-    return json_response({"name": name, "ready": ready}, 200 if ready else 503)
+    response.status_code = 200 if ready else 503
+    return {"name": name, "ready": ready}
 
 
-async def _config(name: str, request: Request, version: str | None = None) -> Response:
+async def _config(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
     state = _state(request)
     _check_model(state, name, version)
-    return json_response(model_config(state, name, _signature(state)))
+    return model_config(state, name, _signature(state))
 
 
 async def _infer(name: str, request: Request) -> Response:
@@ -200,15 +204,17 @@ async def _infer(name: str, request: Request) -> Response:
 
 
 # The same handlers under /versions/{version}: FastAPI reads path parameters off the signature.
-async def _metadata_v(name: str, version: str, request: Request) -> Response:
+async def _metadata_v(name: str, version: str, request: Request) -> dict[str, Any]:
     return await _metadata(name, request, version)
 
 
-async def _model_ready_v(name: str, version: str, request: Request) -> Response:
-    return await _model_ready(name, request, version)
+async def _model_ready_v(
+    name: str, version: str, request: Request, response: Response
+) -> dict[str, Any]:
+    return await _model_ready(name, request, response, version)
 
 
-async def _config_v(name: str, version: str, request: Request) -> Response:
+async def _config_v(name: str, version: str, request: Request) -> dict[str, Any]:
     return await _config(name, request, version)
 
 
@@ -216,25 +222,35 @@ async def _infer_v(name: str, version: str, request: Request) -> Response:
     return RawAnswer(v2_infer, name, version)
 
 
-async def _server_metadata() -> Response:
-    return json_response(server_metadata())
+async def _server_metadata() -> dict[str, Any]:
+    return server_metadata()
 
 
-async def _live() -> Response:
-    return json_response({"live": True})
+async def _live() -> dict[str, Any]:
+    return {"live": True}
 
 
-async def _server_ready(request: Request) -> Response:
+async def _server_ready(request: Request, response: Response) -> dict[str, Any]:
     ready = _not_ready_reason(_state(request)) is None
-    return json_response({"ready": ready}, 200 if ready else 503)
+    response.status_code = 200 if ready else 503
+    return {"ready": ready}
 
 
 def install_v2_routes(app: FastAPI, settings: Settings) -> None:
     """The V2 routes. They read the settings from the app state at request time (as the fast
     path's direct call of ``v2_infer`` must), so ``settings`` only completes the signature."""
 
-    def get(path: str, endpoint: Any, responses: http_docs.Responses) -> None:
-        app.add_api_route(path, endpoint, methods=["GET"], responses=responses, tags=["v2"])
+    def get(path: str, endpoint: Any, doc: http_docs.Get) -> None:
+        model, responses = doc
+        app.add_api_route(
+            path,
+            endpoint,
+            methods=["GET"],
+            response_model=model,
+            response_model_exclude_unset=True,  # dynamic_batching {} stays {}
+            responses=responses,
+            tags=["v2"],
+        )
 
     get("/v2", _server_metadata, http_docs.SERVER_METADATA)
     get("/v2/health/live", _live, http_docs.LIVE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from serving.v2.datatypes import DATATYPES
 
@@ -24,36 +24,43 @@ Responses = dict[int | str, dict[str, Any]]
 Datatype = Literal[DATATYPES]  # type: ignore[valid-type]
 
 
-class V2ErrorBody(BaseModel):
+class _Body(BaseModel):
+    """A response body the routes return as is (``response_model``): a key the model lacks
+    fails the route, so the document cannot drift from what is sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class V2ErrorBody(_Body):
     error: str
 
 
-class V2ServerMetadata(BaseModel):
+class V2ServerMetadata(_Body):
     name: str
     version: str
     extensions: list[str]
 
 
-class V2LiveResponse(BaseModel):
+class V2LiveResponse(_Body):
     live: bool
 
 
-class V2ReadyResponse(BaseModel):
+class V2ReadyResponse(_Body):
     ready: bool
 
 
-class V2ModelReadyResponse(BaseModel):
+class V2ModelReadyResponse(_Body):
     name: str
     ready: bool
 
 
-class V2TensorMetadata(BaseModel):
+class V2TensorMetadata(_Body):
     name: str
     datatype: Datatype
     shape: list[int]
 
 
-class V2ModelMetadata(BaseModel):
+class V2ModelMetadata(_Body):
     name: str
     versions: list[str]
     platform: str
@@ -61,17 +68,17 @@ class V2ModelMetadata(BaseModel):
     outputs: list[V2TensorMetadata]
 
 
-class V2ConfigTensor(BaseModel):
+class V2ConfigTensor(_Body):
     name: str
     data_type: str
     dims: list[int]
 
 
-class V2DynamicBatching(BaseModel):
+class V2DynamicBatching(_Body):
     max_queue_delay_microseconds: int | None = None
 
 
-class V2ModelConfig(BaseModel):
+class V2ModelConfig(_Body):
     name: str
     platform: str
     backend: str
@@ -175,13 +182,11 @@ INFER: Responses = {
     },
     **{code: _ERROR for code in (400, 404, 413, 422, 500, 503, 504)},
 }
-SERVER_METADATA: Responses = {200: {"model": V2ServerMetadata}}
-LIVE: Responses = {200: {"model": V2LiveResponse}}
-SERVER_READY: Responses = {200: {"model": V2ReadyResponse}, 503: {"model": V2ReadyResponse}}
-MODEL_METADATA: Responses = {200: {"model": V2ModelMetadata}, 404: _ERROR, 503: _ERROR}
-MODEL_READY: Responses = {
-    200: {"model": V2ModelReadyResponse},
-    404: _ERROR,
-    503: {"model": V2ModelReadyResponse},
-}
-MODEL_CONFIG: Responses = {200: {"model": V2ModelConfig}, 404: _ERROR, 503: _ERROR}
+# The GET routes: their 200 body (the route's response_model) and their other answers.
+Get = tuple[type[BaseModel], Responses]
+SERVER_METADATA: Get = (V2ServerMetadata, {})
+LIVE: Get = (V2LiveResponse, {})
+SERVER_READY: Get = (V2ReadyResponse, {503: {"model": V2ReadyResponse}})
+MODEL_METADATA: Get = (V2ModelMetadata, {404: _ERROR, 503: _ERROR})
+MODEL_READY: Get = (V2ModelReadyResponse, {404: _ERROR, 503: {"model": V2ModelReadyResponse}})
+MODEL_CONFIG: Get = (V2ModelConfig, {404: _ERROR, 503: _ERROR})

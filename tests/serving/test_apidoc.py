@@ -248,3 +248,39 @@ async def test_the_v2_infer_schema_and_the_server_agree_on_a_body(body: Any) -> 
     assert "Inference-Header-Content-Length" in schema["description"]
     assert r.status_code in (200, 400), r.text
     assert schema_accepts(schema, body) == (r.status_code == 200), r.text
+
+
+async def test_the_document_does_not_grow_with_the_batch() -> None:
+    sizes = {}
+    for batch in (32, 4096):
+        async with serve(FakeRunner(), max_batch_size=batch, max_queue_rows=None) as client:
+            r = await client.get("/openapi.json")
+        sizes[batch] = len(r.content)
+    # One schema per row count up to the batch made it 4,096 copies at 4096 (~100x the size).
+    assert sizes[4096] <= 1.2 * sizes[32], sizes
+
+
+async def test_the_document_is_built_once_per_model() -> None:
+    settings = Settings(model="fake", batch_timeout_ms=0, max_batch_size=8, admin_token="tok")
+
+    async def factory(_: Settings) -> FakeRunner:
+        return FakeRunner()
+
+    app = create_app(settings, factory)
+    async with LifespanManager(app) as manager:
+        await app.state.shardserve.ready.wait()
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            first = app.openapi()
+            served = (await client.get("/openapi.json")).json()
+            put = await client.put(
+                "/admin/batching",
+                json={"max_batch_size": 2, "max_inflight_batches": 1},
+                headers={"Authorization": "Bearer tok"},
+            )
+            after = app.openapi()
+    assert put.status_code == 200
+    assert after is first and served == first  # not rebuilt per request nor per policy
+    predict = first["components"]["schemas"]["PredictRequest"]
+    rows = predict["anyOf"][0]["properties"]["instances"]["anyOf"][0]
+    assert rows["maxItems"] == 4 * 8 * 2  # the start-up queue, which the PUT kept
