@@ -12,6 +12,7 @@ Examples::
     python -m bench datapath                                 # bytes between shards, 16-bit
     python -m bench openloop                                 # auto vs fixed timeouts, Poisson
     python -m bench padding                                  # padded vs unpadded batches, CPU
+    python -m bench looplag --compare-tree ../old            # 1-row p99 beside 16 MiB bodies
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import batching, chaos, datapath, memory, overload, protocols
+from bench import batching, chaos, datapath, looplag, memory, overload, protocols
 from bench.load import WRK_INSTALL_HINT, have_wrk
 from bench.report import machine, plot, render
 from bench.run import Plan, run_plan
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     memory.add_parser(sub)
     datapath.add_parser(sub)
     batching.add_parsers(sub)
+    looplag.add_parser(sub)
     args = parser.parse_args(argv)
     command = "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:])
 
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "padding",
         "memory",
         "datapath",
+        "looplag",
     ):
         return _faults(args, command)
 

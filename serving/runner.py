@@ -9,7 +9,10 @@ from the bundle manifest.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import threading
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -45,11 +48,19 @@ class ModelRunner(Protocol):
 
 async def build_runner(settings: Settings) -> ModelRunner:
     """Connect to (or start) Ray, resolve the model to a bundle, start and warm the pipelines."""
+    # Importing Ray, starting it and asking the cluster block for seconds (a private Ray takes
+    # ~5 s to start on 2 cores): on a thread, so that /healthz and /readyz answer meanwhile.
+    saved = _signal_handlers()
+    try:
+        overhead = await asyncio.to_thread(_start_ray, settings)
+    finally:
+        # Ray's driver puts C-level SIGTERM/SIGINT handlers in (a stack dump, then the old
+        # handler); ``runtime.connect`` puts uvicorn's back only when on the main thread.
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
     from shards import runtime
     from shards.pipeline import PipelineGroup
 
-    address = runtime.connect(settings.ray_address, imports=tuple(settings.imports))
-    log.info("ray: %s %s", address, runtime.cluster_summary())
     bundle = await runtime.resolve_bundle_remote(
         settings.model,
         stages=settings.stages,
@@ -57,7 +68,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
         imports=tuple(settings.imports),
         cache_dir=settings.cache_dir,
         max_batch_size=settings.max_batch_size,
-        device_overhead_bytes=device_overhead(settings),
+        device_overhead_bytes=overhead,
         unsafe_deserialization=settings.unsafe_deserialization,
         weight_dtype=settings.weight_dtype,
         cache_max_bytes=settings.cache_max_bytes,
@@ -66,6 +77,30 @@ async def build_runner(settings: Settings) -> ModelRunner:
     options = pipeline_options(settings)
     group: Any = await PipelineGroup.create(bundle, options)
     return group  # type: ignore[no-any-return]
+
+
+def _start_ray(settings: Settings) -> int:
+    """Connect to (or start) Ray; the device overhead the memory plan counts (it asks the
+    cluster for GPUs)."""
+    from shards import runtime
+
+    logging.getLogger("ray._private.worker").addFilter(_not_main_thread_note)
+    address = runtime.connect(settings.ray_address, imports=tuple(settings.imports))
+    log.info("ray: %s %s", address, runtime.cluster_summary())
+    return device_overhead(settings)
+
+
+def _signal_handlers() -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    return {s: h for s, h in handlers.items() if h is not None}
+
+
+def _not_main_thread_note(record: logging.LogRecord) -> bool:
+    """Drop Ray's warning that it set no SIGTERM handler off the main thread: the server keeps
+    its own on purpose (``build_runner``)."""
+    return "not the main thread" not in record.getMessage()
 
 
 def device_overhead(settings: Settings) -> int:

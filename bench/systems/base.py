@@ -51,6 +51,7 @@ class LaunchSpec:
     argv: list[str]
     ready_timeout_s: float = 180.0
     env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None  # another code tree (a git worktree of an older commit, say)
 
 
 class ServerStartError(RuntimeError):
@@ -79,7 +80,12 @@ class ServerProcess:
         env = subprocess_env(self.spec.env)
         # A session of its own: on stop, the whole group (uvicorn workers, Ray daemons) goes.
         self._proc = subprocess.Popen(
-            self.spec.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            self.spec.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.spec.cwd,
+            start_new_session=True,
         )
         log.close()
         try:

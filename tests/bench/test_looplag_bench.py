@@ -1,0 +1,52 @@
+"""`python -m bench looplag` on a tiny setting, so that it cannot rot: demo-tiny, small bodies,
+one round of 1 s phases. The server joins the session's Ray instead of starting a second one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.__main__ import main
+from bench.looplag import big_body, summarize
+
+
+def test_big_body_fills_the_size_without_going_over() -> None:
+    body, rows = big_body(8, 100_000)
+    assert 90_000 < len(body) <= 100_000
+    assert len(orjson.loads(body)["instances"]) == rows
+
+
+def test_summary_pairs_each_round_of_new_with_old() -> None:
+    def turn(tree: str, round_: int, p99: float) -> dict[str, object]:
+        phase = {"p50_ms": 1.0, "p99_ms": p99}
+        return {"tree": tree, "round": round_, "alone": phase, "loaded": phase}
+
+    turns = [turn("new", 0, 10.0), turn("old", 0, 20.0), turn("old", 1, 40.0), turn("new", 1, 8)]
+    summary = summarize(turns)
+    assert summary["ratio_per_round"] == [0.5, 0.2]
+    assert summary["ratio"] == 9.0 / 30.0
+
+
+def test_looplag_reports_both_phases(
+    ray_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHARDSERVE_RAY_ADDRESS", ray_address)
+    out = tmp_path / "out"
+    argv = ["looplag", "--model", "demo-tiny", "--big-bytes", "30000", "--seconds", "1"]
+    argv += ["--rounds", "1", "--ramp", "0.3", "--probe-every-ms", "50", "--no-pin"]
+    argv += ["--workdir", str(tmp_path / "work"), "--out", str(out)]
+    assert main(argv) == 0
+
+    results = orjson.loads((out / "looplag.json").read_bytes())
+    (turn,) = results["turns"]
+    assert turn["tree"] == "new"
+    for phase in ("alone", "loaded"):
+        assert turn[phase]["requests"] > 0
+        assert turn[phase]["errors"] == 0
+        assert 0 < turn[phase]["p50_ms"] <= turn[phase]["p99_ms"]
+    assert turn["big"]["requests"] > 0 and turn["big"]["errors"] == 0
+    table = (out / "looplag.md").read_text()
+    assert "| 0 | new |" in table
+    assert "loaded p99" in table
