@@ -284,3 +284,20 @@ async def test_the_document_is_built_once_per_model() -> None:
     predict = first["components"]["schemas"]["PredictRequest"]
     rows = predict["anyOf"][0]["properties"]["instances"]["anyOf"][0]
     assert rows["maxItems"] == 4 * 8 * 2  # the start-up queue, which the PUT kept
+
+
+def test_every_json_get_route_returns_its_declared_model() -> None:
+    from fastapi.routing import APIRoute
+
+    app = create_app(Settings(model="fake", admin_token="tok"))
+    gets = [
+        r
+        for r in app.routes
+        if isinstance(r, APIRoute) and "GET" in r.methods and r.include_in_schema
+    ]
+    undeclared = [r.path for r in gets if r.response_model is None and r.path != "/metrics"]
+    assert len(gets) > 10 and undeclared == []
+    for route in gets:
+        model = route.response_model
+        if model is not None:  # a key the body has and the model lacks fails the route
+            assert model.model_config.get("extra") == "forbid", route.path
