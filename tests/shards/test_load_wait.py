@@ -58,9 +58,11 @@ async def test_the_resolve_task_runs_while_every_cpu_is_held(
 
 
 async def test_a_load_waiting_for_cpus_says_so_on_readyz_then_fails_at_the_timeout(
-    every_cpu_held: float, bundle: Path
+    every_cpu_held: float, bundle: Path, tmp_path: Path
 ) -> None:
-    settings = Settings(model=str(bundle), cpus_per_shard=1, load_timeout_s=LOAD_TIMEOUT_S)
+    settings = Settings(
+        model=str(bundle), cpus_per_shard=1, load_timeout_s=LOAD_TIMEOUT_S, cache_dir=tmp_path
+    )
     failures: list[str] = []
     app = create_app(settings, on_load_failure=failures.append)
     state = None
