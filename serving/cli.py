@@ -12,7 +12,7 @@ import inspect
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -102,7 +102,10 @@ def run_server(settings: Settings) -> None:
     from serving.app import create_app
     from serving.graceful import GracefulServer
     from serving.http_protocol import http_protocol
+    from shards.tflog import set_tf_log_level
 
+    # Before Ray starts: the workers it starts (shard actors, the resolve task) inherit it.
+    set_tf_log_level(settings.log_level == "debug")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -175,6 +178,19 @@ UnsafeOption = Annotated[bool, typer.Option("--unsafe-deserialization", help=_UN
 WeightDtypeOption = Annotated[
     str, typer.Option("--weight-dtype", help=_WEIGHT_DTYPE_HELP, metavar="DTYPE")
 ]
+LogLevelOption = Annotated[
+    Literal["debug", "info", "warning", "error"],
+    typer.Option(help="Log level; TensorFlow's own C++ log is shown at debug only."),
+]
+
+
+def _import_tensorflow_quietly(log_level: str) -> None:
+    """Set the log levels, then load TensorFlow before anything else does (shards.tflog)."""
+    from shards.tflog import import_tensorflow, set_tf_log_level
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    set_tf_log_level(log_level == "debug")
+    import_tensorflow()
 
 
 def _fail(exc: Exception, code: int = 1) -> typer.Exit:
@@ -221,9 +237,11 @@ def partition(
     imports: ImportsOption = None,
     unsafe_deserialization: UnsafeOption = False,
     weight_dtype: WeightDtypeOption = "float32",
+    log_level: LogLevelOption = "warning",
 ) -> None:
     """Cut a Keras model into stages and write a bundle (manifest.json + one file per stage)."""
     budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
+    _import_tensorflow_quietly(log_level)
     from shards.models import DEMO_MODELS, build_demo
     from shards.partition import partition_to_bundle
 
@@ -268,6 +286,7 @@ def plan(
     imports: ImportsOption = None,
     unsafe_deserialization: UnsafeOption = False,
     weight_dtype: WeightDtypeOption = "float32",
+    log_level: LogLevelOption = "warning",
 ) -> None:
     """Print the memory plan per stage (what partition would write), without writing anything.
     A bundle directory: the plan in its manifest."""
@@ -285,6 +304,7 @@ def plan(
                 )
             specs = list(read_manifest(model).stages)
         else:
+            _import_tensorflow_quietly(log_level)
             with err.status("planning..."):
                 specs = _plan_model(
                     model,

@@ -26,6 +26,7 @@ from shards.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.runtime import intra_op_threads
 from shards.shipping import ShippedStage, default_cache_dir, stage_dir_for
 from shards.signature import TensorSpec
+from shards.tflog import import_tensorflow
 
 INTERVAL_LOG_SIZE = 256
 COMPUTE_EWMA_ALPHA = 0.2
@@ -253,8 +254,9 @@ class ShardActor:
 def _configure_tensorflow() -> _Device:
     """Pick the device Ray gave this actor and size TensorFlow's thread pools to its CPUs."""
     import ray
-    import tensorflow as tf
 
+    # The first import of the actor's process: its start-up lines held to the job's level.
+    tf = import_tensorflow()
     ray_gpus = ray.get_gpu_ids()
     physical = tf.config.list_physical_devices("GPU")
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)

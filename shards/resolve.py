@@ -112,6 +112,9 @@ def _partition(
     progress: Callable[[str], None] | None,
     unsafe_deserialization: bool,
 ) -> Manifest:
+    from shards.tflog import import_tensorflow
+
+    import_tensorflow()  # before the partitioner loads it: its start-up lines held (tflog)
     from shards.partition import partition_to_bundle
 
     if path.exists():

@@ -25,7 +25,7 @@ from typing import Any
 
 import ray
 
-from shards import cache
+from shards import cache, tflog
 from shards.errors import InsufficientResourcesError, ResolveError, scrub
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,9 @@ def _python_signal_handlers() -> dict[int, Any]:
 def _init(
     address: str | None, *, num_cpus: int | None, num_gpus: int | None, imports: Sequence[str]
 ) -> None:
-    tf_log_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
-    runtime_env: dict[str, Any] = {"env_vars": {"TF_CPP_MIN_LOG_LEVEL": tf_log_level}}
+    # Quiet unless the user set it (shards.tflog): every worker would log the missing GPU.
+    tf_log_level = os.environ.get(tflog.ENV, tflog.QUIET)
+    runtime_env: dict[str, Any] = {"env_vars": {tflog.ENV: tf_log_level}}
     if address is None:
         # address="local" always starts a new private instance; a bare ray.init() would attach
         # to any cluster already running on this machine.
