@@ -95,7 +95,7 @@ class Settings(BaseSettings):
         None, description="Bearer token for /admin routes; unset = admin routes off."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Log level of the server."
+        "info", description="Log level of the server; TensorFlow's own C++ log only at debug."
     )
     stop_timeout_s: float = Field(
         25.0,
