@@ -42,8 +42,8 @@ log = logging.getLogger("shardserve")
 
 _SHUTTING_DOWN = "server is shutting down"
 # A loop that crashed is started again, but one that keeps crashing has a bug that restarts
-# cannot fix: past this many crashes in the window the batcher stays down and readiness says so.
-LOOP_MAX_CRASHES = 3
+# cannot fix: past this many restarts in the window the batcher stays down and readiness says so.
+LOOP_MAX_RESTARTS = 3
 LOOP_CRASH_WINDOW_S = 60.0
 
 
@@ -216,8 +216,8 @@ class Batcher:
     async def _supervise(self) -> None:
         """Run the loop, and run it again after a crash (``_serve`` logs the traceback and fails
         what was queued): in-flight batches answer on their own, so a restarted loop loses
-        nothing more. Past ``LOOP_MAX_CRASHES`` crashes within ``LOOP_CRASH_WINDOW_S`` the
-        batcher stays down with ``failure`` set, which readiness reports."""
+        nothing more. After ``LOOP_MAX_RESTARTS`` restarts within ``LOOP_CRASH_WINDOW_S`` the
+        next crash leaves the batcher down with ``failure`` set, which readiness reports."""
         while True:
             try:
                 await self._serve()
@@ -228,7 +228,7 @@ class Batcher:
                 now = time.monotonic()
                 self._crashes = [t for t in self._crashes if now - t < LOOP_CRASH_WINDOW_S]
                 self._crashes.append(now)
-                if len(self._crashes) > LOOP_MAX_CRASHES:
+                if len(self._crashes) > LOOP_MAX_RESTARTS:
                     self._failure = (
                         f"the batcher crashed {len(self._crashes)} times in "
                         f"{LOOP_CRASH_WINDOW_S:g} s and was not restarted; restart the server "
@@ -237,9 +237,9 @@ class Batcher:
                     log.error("batcher loop not restarted: %s", self._failure)
                     return
                 log.warning(
-                    "restarting the batcher loop (crash %d of at most %d in %g s)",
+                    "restarting the batcher loop (restart %d of at most %d in %g s)",
                     len(self._crashes),
-                    LOOP_MAX_CRASHES,
+                    LOOP_MAX_RESTARTS,
                     LOOP_CRASH_WINDOW_S,
                 )
                 self._accepting = True

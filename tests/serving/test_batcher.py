@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import serving.batcher
-from serving.batcher import LOOP_MAX_CRASHES, Batcher, BatchingPolicy, BatchRecord
+from serving.batcher import LOOP_MAX_RESTARTS, Batcher, BatchingPolicy, BatchRecord
 from serving.errors import (
     BatchFailedError,
     DeadlineExceededError,
@@ -708,11 +708,11 @@ async def test_a_loop_that_keeps_crashing_leaves_the_batcher_failed(
     buggy_wait(monkeypatch, crashes=None)
     runner = FakeRunner()
     batcher = await make(runner, max_batch_size=2, batch_timeout_ms=LONG_MS)
-    for i in range(LOOP_MAX_CRASHES + 1):
+    for i in range(LOOP_MAX_RESTARTS + 1):
         with pytest.raises(BatchFailedError):
             await batcher.submit(make_rows(1, start=i))
     assert batcher.failure == (
-        f"the batcher crashed {LOOP_MAX_CRASHES + 1} times in 60 s and was not restarted; "
+        f"the batcher crashed {LOOP_MAX_RESTARTS + 1} times in 60 s and was not restarted; "
         "restart the server (its log has the tracebacks)"
     )
     with pytest.raises(NotReadyError) as info:

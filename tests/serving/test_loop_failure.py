@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.batcher import LOOP_MAX_CRASHES
+from serving.batcher import LOOP_MAX_RESTARTS
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner
 from tests.serving.test_app import expected_row, row, serve
@@ -26,7 +26,7 @@ async def test_readiness_follows_the_batcher_loop(monkeypatch: pytest.MonkeyPatc
         assert served.json()["predictions"] == [expected_row(1), expected_row(2)]
 
         wait.crashes = None  # from now on the loop crashes on every lone row
-        for i in range(LOOP_MAX_CRASHES):
+        for i in range(LOOP_MAX_RESTARTS):
             r = await client.post("/predict", json={"instances": [row(i)]})
             assert r.status_code == 500
         failure = batcher.failure
