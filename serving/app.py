@@ -48,7 +48,7 @@ from serving.http_io import (
     unexpected_response,
 )
 from serving.lifespan import load_model, poll_stage_stats
-from serving.predict_path import INLINE_DECODE_BYTES, serve_prediction
+from serving.predict_path import serve_prediction
 from serving.raw_http import JSON, FastRequest, RawAnswer, Reply, error_reply, send_reply
 from serving.runner import ModelRunner, build_runner
 from serving.state import RunnerFactory, ServerState
@@ -264,10 +264,9 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
         request: FastRequest, batcher: Batcher, runner: ModelRunner, deadline: float, rid: str
     ) -> Reply:
         body = await request.body(settings.max_body_bytes)
-        if len(body) > INLINE_DECODE_BYTES:
-            decoded = await asyncio.to_thread(decode_predict, body, runner.signature)
-        else:
-            decoded = decode_predict(body, runner.signature)
+        # Inline, not on a thread: orjson and numpy hold the GIL while they parse, so a thread
+        # stalled the loop as long and took no less time (bench looplag, docs/benchmarks.md).
+        decoded = decode_predict(body, runner.signature)
         outputs = await request.until_disconnect(
             batcher.submit(decoded.inputs, deadline=deadline, request_id=rid)
         )

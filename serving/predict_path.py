@@ -23,10 +23,6 @@ from serving.raw_http import FastRequest, Reply, error_reply, send_reply, unexpe
 from serving.runner import ModelRunner
 from serving.state import ServerState
 
-# Bodies above this are decoded on a worker thread: parsing 1 MiB of JSON holds the event loop
-# for milliseconds, and batch timers (and every other request) would wait for it.
-INLINE_DECODE_BYTES = 256 * 1024
-
 # (request, batcher, runner, deadline as time.monotonic(), request id) -> the answer
 Work = Callable[[FastRequest, Batcher, ModelRunner, float, str], Awaitable[Reply]]
 

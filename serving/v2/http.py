@@ -12,7 +12,6 @@ The infer body's layout is ``serving.v2.http_body``'s, the OpenAPI schemas ``htt
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib.metadata
 import time
@@ -28,7 +27,7 @@ from serving.errors import (
     NotFoundError,
     NotReadyError,
 )
-from serving.predict_path import INLINE_DECODE_BYTES, serve_prediction
+from serving.predict_path import serve_prediction
 from serving.raw_http import FastRequest, RawAnswer, Reply
 from serving.runner import ModelRunner
 from serving.state import ServerState
@@ -42,7 +41,6 @@ __all__ = ["install_v2_routes", "v2_infer"]
 SERVER_NAME = "shardserve"
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 PLATFORM = "tensorflow_keras"
-# A JSON header above this is parsed on a worker thread (as /predict decodes big bodies).
 
 
 def _state(request: Request) -> ServerState:
@@ -110,21 +108,14 @@ async def _infer_work(
         )
     body = await request.body(settings.max_body_bytes)
     header_length = request.header_length
-    json_bytes = len(body) if header_length is None else min(len(body), _int(header_length))
-    if json_bytes > INLINE_DECODE_BYTES:
-        call = await asyncio.to_thread(parse_infer, body, header_length, runner.signature)
-    else:
-        call = parse_infer(body, header_length, runner.signature)
+    # Inline, as /predict decodes (serving.app): a thread would hold the GIL as long.
+    call = parse_infer(body, header_length, runner.signature)
     if call.timeout_s is not None:
         deadline = min(deadline, time.monotonic() + call.timeout_s)
     outputs = await request.until_disconnect(
         batcher.submit(call.inputs, deadline=deadline, request_id=rid)
     )
     return encode_infer(outputs, call, runner.signature, name)
-
-
-def _int(text: str) -> int:
-    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 # ---- metadata, health, config -----------------------------------------------------------------
