@@ -121,7 +121,7 @@ class StuckRunner(FakeRunner):
 async def test_a_hung_stage_gets_every_held_request_answered_within_the_stop_budget(
     raised: list[int],
 ) -> None:
-    budget_s = 1.0
+    budget_s = 2.0
     runner = StuckRunner()
     (grpc_port,) = free_ports(1)
     async with serve(runner, stop_timeout_s=budget_s, grpc_port=grpc_port) as served:
