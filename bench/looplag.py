@@ -258,7 +258,7 @@ def render(results: dict[str, Any]) -> str:
         f"{', refused after decoding' if results['plan']['refuse_big'] else ''}); trees: {trees}",
         "",
         "| round | tree | alone p50 ms | alone p99 ms | loaded p50 ms | loaded p99 ms | "
-        "loaded p90 ms | big bodies/s (not 200) | probe errors | load avg |",
+        "loaded p90 ms | big bodies done (not 200) | probe errors | load avg |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in results["turns"]:
@@ -266,7 +266,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append(
             f"| {t['round']} | {t['tree']} | {a['p50_ms']:.1f} | {a['p99_ms']:.1f} | "
             f"{b['p50_ms']:.1f} | {b['p99_ms']:.1f} | {b['p90_ms']:.1f} | "
-            f"{t['big']['rps']:.2f} ({t['big']['errors']}) | {a['errors'] + b['errors']} | "
+            f"{t['big']['requests']:.0f} ({t['big']['errors']:.0f}) | {a['errors'] + b['errors']} | "
             f"{t['loadavg'][0]:.2f} -> {t['loadavg'][1]:.2f} |"
         )
     summary = results["summary"]
