@@ -9,9 +9,11 @@ attributes) because some are raised inside Ray actors and cross a process bounda
     ├── ForbiddenError           403  admin route with the wrong bearer token
     ├── NotFoundError            404  unknown model name
     ├── QueueFullError           503  no room for the rows; carries retry_after_s
-    ├── NotReadyError            503  model not loaded/warmed yet, or shutting down
+    ├── NotReadyError            503  model not loaded/warmed yet, shutting down, or no replica
+    │                                 healthy now (then with retry_after_s)
     ├── DeadlineExceededError    504  the request's deadline passed before its rows were computed,
-    │                                 or its batch ran past the watchdog's limit on two replicas
+    │                                 or its batch ran past the watchdog's limit (on two
+    │                                 replicas, or on the only healthy one)
     ├── ModelInputError          422  the model raised on this request's rows (isolated from its
     │                                 batch-mates, who get their answers)
     └── BatchFailedError         500  the model or its stage processes failed on the batch
@@ -38,6 +40,8 @@ log = logging.getLogger("shardserve")
 
 class ShardServeError(Exception):
     status_code = 500
+    # Seconds a client should wait before trying again (the Retry-After header); None: no hint.
+    retry_after_s: float | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -69,6 +73,7 @@ class NotFoundError(ShardServeError):
 
 class QueueFullError(ShardServeError):
     status_code = 503
+    retry_after_s: float
 
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
@@ -80,6 +85,13 @@ class QueueFullError(ShardServeError):
 
 class NotReadyError(ShardServeError):
     status_code = 503
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.message, self.retry_after_s))
 
 
 class DeadlineExceededError(ShardServeError):
@@ -109,7 +121,9 @@ def from_runner(exc: BaseException, rows: int) -> ShardServeError:
     if isinstance(exc, StageTimeoutError):
         return DeadlineExceededError(f"the request's batch was abandoned: {exc.message}")
     if isinstance(exc, NoHealthyReplicaError):
-        return NotReadyError(f"the model is unavailable: {exc.message}; retry shortly")
+        return NotReadyError(
+            f"the model is unavailable: {exc.message}; retry shortly", exc.retry_after_s
+        )
     if isinstance(exc, RunError):
         return BatchFailedError(f"the request's batch was lost: {exc.message}")
     log.error("model runner failed on a batch of %d rows", rows, exc_info=exc)

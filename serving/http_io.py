@@ -80,7 +80,7 @@ def json_response(
 def error_response(exc: ShardServeError, rid: str = "-") -> Response:
     log_failure(rid, exc.status_code, exc.message)
     headers = None
-    if isinstance(exc, QueueFullError):
+    if exc.retry_after_s is not None:
         headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
     return json_response({"error": exc.message}, exc.status_code, headers)
 

@@ -19,7 +19,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from serving.errors import PayloadTooLargeError, QueueFullError, ShardServeError
+from serving.errors import PayloadTooLargeError, ShardServeError
 from serving.http_io import (
     REQUEST_ID_HEADER,
     REQUEST_ID_KEY,
@@ -188,7 +188,7 @@ def error_reply(exc: ShardServeError, rid: bytes) -> Reply:
     """``http_io.error_response``'s answer, logged the same way."""
     log_failure(rid.decode(), exc.status_code, exc.message)
     headers = []
-    if isinstance(exc, QueueFullError):
+    if exc.retry_after_s is not None:
         headers.append((b"retry-after", b"%d" % max(1, round(exc.retry_after_s))))
     return exc.status_code, orjson.dumps({"error": exc.message}), JSON, headers
 

@@ -15,7 +15,7 @@ outputs only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,9 +60,14 @@ class CompiledStages:
         # Past its capacity the graph raises instead of queueing: extra batches wait here.
         self._places = asyncio.Semaphore(max_inflight)
 
-    async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The model outputs that stages make, for one batch."""
+    async def run(
+        self, inputs: dict[str, np.ndarray], entered: Callable[[], object] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The model outputs that stages make, for one batch. ``entered`` is called when the
+        batch is handed to the graph, past the wait for a free place."""
         async with self._places:
+            if entered is not None:
+                entered()
             try:
                 future = await self._graph.execute_async(**inputs)
                 result = await future

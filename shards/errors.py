@@ -15,8 +15,9 @@ actor id, none of which may reach a client. The full detail goes to the log wher
     └── RunError                  a batch did not complete
         ├── ModelError            the model raised on the batch (its input may be to blame)
         ├── ReplicaLostError      a stage process died under the batch (twice, with the retry)
-        ├── StageTimeoutError     the batch ran past the watchdog's limit (twice, with the retry)
-        └── NoHealthyReplicaError every replica is down and none came back in time
+        ├── StageTimeoutError     the batch ran past the watchdog's limit (twice with the retry,
+        │                         once where no other replica was healthy to retry on)
+        └── NoHealthyReplicaError no replica is healthy now (carries when to retry)
 
 The planning errors are also ``ValueError`` (bad arguments), the start errors ``RuntimeError``,
 so callers that caught those before still do.
@@ -111,7 +112,14 @@ class StageTimeoutError(RunError):
 
 
 class NoHealthyReplicaError(RunError):
-    pass
+    """No replica can take the batch now; ``retry_after_s``: when one is expected back."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.retry_after_s))
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -36,8 +36,10 @@ class PipelineOptions:
     # The compiled graph's capacity per replica; None: stages + 1 (the batcher's default share).
     # More batches than this wait for a free place rather than fail.
     max_inflight_per_replica: int | None = None
-    # The watchdog: a batch running longer is abandoned and its replica's stages restarted.
-    # None: 10 x the p99 of recent batch times, at least 5 s (60 s until 20 batches were seen).
+    # The watchdog: a batch running longer (timed from when its first stage starts it) is
+    # abandoned and its replica's stages restarted. None: 10 x the p99 of recent batches of its
+    # size, at least 5 s (a size not seen 20 times yet: scaled from the largest size that was;
+    # 60 s until one was).
     batch_hard_timeout_s: float | None = None
     # Float tensors crossing a cut travel in this dtype ("bfloat16", "float16"); None: as
     # computed. Model outputs are never cast.
@@ -46,8 +48,6 @@ class PipelineOptions:
     weight_dtype: str | None = None
     # Load stages holding Lambda layers or other Python code (Keras safe_mode off).
     unsafe_deserialization: bool = False
-    # How long a batch waits for a healthy replica when none is, before it fails.
-    replica_wait_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

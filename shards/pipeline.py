@@ -2,11 +2,19 @@
 
 Each batch goes to the least-loaded healthy replica (``shards.replica.Pipeline``). A batch that
 a replica fails to answer (a stage process died, or the batch ran past the watchdog's limit) is
-retried once on another replica, and the replica leaves the rotation: it is probed (Ray restarts
-a dead actor that has restarts left) or, when its actors are gone, rebuilt in the background with
-a new placement group and actors, with backoff, and rejoins after one warm batch. A model that
-raises on a batch is the batch's fault, not the replica's: that error goes back to the caller as a
-``ModelError`` and the replica stays in. Every error that leaves is a one-line ``RunError``.
+retried once on another healthy replica, and the replica leaves the rotation: it is probed (Ray
+restarts a dead actor that has restarts left) or, when its actors are gone, rebuilt in the
+background with a new placement group and actors, with backoff, and rejoins after one warm batch.
+
+Where no other replica is healthy (one replica, the default), nothing waits for the recovery: a
+batch that hung fails at once with its ``StageTimeoutError``, and every other batch of the replica
+(lost with it, or arriving while it recovers) with a ``NoHealthyReplicaError`` that says when to
+try again. Retrying on the replica being rebuilt would cost a second watchdog period and a second
+restart for a batch that may be what hangs it, and hold every other request meanwhile.
+
+A model that raises on a batch is the batch's fault, not the replica's: that error goes back to
+the caller as a ``ModelError`` and the replica stays in. Every error that leaves is a one-line
+``RunError``.
 """
 
 from __future__ import annotations
@@ -86,7 +94,13 @@ class _Layout:
 class PipelineGroup:
     """R replicas of the pipeline; each batch goes to the least-loaded healthy one."""
 
-    def __init__(self, manifest: Manifest, pipelines: list[Pipeline], layout: _Layout) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        pipelines: list[Pipeline],
+        layout: _Layout,
+        start_s: float = REBUILD_BACKOFF_S[0],
+    ) -> None:
         self.signature: ModelSignature = manifest.signature
         self.num_stages = len(manifest.stages)
         self.replicas = len(pipelines)
@@ -95,10 +109,11 @@ class PipelineGroup:
         self._layout = layout
         self._rotation = itertools.cycle(range(len(pipelines)))
         self._watchdog = Watchdog(layout.options.batch_hard_timeout_s)
-        # Set whenever a replica (re)joins the rotation; cleared when none is healthy.
-        self._healthy = asyncio.Event()
-        self._healthy.set()
         self._recovery: dict[int, asyncio.Task[None]] = {}
+        # When each replica out of the rotation left it, and how long the last one took to come
+        # back (the start-up's time until one has): what a refused request is told to wait.
+        self._left_at: dict[int, float] = {}
+        self._recovery_s = start_s
         self._rebuilds = 0
         self._recoveries = 0
         self._last_fault = ""
@@ -106,6 +121,7 @@ class PipelineGroup:
 
     @classmethod
     async def create(cls, bundle_dir: str | Path, options: PipelineOptions) -> PipelineGroup:
+        began = time.monotonic()
         manifest = read_manifest(bundle_dir)
         routes, output_sources = plan_routes(manifest)
         gpus = options.gpus_per_shard
@@ -165,7 +181,7 @@ class PipelineGroup:
                 pipeline.close()
             raise
         layout = _Layout(routes, output_sources, bundles, spec, options, depth)
-        return cls(manifest, pipelines, layout)
+        return cls(manifest, pipelines, layout, start_s=time.monotonic() - began)
 
     # --- running batches
 
@@ -177,18 +193,15 @@ class PipelineGroup:
                 f"{self.signature.input_names}, got {sorted(inputs)}"
             )
         tried: list[Pipeline] = []
-        error: RunError | None = None
         attempts = victims = 0
         # The first try and one retry after a replica fault this batch may have caused; a batch
         # that only waited behind the cause is retried without counting, a few times at most.
-        while attempts < 2 and victims <= self.replicas + 1:
-            pipeline = await self._pick(tried)
+        while True:
+            pipeline = self._pick(tried)
             tried.append(pipeline)
-            started = time.monotonic()
             try:
-                outputs = await pipeline.run(inputs, self._watchdog.limit_s)
-            except RunError as exc:
-                error = exc
+                return await pipeline.run(inputs, self._watchdog)
+            except RunError as error:
                 if not is_replica_fault(error):
                     raise
                 self._fault(pipeline, error)
@@ -196,37 +209,37 @@ class PipelineGroup:
                     victims += 1
                 else:
                     attempts += 1
-                continue
-            self._watchdog.observe(time.monotonic() - started)
-            return outputs
-        assert error is not None
-        # Twice lost: the batch itself may be what kills or hangs the stages, and a third
-        # replica's restarts are not to be burnt on it.
-        raise type(error)(f"{error.message}, on two replicas") from None
+                if not self._in_rotation():
+                    if isinstance(error, StageTimeoutError) and not error.victim:
+                        raise
+                    raise self._unavailable() from None
+                if attempts >= 2 or victims > self.replicas + 1:
+                    # Twice lost: the batch itself may be what kills or hangs the stages, and
+                    # a third replica's restarts are not to be burnt on it.
+                    raise type(error)(f"{error.message}, on two replicas") from None
 
     run_batch = run
 
-    async def _pick(self, tried: Sequence[Pipeline]) -> Pipeline:
-        """The least-loaded healthy replica, one not tried yet if there is one; waits up to
-        ``replica_wait_s`` when none is healthy."""
-        deadline = time.monotonic() + self._layout.options.replica_wait_s
-        while True:
-            healthy = self._in_rotation()
-            fresh = [p for p in healthy if p not in tried]
-            candidates = fresh or healthy
-            if candidates:
-                return min(candidates, key=lambda p: p.inflight)
-            self._healthy.clear()
-            left = deadline - time.monotonic()
-            try:
-                if self._closed or left <= 0:
-                    raise TimeoutError
-                await asyncio.wait_for(self._healthy.wait(), left)
-            except TimeoutError:
-                raise NoHealthyReplicaError(
-                    f"no healthy replica of {self.replicas}"
-                    + (f" (last fault: {self._last_fault})" if self._last_fault else "")
-                ) from None
+    def _pick(self, tried: Sequence[Pipeline]) -> Pipeline:
+        """The least-loaded healthy replica, one not tried yet if there is one."""
+        healthy = [] if self._closed else self._in_rotation()
+        fresh = [p for p in healthy if p not in tried]
+        candidates = fresh or healthy
+        if not candidates:
+            raise self._unavailable()
+        return min(candidates, key=lambda p: p.inflight)
+
+    def _unavailable(self) -> NoHealthyReplicaError:
+        if self._closed:
+            return NoHealthyReplicaError("the model's replicas are shut down", retry_after_s=1.0)
+        # The replica out the longest is the one expected back first.
+        now = time.monotonic()
+        out_for = max((now - t for t in self._left_at.values()), default=0.0)
+        return NoHealthyReplicaError(
+            f"no healthy replica of {self.replicas}"
+            + (f" (last fault: {self._last_fault})" if self._last_fault else ""),
+            retry_after_s=max(1.0, self._recovery_s - out_for),
+        )
 
     def _in_rotation(self) -> list[Pipeline]:
         # Rotating the scan start breaks ties, so idle replicas take turns.
@@ -238,12 +251,13 @@ class PipelineGroup:
     # --- faults and recovery
 
     def _fault(self, pipeline: Pipeline, error: RunError) -> None:
-        self._last_fault = error.message
         if pipeline.state is not ReplicaState.HEALTHY or self._closed:
             return  # already out of the rotation, being recovered
+        self._last_fault = error.message
         index = self._pipelines.index(pipeline)
         log.warning("replica %d leaves the rotation: %s", index, error.message)
         pipeline.state = ReplicaState.SUSPECT
+        self._left_at[index] = time.monotonic()
         hung = isinstance(error, StageTimeoutError)
         task = asyncio.create_task(self._recover(index, hung), name=f"recover-replica-{index}")
         self._recovery[index] = task
@@ -310,14 +324,16 @@ class PipelineGroup:
             t.name: np.zeros((1, *(d or 1 for d in t.shape)), dtype=t.np_dtype)
             for t in self.signature.inputs
         }
-        await pipeline.run(inputs, self._layout.options.ready_timeout_s)
+        await pipeline.run(inputs, Watchdog(self._layout.options.ready_timeout_s))
 
     def _rejoin(self, index: int, why: str) -> None:
         log.warning("replica %d rejoins the rotation: %s", index, why)
         self._pipelines[index].clear_fault()
         self._pipelines[index].state = ReplicaState.HEALTHY
         self._recovery.pop(index, None)
-        self._healthy.set()
+        left_at = self._left_at.pop(index, None)
+        if left_at is not None:
+            self._recovery_s = time.monotonic() - left_at
 
     def health(self) -> Health:
         states = tuple(p.state.value for p in self._pipelines)
@@ -331,8 +347,13 @@ class PipelineGroup:
         )
 
     @property
-    def batch_hard_timeout_s(self) -> float:
-        return self._watchdog.limit_s
+    def inflight(self) -> tuple[int, ...]:
+        """Batches handed to each replica and not answered yet."""
+        return tuple(p.inflight for p in self._pipelines)
+
+    def batch_hard_timeout_s(self, rows: int) -> float:
+        """The watchdog's limit now for a batch of ``rows`` rows."""
+        return self._watchdog.limit_s(rows)
 
     # --- reports and shutdown
 
@@ -362,7 +383,6 @@ class PipelineGroup:
 
     async def close(self) -> None:
         self._closed = True
-        self._healthy.set()  # wake batches waiting for a replica: they fail now
         tasks = list(self._recovery.values())
         for task in tasks:
             task.cancel()

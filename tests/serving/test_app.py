@@ -15,6 +15,9 @@ from asgi_lifespan import LifespanManager
 
 from serving.app import create_app
 from serving.config import Settings
+from serving.errors import from_runner
+from serving.http_io import error_response
+from shards.errors import NoHealthyReplicaError, StageTimeoutError
 from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error
 from tests.fakes import WAIT_S, FakeRunner, expected_outputs
@@ -191,6 +194,32 @@ async def test_queue_full_is_503_with_retry_after() -> None:
         assert "queue" in assert_clean_error(r)
         gate.set()
         assert (await first).status_code == 200 and (await queued).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "retry_after"),
+    [
+        (NoHealthyReplicaError("no healthy replica of 1", retry_after_s=7.4), 503, "7"),
+        (StageTimeoutError("the batch ran past the watchdog's limit of 5 s"), 504, None),
+    ],
+)
+async def test_a_replica_down_is_503_with_retry_after_and_a_hung_batch_504(
+    raised: Exception, status: int, retry_after: str | None
+) -> None:
+    runner = FakeRunner()
+    async with serve(runner, batch_timeout_ms=0) as client:
+        runner.fail_with = raised
+        v2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": row(1)}]}
+        for r in (
+            await client.post("/predict", json={"instances": [row(1)]}),
+            await client.post("/v2/models/fake/infer", json=v2),
+        ):
+            assert r.status_code == status, r.text
+            assert r.headers.get("retry-after") == retry_after
+            assert_clean_error(r)
+    # The same answer where a user's middleware puts the route behind Starlette's.
+    response = error_response(from_runner(raised, rows=1))
+    assert (response.status_code, response.headers.get("retry-after")) == (status, retry_after)
 
 
 def runner_queue(client: httpx.AsyncClient) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import keras
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from model_zoo import Inputs, call_whole, encoder
 
+from shards.errors import NoHealthyReplicaError
 from shards.partition import partition_to_bundle
 from shards.pipeline import PipelineGroup, PipelineOptions
 
@@ -88,13 +90,21 @@ async def test_a_killed_stage_actor_gets_its_replica_rebuilt(
     try:
         victim = (await group.describe())[1]["pid"]
         os.kill(victim, signal.SIGKILL)
-        # The graph is closed by the death: the batch is retried once the replica is rebuilt.
+        # The graph is closed by the death. No other replica to retry on: the batch is refused
+        # at once, told when to come back, while the replica is rebuilt.
+        with pytest.raises(NoHealthyReplicaError) as refused:
+            await group.run(inputs)
+        deadline = time.monotonic() + 120
+        while group.health().healthy < 1:
+            assert time.monotonic() < deadline, group.health()
+            await asyncio.sleep(0.05)
         out = await group.run(inputs)
         health = group.health()
         after = [i["pid"] for i in await group.describe()]
     finally:
         await group.close()
 
+    assert refused.value.retry_after_s >= 1
     assert (health.healthy, health.rebuilds) == (1, 1)
     assert victim not in after
     for key, want in call_whole(model, inputs).items():
