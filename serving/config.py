@@ -200,8 +200,9 @@ class Settings(BaseSettings):
         None,
         gt=0,
         le=3_600_000,
-        description="Watchdog: a batch running longer is abandoned, its stages restarted and its "
-        "rows retried once on another replica; unset = max(10 x p99 batch time, 5 s).",
+        description="Watchdog: a batch running longer (from when its first stage starts it) is "
+        "abandoned, its stages restarted and its rows retried once on another healthy replica; "
+        "unset = max(10 x p99 of batches of its size, 5 s).",
     )
     load_timeout_s: float = Field(
         600.0,

@@ -163,30 +163,52 @@ def test_a_poison_row_fails_alone_and_its_batch_mates_are_answered(
     assert "libtensorflow" not in maps
 
 
+def _inflight_batches(server: Server) -> float:
+    return _metric(server, "shardserve_inflight_batches")
+
+
 def test_a_hung_stage_is_stopped_and_other_requests_keep_flowing(
     server: Server, model: Path
 ) -> None:
-    rows = _rows(12, seed=2)
+    _wait_healthy(server, 2)
+    rows = _rows(200, seed=2)
 
-    async def scenario() -> tuple[httpx.Response, list[httpx.Response]]:
+    async def scenario() -> tuple[httpx.Response, list[tuple[int, httpx.Response]]]:
         async with httpx.AsyncClient(timeout=90) as client:
             hung = asyncio.ensure_future(_post(client, server.url, [HANG_ID, 1, 2, 3]))
-            await asyncio.sleep(0.5)  # its batch (alone: 100 ms timeout) is on a replica now
-            others = []
-            for row in rows:  # a steady stream while the watchdog does its work
-                others.append(asyncio.ensure_future(_post(client, server.url, row)))
-                await asyncio.sleep(0.5)
-            return await hung, list(await asyncio.gather(*others))
+            deadline = time.monotonic() + 30
+            while _inflight_batches(server) < 1:  # its batch is on a replica now
+                assert time.monotonic() < deadline and not hung.done(), "no batch in flight"
+                await asyncio.sleep(0.05)
+            # One request after another, for as long as the watchdog takes (two periods: the
+            # batch is retried once on the other replica, where it hangs again).
+            others: list[tuple[int, httpx.Response]] = []
+            for i, row in enumerate(rows):
+                if hung.done():
+                    break
+                others.append((i, await _post(client, server.url, row)))
+            return await hung, others
 
     hung, others = asyncio.run(scenario())
 
     assert hung.status_code == 504, hung.text
     assert_clean_error(hung)
     assert "watchdog" in hung.json()["error"]
-    assert [r.status_code for r in others] == [200] * len(rows), [r.text for r in others]
-    want = _whole(model, rows)
-    np.testing.assert_allclose([r.json()["predictions"][0] for r in others], want, atol=1e-5)
+    answered = [(i, r) for i, r in others if r.status_code == 200]
+    # While the replica that hung is out, the other serves; while both are (the second had the
+    # hung batch retried on it), requests are refused at once, told when to come back.
+    refused = [r for _, r in others if r.status_code != 200]
+    for r in refused:
+        assert r.status_code == 503, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        assert "unavailable" in assert_clean_error(r)
+    assert answered and answered[0][0] == 0, [r.status_code for _, r in others]
+    want = _whole(model, [rows[i] for i, _ in answered])
+    got = [r.json()["predictions"][0] for _, r in answered]
+    np.testing.assert_allclose(got, want, atol=1e-5)
     assert _wait_healthy(server, 2)["replicas"] == {"total": 2, "healthy": 2}
+    again = httpx.post(f"{server.url}/predict", json={"instances": rows[:8]}, timeout=60)
+    assert again.status_code == 200, again.text
 
 
 def test_a_killed_replica_is_rebuilt_and_no_request_fails(server: Server, model: Path) -> None:
