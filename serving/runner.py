@@ -136,6 +136,9 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         unsafe_deserialization=settings.unsafe_deserialization,
         max_inflight_per_replica=settings.max_inflight_batches,
         max_restarts=settings.shard_max_restarts,
+        # A replica's placement and warm-up (at start and on every rebuild) get the whole load
+        # budget: a shorter inner limit would end a slow load before its own timeout names why.
+        ready_timeout_s=settings.load_timeout_s,
         batch_hard_timeout_s=None
         if settings.batch_hard_timeout_ms is None
         else settings.batch_hard_timeout_ms / 1000.0,

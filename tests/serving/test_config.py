@@ -129,3 +129,10 @@ def test_shard_actor_options_follow_the_settings() -> None:
     )
     compiled = pipeline_options(load_settings(compiled_graph="true", max_inflight_batches=5))
     assert (compiled.compiled_graph, compiled.max_inflight_per_replica) == (True, 5)
+
+
+def test_replica_placement_waits_as_long_as_the_load_budget() -> None:
+    # The inner placement wait once stopped a load at 300 s, before load_timeout_s (600 s)
+    # could name what it waited for.
+    assert pipeline_options(load_settings()).ready_timeout_s == 600.0
+    assert pipeline_options(load_settings(load_timeout_s=1200)).ready_timeout_s == 1200.0
