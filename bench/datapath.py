@@ -7,7 +7,7 @@ Modes, each on its own K actors of a private local Ray, the same batches:
 - ``dicts``: the routing before issue 12, kept here as a bench-only actor: each stage receives
   the whole output dicts of the stages it reads from (a skip tensor rides through), and the output
   stages send all their outputs back to the driver;
-- ``tensors``: one reference per tensor (``shards.replica.Pipeline``);
+- ``tensors``: one reference per tensor (``shards.pipeline.replica.Replica``);
 - ``tensors+bf16`` / ``tensors+fp16``: the same with ``--activation-dtype``;
 - ``weights bf16`` / ``weights fp16``: ``--weight-dtype``, activations float32.
 
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from shards.actor import ShardActor
+from shards.actor.stage_actor import ShardActor
 
 MiB = 2**20
 MODES: dict[str, dict[str, Any]] = {
@@ -105,7 +105,7 @@ def build(name: str, image: int) -> Any:
 
 def _partition(name: str, out: Path, image: int, stages: int) -> None:
     code = (
-        "from bench.datapath import build; from shards.partition import partition_to_bundle; "
+        "from bench.datapath import build; from shards.partition.cut import partition_to_bundle; "
         f"partition_to_bundle(build({name!r}, {image}), {str(out)!r}, stages={stages}, "
         f"source_name={name!r})"
     )
@@ -114,12 +114,12 @@ def _partition(name: str, out: Path, image: int, stages: int) -> None:
 
 
 class _DictPipeline:
-    """The driver side of the old routing (shards/replica.py before issue 12)."""
+    """The driver side of the old routing (shards/pipeline/replica.py before issue 12)."""
 
     def __init__(self, bundle: Path, batch: int) -> None:
         import ray
 
-        from shards.bundle import read_manifest
+        from shards.bundle.format import read_manifest
 
         self.manifest = read_manifest(bundle)
         remote: Any = ray.remote(DictShard).options(num_cpus=1, max_concurrency=1)
@@ -172,14 +172,14 @@ class _TensorPipeline:
 
 
 async def _start(mode: str, bundle: Path, plan: DatapathPlan) -> Any:
-    from shards.pipeline import PipelineGroup, PipelineOptions
+    from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
 
     if mode == "dicts":
         runner = _DictPipeline(bundle, plan.batch)
         await asyncio.gather(*(a.info.remote() for a in runner.actors))
         return runner
     options = PipelineOptions(batch_sizes=(plan.batch,), cpus_per_shard=1.0, **MODES[mode])
-    return _TensorPipeline(await PipelineGroup.create(bundle, options))
+    return _TensorPipeline(await ReplicaSet.create(bundle, options))
 
 
 async def _rate(runner: Any, batch: dict[str, np.ndarray], plan: DatapathPlan) -> float:
@@ -263,7 +263,7 @@ def _accuracy(logits: np.ndarray, reference: np.ndarray) -> dict[str, float]:
 def run(plan: DatapathPlan, progress: Any = print) -> dict[str, Any]:
     import ray
 
-    from shards.bundle import read_manifest
+    from shards.bundle.format import read_manifest
 
     plan.workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"plan": {**plan.__dict__, "workdir": str(plan.workdir)}}

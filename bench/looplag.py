@@ -74,7 +74,7 @@ class LoopLagPlan:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for tree in (self.tree, self.compare_tree):
             if tree is not None and not (tree / "serving" / "cli.py").is_file():
-                raise ValueError(f"{tree} is not a shardserve code tree (no serving/cli.py)")
+                raise ValueError(f"{tree} is not a shardserve code tree (no serving/cli/main.py)")
 
 
 def rows_body(features: int, rows: int, seed: int = 0) -> bytes:
@@ -96,7 +96,7 @@ def big_body(features: int, size: int) -> tuple[bytes, int]:
 
 def server_spec(plan: LoopLagPlan, tree: Path, label: str, port: int, rows: int) -> LaunchSpec:
     pin = ["taskset", "-c", str(_cores()[0])] if plan.pin else []
-    argv = [*pin, sys.executable, "-m", "serving.cli", "serve", "--model", plan.model]
+    argv = [*pin, sys.executable, "-m", "serving.cli.main", "serve", "--model", plan.model]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0"]
     argv += ["--stages", "1", "--max-batch-size", str(plan.max_batch_size)]
     argv += ["--batch-timeout-ms", "0", "--simulate-device-ms", f"{plan.simulate_device_ms:g}"]

@@ -83,7 +83,7 @@ def build(name: str) -> Any:
 def _partition_in_subprocess(name: str, out: Path, stages: int, batch: int) -> None:
     code = (
         "import sys; from bench.memory import build; "
-        "from shards.partition import partition_to_bundle; "
+        "from shards.partition.cut import partition_to_bundle; "
         f"partition_to_bundle(build({name!r}), {str(out)!r}, stages={stages}, "
         f"max_batch_size={batch}, source_name={name!r})"
     )
@@ -105,8 +105,8 @@ def measure_model(bundle: Path, batch: int) -> list[dict[str, Any]]:
     """Start every stage's actor (one at a time: loading is the peak), read their reports."""
     import ray
 
-    from shards.actor import ShardActor
-    from shards.bundle import read_manifest
+    from shards.actor.stage_actor import ShardActor
+    from shards.bundle.format import read_manifest
 
     manifest = read_manifest(bundle)
     remote: Any = ray.remote(ShardActor).options(num_cpus=1)

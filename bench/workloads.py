@@ -2,7 +2,7 @@
 
 - heavy: 1024 floats -> 8 x Dense(2048) -> 10 (31.5M parameters): batching pays ~9x on CPU.
 - light: 64 -> 64 -> 10: the model is nearly free, so the serving path itself is measured.
-- conv:  a small residual convolutional net on 32x32x3 images (``shards.models.demo_resnet``).
+- conv:  a small residual convolutional net on 32x32x3 images (``shards.partition.demo_models.demo_resnet``).
 
 Keras is imported only inside ``build``/``ensure_saved``, so the harness driver stays light.
 """
@@ -56,7 +56,7 @@ def get_workload(name: str) -> Workload:
 def build(name: str) -> keras.Model:
     import keras
 
-    from shards.models import demo_mlp, demo_resnet
+    from shards.partition.demo_models import demo_mlp, demo_resnet
 
     if name == "heavy":
         return demo_mlp()

@@ -21,8 +21,8 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
-from serving.batching_policy import BatchingPolicy
-from shards.memory import parse_budgets, parse_bytes
+from serving.batching.settings import BatchSettings
+from shards.partition.memory import parse_budgets, parse_bytes
 
 MiB = 1024 * 1024
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
@@ -328,7 +328,7 @@ class Settings(BaseSettings):
 
     def batch_sizes(self) -> tuple[int, ...]:
         """The sizes a batch is padded to (and the shard actors warm up at)."""
-        return BatchingPolicy(
+        return BatchSettings(
             max_batch_size=self.max_batch_size,
             max_queue_rows=self.max_batch_size,
             allowed_batch_sizes=tuple(self.allowed_batch_sizes or ()),

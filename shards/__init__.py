@@ -2,5 +2,5 @@
 
 Nothing here imports ``serving``, FastAPI or uvicorn. TensorFlow and Ray are imported lazily by
 the modules that need them (``partition``, ``models``, ``actor``, ``pipeline``), so that
-``shards.signature`` and ``shards.bundle``'s manifest reader stay importable without them.
+``shards.signature`` and ``shards.bundle.format``'s manifest reader stay importable without them.
 """

@@ -58,8 +58,8 @@ async def _serving(
 ) -> AsyncIterator[tuple[httpx.AsyncClient, object]]:
     from asgi_lifespan import LifespanManager
 
-    from serving.app import create_app
     from serving.config import Settings
+    from serving.server.app import create_app
 
     settings = Settings(
         model=str(model),

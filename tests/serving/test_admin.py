@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 from asgi_lifespan import LifespanManager
 
-from serving.app import create_app
 from serving.config import Settings
+from serving.server.app import create_app
 from tests.fakes import FakeRunner, expected_outputs, make_rows
 
 TOKEN = "s3cret"

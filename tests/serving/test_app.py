@@ -13,10 +13,10 @@ import orjson
 import pytest
 from asgi_lifespan import LifespanManager
 
-from serving.app import create_app
 from serving.config import Settings
 from serving.errors import from_runner
-from serving.http_io import error_response
+from serving.http.replies import error_response
+from serving.server.app import create_app
 from shards.errors import NoHealthyReplicaError, StageTimeoutError
 from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error

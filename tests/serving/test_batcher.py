@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import serving.batcher
-from serving.batcher import LOOP_MAX_RESTARTS, Batcher, BatchingPolicy, BatchRecord
+import serving.batching.batcher
+from serving.batching.batcher import LOOP_MAX_RESTARTS, Batcher, BatchRecord, BatchSettings
 from serving.errors import (
     BatchFailedError,
     DeadlineExceededError,
@@ -63,7 +63,7 @@ class Harness:
         run = runner.run_batch if isinstance(runner, FakeRunner) else runner
         batcher = Batcher(
             run,
-            BatchingPolicy(**policy),
+            BatchSettings(**policy),
             on_batch=self.records.append,
             on_reject=self.rejects.append,
         )
@@ -406,12 +406,12 @@ async def test_reconfigure_applies_to_the_next_batch_and_keeps_queued_rows(
 
 
 def test_reconfigure_rejects_bad_values_and_keeps_the_policy() -> None:
-    batcher = Batcher(FakeRunner().run_batch, BatchingPolicy(max_batch_size=8))
+    batcher = Batcher(FakeRunner().run_batch, BatchSettings(max_batch_size=8))
     with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 0"):
         batcher.reconfigure(max_batch_size=0)
     with pytest.raises(ValueError, match=r"unknown batching settings \['batch_size'\]"):
         batcher.reconfigure(batch_size=3)
-    assert batcher.policy == BatchingPolicy(max_batch_size=8)
+    assert batcher.policy == BatchSettings(max_batch_size=8)
 
 
 async def test_auto_policy_sends_at_once_when_idle(make: Harness) -> None:
@@ -456,7 +456,7 @@ async def test_auto_policy_with_slo_caps_the_batch_size(make: Harness) -> None:
 
 
 async def test_submit_before_start_is_not_ready() -> None:
-    batcher = Batcher(FakeRunner().run_batch, BatchingPolicy())
+    batcher = Batcher(FakeRunner().run_batch, BatchSettings())
     with pytest.raises(NotReadyError, match="not been started"):
         await batcher.submit(make_rows(1))
 
@@ -660,27 +660,29 @@ class BuggyWait:
     """The real wait policy, but ``close_reason`` raises while ``crashes`` is above 0 (each
     raise counts one down; None: it always raises)."""
 
-    def __init__(self, real: serving.batcher.WaitPolicy, crashes: int | None) -> None:
+    def __init__(self, real: serving.batching.batcher.WaitPolicy, crashes: int | None) -> None:
         self.real = real
         self.crashes = crashes
 
-    def close_reason(self, policy: BatchingPolicy, **kwargs: Any) -> str | None:
+    def close_reason(self, policy: BatchSettings, **kwargs: Any) -> str | None:
         if self.crashes is None or self.crashes > 0:
             self.crashes = None if self.crashes is None else self.crashes - 1
             raise RuntimeError("bug in the wait policy")
         return self.real.close_reason(policy, **kwargs)
 
-    def wait_s(self, policy: BatchingPolicy, rows: int, inflight_batches: int) -> float:
+    def wait_s(self, policy: BatchSettings, rows: int, inflight_batches: int) -> float:
         return self.real.wait_s(policy, rows, inflight_batches)
 
-    def batch_limit(self, policy: BatchingPolicy, waited_s: float, now: float, queued: int) -> int:
+    def batch_limit(self, policy: BatchSettings, waited_s: float, now: float, queued: int) -> int:
         return self.real.batch_limit(policy, waited_s, now, queued)
 
 
 def buggy_wait(monkeypatch: pytest.MonkeyPatch, crashes: int | None) -> None:
-    real = serving.batcher.wait_policy
+    real = serving.batching.batcher.wait_policy
     monkeypatch.setattr(
-        serving.batcher, "wait_policy", lambda policy, rt: BuggyWait(real(policy, rt), crashes)
+        serving.batching.batcher,
+        "wait_policy",
+        lambda policy, rt: BuggyWait(real(policy, rt), crashes),
     )
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from serving.batching_policy import BatchingPolicy, RunTimeModel
+from serving.batching.settings import BatchSettings, RunTimeModel
 
 
 @pytest.mark.parametrize(
@@ -44,29 +44,29 @@ from serving.batching_policy import BatchingPolicy, RunTimeModel
 )
 def test_invalid_policies_name_the_value(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as info:
-        BatchingPolicy(**changes)
+        BatchSettings(**changes)
     assert str(info.value) == message
 
 
 def test_default_sizes_are_powers_of_two_plus_the_maximum() -> None:
-    assert BatchingPolicy().batch_sizes() == (1, 2, 4, 8, 16, 32)
-    assert BatchingPolicy(max_batch_size=24).batch_sizes() == (1, 2, 4, 8, 16, 24)
+    assert BatchSettings().batch_sizes() == (1, 2, 4, 8, 16, 32)
+    assert BatchSettings(max_batch_size=24).batch_sizes() == (1, 2, 4, 8, 16, 24)
 
 
 def test_allowed_sizes_always_include_the_maximum() -> None:
-    policy = BatchingPolicy(max_batch_size=12, allowed_batch_sizes=(10, 3, 3))
+    policy = BatchSettings(max_batch_size=12, allowed_batch_sizes=(10, 3, 3))
     assert policy.batch_sizes() == (3, 10, 12)
     assert [policy.padded_size(n) for n in (1, 3, 4, 10, 11, 12)] == [3, 3, 10, 10, 12, 12]
 
 
 def test_padded_size_rejects_rows_outside_a_batch() -> None:
     with pytest.raises(ValueError, match="a batch holds 1 to 32 rows, got 33"):
-        BatchingPolicy().padded_size(33)
+        BatchSettings().padded_size(33)
 
 
 def test_auto_policy_is_a_none_timeout() -> None:
-    assert BatchingPolicy(batch_timeout_ms=None).is_auto
-    assert not BatchingPolicy(batch_timeout_ms=0).is_auto
+    assert BatchSettings(batch_timeout_ms=None).is_auto
+    assert not BatchSettings(batch_timeout_ms=0).is_auto
 
 
 def test_run_time_model_averages_and_extrapolates() -> None:
@@ -161,9 +161,9 @@ def test_a_stale_size_runs_once_to_be_measured_again() -> None:
 
 
 def test_without_padding_a_batch_runs_at_its_row_count() -> None:
-    policy = BatchingPolicy(max_batch_size=32, pad_batches=False)
+    policy = BatchSettings(max_batch_size=32, pad_batches=False)
     assert [policy.padded_size(n) for n in (1, 3, 17, 32)] == [1, 3, 17, 32]
     assert policy.batch_sizes() == (1, 2, 4, 8, 16, 32)  # the caps the SLO rule picks from
-    assert BatchingPolicy(max_batch_size=32).padded_size(17) == 32
+    assert BatchSettings(max_batch_size=32).padded_size(17) == 32
     with pytest.raises(ValueError, match="pad_batches must be true or false"):
-        BatchingPolicy(pad_batches=1)  # type: ignore[arg-type]
+        BatchSettings(pad_batches=1)  # type: ignore[arg-type]

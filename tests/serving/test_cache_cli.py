@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from serving.cli import app
+from serving.cli.main import app
 from serving.config import ConfigError, load_settings
-from shards import cache
-from shards.bundle import FORMAT_VERSION, MANIFEST_NAME
+from shards.bundle import cache
+from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME
 
 runner = CliRunner()
 

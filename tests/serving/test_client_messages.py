@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from asgi_lifespan import LifespanManager
 
-from serving.app import create_app
-from serving.batcher import Batcher, BatchingPolicy
+from serving.batching.batcher import Batcher, BatchSettings
 from serving.config import Settings
 from serving.errors import BatchFailedError
+from serving.server.app import create_app
 from shards.errors import ResolveError
 from tests.errorcheck import assert_clean_error
 from tests.fakes import WAIT_S, FakeRunner, make_rows
@@ -38,7 +38,7 @@ class CrashingWait:
 
 
 async def test_a_crashed_batcher_tells_clients_the_reason_not_the_exception_text() -> None:
-    batcher = Batcher(FakeRunner().run_batch, BatchingPolicy(max_batch_size=4))
+    batcher = Batcher(FakeRunner().run_batch, BatchSettings(max_batch_size=4))
     await batcher.start()
     batcher._wait = CrashingWait()  # type: ignore[assignment]
     try:
@@ -63,7 +63,7 @@ async def test_a_model_answer_of_the_wrong_type_is_named_by_type_and_logged_whol
     async def wrong(_: dict[str, np.ndarray]) -> Any:
         return [Leaky()]
 
-    batcher = Batcher(wrong, BatchingPolicy(max_batch_size=4, batch_timeout_ms=0))
+    batcher = Batcher(wrong, BatchSettings(max_batch_size=4, batch_timeout_ms=0))
     await batcher.start()
     try:
         with (

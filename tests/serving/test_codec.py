@@ -2,8 +2,8 @@ import numpy as np
 import orjson
 import pytest
 
-from serving.codec import decode_predict, encode_predict
 from serving.errors import InvalidInputError
+from serving.protocols.tfserving.codec import decode_predict, encode_predict
 from shards.signature import ModelSignature, TensorSpec
 
 SINGLE = ModelSignature(

@@ -1,4 +1,4 @@
-"""Queue-full refusals answered in uvicorn's protocol (serving.http_protocol), on a real uvicorn
+"""Queue-full refusals answered in uvicorn's protocol (serving.http.protocol), on a real uvicorn
 server in this event loop: the answer is the app's own 503, the app never sees the request,
 the connection stays usable, and everything the app must answer itself still reaches it."""
 
@@ -14,9 +14,9 @@ import orjson
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from serving.app import create_app
 from serving.config import Settings
-from serving.http_protocol import http_protocol
+from serving.http.protocol import http_protocol
+from serving.server.app import create_app
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner
 from tests.serverproc import free_ports

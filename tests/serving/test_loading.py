@@ -8,8 +8,8 @@ import asyncio
 import httpx
 from asgi_lifespan import LifespanManager
 
-from serving.app import create_app
 from serving.config import Settings
+from serving.server.app import create_app
 from tests.errorcheck import assert_clean_error
 from tests.fakes import WAIT_S, FakeRunner
 

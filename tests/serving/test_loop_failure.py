@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.batcher import LOOP_MAX_RESTARTS
+from serving.batching.batcher import LOOP_MAX_RESTARTS
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner
 from tests.serving.test_app import expected_row, row, serve

@@ -11,9 +11,9 @@ from fakes import FakeRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.config import Settings
-from serving.lifespan import load_model
-from serving.metrics import Metrics
-from serving.state import ServerState
+from serving.server.lifespan import load_model
+from serving.server.metrics import Metrics
+from serving.server.state import ServerState
 
 MiB = 2**20
 

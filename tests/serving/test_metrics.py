@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from serving.metrics import Metrics
-from shards.health import Health
+from serving.server.metrics import Metrics
+from shards.pipeline.health import Health
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

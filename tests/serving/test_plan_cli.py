@@ -7,9 +7,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from serving.cli import app
-from serving.plan_table import plan_rows
-from shards.bundle import read_manifest
+from serving.cli.main import app
+from serving.cli.plan_table import plan_rows
+from shards.bundle.format import read_manifest
 
 runner = CliRunner()
 OPTIONS = [

@@ -10,11 +10,11 @@ import inspect
 from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from serving.app import _untraced
 from serving.config import Settings
-from serving.http_protocol import http_protocol
+from serving.http.protocol import http_protocol
+from serving.server.app import _untraced
 
-_UPGRADE = "pin the version in pyproject.toml or port serving/http_protocol.py to the new API"
+_UPGRADE = "pin the version in pyproject.toml or port serving/http/protocol.py to the new API"
 
 
 def test_uvicorn_calls_start_asgi_task_with_the_cycle() -> None:
@@ -42,13 +42,13 @@ def test_uvicorn_cycle_has_what_the_refusal_sets() -> None:
     used = ("scope", "keep_alive", "response_started", "response_complete", "message_event")
     missing = [name for name in (*used, "on_response") if f"self.{name} =" not in cycle]
     assert missing == [], (
-        f"uvicorn's RequestResponseCycle has no {missing} (serving/http_protocol.py sets or "
+        f"uvicorn's RequestResponseCycle has no {missing} (serving/http/protocol.py sets or "
         f"calls them); {_UPGRADE}"
     )
 
 
 def test_the_protocol_overrides_the_hooks_it_names() -> None:
-    from serving.app import create_app
+    from serving.server.app import create_app
 
     protocol = http_protocol(create_app(Settings(model="fake")))
     assert isinstance(protocol, type) and issubclass(protocol, HttpToolsProtocol)
@@ -62,11 +62,11 @@ def test_fastapi_native_telemetry_says_it_is_off() -> None:
     assert callable(getattr(telemetry, "enabled", None)), (
         "FastAPI's app._native_telemetry.enabled() is gone, so ShardServeApp takes FastAPI's "
         "full stack on every request (and answers no route early); pin fastapi in "
-        "pyproject.toml or port serving/app.py's _untraced to the new API"
+        "pyproject.toml or port serving/server/app.py's _untraced to the new API"
     )
     assert _untraced(app), "FastAPI's _native_telemetry.enabled() is True with no telemetry set"
     caller = inspect.getsource(FastAPI.__call__)
     assert "self._native_telemetry.enabled()" in caller, (
         "FastAPI.__call__ no longer asks self._native_telemetry.enabled(); what ShardServeApp "
-        "skips may have changed: port serving/app.py's __call__"
+        "skips may have changed: port serving/server/app.py's __call__"
     )

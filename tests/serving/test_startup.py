@@ -12,10 +12,10 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from serving.app import create_app
 from serving.config import Settings
-from serving.runner import build_runner
-from shards import runtime
+from serving.server.app import create_app
+from serving.server.runner import build_runner
+from shards import cluster as runtime
 
 # What a fake Ray start waits at most: without the fix the event loop is held this long.
 HOLD_S = 5.0

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from serving.errors import InvalidInputError
-from serving.v2.datatypes import TO_NUMPY
-from serving.v2.tensors import decode_tensor
+from serving.protocols.v2.datatypes import TO_NUMPY
+from serving.protocols.v2.tensors import decode_tensor
 from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, expected_outputs
@@ -117,8 +117,8 @@ async def test_not_ready_while_loading() -> None:
 
     from asgi_lifespan import LifespanManager
 
-    from serving.app import create_app
     from serving.config import Settings
+    from serving.server.app import create_app
 
     app = create_app(Settings(model="fake", batch_timeout_ms=0), slow)
     async with LifespanManager(app) as manager:
@@ -332,7 +332,7 @@ def test_binary_input_is_a_view_of_the_request_bytes() -> None:
 def test_a_repeated_binary_header_reads_each_request_s_own_bytes() -> None:
     """The layout a binary header decides is kept; the tensors are still each body's own,
     and a body whose byte count no longer fits that header is refused as before."""
-    from serving.v2.http_body import parse_infer
+    from serving.protocols.v2.infer_body import parse_infer
 
     sig = MULTI
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -612,7 +612,7 @@ async def test_openapi_documents_the_v2_bodies() -> None:
     infer = doc["paths"]["/v2/models/{name}/infer"]["post"]
     request_schema = infer["requestBody"]["content"]["application/json"]["schema"]
     assert request_schema["required"] == ["inputs"]
-    # Once the model is loaded, the body is the served model's (serving/apidoc_v2.py, checked in
+    # Once the model is loaded, the body is the served model's (serving/openapi/v2.py, checked in
     # tests/serving/test_apidoc.py); the binary extension is described in words.
     assert "Inference-Header-Content-Length" in request_schema["description"]
     assert list(infer["requestBody"]["content"]) == ["application/json"]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from serving.batching_policy import BatchingPolicy, RunTimeModel
-from serving.wait_policy import AutoWait, FixedWait, wait_policy
+from serving.batching.settings import BatchSettings, RunTimeModel
+from serving.batching.wait import AutoWait, FixedWait, wait_policy
 
 
-def _ask(policy: BatchingPolicy, runtime: RunTimeModel, **head: int | float) -> str | None:
+def _ask(policy: BatchSettings, runtime: RunTimeModel, **head: int | float) -> str | None:
     wait = wait_policy(policy, runtime)
     return wait.close_reason(
         policy,
@@ -19,12 +19,12 @@ def _ask(policy: BatchingPolicy, runtime: RunTimeModel, **head: int | float) -> 
 
 def test_the_settings_pick_the_policy() -> None:
     runtime = RunTimeModel()
-    assert isinstance(wait_policy(BatchingPolicy(batch_timeout_ms=5), runtime), FixedWait)
-    assert isinstance(wait_policy(BatchingPolicy(batch_timeout_ms=None), runtime), AutoWait)
+    assert isinstance(wait_policy(BatchSettings(batch_timeout_ms=5), runtime), FixedWait)
+    assert isinstance(wait_policy(BatchSettings(batch_timeout_ms=None), runtime), AutoWait)
 
 
 def test_a_fixed_wait_closes_on_its_timeout_whatever_the_pipeline_does() -> None:
-    policy, runtime = BatchingPolicy(batch_timeout_ms=5), RunTimeModel()
+    policy, runtime = BatchSettings(batch_timeout_ms=5), RunTimeModel()
     assert _ask(policy, runtime, waited_s=0.004, inflight=0) is None
     assert _ask(policy, runtime, waited_s=0.005, inflight=3) == "timeout"
     wait = wait_policy(policy, runtime)
@@ -33,7 +33,7 @@ def test_a_fixed_wait_closes_on_its_timeout_whatever_the_pipeline_does() -> None
 
 
 def test_auto_sends_at_once_to_an_idle_pipeline_and_waits_one_batch_time_when_busy() -> None:
-    policy = BatchingPolicy(
+    policy = BatchSettings(
         batch_timeout_ms=None, max_batch_size=32, max_inflight_batches=3, pipeline_depth=2
     )
     runtime = RunTimeModel()
@@ -48,7 +48,7 @@ def test_auto_sends_at_once_to_an_idle_pipeline_and_waits_one_batch_time_when_bu
 
 
 def test_auto_with_an_slo_shortens_the_wait_and_caps_the_batch() -> None:
-    policy = BatchingPolicy(batch_timeout_ms=None, max_batch_size=32, slo_p99_ms=50)
+    policy = BatchSettings(batch_timeout_ms=None, max_batch_size=32, slo_p99_ms=50)
     runtime = RunTimeModel()
     runtime.observe(4, 0.030, now=100.0)
     runtime.observe(32, 0.080, now=100.0)

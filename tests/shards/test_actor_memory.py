@@ -11,9 +11,9 @@ import keras
 import pytest
 import ray
 
-from shards.actor import ShardActor
-from shards.bundle import Manifest, read_manifest
-from shards.partition import partition_to_bundle
+from shards.actor.stage_actor import ShardActor
+from shards.bundle.format import Manifest, read_manifest
+from shards.partition.cut import partition_to_bundle
 
 MiB = 2**20
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shards.bundle import (
+from shards.bundle.fingerprint import built_with
+from shards.bundle.format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     BundleError,
@@ -23,7 +24,6 @@ from shards.bundle import (
     read_manifest,
     write_manifest,
 )
-from shards.fingerprint import built_with
 from shards.signature import ModelSignature, TensorSpec
 
 
@@ -115,7 +115,7 @@ def test_reading_a_manifest_does_not_import_tensorflow(tmp_path: Path) -> None:
     write_manifest(tmp_path, make_manifest())
     code = (
         "import sys\n"
-        "from shards.bundle import read_manifest\n"
+        "from shards.bundle.format import read_manifest\n"
         f"m = read_manifest({str(tmp_path)!r})\n"
         "print(len(m.stages), 'tensorflow' in sys.modules, 'keras' in sys.modules)\n"
     )
@@ -143,8 +143,8 @@ def test_load_stage_missing_file(tmp_path: Path) -> None:
 
 
 def test_load_stage_reads_only_its_own_file(tmp_path: Path) -> None:
-    from shards.models import build_demo
-    from shards.partition import partition_to_bundle
+    from shards.partition.cut import partition_to_bundle
+    from shards.partition.demo_models import build_demo
 
     manifest = partition_to_bundle(build_demo("demo-tiny"), tmp_path / "b", stages=3)
     for spec in manifest.stages[:2]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shards import cache
-from shards.bundle import FORMAT_VERSION, MANIFEST_NAME
+from shards.bundle import cache
+from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME
 
 
 def fake_bundle(
@@ -32,7 +32,7 @@ def fake_bundle(
 def held_elsewhere(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     """A process that holds bundle ``b`` (as a server does) until its stdin closes."""
     code = (
-        "import sys\nfrom pathlib import Path\nfrom shards.cache import hold\n"
+        "import sys\nfrom pathlib import Path\nfrom shards.bundle.cache import hold\n"
         f"print(hold(Path({str(tmp_path / 'b')!r})), flush=True)\nsys.stdin.read()\n"
     )
     proc = subprocess.Popen(

@@ -16,8 +16,8 @@ import pytest
 from model_zoo import Inputs, call_whole, encoder
 
 from shards.errors import NoHealthyReplicaError
-from shards.partition import partition_to_bundle
-from shards.pipeline import PipelineGroup, PipelineOptions
+from shards.partition.cut import partition_to_bundle
+from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
 
 Case = tuple[Path, keras.Model, Inputs]
 
@@ -39,7 +39,7 @@ async def test_compiled_graph_matches_the_whole_model_past_its_capacity(
 ) -> None:
     bundle, model, inputs = encoder_case
     options = PipelineOptions(batch_sizes=(1, 3), compiled_graph=True, max_inflight_per_replica=2)
-    group = await PipelineGroup.create(bundle, options)
+    group = await ReplicaSet.create(bundle, options)
     try:
         assert all(p.compiled is not None for p in group._pipelines)
         # 6 batches at once through a graph that holds 2: the rest wait, none fails.
@@ -63,9 +63,7 @@ async def test_a_failing_batch_leaves_the_graph_serving(
     ray_address: str, encoder_case: Case
 ) -> None:
     bundle, model, inputs = encoder_case
-    group = await PipelineGroup.create(
-        bundle, PipelineOptions(batch_sizes=(3,), compiled_graph=True)
-    )
+    group = await ReplicaSet.create(bundle, PipelineOptions(batch_sizes=(3,), compiled_graph=True))
     try:
         name = next(iter(inputs))
         bad = {**inputs, name: np.zeros((3, 1, 1, 1), np.float32)}  # the wrong rank
@@ -86,7 +84,7 @@ async def test_a_killed_stage_actor_gets_its_replica_rebuilt(
     options = PipelineOptions(
         batch_sizes=(3,), compiled_graph=True, max_restarts=0, batch_hard_timeout_s=10.0
     )
-    group = await PipelineGroup.create(bundle, options)
+    group = await ReplicaSet.create(bundle, options)
     try:
         victim = (await group.describe())[1]["pid"]
         os.kill(victim, signal.SIGKILL)

@@ -6,7 +6,7 @@ import pytest
 import ray.exceptions as rex
 
 from shards.errors import ModelError, ReplicaLostError, StageTimeoutError
-from shards.faults import Watchdog, is_replica_fault, translate
+from shards.pipeline.faults import Watchdog, is_replica_fault, translate
 
 
 class InvalidArgumentError(Exception):

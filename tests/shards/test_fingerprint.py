@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import shards
-from shards import fingerprint
-from shards.fingerprint import model_sha256, partitioner_modules, partitioner_sha256
+from shards.bundle import fingerprint
+from shards.bundle.fingerprint import model_sha256, partitioner_modules, partitioner_sha256
 
 PACKAGE = Path(shards.__file__).parent
 
@@ -90,8 +90,22 @@ def test_a_same_size_rewrite_with_its_old_mtime_is_seen(
 
 def test_partitioner_modules_are_what_plans_and_cuts() -> None:
     modules = set(partitioner_modules())
-    assert {"partition", "graph", "plan", "memory", "masking", "bundle", "models"} <= modules
-    assert not {"actor", "pipeline", "runtime", "resolve", "cache"} & modules
+    assert {
+        "partition.cut",
+        "partition.graph",
+        "partition.plan",
+        "partition.memory",
+        "partition.masking",
+        "bundle.format",
+        "partition.demo_models",
+    } <= modules
+    assert not {
+        "actor.stage_actor",
+        "pipeline.replica_set",
+        "cluster",
+        "bundle.resolve",
+        "bundle.cache",
+    } & modules
 
 
 def test_partitioner_digest_follows_its_source_only(tmp_path: Path) -> None:
@@ -99,9 +113,9 @@ def test_partitioner_digest_follows_its_source_only(tmp_path: Path) -> None:
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     before = partitioner_sha256(copy)
     assert before == partitioner_sha256(PACKAGE)
-    with (copy / "actor.py").open("a") as f:
+    with (copy / "actor" / "stage_actor.py").open("a") as f:
         f.write("# not the partitioner\n")
     assert partitioner_sha256.__wrapped__(copy) == before
-    with (copy / "graph.py").open("a") as f:
+    with (copy / "partition" / "graph.py").open("a") as f:
         f.write("# a change to how models are cut\n")
     assert partitioner_sha256.__wrapped__(copy) != before

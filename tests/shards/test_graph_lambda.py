@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from serving.cli import app
-from shards.bundle import BundleError
-from shards.graph import PartitionError
-from shards.partition import partition_to_bundle, run_chain
-from shards.pipeline import PipelineGroup, PipelineOptions, PipelineStartError
+from serving.cli.main import app
+from shards.bundle.format import BundleError
+from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.graph import PartitionError
+from shards.pipeline.replica_set import PipelineOptions, PipelineStartError, ReplicaSet
 
 ROWS = np.random.default_rng(15).normal(size=(3, 4)).astype("float32")
 
@@ -79,11 +79,11 @@ async def test_shard_actors_load_a_lambda_stage_only_with_the_flag(
     model = lambda_model()
     partition_to_bundle(model, tmp_path / "b", stages=2)
     with pytest.raises(PipelineStartError, match="--unsafe-deserialization"):
-        await PipelineGroup.create(
+        await ReplicaSet.create(
             tmp_path / "b", PipelineOptions(batch_sizes=(3,), cpus_per_shard=0.5, max_restarts=0)
         )
     options = PipelineOptions(batch_sizes=(3,), cpus_per_shard=0.5, unsafe_deserialization=True)
-    group = await PipelineGroup.create(tmp_path / "b", options)
+    group = await ReplicaSet.create(tmp_path / "b", options)
     try:
         out = await group.run({"x": ROWS})
     finally:

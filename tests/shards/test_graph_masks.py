@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from model_zoo import Inputs, call_whole
 
-from shards.bundle import read_manifest
-from shards.graph import analyse
-from shards.partition import partition_to_bundle, run_chain
-from shards.pipeline import PipelineGroup, PipelineOptions
+from shards.bundle.format import read_manifest
+from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.graph import analyse
+from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
 
 TOLERANCE = 1e-4
 SEQ = 7
@@ -106,7 +106,7 @@ async def test_mask_crosses_shard_actors(ray_address: str, tmp_path: Path) -> No
     nodes = [n.name for n in analyse(model).nodes]
     partition_to_bundle(model, tmp_path / "b", stages=3)
     assert len(read_manifest(tmp_path / "b").stages) == 3 <= len(nodes)
-    group = await PipelineGroup.create(
+    group = await ReplicaSet.create(
         tmp_path / "b", PipelineOptions(batch_sizes=(3,), cpus_per_shard=0.5)
     )
     try:

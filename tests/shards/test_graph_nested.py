@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from model_zoo import Inputs, call_whole
 
-from shards.bundle import read_manifest
-from shards.graph import PartitionError, analyse
-from shards.partition import partition_to_bundle, run_chain
-from shards.pipeline import PipelineGroup, PipelineOptions
+from shards.bundle.format import read_manifest
+from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.graph import PartitionError, analyse
+from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
 
 TOLERANCE = 1e-4
 
@@ -121,7 +121,7 @@ async def test_wrapped_resnet50_through_shard_actors(ray_address: str, tmp_path:
     model, inputs = wrapped_resnet50()
     partition_to_bundle(model, tmp_path / "b", stages=4)
     assert len(read_manifest(tmp_path / "b").stages) == 4
-    group = await PipelineGroup.create(
+    group = await ReplicaSet.create(
         tmp_path / "b", PipelineOptions(batch_sizes=(2,), cpus_per_shard=0.5)
     )
     try:

@@ -1,4 +1,4 @@
-"""``PipelineGroup.run``'s retry rules over fake replicas: pure asyncio, no Ray started.
+"""``ReplicaSet.run``'s retry rules over fake replicas: pure asyncio, no Ray started.
 
 A replica fault is retried once on another healthy replica; a batch that only waited behind the
 cause (a victim) is retried without counting; where no other replica is healthy nothing waits
@@ -25,10 +25,10 @@ from shards.errors import (
     RunError,
     StageTimeoutError,
 )
-from shards.faults import Watchdog
-from shards.health import ReplicaState
-from shards.options import PipelineOptions
-from shards.pipeline import PipelineGroup, _Layout
+from shards.pipeline.faults import Watchdog
+from shards.pipeline.health import ReplicaState
+from shards.pipeline.options import PipelineOptions
+from shards.pipeline.replica_set import ReplicaSet, _Layout
 from shards.signature import ModelSignature, TensorSpec
 
 SIGNATURE = ModelSignature(
@@ -55,7 +55,7 @@ class Script:
 
 
 class FakeReplica:
-    """What ``PipelineGroup`` uses of ``shards.replica.Pipeline``. Its recovery's probe waits
+    """What ``ReplicaSet`` uses of ``shards.pipeline.replica.Replica``. Its recovery's probe waits
     for ``recovered``; ``close`` fails the batches still running, as killing actors does."""
 
     compiled = None
@@ -119,11 +119,11 @@ def hung() -> StageTimeoutError:
     return StageTimeoutError("the batch ran past the watchdog's limit of 5 s")
 
 
-def make_group(script: Script, replicas: int = 1) -> tuple[PipelineGroup, list[FakeReplica]]:
+def make_group(script: Script, replicas: int = 1) -> tuple[ReplicaSet, list[FakeReplica]]:
     fakes = [FakeReplica(f"r{i}", script) for i in range(replicas)]
     manifest = SimpleNamespace(signature=SIGNATURE, stages=(None,))
     layout = _Layout((), {}, [], cast(Any, SimpleNamespace(gpus=0.0)), PipelineOptions(), 2)
-    group = PipelineGroup(cast(Any, manifest), cast(Any, fakes), layout, start_s=START_S)
+    group = ReplicaSet(cast(Any, manifest), cast(Any, fakes), layout, start_s=START_S)
     return group, fakes
 
 

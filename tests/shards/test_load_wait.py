@@ -15,11 +15,11 @@ import ray
 from asgi_lifespan import LifespanManager
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from serving.app import create_app
 from serving.config import Settings
-from shards.models import demo_tiny
-from shards.partition import partition_to_bundle
-from shards.runtime import pending_placement, resolve_bundle_remote
+from serving.server.app import create_app
+from shards.cluster import pending_placement, resolve_bundle_remote
+from shards.partition.cut import partition_to_bundle
+from shards.partition.demo_models import demo_tiny
 
 # Long enough for the resolve task (a bundle directory: no TensorFlow) and a few looks of the
 # load's watcher on a busy machine; the test's own time is about this.

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from shards.models import DEMO_MODELS, build_demo
+from shards.partition.demo_models import DEMO_MODELS, build_demo
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -39,7 +39,7 @@ def test_weights_do_not_depend_on_global_random_state() -> None:
 def test_another_process_builds_the_same_weights() -> None:
     code = (
         "import hashlib, numpy as np\n"
-        "from shards.models import build_demo\n"
+        "from shards.partition.demo_models import build_demo\n"
         "d = hashlib.sha256()\n"
         "for w in build_demo('demo-tiny').get_weights():\n"
         "    d.update(np.ascontiguousarray(w).tobytes())\n"

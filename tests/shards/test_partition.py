@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from model_zoo import ZOO, call_whole, multi_io, residual, sequential
 
-from shards.bundle import read_manifest
-from shards.graph import PartitionError, analyse
-from shards.partition import partition_to_bundle, run_chain
-from shards.plan import PlanError
+from shards.bundle.format import read_manifest
+from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.graph import PartitionError, analyse
+from shards.partition.plan import PlanError
 
 TOLERANCE = 1e-5
 

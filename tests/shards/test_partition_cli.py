@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from serving.cli import app
+from serving.cli.main import app
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""PipelineGroup on the session Ray (4 logical CPUs, 0 GPUs): exact outputs through chained
+"""ReplicaSet on the session Ray (4 logical CPUs, 0 GPUs): exact outputs through chained
 stages, stages overlapping in time, surviving a killed shard, replicas, clear placement errors,
 stage files shipped to actors that lack them, a close that cannot hang."""
 
@@ -25,18 +25,18 @@ import pytest
 import ray
 from model_zoo import Inputs, call_whole, encoder, sequential
 
-import shards.pipeline
-import shards.replica
-from shards.bundle import Manifest, read_manifest
-from shards.partition import partition_to_bundle
-from shards.pipeline import (
+import shards.pipeline.replica
+import shards.pipeline.replica_set
+from shards.bundle.format import Manifest, read_manifest
+from shards.bundle.shipping import ShippedStage, ship_bundle, stages_off_node
+from shards.partition.cut import partition_to_bundle
+from shards.pipeline.replica_set import (
     InsufficientResourcesError,
-    Pipeline,
-    PipelineGroup,
     PipelineOptions,
     PipelineStartError,
+    Replica,
+    ReplicaSet,
 )
-from shards.shipping import ShippedStage, ship_bundle, stages_off_node
 
 Case = tuple[Path, keras.Model, Inputs]
 
@@ -65,7 +65,7 @@ def _assert_matches(out: dict[str, np.ndarray], expected: dict[str, np.ndarray])
 
 async def test_two_stages_match_the_whole_model(ray_address: str, seq_case: Case) -> None:
     bundle, model, inputs = seq_case
-    group = await PipelineGroup.create(bundle, PipelineOptions(batch_sizes=(3,)))
+    group = await ReplicaSet.create(bundle, PipelineOptions(batch_sizes=(3,)))
     try:
         out = await group.run(inputs)
         infos = await group.describe()
@@ -87,7 +87,7 @@ async def test_model_input_routed_past_stage_0_to_stage_1(
     # The mask is a model input that the last stage reads directly, not through stage 0.
     assert "mask" in [t.name for t in stages[1].inputs]
     assert "mask" not in [t.name for t in stages[0].outputs]
-    group = await PipelineGroup.create(bundle, PipelineOptions(batch_sizes=(3,)))
+    group = await ReplicaSet.create(bundle, PipelineOptions(batch_sizes=(3,)))
     try:
         out = await group.run(inputs)
     finally:
@@ -97,11 +97,11 @@ async def test_model_input_routed_past_stage_0_to_stage_1(
 
 
 def test_ray_says_when_a_return_exists_without_fetching_it(ray_address: str) -> None:
-    # The hook the watchdog's clock starts a batch by (shards.replica): without it the clock
+    # The hook the watchdog's clock starts a batch by (shards.pipeline.replica): without it the clock
     # falls back to starting when the batch ahead is done, and nothing else would fail.
-    assert shards.replica._ON_READY, (
+    assert shards.pipeline.replica._ON_READY, (
         "ray.ObjectRef._on_ready is gone from this Ray; pin ray in pyproject.toml or port "
-        "shards/replica.py's _set_when_ready to the new API"
+        "shards/pipeline/replica.py's _set_when_ready to the new API"
     )
     ready = threading.Event()
     ref = ray.put(np.zeros(4))
@@ -122,7 +122,7 @@ async def test_stages_work_on_different_batches_at_the_same_time(
     options = PipelineOptions(
         batch_sizes=(3,), simulate_device_ms=100.0, batch_hard_timeout_s=0.6, max_restarts=0
     )
-    group = await PipelineGroup.create(bundle, options)
+    group = await ReplicaSet.create(bundle, options)
     try:
         await asyncio.gather(*(group.run(inputs) for _ in range(8)))
         stats = {s["stage_index"]: s["intervals"] for s in await group.stats()}
@@ -147,7 +147,7 @@ async def test_killed_shard_costs_latency_not_requests(
     ray_address: str, seq_case: Case, caplog: pytest.LogCaptureFixture
 ) -> None:
     bundle, model, inputs = seq_case
-    group = await PipelineGroup.create(bundle, PipelineOptions(replicas=2, batch_sizes=(1,)))
+    group = await ReplicaSet.create(bundle, PipelineOptions(replicas=2, batch_sizes=(1,)))
     rows = [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(3)] * 8
     expected = [call_whole(model, r) for r in rows]
     infos = await group.describe()
@@ -185,7 +185,7 @@ async def test_killed_shard_costs_latency_not_requests(
 
 async def test_batches_spread_over_both_replicas(ray_address: str, seq_case: Case) -> None:
     bundle, model, inputs = seq_case
-    group = await PipelineGroup.create(bundle, PipelineOptions(replicas=2, batch_sizes=(3,)))
+    group = await ReplicaSet.create(bundle, PipelineOptions(replicas=2, batch_sizes=(3,)))
     try:
         outs = await asyncio.gather(*(group.run(inputs) for _ in range(6)))
         stats = await group.stats()
@@ -211,7 +211,7 @@ async def test_missing_resources_raise_instead_of_hanging(
     ray_address: str, seq_case: Case, options: PipelineOptions, needed: str
 ) -> None:
     with pytest.raises(InsufficientResourcesError, match=needed):
-        await PipelineGroup.create(seq_case[0], options)
+        await ReplicaSet.create(seq_case[0], options)
 
     assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
 
@@ -224,7 +224,7 @@ async def test_placement_that_cannot_be_met_now_times_out_clearly(
     await blocker.ready()
     try:
         with pytest.raises(PipelineStartError, match=r"not ready after 0\.5 s"):
-            await PipelineGroup.create(seq_case[0], PipelineOptions(ready_timeout_s=0.5))
+            await ReplicaSet.create(seq_case[0], PipelineOptions(ready_timeout_s=0.5))
     finally:
         ray.util.remove_placement_group(blocker)
 
@@ -237,7 +237,7 @@ async def test_broken_stage_file_names_the_stage(
     (bundle / read_manifest(bundle).stages[1].file).write_bytes(b"not a keras file")
 
     with pytest.raises(PipelineStartError, match="stage 1 of replica 0"):
-        await PipelineGroup.create(bundle, PipelineOptions(max_restarts=0))
+        await ReplicaSet.create(bundle, PipelineOptions(max_restarts=0))
 
 
 async def test_stage_file_removed_after_the_driver_read_it_is_shipped(
@@ -254,11 +254,11 @@ async def test_stage_file_removed_after_the_driver_read_it_is_shipped(
         (bundle_dir / manifest.stages[1].file).unlink()
         return shipped
 
-    monkeypatch.setattr(shards.pipeline, "ship_bundle", ship_then_lose_stage_1)
+    monkeypatch.setattr(shards.pipeline.replica_set, "ship_bundle", ship_then_lose_stage_1)
     options = PipelineOptions(
         batch_sizes=(3,), ship_stages=True, stage_cache_dir=str(tmp_path / "cache")
     )
-    group = await PipelineGroup.create(copy, options)
+    group = await ReplicaSet.create(copy, options)
     try:
         out = await group.run(inputs)
         infos = await group.describe()
@@ -304,15 +304,15 @@ class _FakeGroup:
     bundle_count = 2
 
 
-def _fake_pipeline() -> Pipeline:
-    return Pipeline(["actor-0", "actor-1"], (), {}, _FakeGroup())  # type: ignore[arg-type]
+def _fake_pipeline() -> Replica:
+    return Replica(["actor-0", "actor-1"], (), {}, _FakeGroup())  # type: ignore[arg-type]
 
 
 def test_close_gives_up_on_a_ray_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     unblock, released = threading.Event(), threading.Event()
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "kill", lambda actor, no_restart: unblock.wait())
-    monkeypatch.setattr(shards.replica, "remove_placement_group", lambda _: released.set())
+    monkeypatch.setattr(shards.pipeline.replica, "remove_placement_group", lambda _: released.set())
     try:
         assert _fake_pipeline().close(timeout_s=0.05) is False
     finally:
@@ -331,7 +331,7 @@ def test_close_logs_failures_and_still_frees_the_placement_group(
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "kill", kill)
-    monkeypatch.setattr(shards.replica, "remove_placement_group", removed.append)
+    monkeypatch.setattr(shards.pipeline.replica, "remove_placement_group", removed.append)
     pipeline = _fake_pipeline()
 
     assert pipeline.close() is True
@@ -346,14 +346,14 @@ _GPU_SCRIPT = """
 import asyncio, json, sys
 import numpy as np
 import ray
-from shards.models import build_demo
-from shards.partition import partition_to_bundle
-from shards.pipeline import PipelineGroup, PipelineOptions
+from shards.partition.demo_models import build_demo
+from shards.partition.cut import partition_to_bundle
+from shards.pipeline.replica_set import ReplicaSet, PipelineOptions
 
 async def main():
     model = build_demo("demo-tiny")
     partition_to_bundle(model, sys.argv[1], stages=2)
-    group = await PipelineGroup.create(sys.argv[1], PipelineOptions(gpus_per_shard=1))
+    group = await ReplicaSet.create(sys.argv[1], PipelineOptions(gpus_per_shard=1))
     try:
         specs = group.signature.inputs
         rng = np.random.default_rng(0)

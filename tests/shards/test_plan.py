@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from shards.plan import (
+from shards.partition.plan import (
     FLOPS_PER_WEIGHT_BYTE,
     NodeCost,
     PlanError,

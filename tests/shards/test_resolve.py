@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-import shards.partition
-import shards.resolve
-from shards import cache
-from shards.bundle import read_manifest
-from shards.fingerprint import built_with
-from shards.models import DEMO_MODELS, build_demo
-from shards.partition import partition_to_bundle, run_chain
-from shards.resolve import DEMO_NAMES, ResolveError, resolve_bundle
+import shards.bundle.resolve
+import shards.partition.cut
+from shards.bundle import cache
+from shards.bundle.fingerprint import built_with
+from shards.bundle.format import read_manifest
+from shards.bundle.resolve import DEMO_NAMES, ResolveError, resolve_bundle
+from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.demo_models import DEMO_MODELS, build_demo
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def partition_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         calls.append(args[0])
         return partition_to_bundle(*args, **kwargs)
 
-    monkeypatch.setattr(shards.partition, "partition_to_bundle", counting)
+    monkeypatch.setattr(shards.partition.cut, "partition_to_bundle", counting)
     return calls
 
 
@@ -118,7 +118,7 @@ def test_a_bundle_cut_by_other_code_is_not_reused(
 ) -> None:
     first = resolve_bundle("demo-tiny", stages=2, max_stage_bytes=None, cache_dir=tmp_path)
     other = {**built_with(), part: "other"}
-    monkeypatch.setattr(shards.resolve, "built_with", lambda: other)
+    monkeypatch.setattr(shards.bundle.resolve, "built_with", lambda: other)
     second = resolve_bundle("demo-tiny", stages=2, max_stage_bytes=None, cache_dir=tmp_path)
     assert second != first
     assert len(partition_calls) == 2

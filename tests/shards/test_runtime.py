@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shards import cache
-from shards.bundle import read_manifest
-from shards.runtime import (
+from shards.bundle import cache
+from shards.bundle.format import read_manifest
+from shards.cluster import (
     cluster_summary,
     connect,
     cpus_per_stage,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from shards.errors import PartitionError
-from shards.savedmodel import read_savedmodel
+from shards.partition.savedmodel import read_savedmodel
 
 
 def _save(path: Path, spec: Any, key: str = "serving_default") -> None:

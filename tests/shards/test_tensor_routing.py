@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from model_zoo import Inputs, call_whole
 
-from shards.bundle import Manifest, read_manifest
-from shards.partition import partition_to_bundle
-from shards.pipeline import PipelineGroup, PipelineOptions
+from shards.bundle.format import Manifest, read_manifest
+from shards.partition.cut import partition_to_bundle
+from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
+from shards.pipeline.routes import plan_routes
 from shards.signature import TensorSpec
-from shards.tensor_routes import plan_routes
 
 Case = tuple[Path, keras.Model, Inputs]
 ROWS = 4
@@ -54,7 +54,7 @@ def _nbytes(specs: tuple[TensorSpec, ...], itemsize: int | None = None) -> int:
 
 
 async def _run(bundle: Path, inputs: Inputs, **options: Any) -> tuple[dict[str, Any], list[Any]]:
-    group = await PipelineGroup.create(bundle, PipelineOptions(batch_sizes=(ROWS,), **options))
+    group = await ReplicaSet.create(bundle, PipelineOptions(batch_sizes=(ROWS,), **options))
     try:
         out = await group.run(inputs)
         pipeline = group._pipelines[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shards.tflog import filter_lines, tf_log_level
+from shards.actor.tflog import filter_lines, tf_log_level
 
 SHARDSERVE = str(Path(sys.executable).parent / "shardserve")
 ABSL_RECORD = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] ", re.MULTILINE)

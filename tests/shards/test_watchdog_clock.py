@@ -1,4 +1,4 @@
-"""The watchdog's clock on one replica (``shards.replica.Pipeline``) over a fake compiled graph:
+"""The watchdog's clock on one replica (``shards.pipeline.replica.Replica``) over a fake compiled graph:
 pure asyncio, no Ray started. A batch is timed from when its first stage starts it, so time it
 queued behind other batches never counts against it."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from shards.errors import StageTimeoutError
-from shards.faults import Watchdog
-from shards.replica import Pipeline
+from shards.pipeline.faults import Watchdog
+from shards.pipeline.replica import Replica
 
 LIMIT_S = 0.05  # a 1-row batch's limit; a 2-row batch's is 10 s
 
@@ -32,8 +32,8 @@ class FakeGraph:
             return {}
 
 
-def replica(capacity: int, *holds: asyncio.Future[None]) -> Pipeline:
-    pipeline = Pipeline([], (), {}, cast(Any, None))
+def replica(capacity: int, *holds: asyncio.Future[None]) -> Replica:
+    pipeline = Replica([], (), {}, cast(Any, None))
     pipeline.compiled = cast(Any, FakeGraph(capacity, list(holds)))
     return pipeline
 
