@@ -18,12 +18,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from serving.batching.poison import Outcome, RunBatch, isolation_depth, settle
+from serving.batching.record import BatchRecord
 from serving.batching.rows import PendingRequest, QueueKey, RowQueues, Segment, row_count
 from serving.batching.settings import BatchSettings, RunTimeModel
 from serving.batching.wait import WaitPolicy, wait_policy
@@ -36,7 +36,7 @@ from serving.errors import (
     ShardServeError,
 )
 
-__all__ = ["BatchRecord", "BatchSettings", "Batcher", "RunBatch"]
+__all__ = ["BatchSettings", "Batcher", "RunBatch"]
 
 log = logging.getLogger("shardserve")
 
@@ -45,17 +45,6 @@ _SHUTTING_DOWN = "server is shutting down"
 # cannot fix: past this many restarts in the window the batcher stays down and readiness says so.
 LOOP_MAX_RESTARTS = 3
 LOOP_CRASH_WINDOW_S = 60.0
-
-
-@dataclass(frozen=True)
-class BatchRecord:
-    size: int
-    padded_size: int
-    reason: str  # "full" | "timeout" | "flush" | "idle" | "target"
-    queue_wait_s: float
-    run_s: float
-    ok: bool  # every row answered by the first run
-    isolated: int = 0  # requests failed alone after splitting the batch to find them
 
 
 class Batcher:

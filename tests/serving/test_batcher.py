@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import serving.batching.batcher
-from serving.batching.batcher import LOOP_MAX_RESTARTS, Batcher, BatchRecord, BatchSettings
+from serving.batching.batcher import LOOP_MAX_RESTARTS, Batcher, BatchSettings
+from serving.batching.record import BatchRecord
 from serving.errors import (
     BatchFailedError,
     DeadlineExceededError,
