@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from serving.batching.cost import RunTimeModel
 from serving.batching.poison import Outcome, RunBatch, isolation_depth, settle
 from serving.batching.record import BatchRecord
 from serving.batching.rows import PendingRequest, QueueKey, RowQueues, Segment, row_count
-from serving.batching.settings import BatchSettings, RunTimeModel
+from serving.batching.settings import BatchSettings
 from serving.batching.wait import WaitPolicy, wait_policy
 from serving.errors import (
     BatchFailedError,

@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from serving.batching.settings import BatchSettings, RunTimeModel
+from serving.batching.cost import RunTimeModel
+from serving.batching.settings import BatchSettings
 
 __all__ = ["AutoWait", "FixedWait", "WaitPolicy", "wait_policy"]
 

@@ -103,7 +103,7 @@ class ShardActor:
         self._compute_total_s = 0.0
         self._last_compute_ms = 0.0
         # Per batch row count: [EWMA of compute ms, batches]; the server's batching policy
-        # predicts from it (serving.batching.settings.RunTimeModel.observe_compute).
+        # predicts from it (serving.batching.cost.RunTimeModel.observe_compute).
         self._compute_by_rows: dict[int, list[float]] = {}
         self._intervals: deque[tuple[float, float]] = deque(maxlen=INTERVAL_LOG_SIZE)
         for size in sizes:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from serving.batching.settings import BatchSettings, RunTimeModel
+from serving.batching.cost import RunTimeModel
+from serving.batching.settings import BatchSettings
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from serving.batching.settings import BatchSettings, RunTimeModel
+from serving.batching.cost import RunTimeModel
+from serving.batching.settings import BatchSettings
 from serving.batching.wait import AutoWait, FixedWait, wait_policy
 
 
