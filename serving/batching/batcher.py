@@ -4,8 +4,10 @@ Rows, not requests, are the unit: a request of n rows takes n slots and may be s
 batches. Rows wait in one FIFO queue per input signature (per-row shapes and dtypes), so rows
 that cannot be stacked never share a batch. A batch closes when it is full or when its oldest
 row has waited as long as its wait policy allows (``serving.batching.wait``);
-up to ``max_inflight_batches`` batches run at once so that pipeline stages overlap. Every request
-is answered exactly once: with its rows' outputs, or with one error from ``serving.errors``.
+up to ``max_inflight_batches`` batches run at once so that pipeline stages overlap
+(``serving.batching.dispatch`` sends and runs them). Every request is answered exactly once: with
+its rows' outputs, or with one error from ``serving.errors``. This module is the batcher's face
+(submit, reconfigure, stop) and its loop, restarted after a crash.
 Pure asyncio and numpy: no Ray, no TensorFlow, no HTTP.
 """
 
@@ -23,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from serving.batching.cost import RunTimeModel
-from serving.batching.poison import Outcome, RunBatch, isolation_depth, settle
+from serving.batching.dispatch import SHUTTING_DOWN, Dispatcher
+from serving.batching.poison import RunBatch
 from serving.batching.record import BatchRecord
-from serving.batching.rows import PendingRequest, QueueKey, RowQueues, Segment, row_count
+from serving.batching.rows import PendingRequest, RowQueues, Segment, row_count
 from serving.batching.settings import BatchSettings
 from serving.batching.wait import WaitPolicy, wait_policy
 from serving.errors import (
@@ -41,7 +44,6 @@ __all__ = ["BatchSettings", "Batcher", "RunBatch"]
 
 log = logging.getLogger("shardserve")
 
-_SHUTTING_DOWN = "server is shutting down"
 # A loop that crashed is started again, but one that keeps crashing has a bug that restarts
 # cannot fix: past this many restarts in the window the batcher stays down and readiness says so.
 LOOP_MAX_RESTARTS = 3
@@ -57,14 +59,9 @@ class Batcher:
         on_batch: Callable[[BatchRecord], None] | None = None,
         on_reject: Callable[[str], None] | None = None,
     ) -> None:
-        self._run_batch = run_batch
         self._policy = policy
-        self._on_batch = on_batch
         self._on_reject = on_reject
         self._queues = RowQueues()
-        self._inflight = 0
-        self._inflight_rows = 0
-        self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._accepting = False
@@ -74,6 +71,9 @@ class Batcher:
         self._failure: str | None = None
         self._runtime = RunTimeModel()
         self._wait: WaitPolicy = wait_policy(policy, self._runtime)
+        self._dispatcher = Dispatcher(
+            run_batch, self._queues, self._runtime, self._wake, self._fail_segments, on_batch
+        )
 
     @property
     def policy(self) -> BatchSettings:
@@ -85,13 +85,13 @@ class Batcher:
 
     @property
     def inflight_batches(self) -> int:
-        return self._inflight
+        return self._dispatcher.inflight
 
     @property
     def effective_wait_ms(self) -> float:
         """The longest a queue head now waits for rows, by the policy in force."""
         rows = max(1, self._queues.rows)
-        return self._wait.wait_s(self._policy, rows, self._inflight) * 1000
+        return self._wait.wait_s(self._policy, rows, self._dispatcher.inflight) * 1000
 
     @property
     def failure(self) -> str | None:
@@ -144,7 +144,7 @@ class Batcher:
             if self._failure is not None:
                 raise NotReadyError(self._failure)
             self._reject("shutdown")
-            raise NotReadyError(_SHUTTING_DOWN)
+            raise NotReadyError(SHUTTING_DOWN)
         rows = row_count(inputs)
         policy = self._policy
         if rows > policy.max_queue_rows:
@@ -239,8 +239,10 @@ class Batcher:
         try:
             while True:
                 self._wake.clear()
-                wake_at = self._dispatch_ready(time.monotonic())
-                if self._draining and not self._queues and self._inflight == 0:
+                wake_at = self._dispatcher.dispatch_ready(
+                    time.monotonic(), self._policy, self._wait, draining=self._draining
+                )
+                if self._draining and not self._queues and self._dispatcher.inflight == 0:
                     return
                 timer = None
                 if wake_at is not None:
@@ -260,105 +262,6 @@ class Batcher:
                 )
             )
             raise
-
-    def _dispatch_ready(self, now: float) -> float | None:
-        """Send every batch that may go now; return when the next timeout falls due, if any."""
-        policy = self._policy
-        while self._inflight < policy.max_inflight_batches:
-            ready: tuple[float, QueueKey, str, int] | None = None
-            for key, oldest, rows in self._queues.heads():
-                reason = self._close_reason(oldest, rows, now, policy)
-                if reason is not None and (ready is None or oldest < ready[0]):
-                    ready = (oldest, key, reason, rows)  # oldest head first: served fairly
-            if ready is None:
-                break
-            self._dispatch(ready[1], ready[0], ready[2], now, policy, queued=ready[3])
-        if self._inflight >= policy.max_inflight_batches:
-            return None  # a finishing batch, a submit or a reconfigure wakes the loop
-        return min(
-            (
-                old + self._wait.wait_s(policy, n, self._inflight)
-                for _, old, n in self._queues.heads()
-            ),
-            default=None,
-        )
-
-    def _close_reason(
-        self, oldest: float, rows: int, now: float, policy: BatchSettings
-    ) -> str | None:
-        if rows >= policy.max_batch_size:
-            return "full"
-        if self._draining:
-            return "flush"
-        return self._wait.close_reason(
-            policy,
-            rows=rows,
-            waited_s=now - oldest,
-            inflight_batches=self._inflight,
-            outstanding_rows=self._inflight_rows + self._queues.rows,
-        )
-
-    def _dispatch(
-        self,
-        key: QueueKey,
-        oldest: float,
-        reason: str,
-        now: float,
-        policy: BatchSettings,
-        *,
-        queued: int,
-    ) -> None:
-        limit = self._wait.batch_limit(policy, now - oldest, now, queued)
-        segments = self._queues.take(key, limit)
-        rows = sum(count for _, _, count in segments)
-        alone = self._inflight == 0
-        self._inflight += 1
-        self._inflight_rows += rows
-        task = asyncio.create_task(
-            self._run(segments, rows, reason, now - oldest, policy, alone=alone)
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run(
-        self,
-        segments: list[Segment],
-        rows: int,
-        reason: str,
-        queue_wait_s: float,
-        policy: BatchSettings,
-        *,
-        alone: bool = False,
-    ) -> None:
-        padded = policy.padded_size(rows)
-        started = time.monotonic()
-        outcome = Outcome()
-        try:
-            await settle(
-                self._run_batch, segments, policy, isolation_depth(segments), outcome,
-                self._fail_segments,
-            )  # fmt: skip
-        except BaseException:
-            self._fail_segments(
-                segments, NotReadyError(f"{_SHUTTING_DOWN}: the batch was cancelled")
-            )
-            raise
-        finally:
-            run_s = time.monotonic() - started
-            # Decrement before waking the loop so that it sees the free slot.
-            self._inflight -= 1
-            self._inflight_rows -= rows
-            if outcome.clean:
-                self._runtime.observe(padded, run_s, now=started + run_s, alone=alone)
-            self._wake.set()
-            record = BatchRecord(
-                rows, padded, reason, queue_wait_s, run_s, outcome.clean, outcome.isolated
-            )
-            if self._on_batch is not None:
-                try:
-                    self._on_batch(record)
-                except Exception:
-                    log.exception("on_batch callback failed")
 
     # --- answering requests
 
@@ -393,14 +296,14 @@ class Batcher:
         if self._loop_task is not None:
             self._loop_task.cancel()
         queued = self._queues.requests()
-        self._fail_queued(NotReadyError(_SHUTTING_DOWN))
+        self._fail_queued(NotReadyError(SHUTTING_DOWN))
         for _ in queued:
             self._reject("shutdown")
-        for task in list(self._tasks):
+        for task in list(self._dispatcher.tasks):
             task.cancel()
 
     async def _abort_and_wait(self) -> None:
-        pending = [*self._tasks, *([self._loop_task] if self._loop_task else [])]
+        pending = [*self._dispatcher.tasks, *([self._loop_task] if self._loop_task else [])]
         self._abort()
         # Cancelled batches fail their rows in their own ``finally``; let them get there.
         await asyncio.gather(*pending, return_exceptions=True)
