@@ -25,10 +25,10 @@ from pathlib import Path
 
 import orjson
 
-from bench import batching, chaos, datapath, looplag, memory, overload, protocols
-from bench.load import WRK_INSTALL_HINT, have_wrk
-from bench.report import machine, plot, render
-from bench.run import Plan, run_plan
+from bench.load.loops import WRK_INSTALL_HINT, have_wrk
+from bench.suites import batching, chaos, datapath, looplag, memory, overload, protocols
+from bench.suites.compare import Plan, run_plan
+from bench.suites.compare_report import machine, plot, render
 
 
 def _csv(text: str) -> tuple[str, ...]:

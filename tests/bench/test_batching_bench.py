@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.batching import render
-from bench.pyload import arrivals
+from bench.load.pyload import arrivals
+from bench.suites.batching import render
 
 
 def test_poisson_arrivals_keep_the_mean_rate_and_vary_the_gaps() -> None:

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from bench.__main__ import main
-from bench.report import ANALYSIS_MARKER, medians, render
+from bench.suites.compare_report import ANALYSIS_MARKER, medians, render
 from tests.serverproc import free_ports
 
 

@@ -10,11 +10,11 @@ import orjson
 import pytest
 
 from bench.__main__ import main
-from bench.chaos import ChaosPlan, make_rows, with_options
-from bench.chaosload import judge
-from bench.hey import HEY_INSTALL_HINT, have_hey, parse_csv, summarize
-from bench.overload import per_client_rate
-from bench.tokens import POISON_ID
+from bench.load.chaos import judge
+from bench.load.hey import HEY_INSTALL_HINT, have_hey, parse_csv, summarize
+from bench.models.tokens import POISON_ID
+from bench.suites.chaos import ChaosPlan, make_rows, with_options
+from bench.suites.overload import per_client_rate
 from tests.serverproc import free_ports
 
 HEY_CSV = """response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from bench.__main__ import main
-from bench.looplag import big_body, summarize
+from bench.suites.looplag import big_body, summarize
 
 
 def test_big_body_fills_the_size_without_going_over() -> None:

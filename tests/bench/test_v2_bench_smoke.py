@@ -14,10 +14,10 @@ import orjson
 import pytest
 
 from bench.__main__ import main
-from bench.load import WRK_INSTALL_HINT, have_wrk
-from bench.protocheck import decode_answer
-from bench.protoreport import medians, render, targets
-from bench.quiet import other_benches, process_cpu_seconds
+from bench.load.loops import WRK_INSTALL_HINT, have_wrk
+from bench.observe.quiet import other_benches, process_cpu_seconds
+from bench.suites.protocols_check import decode_answer
+from bench.suites.protocols_report import medians, render, targets
 from loadtest.bodies import encode_body
 from tests.serverproc import free_ports
 

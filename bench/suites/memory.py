@@ -82,7 +82,7 @@ def build(name: str) -> Any:
 
 def _partition_in_subprocess(name: str, out: Path, stages: int, batch: int) -> None:
     code = (
-        "import sys; from bench.memory import build; "
+        "import sys; from bench.suites.memory import build; "
         "from shards.partition.cut import partition_to_bundle; "
         f"partition_to_bundle(build({name!r}), {str(out)!r}, stages={stages}, "
         f"max_batch_size={batch}, source_name={name!r})"

@@ -20,11 +20,11 @@ from typing import Any
 
 import orjson
 
-from bench.load import LoadError, closed_loop, open_loop
-from bench.procinfo import read_proc
+from bench.load.loops import LoadError, closed_loop, open_loop
+from bench.models.workloads import get_workload
+from bench.observe.procinfo import read_proc
 from bench.systems import ServerProcess, SystemConfig, launch_spec
 from bench.systems.base import ServerStartError, subprocess_env
-from bench.workloads import get_workload
 
 Progress = Callable[[str], None]
 
@@ -60,9 +60,7 @@ class Plan:
 
 def save_workload(name: str, workdir: Path) -> Path:
     """Build and save the ``.keras`` file in a child process: the driver never loads TensorFlow."""
-    code = (
-        "import sys; from bench.workloads import ensure_saved; print(ensure_saved(*sys.argv[1:]))"
-    )
+    code = "import sys; from bench.models.workloads import ensure_saved; print(ensure_saved(*sys.argv[1:]))"
     out = subprocess.run(
         [sys.executable, "-c", code, name, str(workdir / "models")],
         capture_output=True,

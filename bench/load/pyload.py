@@ -1,4 +1,4 @@
-"""A small asyncio HTTP load generator (``python -m bench.pyload``), one JSON line out.
+"""A small asyncio HTTP load generator (``python -m bench.load.pyload``), one JSON line out.
 
 Closed loop (``--concurrency N``): N clients, each sends when its last answer came. Open loop
 (``--rate R``): a request starts every 1/R s whatever the server does (``--poisson``: gaps
@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from bench.load import LoadResult
+from bench.load.loops import LoadResult
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> bool:

@@ -105,7 +105,7 @@ def build(name: str, image: int) -> Any:
 
 def _partition(name: str, out: Path, image: int, stages: int) -> None:
     code = (
-        "from bench.datapath import build; from shards.partition.cut import partition_to_bundle; "
+        "from bench.suites.datapath import build; from shards.partition.cut import partition_to_bundle; "
         f"partition_to_bundle(build({name!r}, {image}), {str(out)!r}, stages={stages}, "
         f"source_name={name!r})"
     )

@@ -4,7 +4,7 @@
 any headers: the V2 binary tensor extension's ``Inference-Header-Content-Length``) on every
 connection and reports latency percentiles through a Lua ``done`` hook. Open loop (a fixed rate,
 latency measured from each request's scheduled start) and the fallback when ``wrk`` is missing
-run ``bench.pyload`` in a subprocess. Every system gets the same generator in one run, so the
+run ``bench.load.pyload`` in a subprocess. Every system gets the same generator in one run, so the
 ratios are fair even though the generator competes with the servers for the CPU.
 """
 
@@ -157,9 +157,9 @@ def _pyload(url: str, body: bytes, mode_args: list[str], seconds: float) -> Load
     with tempfile.NamedTemporaryFile(prefix="bench-body-", suffix=".json") as body_file:
         body_file.write(body)
         body_file.flush()
-        argv = [sys.executable, "-m", "bench.pyload", "--url", url, "--body", body_file.name]
+        argv = [sys.executable, "-m", "bench.load.pyload", "--url", url, "--body", body_file.name]
         argv += [*mode_args, "--seconds", f"{seconds:g}"]
         proc = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env())
     if proc.returncode != 0 or not proc.stdout.strip():
-        raise LoadError(f"bench.pyload failed (exit {proc.returncode}): {proc.stderr[-800:]}")
+        raise LoadError(f"bench.load.pyload failed (exit {proc.returncode}): {proc.stderr[-800:]}")
     return LoadResult(**orjson.loads(proc.stdout.strip().splitlines()[-1]))

@@ -5,7 +5,7 @@ model's own ceiling (direct calls at batch 64, ``bench.systems.ceiling``) measur
 server starts and after it stops. Each protocol runs a closed loop against the same server, in
 an order rotated per round: wrk for the HTTP routes (``POST /predict``; ``POST
 /v2/models/{m}/infer`` with JSON, or with binary tensors and ``Inference-Header-Content-Length``;
-the bodies are ``loadtest.bodies.encode_body``'s), ``bench.grpcload`` (``tritonclient.grpc.aio``)
+the bodies are ``loadtest.bodies.encode_body``'s), ``bench.load.grpcload`` (``tritonclient.grpc.aio``)
 for gRPC. Measured per protocol: req/s, p50/p99, and the front end's CPU per request: utime +
 stime of the server process (uvicorn, the batcher, Ray's driver side; not the shard actors) from
 ``/proc/<pid>/stat``, over the requests the server itself counted as answered in that window.
@@ -31,11 +31,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.cpusplit import cores, cpu_seconds
-from bench.load import WRK_INSTALL_HINT, LoadError, LoadResult, closed_loop, have_wrk
-from bench.protocheck import check_answers
-from bench.protoreport import render
-from bench.quiet import (
+from bench.load.loops import WRK_INSTALL_HINT, LoadError, LoadResult, closed_loop, have_wrk
+from bench.models.workloads import get_workload
+from bench.observe.cpusplit import cores, cpu_seconds
+from bench.observe.quiet import (
     busy_seconds,
     children_cpu,
     other_benches,
@@ -44,12 +43,13 @@ from bench.quiet import (
     self_cpu,
     wait_until_quiet,
 )
-from bench.run import Plan, measure_ceiling, save_workload
-from bench.scrape import Samples, delta, free_port, scrape
+from bench.observe.scrape import Samples, delta, free_port, scrape
+from bench.suites.compare import Plan, measure_ceiling, save_workload
+from bench.suites.protocols_check import check_answers
+from bench.suites.protocols_report import render
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.base import LaunchSpec, subprocess_env
 from bench.systems.shardserve import shardserve_spec
-from bench.workloads import get_workload
 from loadtest.bodies import encode_body, random_inputs, request_path
 
 Progress = Callable[[str], None]
@@ -264,14 +264,16 @@ def _now() -> float:
 def _grpc_load(
     plan: ProtocolsPlan, model: str, inputs: Path, clients: int, seconds: float
 ) -> LoadResult:
-    argv = [sys.executable, "-m", "bench.grpcload", "--url", f"127.0.0.1:{plan.grpc_port}"]
+    argv = [sys.executable, "-m", "bench.load.grpcload", "--url", f"127.0.0.1:{plan.grpc_port}"]
     argv += ["--model", model, "--inputs", str(inputs), "--concurrency", str(clients)]
     argv += ["--seconds", f"{seconds:g}"]
     proc = subprocess.run(
         argv, capture_output=True, text=True, env=subprocess_env(), timeout=seconds + 120
     )
     if proc.returncode != 0 or not proc.stdout.strip():
-        raise LoadError(f"bench.grpcload failed (exit {proc.returncode}): {proc.stderr[-800:]}")
+        raise LoadError(
+            f"bench.load.grpcload failed (exit {proc.returncode}): {proc.stderr[-800:]}"
+        )
     return LoadResult(**orjson.loads(proc.stdout.strip().splitlines()[-1]))
 
 

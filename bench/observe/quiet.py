@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.cpusplit import cores, cpu_seconds
+from bench.observe.cpusplit import cores, cpu_seconds
 
 Progress = Callable[[str], None]
 

@@ -3,7 +3,7 @@
 Token ids (4 per row, int32) -> Embedding(10, 8) -> Flatten -> Dense(3). An id outside [0, 10)
 makes TensorFlow raise on CPU, so a row holding one is a real poisoned input.
 
-``python -m bench.tokens --dir D --rows rows.npy`` saves ``D/tokens.keras`` (on first use) and
+``python -m bench.models.tokens --dir D --rows rows.npy`` saves ``D/tokens.keras`` (on first use) and
 writes ``D/expected.npy``: the saved model's own outputs for every row whose ids are in range,
 NaN for the others. It runs in a child process so that the bench driver never loads TensorFlow.
 """

@@ -9,7 +9,7 @@ A B A B A B over ``--rounds`` rounds, each turn two phases of ``--seconds``:
    when due and timed from then, so that a stall shows in every probe it delays, and a p99 has
    enough probes behind it even when each takes a second);
 2. **loaded**: the same probe while ``--clients`` clients each POST a ``--big-bytes`` JSON body
-   of the model's rows, back to back. Both are ``bench.pyload``.
+   of the model's rows, back to back. Both are ``bench.load.pyload``.
 
 The stages sleep ``--simulate-device-ms`` per batch instead of computing, so the probe's latency
 is the front end's: reading, decoding, batching, shipping and encoding the big bodies, and what
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.scrape import free_port
+from bench.observe.scrape import free_port
 from bench.systems.base import REPO_ROOT, LaunchSpec, ServerProcess, subprocess_env
 
 Progress = Callable[[str], None]
@@ -73,8 +73,8 @@ class LoopLagPlan:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for tree in (self.tree, self.compare_tree):
-            if tree is not None and not (tree / "serving" / "cli.py").is_file():
-                raise ValueError(f"{tree} is not a shardserve code tree (no serving/cli/main.py)")
+            if tree is not None:
+                cli_module(tree)
 
 
 def rows_body(features: int, rows: int, seed: int = 0) -> bytes:
@@ -94,9 +94,18 @@ def big_body(features: int, size: int) -> tuple[bytes, int]:
     return body, rows
 
 
+def cli_module(tree: Path) -> str:
+    """The module that runs ``shardserve`` in ``tree``: the compared tree may predate issue 18's
+    move of ``serving/cli.py`` into ``serving/cli/``."""
+    for module in ("serving.cli.main", "serving.cli"):
+        if (tree / (module.replace(".", "/") + ".py")).is_file():
+            return module
+    raise ValueError(f"{tree} is not a shardserve code tree (no serving/cli/main.py)")
+
+
 def server_spec(plan: LoopLagPlan, tree: Path, label: str, port: int, rows: int) -> LaunchSpec:
     pin = ["taskset", "-c", str(_cores()[0])] if plan.pin else []
-    argv = [*pin, sys.executable, "-m", "serving.cli.main", "serve", "--model", plan.model]
+    argv = [*pin, sys.executable, "-m", cli_module(tree), "serve", "--model", plan.model]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0"]
     argv += ["--stages", "1", "--max-batch-size", str(plan.max_batch_size)]
     argv += ["--batch-timeout-ms", "0", "--simulate-device-ms", f"{plan.simulate_device_ms:g}"]
@@ -111,7 +120,7 @@ def server_spec(plan: LoopLagPlan, tree: Path, label: str, port: int, rows: int)
 
 
 def pyload(port: int, body_file: Path, *how: str) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "bench.pyload", "--url", f"http://127.0.0.1:{port}/predict"]
+    argv = [sys.executable, "-m", "bench.load.pyload", "--url", f"http://127.0.0.1:{port}/predict"]
     return subprocess.Popen(
         [*argv, "--body", str(body_file), *how], stdout=subprocess.PIPE, env=subprocess_env()
     )

@@ -27,14 +27,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.cpusplit import cores, cpu_seconds
-from bench.hey import HEY_INSTALL_HINT, HeyResult, have_hey, run_hey
-from bench.procinfo import RssSampler, read_proc
-from bench.run import save_workload
-from bench.scrape import Samples, base_url, delta, free_port, scrape
+from bench.load.hey import HEY_INSTALL_HINT, HeyResult, have_hey, run_hey
+from bench.models.workloads import get_workload
+from bench.observe.cpusplit import cores, cpu_seconds
+from bench.observe.procinfo import RssSampler, read_proc
+from bench.observe.scrape import Samples, base_url, delta, free_port, scrape
+from bench.suites.compare import save_workload
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.shardserve import shardserve_spec
-from bench.workloads import get_workload
 
 Progress = Callable[[str], None]
 

@@ -1,7 +1,7 @@
-"""A closed-loop gRPC load over ``tritonclient.grpc.aio`` (``python -m bench.grpcload``).
+"""A closed-loop gRPC load over ``tritonclient.grpc.aio`` (``python -m bench.load.grpcload``).
 
 N coroutines on one channel, each sending ``ModelInfer`` with the row as raw contents as soon as
-its last answer came, for a fixed time; one JSON line out (``bench.load.LoadResult``). The
+its last answer came, for a fixed time; one JSON line out (``bench.load.loops.LoadResult``). The
 inputs are prepared once, so the client's CPU goes to gRPC and protobuf, not to numpy. Every
 call has a deadline, so a stuck server costs at most ``seconds + timeout``.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from bench.load import LoadResult
+from bench.load.loops import LoadResult
 
 
 async def closed_loop(

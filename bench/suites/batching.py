@@ -25,14 +25,14 @@ from typing import Any
 
 import orjson
 
-from bench.load import closed_loop, open_loop
-from bench.quiet import other_benches
-from bench.run import save_workload
-from bench.scrape import base_url, delta, free_port, scrape
+from bench.load.loops import closed_loop, open_loop
+from bench.models.workloads import get_workload
+from bench.observe.quiet import other_benches
+from bench.observe.scrape import base_url, delta, free_port, scrape
+from bench.suites.compare import save_workload
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.base import LaunchSpec
 from bench.systems.shardserve import shardserve_spec
-from bench.workloads import get_workload
 
 Progress = Callable[[str], None]
 TOKEN = "bench-batching"

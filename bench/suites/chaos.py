@@ -1,9 +1,9 @@
 """``python -m bench chaos``: faults under a steady load, and is every answer still right?
 
-A small model with an Embedding (``bench.tokens``) served with 2 replicas and
+A small model with an Embedding (``bench.models.tokens``) served with 2 replicas and
 ``--shard-max-restarts 1`` on the server's own private Ray. For ``seconds`` at a fixed ``rate``
 (open loop), 1% of the requests hold an id out of the Embedding's range, and every
-``kill_every_s`` one shard actor is sent SIGKILL (``bench.chaosload``). Each answer is compared
+``kill_every_s`` one shard actor is sent SIGKILL (``bench.load.chaos``). Each answer is compared
 with the model's own output computed in a child of the bench: every good request must be
 answered correctly (0 lost, 0 wrong), every poisoned one must get its own 422. Reported: the
 counts, the latency during the run, and the replicas the server recovered or rebuilt.
@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.chaosload import Outcome, Traffic, drive
-from bench.procinfo import read_proc
-from bench.scrape import Samples, base_url, delta, free_port, scrape
+from bench.load.chaos import Outcome, Traffic, drive
+from bench.models.tokens import EXPECTED_FILE, MODEL_FILE, POISON_ID, ROW_LEN, VOCAB
+from bench.observe.procinfo import read_proc
+from bench.observe.scrape import Samples, base_url, delta, free_port, scrape
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.base import subprocess_env
 from bench.systems.shardserve import shardserve_spec
-from bench.tokens import EXPECTED_FILE, MODEL_FILE, POISON_ID, ROW_LEN, VOCAB
 
 Progress = Callable[[str], None]
 MODEL_NAME = "tokens"
@@ -237,7 +237,7 @@ def _by_second(outcomes: list[Outcome]) -> list[list[float]]:
 
 
 def _model_answers(directory: Path) -> None:
-    argv = [sys.executable, "-m", "bench.tokens", "--dir", str(directory)]
+    argv = [sys.executable, "-m", "bench.models.tokens", "--dir", str(directory)]
     argv += ["--rows", str(directory / "rows.npy")]
     out = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env())
     if out.returncode != 0:
