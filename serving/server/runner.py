@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 import threading
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -47,6 +48,10 @@ class ModelRunner(Protocol):
     async def close(self) -> None: ...
 
 
+# Builds a model's runner from the settings (``build_runner``; tests pass their fakes').
+RunnerFactory = Callable[[Settings], Awaitable[ModelRunner]]
+
+
 async def build_runner(settings: Settings) -> ModelRunner:
     """Connect to (or start) Ray, resolve the model to a bundle, start and warm the pipelines."""
     # Importing Ray, starting it and asking the cluster block for seconds (a private Ray takes
@@ -59,10 +64,10 @@ async def build_runner(settings: Settings) -> ModelRunner:
         # handler); ``runtime.connect`` puts uvicorn's back only when on the main thread.
         for signum, handler in saved.items():
             signal.signal(signum, handler)
-    from shards import cluster as runtime
+    from shards.bundle.remote import resolve_bundle_remote
     from shards.pipeline.replica_set import ReplicaSet
 
-    bundle = await runtime.resolve_bundle_remote(
+    bundle = await resolve_bundle_remote(
         settings.model,
         stages=settings.stages,
         max_stage_bytes=settings.max_stage_bytes,

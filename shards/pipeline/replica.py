@@ -1,73 +1,39 @@
 """One replica of the model: K stage actors in one placement group, chained through ObjectRefs.
 
 A batch enters stage 0 and the refs are chained actor to actor, so the driver never waits between
-stages: while stage 1 computes batch n, stage 0 already computes batch n+1. ``spawn_replicas``
-places and starts replicas; ``shards.pipeline.replica_set.ReplicaSet`` routes batches over them and
-rebuilds one that fails.
-
-The watchdog times a batch from when the first stage starts it, not from when it was handed to
-the replica: the time it queued behind other batches (in the compiled graph's semaphore, in the
-actors' queues) is theirs, and counting it would let a load spike get a healthy replica killed.
-Stages take batches in order, so a batch starts in stage 0 once the batch before it has left
-stage 0. The driver learns that when stage 0's output exists, from the task's reply: no fetch
-and no extra call per batch (measured: driver CPU per batch unchanged within noise; a callback
-on a tiny extra return, fetched, cost 0.1-0.3 ms). A compiled graph's outputs come back all at
-once, so there a batch starts when the one before it is done.
+stages: while stage 1 computes batch n, stage 0 already computes batch n+1.
+``shards.pipeline.placement`` places and starts a replica's actors;
+``shards.pipeline.replica_set.ReplicaSet`` routes batches over replicas and
+``shards.pipeline.recovery`` brings back one that fails. Each batch is timed by a
+``shards.pipeline.watchdog.BatchClock``, from when stage 0 starts it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from shards.actor.stage_actor import ShardActor
-from shards.bundle.shipping import ShippedStage
 from shards.cluster import run_bounded
-from shards.errors import PipelineStartError, StageTimeoutError, one_line
+from shards.errors import StageTimeoutError
 from shards.pipeline.compiled import CompiledStages
-from shards.pipeline.faults import Watchdog, is_replica_fault, translate
+from shards.pipeline.faults import is_replica_fault, translate
 from shards.pipeline.health import ReplicaState
 from shards.pipeline.routes import Route, Source, request_readers
+from shards.pipeline.watchdog import ON_READY, BatchClock, Watchdog, set_when_ready
 
-_RemoteShard = ray.remote(ShardActor)
-# Ray 2.60's way to learn that a task's return exists without fetching it (stage 0's outputs
-# stay on its node). Without it a batch's clock starts when the batch before it is done.
-_ON_READY = hasattr(ray.ObjectRef, "_on_ready")
 log = logging.getLogger(__name__)
 
 # Killing actors and removing a placement group take milliseconds on a live cluster; past this a
 # shutdown stops waiting for a GCS that is gone.
 CLOSE_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class ActorSpec:
-    """Everything a shard actor is started with, but its placement."""
-
-    bundle_dir: Path
-    cpus: float
-    gpus: float
-    batch_sizes: tuple[int, ...]
-    imports: tuple[str, ...]
-    simulate_device_ms: float | None
-    stage_cache_dir: str | None
-    max_restarts: int
-    shipped: tuple[ShippedStage | None, ...]
-    activation_dtype: str | None = None
-    weight_dtype: str | None = None
-    unsafe_deserialization: bool = False
 
 
 class Replica:
@@ -118,10 +84,10 @@ class Replica:
         seq = next(self._seq)
         self._running.add(seq)
         rows = _rows(inputs)
-        clock: _Clock | None = None
+        clock: BatchClock | None = None
         try:
             async with asyncio.timeout(None) as scope:
-                clock = _Clock(scope, lambda: watchdog.limit_s(rows) if watchdog else None)
+                clock = BatchClock(scope, lambda: watchdog.limit_s(rows) if watchdog else None)
                 outputs = await self._run(inputs, clock)
             if watchdog is not None and clock.started is not None:
                 watchdog.observe(rows, clock.elapsed_s())
@@ -151,7 +117,7 @@ class Replica:
         """Back in the rotation: the next fault has a suspect of its own."""
         self._fault_seq = None
 
-    def _enter_first_stage(self, clock: _Clock) -> asyncio.Future[None]:
+    def _enter_first_stage(self, clock: BatchClock) -> asyncio.Future[None]:
         """Queue a batch at stage 0: its clock starts at once when no batch handed over before
         it is still in stage 0, else when the one before it leaves. The caller sets the future
         returned when this batch leaves stage 0 (each batch sets it at the latest when it ends,
@@ -165,7 +131,7 @@ class Replica:
             ahead.add_done_callback(lambda _: clock.start())
         return left
 
-    async def _run(self, inputs: dict[str, np.ndarray], clock: _Clock) -> dict[str, np.ndarray]:
+    async def _run(self, inputs: dict[str, np.ndarray], clock: BatchClock) -> dict[str, np.ndarray]:
         if self.compiled is not None:
             outputs = await self.compiled.run(inputs, lambda: self._enter_first_stage(clock))
             return self._outputs(inputs, outputs)
@@ -185,8 +151,8 @@ class Replica:
             made.append([out] if route.num_returns == 1 else list(out))
         # No await since stage 0 was called: batches enter in the order of their stage-0 calls.
         left = self._enter_first_stage(clock)
-        if _ON_READY:
-            _set_when_ready(made[0][0], left)
+        if ON_READY:
+            set_when_ready(made[0][0], left)
         refs = [made[s.stage][s.index] for s in self._awaited.values()]
         values = await asyncio.gather(*refs)
         return self._outputs(inputs, dict(zip(self._awaited, values, strict=True)))
@@ -256,55 +222,6 @@ def _rows(inputs: dict[str, np.ndarray]) -> int:
     return len(next(iter(inputs.values()))) if inputs else 0
 
 
-def _set_when_ready(ref: Any, left: asyncio.Future[None]) -> None:
-    """Set ``left`` once ``ref`` exists (or its task failed), without fetching it."""
-    loop = asyncio.get_running_loop()
-
-    def ready(_: BaseException | None) -> None:
-        # On one of Ray's threads; the loop may be closed by now (a shutdown).
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_set, left)
-
-    ref._on_ready(ready)
-
-
-def _set(left: asyncio.Future[None]) -> None:
-    if not left.done():
-        left.set_result(None)
-
-
-class _Clock:
-    """One batch's watchdog: no limit while the batch waits for stage 0, then its size's limit
-    from when stage 0 starts it (``scope`` is the ``asyncio.timeout`` around the batch)."""
-
-    def __init__(self, scope: asyncio.Timeout, limit_s: Callable[[], float | None]) -> None:
-        self._scope = scope
-        self._limit_s = limit_s
-        self.limit_s: float | None = None
-        self.started: float | None = None
-        self.left: asyncio.Future[None] | None = None
-        self._stopped = False
-
-    def start(self) -> None:
-        if self._stopped or self.started is not None:
-            return
-        loop = asyncio.get_running_loop()
-        self.started = loop.time()
-        self.limit_s = self._limit_s()
-        if self.limit_s is not None:
-            self._scope.reschedule(self.started + self.limit_s)
-
-    def elapsed_s(self) -> float:
-        assert self.started is not None
-        return asyncio.get_running_loop().time() - self.started
-
-    def stop(self) -> None:
-        """The batch is over: its clock never starts now, and the next batch's does."""
-        self._stopped = True
-        if self.left is not None and not self.left.done():
-            self.left.set_result(None)
-
-
 def release(
     actors: Sequence[Any],
     group: PlacementGroup,
@@ -330,81 +247,3 @@ def release(
         remove_placement_group(group)
 
     return run_bounded(run, timeout_s, f"closing a pipeline of {len(actors)} shard actors")
-
-
-def place(bundles: list[dict[str, float]], strategy: str) -> PlacementGroup:
-    return placement_group(bundles, strategy=strategy)
-
-
-def spawn_actors(
-    spec: ActorSpec, group: PlacementGroup, bundles: list[dict[str, float]]
-) -> list[Any]:
-    actors = []
-    for index, bundle in enumerate(bundles):
-        extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-        actor = _RemoteShard.options(
-            num_cpus=spec.cpus,
-            num_gpus=spec.gpus,
-            resources=extra or None,
-            max_restarts=spec.max_restarts,
-            # No transparent retries: a batch that killed a stage would kill it again on each
-            # restart. The group retries a lost batch once, on another replica.
-            max_task_retries=0,
-            # One batch at a time keeps a shard's batches in order on its device.
-            max_concurrency=1,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=index
-            ),
-        ).remote(
-            str(spec.bundle_dir),
-            index,
-            list(spec.batch_sizes),
-            list(spec.imports),
-            spec.simulate_device_ms,
-            # A dataclass, not a bare ObjectRef: Ray would fetch a top-level ref eagerly.
-            shipped=spec.shipped[index] if spec.shipped else None,
-            stage_cache_dir=spec.stage_cache_dir,
-            activation_dtype=spec.activation_dtype,
-            weight_dtype=spec.weight_dtype,
-            unsafe_deserialization=spec.unsafe_deserialization,
-        )
-        actors.append(actor)
-    return actors
-
-
-async def wait_groups(
-    groups: list[PlacementGroup], bundles: list[dict[str, float]], timeout_s: float
-) -> None:
-    try:
-        await asyncio.wait_for(asyncio.gather(*(g.ready() for g in groups)), timeout_s)
-    except TimeoutError:
-        raise PipelineStartError(
-            f"placement groups for {len(groups)} replica(s) of bundles {bundles} not ready "
-            f"after {timeout_s:g} s; resources available now: {ray.available_resources()}"
-        ) from None
-
-
-async def wait_actors(
-    pipelines: Sequence[Replica], timeout_s: float, first_replica: int = 0
-) -> None:
-    async def ready(replica: int, stage: int, actor: Any) -> None:
-        try:
-            await actor.info.remote()
-        except ray.exceptions.RayActorError as exc:
-            log.warning("shard actor %d/%d failed to start: %s", replica, stage, exc)
-            raise PipelineStartError(
-                f"shard actor for stage {stage} of replica {replica} failed to start: "
-                f"{one_line(exc)}"
-            ) from None
-
-    waits = [
-        ready(first_replica + r, k, a)
-        for r, p in enumerate(pipelines)
-        for k, a in enumerate(p.actors)
-    ]
-    try:
-        await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
-    except TimeoutError:
-        raise PipelineStartError(
-            f"shard actors not loaded and warmed after {timeout_s:g} s (ready_timeout_s)"
-        ) from None

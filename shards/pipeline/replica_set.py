@@ -1,11 +1,12 @@
 """R replicas of the model side by side (data parallel), kept healthy.
 
-Each batch goes to the least-loaded healthy replica (``shards.pipeline.replica.Replica``). A batch
-that
-a replica fails to answer (a stage process died, or the batch ran past the watchdog's limit) is
-retried once on another healthy replica, and the replica leaves the rotation: it is probed (Ray
-restarts a dead actor that has restarts left) or, when its actors are gone, rebuilt in the
-background with a new placement group and actors, with backoff, and rejoins after one warm batch.
+Each batch goes to the least-loaded healthy replica (``shards.pipeline.replica.Replica``). A
+batch that a replica fails to answer (a stage process died, or the batch ran past the watchdog's
+limit) is retried once on another healthy replica, and the replica leaves the rotation until
+``shards.pipeline.recovery`` brings it back: probed (Ray restarts a dead actor that has restarts
+left) or, when its actors are gone, rebuilt in the background with a new placement group and
+actors, with backoff; it rejoins after one warm batch. ``shards.pipeline.placement`` starts the
+replicas.
 
 Where no other replica is healthy (one replica, the default), nothing waits for the recovery: a
 batch that hung fails at once with its ``StageTimeoutError``, and every other batch of the replica
@@ -25,7 +26,6 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,35 +33,22 @@ import numpy as np
 import ray
 
 from shards.bundle.format import Manifest, read_manifest
-from shards.bundle.shipping import ship_bundle, stages_off_node
-from shards.cluster import (
-    check_cluster_fits,
-    cluster_has_gpus,
-    cpus_per_stage,
-    intra_op_threads,
-    placement_resources,
-)
+from shards.cluster import placement_resources
 from shards.errors import (
     InsufficientResourcesError,
     NoHealthyReplicaError,
     PipelineStartError,
     RunError,
     StageTimeoutError,
-    one_line,
 )
-from shards.pipeline.faults import Watchdog, is_replica_fault, translate
+from shards.pipeline.faults import is_replica_fault, translate
 from shards.pipeline.health import Health, ReplicaState
 from shards.pipeline.options import PipelineOptions
-from shards.pipeline.replica import (
-    ActorSpec,
-    Replica,
-    place,
-    release,
-    spawn_actors,
-    wait_actors,
-    wait_groups,
-)
-from shards.pipeline.routes import Route, Source, plan_routes
+from shards.pipeline.placement import Layout, start_replicas
+from shards.pipeline.recovery import REBUILD_BACKOFF_S, Recovered, recover
+from shards.pipeline.replica import Replica
+from shards.pipeline.routes import plan_routes
+from shards.pipeline.watchdog import Watchdog
 from shards.signature import ModelSignature
 
 log = logging.getLogger(__name__)
@@ -76,21 +63,6 @@ __all__ = [
     "plan_routes",
 ]
 
-# Pauses between attempts to rebuild a replica: doubling from the first to the last.
-REBUILD_BACKOFF_S = (1.0, 60.0)
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """How a replica is built: kept so that a failed one can be built again."""
-
-    routes: tuple[Route, ...]
-    output_sources: dict[str, Source]
-    bundles: list[dict[str, float]]
-    actor: ActorSpec
-    options: PipelineOptions
-    depth: int
-
 
 class ReplicaSet:
     """R replicas of the pipeline; each batch goes to the least-loaded healthy one."""
@@ -99,7 +71,7 @@ class ReplicaSet:
         self,
         manifest: Manifest,
         pipelines: list[Replica],
-        layout: _Layout,
+        layout: Layout,
         start_s: float = REBUILD_BACKOFF_S[0],
     ) -> None:
         self.signature: ModelSignature = manifest.signature
@@ -124,64 +96,7 @@ class ReplicaSet:
     async def create(cls, bundle_dir: str | Path, options: PipelineOptions) -> ReplicaSet:
         began = time.monotonic()
         manifest = read_manifest(bundle_dir)
-        routes, output_sources = plan_routes(manifest)
-        gpus = options.gpus_per_shard
-        if gpus is None:
-            gpus = 1.0 if cluster_has_gpus() else 0.0
-        cpus = cpus_per_stage(
-            options.cpus_per_shard,
-            private_ray=options.private_ray,
-            actors=len(manifest.stages) * options.replicas,
-            cluster_cpus=float(ray.cluster_resources().get("CPU", 0.0)),
-        )
-        if options.cpus_per_shard is None:
-            log.info(
-                "%d stage actor(s) ask for %g CPU each (%d TensorFlow thread(s))",
-                len(manifest.stages) * options.replicas,
-                cpus,
-                intra_op_threads(cpus),
-            )
-        bundles = placement_resources(len(manifest.stages), cpus, gpus, options.stage_resources)
-        check_cluster_fits(bundles, options.replicas, options.placement_strategy)
-        pipelines: list[Replica] = []
-        try:
-            groups = [place(bundles, options.placement_strategy) for _ in range(options.replicas)]
-            for group in groups:
-                pipelines.append(Replica([], routes, output_sources, group))
-            await wait_groups(groups, bundles, options.ready_timeout_s)
-            away = stages_off_node(groups, ray.get_runtime_context().get_node_id())
-            # Hashing and storing multi-GB stage files must not stall the event loop.
-            shipped = await asyncio.to_thread(
-                ship_bundle, Path(bundle_dir), manifest, options.ship_stages, away
-            )
-            # The driver owns the shipped stage bytes: the spec holds the refs, which keeps
-            # them in the object store for actors that restart or are rebuilt later.
-            spec = ActorSpec(
-                bundle_dir=Path(bundle_dir),
-                cpus=cpus,
-                gpus=gpus,
-                batch_sizes=options.batch_sizes,
-                imports=options.imports,
-                simulate_device_ms=options.simulate_device_ms,
-                stage_cache_dir=options.stage_cache_dir,
-                max_restarts=options.max_restarts,
-                activation_dtype=options.activation_dtype,
-                weight_dtype=options.weight_dtype,
-                unsafe_deserialization=options.unsafe_deserialization,
-                shipped=tuple(shipped),
-            )
-            for pipeline in pipelines:
-                pipeline.actors = spawn_actors(spec, pipeline.placement_group, bundles)
-            await wait_actors(pipelines, options.ready_timeout_s)
-            depth = options.max_inflight_per_replica or len(manifest.stages) + 1
-            if options.compiled_graph:
-                for pipeline in pipelines:
-                    pipeline.compile(depth)
-        except BaseException:
-            for pipeline in pipelines:
-                pipeline.close()
-            raise
-        layout = _Layout(routes, output_sources, bundles, spec, options, depth)
+        pipelines, layout = await start_replicas(Path(bundle_dir), manifest, options)
         return cls(manifest, pipelines, layout, start_s=time.monotonic() - began)
 
     # --- running batches
@@ -264,68 +179,20 @@ class ReplicaSet:
         self._recovery[index] = task
 
     async def _recover(self, index: int, hung: bool) -> None:
-        pipeline = self._pipelines[index]
-        options = self._layout.options
-        probe_s = min(options.ready_timeout_s, 120.0)
-        if pipeline.compiled is None:
-            if hung:
-                await asyncio.to_thread(pipeline.kill_actors)
-            try:
-                await pipeline.probe(probe_s)
-                await self._warm(pipeline)
-                self._rejoin(index, "its stage actors answer again")
-                self._recoveries += 1
-                return
-            except Exception as exc:
-                log.warning("replica %d: probe failed (%s); rebuilding it", index, one_line(exc))
-        # A compiled graph is closed by an actor's death: the replica is always rebuilt.
-        pipeline.state = ReplicaState.DEAD
-        pause = REBUILD_BACKOFF_S[0]
-        while not self._closed:
-            try:
-                await self._rebuild(index)
-                self._rebuilds += 1
-                self._rejoin(index, "rebuilt")
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning(
-                    "replica %d: rebuild failed (%s); next try in %g s",
-                    index,
-                    one_line(exc),
-                    pause,
-                )
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, REBUILD_BACKOFF_S[1])
-
-    async def _rebuild(self, index: int) -> None:
-        layout = self._layout
-        options = layout.options
-        old = self._pipelines[index]
-        # The old actors and group go first: on a full cluster the new ones need their place.
-        await asyncio.to_thread(release, old.actors, old.placement_group, old.compiled)
-        old.actors, old.compiled = [], None
-        group = place(layout.bundles, options.placement_strategy)
-        fresh = Replica([], layout.routes, layout.output_sources, group)
-        try:
-            await wait_groups([group], layout.bundles, options.ready_timeout_s)
-            fresh.actors = spawn_actors(layout.actor, group, layout.bundles)
-            await wait_actors([fresh], options.ready_timeout_s, first_replica=index)
-            if options.compiled_graph:
-                fresh.compile(layout.depth)
-            await self._warm(fresh)
-        except BaseException:
-            await asyncio.to_thread(fresh.close)
-            raise
-        old.swap(fresh)
-
-    async def _warm(self, pipeline: Replica) -> None:
-        inputs = {
-            t.name: np.zeros((1, *(d or 1 for d in t.shape)), dtype=t.np_dtype)
-            for t in self.signature.inputs
-        }
-        await pipeline.run(inputs, Watchdog(self._layout.options.ready_timeout_s))
+        how = await recover(
+            self._pipelines[index],
+            index,
+            self._layout,
+            self.signature,
+            hung=hung,
+            closed=lambda: self._closed,
+        )
+        if how is Recovered.PROBED:
+            self._recoveries += 1
+        elif how is Recovered.REBUILT:
+            self._rebuilds += 1
+        if how is not None:
+            self._rejoin(index, how.value)
 
     def _rejoin(self, index: int, why: str) -> None:
         log.warning("replica %d rejoins the rotation: %s", index, why)

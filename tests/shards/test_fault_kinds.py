@@ -6,7 +6,8 @@ import pytest
 import ray.exceptions as rex
 
 from shards.errors import ModelError, ReplicaLostError, StageTimeoutError
-from shards.pipeline.faults import Watchdog, is_replica_fault, translate
+from shards.pipeline.faults import is_replica_fault, translate
+from shards.pipeline.watchdog import Watchdog
 
 
 class InvalidArgumentError(Exception):

@@ -25,10 +25,11 @@ from shards.errors import (
     RunError,
     StageTimeoutError,
 )
-from shards.pipeline.faults import Watchdog
 from shards.pipeline.health import ReplicaState
 from shards.pipeline.options import PipelineOptions
-from shards.pipeline.replica_set import ReplicaSet, _Layout
+from shards.pipeline.placement import Layout
+from shards.pipeline.replica_set import ReplicaSet
+from shards.pipeline.watchdog import Watchdog
 from shards.signature import ModelSignature, TensorSpec
 
 SIGNATURE = ModelSignature(
@@ -122,7 +123,7 @@ def hung() -> StageTimeoutError:
 def make_group(script: Script, replicas: int = 1) -> tuple[ReplicaSet, list[FakeReplica]]:
     fakes = [FakeReplica(f"r{i}", script) for i in range(replicas)]
     manifest = SimpleNamespace(signature=SIGNATURE, stages=(None,))
-    layout = _Layout((), {}, [], cast(Any, SimpleNamespace(gpus=0.0)), PipelineOptions(), 2)
+    layout = Layout((), {}, [], cast(Any, SimpleNamespace(gpus=0.0)), PipelineOptions(), 2)
     group = ReplicaSet(cast(Any, manifest), cast(Any, fakes), layout, start_s=START_S)
     return group, fakes
 

@@ -17,7 +17,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from serving.config import Settings
 from serving.server.app import create_app
-from shards.cluster import pending_placement, resolve_bundle_remote
+from shards.bundle.remote import resolve_bundle_remote
+from shards.cluster import pending_placement
 from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_tiny
 

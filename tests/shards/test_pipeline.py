@@ -25,8 +25,9 @@ import pytest
 import ray
 from model_zoo import Inputs, call_whole, encoder, sequential
 
+import shards.pipeline.placement
 import shards.pipeline.replica
-import shards.pipeline.replica_set
+import shards.pipeline.watchdog
 from shards.bundle.format import Manifest, read_manifest
 from shards.bundle.shipping import ShippedStage, ship_bundle, stages_off_node
 from shards.partition.cut import partition_to_bundle
@@ -97,11 +98,11 @@ async def test_model_input_routed_past_stage_0_to_stage_1(
 
 
 def test_ray_says_when_a_return_exists_without_fetching_it(ray_address: str) -> None:
-    # The hook the watchdog's clock starts a batch by (shards.pipeline.replica): without it the clock
+    # The hook the watchdog's clock starts a batch by (shards.pipeline.watchdog): without it the clock
     # falls back to starting when the batch ahead is done, and nothing else would fail.
-    assert shards.pipeline.replica._ON_READY, (
+    assert shards.pipeline.watchdog.ON_READY, (
         "ray.ObjectRef._on_ready is gone from this Ray; pin ray in pyproject.toml or port "
-        "shards/pipeline/replica.py's _set_when_ready to the new API"
+        "shards/pipeline/watchdog.py's set_when_ready to the new API"
     )
     ready = threading.Event()
     ref = ray.put(np.zeros(4))
@@ -254,7 +255,7 @@ async def test_stage_file_removed_after_the_driver_read_it_is_shipped(
         (bundle_dir / manifest.stages[1].file).unlink()
         return shipped
 
-    monkeypatch.setattr(shards.pipeline.replica_set, "ship_bundle", ship_then_lose_stage_1)
+    monkeypatch.setattr(shards.pipeline.placement, "ship_bundle", ship_then_lose_stage_1)
     options = PipelineOptions(
         batch_sizes=(3,), ship_stages=True, stage_cache_dir=str(tmp_path / "cache")
     )

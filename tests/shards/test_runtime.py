@@ -10,13 +10,13 @@ import pytest
 
 from shards.bundle import cache
 from shards.bundle.format import read_manifest
+from shards.bundle.remote import resolve_bundle_remote
 from shards.cluster import (
     cluster_summary,
     connect,
     cpus_per_stage,
     intra_op_threads,
     local_py_modules,
-    resolve_bundle_remote,
     run_bounded,
 )
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from shards.errors import StageTimeoutError
-from shards.pipeline.faults import Watchdog
 from shards.pipeline.replica import Replica
+from shards.pipeline.watchdog import Watchdog
 
 LIMIT_S = 0.05  # a 1-row batch's limit; a 2-row batch's is 10 s
 
