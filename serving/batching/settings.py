@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from serving.config import padded_batch_sizes
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -84,12 +86,7 @@ class BatchSettings:
 
     def batch_sizes(self) -> tuple[int, ...]:
         """The sizes a batch may be padded to, sorted; ``max_batch_size`` is always one."""
-        if self.allowed_batch_sizes:
-            sizes = set(self.allowed_batch_sizes)
-        else:
-            sizes = {1 << i for i in range(self.max_batch_size.bit_length())}
-        sizes.add(self.max_batch_size)
-        return tuple(sorted(s for s in sizes if s <= self.max_batch_size))
+        return padded_batch_sizes(self.max_batch_size, self.allowed_batch_sizes)
 
     def padded_size(self, n: int) -> int:
         """The smallest allowed batch size that holds ``n`` rows (``n`` without padding)."""
