@@ -22,7 +22,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from serving.settings_sources import ConfigError, TomlSource, format_validation_error, split_csv
-from shards.partition.memory import parse_budgets, parse_bytes
+from shards.partition.memory_plan import parse_budgets, parse_bytes
 
 __all__ = ["ConfigError", "Settings", "default_queue_rows", "load_settings", "padded_batch_sizes"]
 

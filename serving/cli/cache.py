@@ -16,7 +16,7 @@ from rich.table import Table
 
 from serving.config import ConfigError, Settings, load_settings
 from shards.bundle import cache
-from shards.partition.memory import format_size, parse_bytes
+from shards.partition.memory_plan import format_size, parse_bytes
 
 app = typer.Typer(
     name="cache",

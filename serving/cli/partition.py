@@ -72,7 +72,7 @@ def _plan_options(
     if stages is not None and max_stage_bytes is not None:
         err.print("[red]error:[/red] give either --stages or --max-stage-bytes, not both")
         raise typer.Exit(2)
-    from shards.partition.memory import parse_budgets, parse_bytes
+    from shards.partition.memory_plan import parse_budgets, parse_bytes
 
     try:
         budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)

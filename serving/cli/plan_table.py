@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from shards.bundle.format import StageSpec
-from shards.partition.memory import format_size
+from shards.partition.memory_plan import format_size
 
 COLUMNS = (
     "stage",

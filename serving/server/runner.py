@@ -113,7 +113,7 @@ def device_overhead(settings: Settings) -> int:
     """The per-device overhead the memory plan counts: the setting, else the default for the
     device the stages will run on (a GPU when they get one)."""
     from shards import cluster as runtime
-    from shards.partition.memory import default_overhead
+    from shards.partition.memory_plan import default_overhead
 
     if settings.device_overhead_bytes is not None:
         return settings.device_overhead_bytes

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shards.actor.heap import release_free_heap, weights_read_in_place
-from shards.actor.memstat import MemoryMarks
+from shards.actor.heap_trim import release_free_heap, weights_read_in_place
+from shards.actor.measured_memory import MemoryMarks
 from shards.actor.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.actor.tflog import import_tensorflow
 from shards.bundle.format import Manifest, load_stage, read_manifest

@@ -42,7 +42,8 @@ class StageSpec:
     outputs: tuple[TensorSpec, ...]
     param_bytes: int
     flops_per_row: int
-    # The memory plan (shards.partition.memory); absent from manifests written before it: zeros.
+    # The memory plan (shards.partition.memory_plan); absent from manifests written before it:
+    # zeros.
     memory: StageMemory | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from shards.bundle import cache
 from shards.bundle.fingerprint import built_with, model_sha256
 from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME, BundleError, Manifest, read_manifest
 from shards.errors import ResolveError
-from shards.partition.memory import parse_budgets
+from shards.partition.memory_plan import parse_budgets
 
 if TYPE_CHECKING:
     import keras
@@ -55,7 +55,7 @@ def resolve_bundle(
     cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
 ) -> Path:
     """``max_batch_size`` and ``device_overhead_bytes`` size the memory plan
-    (shards.partition.memory);
+    (shards.partition.memory_plan);
     ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load. The caller marks
     the bundle it serves (``shards.bundle.cache.hold``), or a later prune may remove it."""
     path = Path(model).expanduser()

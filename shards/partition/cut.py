@@ -28,7 +28,7 @@ from shards.bundle.format import (
     write_manifest,
 )
 from shards.partition.graph import Graph, PartitionError, analyse, cut
-from shards.partition.memory import MemoryModel, default_overhead, parse_budgets
+from shards.partition.memory_plan import MemoryModel, default_overhead, parse_budgets
 from shards.partition.plan import Plan, plan_balanced, plan_budget
 from shards.partition.savedmodel import read_savedmodel
 from shards.signature import ModelSignature

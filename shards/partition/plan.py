@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shards.errors import PlanError
-from shards.partition.memory import format_size as format_bytes
+from shards.partition.memory_plan import format_size as format_bytes
 
 Plan = list[tuple[int, int]]
 

@@ -94,18 +94,21 @@ def test_partitioner_modules_are_what_plans_and_cuts() -> None:
         "partition.cut",
         "partition.graph",
         "partition.plan",
-        "partition.memory",
+        "partition.memory_plan",
         "partition.masking",
         "bundle.format",
         "partition.demo_models",
     } <= modules
-    assert not {
-        "actor.stage_actor",
-        "pipeline.replica_set",
-        "cluster",
-        "bundle.resolve",
-        "bundle.cache",
-    } & modules
+    assert (
+        not {
+            "actor.stage_actor",
+            "pipeline.replica_set",
+            "cluster",
+            "bundle.resolve",
+            "bundle.cache",
+        }
+        & modules
+    )
 
 
 def test_partitioner_digest_follows_its_source_only(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from shards.bundle.format import read_manifest
 from shards.errors import PlanError
 from shards.partition.cut import partition_to_bundle, plan_stages
 from shards.partition.graph import analyse
-from shards.partition.memory import GiB, MemoryModel, parse_budgets, parse_bytes
+from shards.partition.memory_plan import GiB, MemoryModel, parse_budgets, parse_bytes
 
 
 @pytest.mark.parametrize(
