@@ -11,14 +11,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from serving.batching.cost import RunTimeModel
-from serving.batching.poison import FailSegments, Outcome, RunBatch, isolation_depth, settle
+from serving.batching.poison import Outcome, isolation_depth, settle
 from serving.batching.record import BatchRecord
-from serving.batching.rows import QueueKey, RowQueues, Segment
-from serving.batching.settings import BatchSettings
-from serving.batching.wait import WaitPolicy
 from serving.errors import NotReadyError
+
+if TYPE_CHECKING:
+    from serving.batching.cost import RunTimeModel
+    from serving.batching.poison import FailSegments, RunBatch
+    from serving.batching.rows import QueueKey, RowQueues, Segment
+    from serving.batching.settings import BatchSettings
+    from serving.batching.wait import WaitPolicy
 
 log = logging.getLogger("shardserve")
 

@@ -1,9 +1,10 @@
 """Running one batch and answering its requests, and finding the poison rows when it fails.
 
-When the model fails on the input (``ModelInputError``), the batch is split by request and the
-halves rerun, down to single requests, so that only the requests that trigger the error get it
-and their batch-mates are answered. Pure asyncio: the batcher passes its runner and its way of
-failing requests.
+A batch's segments are stacked into one array per input (padded with a real row), run, and the
+model's answer checked and cut back into each request's rows. When the model fails on the input
+(``ModelInputError``), the batch is split by request and the halves rerun, down to single
+requests, so that only the requests that trigger the error get it and their batch-mates are
+answered. Pure asyncio and numpy: the batcher passes its runner and its way of failing requests.
 """
 
 from __future__ import annotations
@@ -11,19 +12,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from serving.batching.rows import Segment, assemble, check_outputs, deliver
-from serving.batching.settings import BatchSettings
 from serving.errors import BatchFailedError, ModelInputError, ShardServeError, from_runner
+
+if TYPE_CHECKING:
+    from serving.batching.rows import Segment
+    from serving.batching.settings import BatchSettings
 
 log = logging.getLogger("shardserve")
 
 RunBatch = Callable[[dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
-FailSegments = Callable[[list[Segment], ShardServeError], None]
+FailSegments = Callable[[list["Segment"], ShardServeError], None]
 
 
 @dataclass
@@ -75,3 +79,57 @@ async def settle(
         fail(live, error)
         return
     deliver(segments, outputs)
+
+
+def assemble(segments: list[Segment], rows: int, padded: int) -> dict[str, np.ndarray]:
+    """Stack the segments' rows per input, then repeat the last real row up to ``padded`` rows.
+
+    Repeating a real row (not zeros) keeps the padding inside the model's normal input range.
+    """
+    batch: dict[str, np.ndarray] = {}
+    for name in segments[0][0].inputs:
+        parts = [r.inputs[name][start : start + n] for r, start, n in segments]
+        if padded > rows:
+            parts.append(np.repeat(parts[-1][-1:], padded - rows, axis=0))
+        batch[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    return batch
+
+
+def check_outputs(
+    outputs: Any, rows: int, padded: int, request_ids: Sequence[str] = ()
+) -> dict[str, np.ndarray]:
+    """The outputs cut to the real rows; a model answer of any other shape fails the batch.
+
+    What the model returned goes to the log with ``request_ids``; clients get its type only (its
+    repr may hold anything: paths, addresses, object ids)."""
+    if not isinstance(outputs, Mapping) or not outputs:
+        log.error(
+            "model returned %s for request(s) %s: %.200r",
+            type(outputs).__name__,
+            ",".join(request_ids) or "-",
+            outputs,
+        )
+        raise BatchFailedError(
+            f"model returned {'an empty ' if isinstance(outputs, Mapping) else 'a '}"
+            f"{type(outputs).__name__}; expected a non-empty dict of output name -> array"
+        )
+    checked: dict[str, np.ndarray] = {}
+    for name, value in outputs.items():
+        array = np.asarray(value)
+        got = array.shape[0] if array.ndim else "no"
+        if got not in (rows, padded):
+            expected = f"{padded}" if padded == rows else f"{padded} (or the {rows} real rows)"
+            raise BatchFailedError(
+                f"model returned {got} rows for output {name!r} on a batch of {rows} rows "
+                f"padded to {padded}; expected {expected}"
+            )
+        checked[str(name)] = array[:rows]
+    return checked
+
+
+def deliver(segments: list[Segment], outputs: dict[str, np.ndarray]) -> None:
+    """Hand each request its rows of a batch's outputs."""
+    offset = 0
+    for request, start, count in segments:
+        request.add_outputs(start, {k: v[offset : offset + count] for k, v in outputs.items()})
+        offset += count

@@ -1,21 +1,17 @@
-"""The batcher's rows: queued per input signature, taken into batches, stacked with padding, and
-put back together per request once computed.
+"""The batcher's rows: queued per input signature, taken into batches, and put back together per
+request once computed (stacking a batch and cutting its outputs is ``serving.batching.poison``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from serving.errors import BatchFailedError, InvalidInputError
-
-log = logging.getLogger("shardserve")
+from serving.errors import InvalidInputError
 
 QueueKey = tuple[tuple[str, tuple[int, ...], str], ...]
 
@@ -157,57 +153,3 @@ class RowQueues:
         self._rows[key] += delta
         if not self._queues[key]:
             del self._queues[key], self._rows[key]
-
-
-def assemble(segments: list[Segment], rows: int, padded: int) -> dict[str, np.ndarray]:
-    """Stack the segments' rows per input, then repeat the last real row up to ``padded`` rows.
-
-    Repeating a real row (not zeros) keeps the padding inside the model's normal input range.
-    """
-    batch: dict[str, np.ndarray] = {}
-    for name in segments[0][0].inputs:
-        parts = [r.inputs[name][start : start + n] for r, start, n in segments]
-        if padded > rows:
-            parts.append(np.repeat(parts[-1][-1:], padded - rows, axis=0))
-        batch[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-    return batch
-
-
-def check_outputs(
-    outputs: Any, rows: int, padded: int, request_ids: Sequence[str] = ()
-) -> dict[str, np.ndarray]:
-    """The outputs cut to the real rows; a model answer of any other shape fails the batch.
-
-    What the model returned goes to the log with ``request_ids``; clients get its type only (its
-    repr may hold anything: paths, addresses, object ids)."""
-    if not isinstance(outputs, Mapping) or not outputs:
-        log.error(
-            "model returned %s for request(s) %s: %.200r",
-            type(outputs).__name__,
-            ",".join(request_ids) or "-",
-            outputs,
-        )
-        raise BatchFailedError(
-            f"model returned {'an empty ' if isinstance(outputs, Mapping) else 'a '}"
-            f"{type(outputs).__name__}; expected a non-empty dict of output name -> array"
-        )
-    checked: dict[str, np.ndarray] = {}
-    for name, value in outputs.items():
-        array = np.asarray(value)
-        got = array.shape[0] if array.ndim else "no"
-        if got not in (rows, padded):
-            expected = f"{padded}" if padded == rows else f"{padded} (or the {rows} real rows)"
-            raise BatchFailedError(
-                f"model returned {got} rows for output {name!r} on a batch of {rows} rows "
-                f"padded to {padded}; expected {expected}"
-            )
-        checked[str(name)] = array[:rows]
-    return checked
-
-
-def deliver(segments: list[Segment], outputs: dict[str, np.ndarray]) -> None:
-    """Hand each request its rows of a batch's outputs."""
-    offset = 0
-    for request, start, count in segments:
-        request.add_outputs(start, {k: v[offset : offset + count] for k, v in outputs.items()})
-        offset += count

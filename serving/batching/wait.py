@@ -17,10 +17,11 @@ Pure arithmetic over what the batcher measured: no asyncio, no clock of its own.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from serving.batching.cost import RunTimeModel
-from serving.batching.settings import BatchSettings
+if TYPE_CHECKING:
+    from serving.batching.cost import RunTimeModel
+    from serving.batching.settings import BatchSettings
 
 __all__ = ["AutoWait", "FixedWait", "WaitPolicy", "wait_policy"]
 
