@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from bench import options
 from bench.load.loops import LoadResult
 
 
@@ -80,12 +81,12 @@ async def closed_loop(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True, help="host:port of the gRPC server")
-    parser.add_argument("--model", required=True)
+    parser = argparse.ArgumentParser(prog="python -m bench.load.grpcload", description=__doc__)
+    options.add(parser, None, "url", required=True, help="host:port of the gRPC server")
+    options.add(parser, None, "model", required=True)
     parser.add_argument("--inputs", required=True, type=Path, help=".npz of the request's inputs")
-    parser.add_argument("--concurrency", type=int, required=True)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    options.add(parser, None, "concurrency", required=True)
+    options.add(parser, None, "seconds", default=5.0)
     args = parser.parse_args()
     if args.concurrency < 1 or args.seconds <= 0:
         sys.exit("--concurrency must be >= 1 and --seconds > 0")

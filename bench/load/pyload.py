@@ -19,6 +19,7 @@ import aiohttp
 import numpy as np
 import orjson
 
+from bench import options
 from bench.load.loops import LoadResult
 
 
@@ -110,12 +111,12 @@ def _result(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
+    parser = argparse.ArgumentParser(prog="python -m bench.load.pyload", description=__doc__)
+    options.add(parser, None, "url", required=True)
     parser.add_argument("--body", required=True, help="file holding the JSON body to POST")
-    parser.add_argument("--concurrency", type=int)
-    parser.add_argument("--rate", type=float)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    options.add(parser, None, "concurrency")
+    parser.add_argument("--rate", type=float, help="open loop: requests per second")
+    options.add(parser, None, "seconds", default=5.0)
     parser.add_argument("--poisson", action="store_true", help="open loop: Poisson arrivals")
     parser.add_argument("--skip", type=float, default=0.0, help="open loop: uncounted warm-up s")
     args = parser.parse_args()

@@ -13,18 +13,18 @@ padding: the same server at c clients of ``rows`` rows each, batches padded to 3
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from bench import options
 from bench.load.loops import closed_loop, open_loop
 from bench.models.workloads import get_workload
 from bench.observe.quiet import other_benches
@@ -142,7 +142,7 @@ def run_openloop(plan: BatchingPlan, progress: Progress = print) -> dict[str, An
                     )
     return {
         "bench": "openloop",
-        "plan": _plan_json(plan),
+        "plan": options.plan_json(plan),
         "capacity": capacity,
         "runs": runs,
         "other_benches": other_benches(),
@@ -178,11 +178,7 @@ def run_padding(plan: BatchingPlan, progress: Progress = print) -> dict[str, Any
                 f"padded to {record['mean_padded_rows']:.1f}, load {record['loadavg_1min']:.1f}"
             )
             time.sleep(1.0)  # the previous server's Ray going away
-    return {"bench": "padding", "plan": _plan_json(plan), "runs": runs}
-
-
-def _plan_json(plan: BatchingPlan) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()}
+    return {"bench": "padding", "plan": options.plan_json(plan), "runs": runs}
 
 
 def _label(policy: str) -> str:
@@ -263,63 +259,36 @@ def _render_padding(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(p) for p in text.split(",") if p.strip())
-
-
 def add_parsers(sub: Any) -> None:
     d = BatchingPlan()
-    for command, about in (
-        ("openloop", "auto vs fixed timeouts under Poisson arrivals at fractions of capacity"),
-        ("padding", "padded vs unpadded batches, closed loop (c clients of rows rows)"),
+    for command, about, run in (
+        (
+            "openloop",
+            "auto vs fixed timeouts under Poisson arrivals at fractions of capacity",
+            run_openloop,
+        ),
+        (
+            "padding",
+            "padded vs unpadded batches, closed loop (c clients of rows rows)",
+            run_padding,
+        ),
     ):
-        parser = sub.add_parser(command, help=about)
-        parser.add_argument("--workload", default=d.workload)
-        parser.add_argument("--stages", type=int, default=d.stages)
-        parser.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
-        parser.add_argument("--seconds", type=float, default=d.seconds)
-        parser.add_argument("--warmup", type=float, default=d.warmup_s)
-        parser.add_argument("--repeats", type=int, default=d.repeats)
-        parser.add_argument("--port", type=int, default=d.port, help="0: a free one")
-        parser.add_argument("--workdir", type=Path, default=d.workdir)
-        parser.add_argument("--out", type=Path, default=Path("docs/bench-batching"))
+        parser = options.suite(
+            sub,
+            command,
+            about,
+            out="docs/bench-batching",
+            plan=BatchingPlan,
+            run=run,
+            render=render,
+        )
+        options.add(parser, d, "workload", "stages", "max_batch_size", "seconds", "warmup_s")
+        options.add(parser, d, "repeats", "port", "workdir")
         if command == "openloop":
-            parser.add_argument("--policies", default=",".join(d.policies))
-            parser.add_argument("--fractions", type=_floats, default=d.fractions)
-            parser.add_argument("--capacity-clients", type=int, default=d.capacity_clients)
-            parser.add_argument("--capacity-seconds", type=float, default=d.capacity_s)
+            parser.add_argument("--policies", type=options.csv, default=d.policies)
+            parser.add_argument("--fractions", type=options.floats, default=d.fractions)
+            options.add(parser, d, "capacity_clients", "capacity_s")
         else:
-            parser.add_argument("--clients", type=int, default=d.clients)
+            options.add(parser, d, "clients")
             parser.add_argument("--rows", type=int, default=d.rows)
             parser.add_argument("--max-inflight-batches", type=int, default=d.max_inflight_batches)
-        parser.set_defaults(handler=_command, render=render)
-
-
-def _command(args: argparse.Namespace) -> dict[str, Any]:
-    common = {
-        "workload": args.workload,
-        "stages": args.stages,
-        "max_batch_size": args.max_batch_size,
-        "seconds": args.seconds,
-        "warmup_s": args.warmup,
-        "repeats": args.repeats,
-        "port": args.port,
-        "workdir": args.workdir,
-    }
-    progress: Progress = lambda line: print(line, flush=True)  # noqa: E731
-    if args.command == "openloop":
-        plan = BatchingPlan(
-            **common,
-            policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
-            fractions=args.fractions,
-            capacity_clients=args.capacity_clients,
-            capacity_s=args.capacity_seconds,
-        )
-        return run_openloop(plan, progress)
-    plan = BatchingPlan(
-        **common,
-        clients=args.clients,
-        rows=args.rows,
-        max_inflight_batches=args.max_inflight_batches,
-    )
-    return run_padding(plan, progress)

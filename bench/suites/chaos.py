@@ -11,7 +11,6 @@ counts, the latency during the run, and the replicas the server recovered or reb
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import subprocess
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench import options
 from bench.load.chaos import Outcome, Traffic, drive
 from bench.models.tokens import EXPECTED_FILE, MODEL_FILE, POISON_ID, ROW_LEN, VOCAB
 from bench.observe.procinfo import read_proc
@@ -169,7 +169,7 @@ def summarize(
     first = next((o for o in outcomes if o.poisoned), None)
     settled = first.due_s + first.latency_ms / 1000.0 if first else 0.0
     return {
-        "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()},
+        "plan": options.plan_json(plan),
         "requests": len(outcomes),
         "poisoned": sum(o.poisoned for o in outcomes),
         "verdicts": {
@@ -296,36 +296,28 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("chaos", help="kill -9 shard actors and poison rows under load")
+def add_parsers(sub: Any) -> None:
+    about = "kill -9 shard actors and poison rows under load"
+    parser = options.suite(
+        sub, "chaos", about, out="docs/bench-faults", plan=ChaosPlan, run=run_chaos, render=render
+    )
     d = ChaosPlan()
-    parser.add_argument("--seconds", type=float, default=d.seconds)
+    options.add(parser, d, "seconds")
     parser.add_argument("--rate", type=float, default=d.rate)
-    parser.add_argument("--kill-every", type=float, default=d.kill_every_s)
+    parser.add_argument(
+        "--kill-every",
+        dest="kill_every_s",
+        metavar="KILL_EVERY",
+        type=float,
+        default=d.kill_every_s,
+    )
     parser.add_argument("--poison-fraction", type=float, default=d.poison_fraction)
     parser.add_argument("--replicas", type=int, default=d.replicas)
-    parser.add_argument("--shard-max-restarts", type=int, default=d.max_restarts)
-    parser.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
-    parser.add_argument("--batch-timeout-ms", type=float, default=d.batch_timeout_ms)
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--port", type=int, default=d.port, help="0: a free one")
-    parser.add_argument("--workdir", type=Path, default=d.workdir)
-    parser.add_argument("--out", type=Path, default=Path("docs/bench-faults"))
-    parser.set_defaults(handler=_command, render=render)
-
-
-def _command(args: argparse.Namespace) -> dict[str, Any]:
-    plan = ChaosPlan(
-        seconds=args.seconds,
-        rate=args.rate,
-        kill_every_s=args.kill_every,
-        poison_fraction=args.poison_fraction,
-        replicas=args.replicas,
-        max_restarts=args.shard_max_restarts,
-        max_batch_size=args.max_batch_size,
-        batch_timeout_ms=args.batch_timeout_ms,
-        seed=args.seed,
-        port=args.port,
-        workdir=args.workdir,
+    parser.add_argument(
+        "--shard-max-restarts",
+        dest="max_restarts",
+        metavar="SHARD_MAX_RESTARTS",
+        type=int,
+        default=d.max_restarts,
     )
-    return run_chaos(plan, progress=lambda line: print(line, flush=True))
+    options.add(parser, d, "max_batch_size", "batch_timeout_ms", "seed", "port", "workdir")

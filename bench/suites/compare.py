@@ -8,6 +8,8 @@ workload's fixed rate. Then the pipeline-overlap runs: shardserve with simulated
 
 from __future__ import annotations
 
+import argparse
+import functools
 import re
 import subprocess
 import sys
@@ -20,9 +22,11 @@ from typing import Any
 
 import orjson
 
-from bench.load.loops import LoadError, closed_loop, open_loop
+from bench import options
+from bench.load.loops import WRK_INSTALL_HINT, LoadError, closed_loop, have_wrk, open_loop
 from bench.models.workloads import get_workload
 from bench.observe.procinfo import read_proc
+from bench.suites.compare_report import plot, render
 from bench.systems import ServerProcess, SystemConfig, launch_spec
 from bench.systems.base import ServerStartError, subprocess_env
 
@@ -88,7 +92,7 @@ def run_plan(
     checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {
-        "plan": _plan_json(plan),
+        "plan": options.plan_json(plan),
         "ceiling": {},
         "runs": [],
         "overlap": [],
@@ -223,5 +227,69 @@ def _batch_counters(predict_url: str) -> tuple[float, float]:
     return float(values["count"]), float(values["sum"])
 
 
-def _plan_json(plan: Plan) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in plan.__dict__.items()}
+def _rates(text: str) -> dict[str, float]:
+    out = {}
+    for part in options.csv(text):
+        name, sep, rate = part.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"open rate {part!r} must look like heavy=300")
+        out[name] = float(rate)
+    return out
+
+
+def add_parsers(sub: Any) -> None:
+    """``run`` (measure, then write the report) and ``report`` (write it from saved results):
+    they write ``bench_results.json``, ``benchmarks.md`` and plots, not a suite's table."""
+    run = sub.add_parser("run", help="measure, then write the report")
+    d = Plan()
+    options.add(run, d, "workloads")
+    run.add_argument("--systems", type=options.csv, default=d.systems)
+    options.add(run, d, "repeats", "seconds", "warmup_s")
+    options.add(run, d, "concurrency", dest="concurrencies", type=options.ints)
+    run.add_argument("--open-rates", type=_rates, default=None, help="heavy=300,light=600")
+    options.add(run, d, "max_batch_size", "batch_timeout_ms")
+    run.add_argument("--overlap-stages", type=options.ints, default=d.overlap_stages)
+    run.add_argument("--overlap-device-ms", type=float, default=d.overlap_device_ms)
+    options.add(run, d, "ceiling_s")
+    run.add_argument("--tool", choices=("auto", "wrk", "python"), default=d.tool)
+    options.add(run, d, "port", "workdir")
+    options.add(run, None, "out", default=Path("docs"))
+    run.set_defaults(write=functools.partial(_run, run))
+    report = sub.add_parser("report", help="re-render the report from saved results")
+    report.add_argument("--results", type=Path, default=Path("docs/bench_results.json"))
+    options.add(report, None, "out", default=Path("docs"))
+    report.set_defaults(write=_report)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    if args.tool == "wrk" and not have_wrk():
+        parser.error(f"--tool wrk: wrk is not installed; {WRK_INSTALL_HINT}")
+    if args.tool == "auto" and not have_wrk():
+        print(f"note: wrk missing, using the Python generator; {WRK_INSTALL_HINT}")
+    plan = options.plan_from(Plan, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / "bench_results.partial.json"
+    results = run_plan(
+        plan,
+        progress=options.say,
+        checkpoint=lambda r: partial.write_bytes(orjson.dumps(r, option=orjson.OPT_INDENT_2)),
+    )
+    partial.unlink(missing_ok=True)
+    results["command"] = command
+    return _write(results, command, args.out)
+
+
+def _report(args: argparse.Namespace, command: str) -> int:
+    results = orjson.loads(args.results.read_bytes())
+    return _write(results, results.get("command", "python -m bench run"), args.out)
+
+
+def _write(results: dict[str, Any], command: str, out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    doc = out / "benchmarks.md"
+    old = doc.read_text() if doc.is_file() else ""
+    doc.write_text(render(results, command, old))
+    plot(results, out)
+    print(f"wrote {doc}")
+    return 0

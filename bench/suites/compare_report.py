@@ -6,13 +6,12 @@ a re-run refreshes the numbers without losing the explanation of them.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 from collections import defaultdict
-from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from bench.observe.machine import machine
 
 ANALYSIS_MARKER = (
     "<!-- analysis: written by hand, kept when `python -m bench` rewrites the rest -->"
@@ -133,27 +132,6 @@ def _overlap_section(overlap: list[dict[str, Any]]) -> list[str]:
         )
     header = ["K stages", "batches/s", "rows/batch", "overlap efficiency", "without overlap"]
     return [*lines, *_table(header, rows), ""]
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = []
-    for pkg in ("ray", "tensorflow", "keras", "litserve", "fastapi", "uvicorn"):
-        try:
-            versions.append(f"{pkg} {metadata.version(pkg)}")
-        except metadata.PackageNotFoundError:
-            continue
-    return (
-        f"{os.cpu_count()} CPU cores ({cpu}), {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}; " + ", ".join(versions)
-    )
 
 
 def render(results: dict[str, Any], command: str, old_report: str = "") -> str:

@@ -21,7 +21,6 @@ max |logit|, and top-1 agreement.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import os
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import options
 from shards.actor.stage_actor import ShardActor
 
 MiB = 2**20
@@ -60,6 +60,11 @@ class DatapathPlan:
     stages: int = 4
     modes: tuple[str, ...] = tuple(MODES)
     workdir: Path = Path(".bench/datapath")
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in (*self.modes, *self.unet_modes) if m not in MODES]
+        if unknown:
+            raise ValueError(f"unknown modes {unknown}; known: {', '.join(MODES)}")
 
 
 class DictShard(ShardActor):
@@ -266,7 +271,7 @@ def run(plan: DatapathPlan, progress: Any = print) -> dict[str, Any]:
     from shards.bundle.format import read_manifest
 
     plan.workdir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"plan": {**plan.__dict__, "workdir": str(plan.workdir)}}
+    results: dict[str, Any] = {"plan": options.plan_json(plan)}
     ray.init(
         address="local",
         num_cpus=2 * plan.stages,  # the tensors baseline's actors beside the mode's
@@ -323,35 +328,18 @@ def _rows(model: str, modes: dict[str, Any]) -> list[str]:
     return lines
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("datapath", help="bytes between shards, routing and 16-bit precision")
+def add_parsers(sub: Any) -> None:
+    about = "bytes between shards, routing and 16-bit precision"
+    parser = options.suite(
+        sub, "datapath", about, out="docs/bench-datapath", plan=DatapathPlan, run=run, render=render
+    )
     d = DatapathPlan()
     parser.add_argument("--image", type=int, default=d.image)
-    parser.add_argument("--models", type=lambda s: tuple(s.split(",")), default=d.models)
+    options.add(parser, d, "models")
     parser.add_argument("--batch", type=int, default=d.batch)
     parser.add_argument("--batches", type=int, default=d.batches)
     parser.add_argument("--rounds", type=int, default=d.rounds)
-    parser.add_argument("--stages", type=int, default=d.stages)
-    parser.add_argument("--modes", type=lambda s: tuple(s.split(",")), default=d.modes)
-    parser.add_argument("--unet-modes", type=lambda s: tuple(s.split(",")), default=d.unet_modes)
-    parser.add_argument("--workdir", type=Path, default=d.workdir)
-    parser.add_argument("--out", type=Path, default=Path("docs/bench-datapath"))
-    parser.set_defaults(handler=_command, render=render)
-
-
-def _command(args: argparse.Namespace) -> dict[str, Any]:
-    unknown = [m for m in (*args.modes, *args.unet_modes) if m not in MODES]
-    if unknown:
-        raise SystemExit(f"unknown modes {unknown}; known: {', '.join(MODES)}")
-    plan = DatapathPlan(
-        image=args.image,
-        models=args.models,
-        batch=args.batch,
-        batches=args.batches,
-        rounds=args.rounds,
-        stages=args.stages,
-        modes=args.modes,
-        unet_modes=args.unet_modes,
-        workdir=args.workdir,
-    )
-    return run(plan, progress=lambda line: print(line, flush=True))
+    options.add(parser, d, "stages")
+    parser.add_argument("--modes", type=options.csv, default=d.modes)
+    parser.add_argument("--unet-modes", type=options.csv, default=d.unet_modes)
+    options.add(parser, d, "workdir")

@@ -20,7 +20,6 @@ phase and turn, and the ratio of the loaded p99 of this tree to the compared one
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -28,13 +27,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from bench import options
 from bench.observe.scrape import free_port
 from bench.systems.base import REPO_ROOT, LaunchSpec, ServerProcess, subprocess_env
 
@@ -182,7 +182,7 @@ def run(plan: LoopLagPlan, progress: Progress = print) -> dict[str, Any]:
     if plan.compare_tree is not None:
         trees["old"] = plan.compare_tree
     results: dict[str, Any] = {
-        "plan": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(plan).items()},
+        "plan": options.plan_json(plan),
         "big_body": {"bytes": len(body), "rows": rows},
         "trees": {label: describe_tree(tree) for label, tree in trees.items()},
         "turns": [],
@@ -318,46 +318,31 @@ def _pinned(plan: LoopLagPlan) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("looplag", help="a 1-row request's p99 beside 16 MiB JSON bodies")
+def add_parsers(sub: Any) -> None:
+    about = "a 1-row request's p99 beside 16 MiB JSON bodies"
+    parser = options.suite(
+        sub, "looplag", about, out="docs/bench-looplag", plan=LoopLagPlan, run=run, render=render
+    )
     d = LoopLagPlan()
-    parser.add_argument("--model", default=d.model, choices=sorted(FEATURES))
+    options.add(parser, d, "model", choices=sorted(FEATURES))
     parser.add_argument("--big-bytes", type=int, default=d.big_bytes)
-    parser.add_argument("--clients", type=int, default=d.clients)
-    parser.add_argument("--seconds", type=float, default=d.seconds, help="per phase")
+    options.add(parser, d, "clients")
+    options.add(parser, d, "seconds", help="per phase")
     parser.add_argument("--probe-every-ms", type=float, default=d.probe_every_ms)
-    parser.add_argument("--ramp", type=float, default=d.ramp_s)
+    parser.add_argument("--ramp", dest="ramp_s", metavar="RAMP", type=float, default=d.ramp_s)
     parser.add_argument("--rounds", type=int, default=d.rounds)
-    parser.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
-    parser.add_argument("--simulate-device-ms", type=float, default=d.simulate_device_ms)
-    parser.add_argument("--tree", type=Path, default=d.tree, help="code tree measured as 'new'")
-    parser.add_argument("--compare-tree", type=Path, help="code tree measured as 'old'")
+    options.add(parser, d, "max_batch_size", "simulate_device_ms")
+    parser.add_argument(
+        "--tree", type=_resolved, default=d.tree, help="code tree measured as 'new'"
+    )
+    parser.add_argument("--compare-tree", type=_resolved, help="code tree measured as 'old'")
     parser.add_argument(
         "--refuse-big",
         action="store_true",
         help="decode the big bodies, then refuse them (503): the probe never queues behind them",
     )
-    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=d.pin)
-    parser.add_argument("--workdir", type=Path, default=d.workdir)
-    parser.add_argument("--out", type=Path, default=Path("docs/bench-looplag"))
-    parser.set_defaults(handler=_command, render=render)
+    options.add(parser, d, "pin", "workdir")
 
 
-def _command(args: argparse.Namespace) -> dict[str, Any]:
-    plan = LoopLagPlan(
-        model=args.model,
-        big_bytes=args.big_bytes,
-        clients=args.clients,
-        seconds=args.seconds,
-        probe_every_ms=args.probe_every_ms,
-        ramp_s=args.ramp,
-        rounds=args.rounds,
-        max_batch_size=args.max_batch_size,
-        simulate_device_ms=args.simulate_device_ms,
-        refuse_big=args.refuse_big,
-        tree=args.tree.resolve(),
-        compare_tree=args.compare_tree.resolve() if args.compare_tree else None,
-        pin=args.pin,
-        workdir=args.workdir,
-    )
-    return run(plan, progress=lambda line: print(line, flush=True))
+def _resolved(text: str) -> Path:
+    return Path(text).resolve()

@@ -14,7 +14,6 @@ from. Per stage it prints:
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench import options
 
 MiB = 2**20
 MODELS = ("mlp-1.2g", "resnet50")  # and "mlp-1.2g-narrow"; "tiny", for the smoke test
@@ -192,24 +193,13 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("memory", help="memory plan vs each shard actor's measured RSS")
+def add_parsers(sub: Any) -> None:
+    about = "memory plan vs each shard actor's measured RSS"
+    parser = options.suite(
+        sub, "memory", about, out="docs/bench-memory", plan=MemoryPlan, run=run, render=render
+    )
     d = MemoryPlan()
-    parser.add_argument("--models", type=lambda s: tuple(s.split(",")), default=d.models)
-    parser.add_argument("--stages", type=int, default=d.stages)
+    options.add(parser, d, "models", "stages")
     parser.add_argument("--mlp-batch", type=int, default=d.mlp_batch)
     parser.add_argument("--resnet-batch", type=int, default=d.resnet_batch)
-    parser.add_argument("--workdir", type=Path, default=d.workdir)
-    parser.add_argument("--out", type=Path, default=Path("docs/bench-memory"))
-    parser.set_defaults(handler=_command, render=render)
-
-
-def _command(args: argparse.Namespace) -> dict[str, Any]:
-    plan = MemoryPlan(
-        models=args.models,
-        stages=args.stages,
-        mlp_batch=args.mlp_batch,
-        resnet_batch=args.resnet_batch,
-        workdir=args.workdir,
-    )
-    return run(plan, progress=lambda line: print(line, flush=True))
+    options.add(parser, d, "workdir")

@@ -18,15 +18,15 @@ end's RSS before and after. The targets are those of issue 10.
 
 from __future__ import annotations
 
-import argparse
 import math
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import options
 from bench.load.hey import HEY_INSTALL_HINT, HeyResult, have_hey, run_hey
 from bench.models.workloads import get_workload
 from bench.observe.cpusplit import cores, cpu_seconds
@@ -129,7 +129,7 @@ def run_overload(plan: OverloadPlan, progress: Progress = print) -> dict[str, An
         phase("retry storm", plan.clients, plan.retry_s, None)
     for record in phases:
         record["goodput_ratio"] = record["good_per_s"] / capacity
-    return {"plan": _plan_json(plan), "capacity": capacity, "phases": phases}
+    return {"plan": options.plan_json(plan), "capacity": capacity, "phases": phases}
 
 
 def ensure_open_files(need: int) -> None:
@@ -202,10 +202,6 @@ def _drain(url: str, timeout_s: float = 60.0) -> None:
         ):
             return
         time.sleep(0.2)  # polling another process's counters; there is no event to wait on
-
-
-def _plan_json(plan: OverloadPlan) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()}
 
 
 def render(results: dict[str, Any]) -> str:
@@ -282,42 +278,22 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("overload", help="goodput and 503s at 3x capacity (needs hey)")
+def add_parsers(sub: Any) -> None:
+    about = "goodput and 503s at 3x capacity (needs hey)"
+    out = "docs/bench-faults"
+    parser = options.suite(
+        sub, "overload", about, out=out, plan=OverloadPlan, run=run_overload, render=render
+    )
     d = OverloadPlan()
-    parser.add_argument("--workload", default=d.workload)
-    parser.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
-    parser.add_argument("--batch-timeout-ms", type=float, default=d.batch_timeout_ms)
-    parser.add_argument("--warmup", type=float, default=d.warmup_s)
-    parser.add_argument("--capacity-clients", type=int, default=d.capacity_clients)
-    parser.add_argument("--capacity-seconds", type=float, default=d.capacity_s)
+    options.add(parser, d, "workload", "max_batch_size", "batch_timeout_ms", "warmup_s")
+    options.add(parser, d, "capacity_clients", "capacity_s")
     parser.add_argument("--factor", type=float, default=d.factor)
-    parser.add_argument("--clients", type=int, default=d.clients)
-    parser.add_argument("--seconds", type=float, default=d.overload_s)
+    options.add(parser, d, "clients")
+    options.add(parser, d, "seconds", dest="overload_s", help="of each overload phase")
     parser.add_argument(
         "--staggered-groups", type=int, default=d.staggered_groups, help="0: no staggered phase"
     )
-    parser.add_argument("--retry-seconds", type=float, default=d.retry_s)
-    parser.add_argument("--port", type=int, default=d.port, help="0: a free one")
-    parser.add_argument("--workdir", type=Path, default=d.workdir)
-    parser.add_argument("--out", type=Path, default=Path("docs/bench-faults"))
-    parser.set_defaults(handler=_command, render=render)
-
-
-def _command(args: argparse.Namespace) -> dict[str, Any]:
-    plan = OverloadPlan(
-        workload=args.workload,
-        max_batch_size=args.max_batch_size,
-        batch_timeout_ms=args.batch_timeout_ms,
-        warmup_s=args.warmup,
-        capacity_clients=args.capacity_clients,
-        capacity_s=args.capacity_seconds,
-        factor=args.factor,
-        clients=args.clients,
-        overload_s=args.seconds,
-        staggered_groups=args.staggered_groups,
-        retry_s=args.retry_seconds,
-        port=args.port,
-        workdir=args.workdir,
+    parser.add_argument(
+        "--retry-seconds", dest="retry_s", metavar="RETRY_SECONDS", type=float, default=d.retry_s
     )
-    return run_overload(plan, progress=lambda line: print(line, flush=True))
+    options.add(parser, d, "port", "workdir")

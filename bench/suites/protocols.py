@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench import options
 from bench.load.loops import WRK_INSTALL_HINT, LoadError, LoadResult, closed_loop, have_wrk
 from bench.models.workloads import get_workload
 from bench.observe.cpusplit import cores, cpu_seconds
@@ -105,7 +106,7 @@ def run_protocols(plan: ProtocolsPlan, progress: Progress = print) -> dict[str, 
         if not protocols:
             raise SystemExit(f"nothing to measure without wrk; {WRK_INSTALL_HINT}")
     results: dict[str, Any] = {
-        "plan": _plan_json(plan),
+        "plan": options.plan_json(plan),
         "quiet": wait_until_quiet(plan.quiet_load, plan.quiet_wait_s, progress),
         "machine_cores": os.cpu_count(),
         "ceiling": {},
@@ -294,10 +295,6 @@ def _get_json(url: str) -> Any:
         return orjson.loads(response.read())
 
 
-def _plan_json(plan: ProtocolsPlan) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()}
-
-
 def _clients(text: str) -> dict[str, int]:
     out = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
@@ -308,48 +305,28 @@ def _clients(text: str) -> dict[str, int]:
     return out
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "protocols", help="TF-Serving JSON vs V2 JSON, binary and gRPC (needs wrk)"
+def add_parsers(sub: Any) -> None:
+    about = "TF-Serving JSON vs V2 JSON, binary and gRPC (needs wrk)"
+    out = "docs/bench-protocols"
+    parser = options.suite(
+        sub, "protocols", about, out=out, plan=ProtocolsPlan, run=run_protocols, render=render
     )
     d = ProtocolsPlan()
-    parser.add_argument("--workloads", type=lambda s: tuple(s.split(",")), default=d.workloads)
-    parser.add_argument("--protocols", type=lambda s: tuple(s.split(",")), default=d.protocols)
-    parser.add_argument("--clients", type=_clients, default=d.clients, help="heavy=256,light=64")
-    parser.add_argument("--repeats", type=int, default=d.repeats)
-    parser.add_argument("--seconds", type=float, default=d.seconds)
-    parser.add_argument("--warmup", type=float, default=d.warmup_s)
-    parser.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
-    parser.add_argument("--batch-timeout-ms", type=float, default=d.batch_timeout_ms)
-    parser.add_argument("--ceiling-seconds", type=float, default=d.ceiling_s)
-    parser.add_argument("--quiet-wait", type=float, default=d.quiet_wait_s)
+    options.add(parser, d, "workloads")
+    parser.add_argument("--protocols", type=options.csv, default=d.protocols)
+    options.add(parser, d, "clients", type=_clients, help="heavy=256,light=64")
+    options.add(parser, d, "repeats", "seconds", "warmup_s", "max_batch_size", "batch_timeout_ms")
+    options.add(parser, d, "ceiling_s")
+    parser.add_argument(
+        "--quiet-wait",
+        dest="quiet_wait_s",
+        metavar="QUIET_WAIT",
+        type=float,
+        default=d.quiet_wait_s,
+    )
     parser.add_argument("--quiet-load", type=float, default=d.quiet_load)
     parser.add_argument("--noise-cores", type=float, default=d.noise_cores)
     parser.add_argument("--noise-retries", type=int, default=d.noise_retries)
-    parser.add_argument("--port", type=int, default=d.port)
+    options.add(parser, d, "port")
     parser.add_argument("--grpc-port", type=int, default=d.grpc_port)
-    parser.add_argument("--workdir", type=Path, default=d.workdir)
-    parser.add_argument("--out", type=Path, default=Path("docs/bench-protocols"))
-    parser.set_defaults(handler=_command, render=render)
-
-
-def _command(args: argparse.Namespace) -> dict[str, Any]:
-    plan = ProtocolsPlan(
-        workloads=args.workloads,
-        protocols=args.protocols,
-        clients=args.clients,
-        repeats=args.repeats,
-        seconds=args.seconds,
-        warmup_s=args.warmup,
-        max_batch_size=args.max_batch_size,
-        batch_timeout_ms=args.batch_timeout_ms,
-        ceiling_s=args.ceiling_seconds,
-        quiet_wait_s=args.quiet_wait,
-        quiet_load=args.quiet_load,
-        noise_cores=args.noise_cores,
-        noise_retries=args.noise_retries,
-        port=args.port,
-        grpc_port=args.grpc_port,
-        workdir=args.workdir,
-    )
-    return run_protocols(plan, progress=lambda line: print(line, flush=True))
+    options.add(parser, d, "workdir")

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench import options
+
 
 def measure(model_path: str, batch_sizes: list[int], seconds: float) -> dict[str, Any]:
     import keras
@@ -43,10 +45,10 @@ def measure(model_path: str, batch_sizes: list[int], seconds: float) -> dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
+    parser = argparse.ArgumentParser(prog="python -m bench.systems.ceiling", description=__doc__)
+    options.add(parser, None, "model", required=True, help="a .keras file")
     parser.add_argument("--batch-sizes", default="1,64")
-    parser.add_argument("--seconds", type=float, default=5.0)
+    options.add(parser, None, "seconds", default=5.0, help="per batch size")
     args = parser.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
     if not sizes or min(sizes) < 1:
