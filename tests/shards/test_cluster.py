@@ -1,5 +1,5 @@
-"""The Ray runtime helpers: reuse, summary, bundles resolved in a Ray task, the local modules
-uploaded to a cluster, calls bounded in time."""
+"""The Ray connection helpers (``shards.cluster``): reuse, summary, the local modules uploaded to
+a cluster, calls bounded in time, what each stage asks for."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from shards.bundle import cache
-from shards.bundle.format import read_manifest
-from shards.bundle.remote import resolve_bundle_remote
 from shards.cluster import (
     cluster_summary,
     connect,
@@ -29,21 +26,6 @@ def test_cluster_summary_counts_the_session_cluster(ray_address: str) -> None:
     summary = cluster_summary()
 
     assert (summary["nodes"], summary["cpus"], summary["gpus"]) == (1, 4.0, 0.0)
-
-
-async def test_resolve_bundle_remote_writes_a_bundle(ray_address: str, tmp_path: Path) -> None:
-    bundle = await resolve_bundle_remote(
-        "demo-tiny", stages=2, max_stage_bytes=None, imports=(), cache_dir=tmp_path
-    )
-
-    assert bundle.is_relative_to(tmp_path)
-    assert len(read_manifest(bundle).stages) == 2
-    # Marked as served by this process (the server's): no prune may remove it.
-    try:
-        assert [e.in_use for e in cache.entries(tmp_path)] == [True]
-        assert cache.prune(tmp_path, max_bytes=0) == []
-    finally:
-        cache.release(bundle)
 
 
 def test_local_py_modules_lists_module_files_not_installed_packages(

@@ -13,11 +13,11 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from model_zoo import Inputs, call_whole, encoder
 
 from shards.errors import NoHealthyReplicaError
 from shards.partition.cut import partition_to_bundle
 from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
+from tests.shards.model_zoo import Inputs, call_whole, encoder
 
 Case = tuple[Path, keras.Model, Inputs]
 

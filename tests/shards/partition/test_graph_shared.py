@@ -7,10 +7,10 @@ from pathlib import Path
 
 import keras
 import numpy as np
-from model_zoo import Inputs, call_whole
 
 from shards.partition.cut import partition_to_bundle, run_chain
 from shards.partition.graph import analyse
+from tests.shards.model_zoo import Inputs, call_whole
 
 TOLERANCE = 1e-4
 # Dense(16) on 16 features: 16 x 16 + 16 floats; Dense(2): 16 x 2 + 2 floats.

@@ -7,12 +7,12 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from model_zoo import Inputs, call_whole
 
 from shards.bundle.format import read_manifest
 from shards.partition.cut import partition_to_bundle, run_chain
 from shards.partition.graph import PartitionError, analyse
 from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
+from tests.shards.model_zoo import Inputs, call_whole
 
 TOLERANCE = 1e-4
 

@@ -13,13 +13,13 @@ import keras
 import numpy as np
 import pytest
 import ray
-from model_zoo import Inputs, call_whole, sequential
 
 from shards.actor.stage_actor import ShardActor
 from shards.bundle.format import BundleError, Manifest, read_manifest
 from shards.bundle.shipping import ShippedStage, digest_stage_file, ship_stage, stage_dir_for
 from shards.partition.cut import partition_to_bundle
 from shards.pipeline.routes import plan_routes
+from tests.shards.model_zoo import Inputs, call_whole, sequential
 
 WARM_SIZES = [1, 3, 8]
 

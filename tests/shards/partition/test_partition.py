@@ -8,12 +8,12 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from model_zoo import ZOO, call_whole, multi_io, residual, sequential
 
 from shards.bundle.format import read_manifest
 from shards.partition.cut import partition_to_bundle, run_chain
 from shards.partition.graph import PartitionError, analyse
 from shards.partition.plan import PlanError
+from tests.shards.model_zoo import ZOO, call_whole, multi_io, residual, sequential
 
 TOLERANCE = 1e-5
 

@@ -23,7 +23,6 @@ import keras
 import numpy as np
 import pytest
 import ray
-from model_zoo import Inputs, call_whole, encoder, sequential
 
 import shards.pipeline.placement
 import shards.pipeline.replica
@@ -38,6 +37,7 @@ from shards.pipeline.replica_set import (
     Replica,
     ReplicaSet,
 )
+from tests.shards.model_zoo import Inputs, call_whole, encoder, sequential
 
 Case = tuple[Path, keras.Model, Inputs]
 

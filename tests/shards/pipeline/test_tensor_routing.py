@@ -12,13 +12,13 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
-from model_zoo import Inputs, call_whole
 
 from shards.bundle.format import Manifest, read_manifest
 from shards.partition.cut import partition_to_bundle
 from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
 from shards.pipeline.routes import plan_routes
 from shards.signature import TensorSpec
+from tests.shards.model_zoo import Inputs, call_whole
 
 Case = tuple[Path, keras.Model, Inputs]
 ROWS = 4
