@@ -6,86 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import numpy as np
 import pytest
 
-import serving.batching.batcher
 from serving.batching.batcher import LOOP_MAX_RESTARTS, Batcher, BatchSettings
-from serving.batching.record import BatchRecord
 from serving.errors import (
     BatchFailedError,
     DeadlineExceededError,
     InvalidInputError,
-    ModelInputError,
     NotReadyError,
     QueueFullError,
-    ShardServeError,
 )
-from shards.errors import ModelError, NoHealthyReplicaError, ReplicaLostError, StageTimeoutError
-from tests.fakes import FakeRunner, expected_outputs, make_rows, row_ids, settle, spawn
-
-LONG_MS = 60_000.0  # a timeout no test waits for: batches then close on size or flush only
-
-
-class FakeClock:
-    """``time.monotonic`` moved forward at will. The event loop reads it too, so its timers
-    (the batcher's timeouts, a request's deadline) fall due when the test moves the clock past
-    them: deadlines far longer than any stall of a loaded machine, reached at once."""
-
-    def __init__(self) -> None:
-        self._real = time.monotonic
-        self._offset = 0.0
-
-    def __call__(self) -> float:
-        return self._real() + self._offset
-
-    def advance(self, seconds: float) -> None:
-        self._offset += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    """Request it before ``make``, so that the batchers stop before the real clock is back."""
-    fake = FakeClock()
-    monkeypatch.setattr(time, "monotonic", fake)
-    return fake
-
-
-class Harness:
-    def __init__(self) -> None:
-        self.records: list[BatchRecord] = []
-        self.rejects: list[str] = []
-        self.batchers: list[Batcher] = []
-
-    async def __call__(self, runner: FakeRunner | Callable[..., Any], **policy: Any) -> Batcher:
-        run = runner.run_batch if isinstance(runner, FakeRunner) else runner
-        batcher = Batcher(
-            run,
-            BatchSettings(**policy),
-            on_batch=self.records.append,
-            on_reject=self.rejects.append,
-        )
-        await batcher.start()
-        self.batchers.append(batcher)
-        return batcher
-
-
-@pytest.fixture
-async def make() -> AsyncIterator[Harness]:
-    harness = Harness()
-    yield harness
-    for batcher in harness.batchers:
-        await batcher.stop(drain=False)
-
-
-def assert_rows(result: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> None:
-    want = expected_outputs(inputs)
-    assert result.keys() == want.keys()
-    for name in want:
-        np.testing.assert_array_equal(result[name], want[name])
+from tests.fakes import FakeRunner, make_rows, row_ids, settle, spawn
+from tests.serving.batching.harness import (
+    LONG_MS,
+    FakeClock,
+    Harness,
+    assert_rows,
+    buggy_wait,
+    occupy,
+    open_gate,
+    seed,
+)
 
 
 async def test_batch_closes_when_full(make: Harness) -> None:
@@ -155,8 +98,7 @@ async def test_inflight_cap_holds_and_the_next_batch_fills(make: Harness) -> Non
     await runner.wait_started(2)
     later = [await spawn(batcher.submit(make_rows(1, start=i))) for i in range(2, 5)]
     assert (runner.calls_started, batcher.inflight_batches, batcher.queued_rows) == (2, 2, 3)
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(*first, *later)
     assert runner.max_running == 2
     assert [row_ids(b)[: r.size] for b, r in zip(runner.batches, make.records, strict=True)] == [
@@ -170,8 +112,7 @@ async def test_inflight_cap_holds_and_the_next_batch_fills(make: Harness) -> Non
 async def test_queue_full_is_rejected_at_once(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=2, max_queue_rows=4, batch_timeout_ms=0)
-    busy = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    busy = await occupy(batcher, runner)
     queued = await spawn(batcher.submit(make_rows(4, start=1)))
     with pytest.raises(QueueFullError) as info:
         await batcher.submit(make_rows(1, start=5))
@@ -180,8 +121,7 @@ async def test_queue_full_is_rejected_at_once(make: Harness) -> None:
     with pytest.raises(InvalidInputError, match="request has 5 rows; at most 4"):
         await batcher.submit(make_rows(5))
     assert make.rejects == ["queue_full"]
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(busy, queued)
 
 
@@ -190,8 +130,7 @@ async def test_deadline_in_the_queue_fails_and_rows_are_never_computed(
 ) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
-    busy = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    busy = await occupy(batcher, runner)
     late = await spawn(batcher.submit(make_rows(2, start=100), deadline=time.monotonic() + 60))
     assert (batcher.queued_rows, late.done()) == (2, False)
     clock.advance(60)
@@ -199,8 +138,7 @@ async def test_deadline_in_the_queue_fails_and_rows_are_never_computed(
     with pytest.raises(DeadlineExceededError, match="in the queue"):
         await late
     assert batcher.queued_rows == 0
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await busy
     assert_rows(await batcher.submit(make_rows(1, start=5)), make_rows(1, start=5))
     assert [row_ids(b) for b in runner.batches] == [[0], [5]]
@@ -232,15 +170,13 @@ async def test_past_deadline_is_rejected_before_queueing(make: Harness) -> None:
 async def test_cancelled_request_rows_are_never_computed(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
-    busy = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    busy = await occupy(batcher, runner)
     gone = await spawn(batcher.submit(make_rows(3, start=100)))
     kept = await spawn(batcher.submit(make_rows(1, start=7)))
     gone.cancel()
     assert isinstance(await settle(gone), asyncio.CancelledError)
     assert batcher.queued_rows == 1
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(busy, kept)
     assert [row_ids(b) for b in runner.batches] == [[0], [7]]
     assert make.rejects == ["cancelled"]
@@ -262,13 +198,11 @@ async def test_rows_of_different_signatures_never_share_a_batch(make: Harness) -
 async def test_queues_are_served_oldest_head_first(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=0)
-    busy = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    busy = await occupy(batcher, runner)
     a1 = await spawn(batcher.submit(make_rows(1, start=1)))
     b1 = await spawn(batcher.submit(make_rows(1, start=2, width=5)))
     a2 = await spawn(batcher.submit(make_rows(1, start=3)))
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(busy, a1, b1, a2)
     assert [row_ids(b) for b in runner.batches] == [[0], [1, 3], [2]]
 
@@ -300,19 +234,15 @@ async def test_without_padding_the_runner_sees_each_batch_at_its_row_count(
 async def test_the_slo_cap_follows_the_stages_compute_reports(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
-    now = time.monotonic()
     # The driver's wall times (queueing included) said 8 rows take a second...
-    batcher._runtime.observe(1, 0.001, now=now)
-    batcher._runtime.observe(8, 1.0, now=now)
+    seed(batcher, {1: 0.001, 8: 1.0}, now=time.monotonic())
     # ...the stage actors report 8 rows computing in 20 + 30 ms.
     report = {"compute_by_rows": {1: {"ewma_ms": 1.0, "count": 9}, 8: {"ewma_ms": 20, "count": 2}}}
     stage1 = {"compute_by_rows": {1: {"ewma_ms": 1.0, "count": 9}, 8: {"ewma_ms": 30, "count": 2}}}
     batcher.observe_compute([{"stage_index": 0, **report}, {"stage_index": 1, **stage1}])
-    busy = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    busy = await occupy(batcher, runner)
     waiting = await spawn(batcher.submit(make_rows(6, start=1)))
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(busy, waiting)
     assert runner.batch_sizes() == [1, 8]  # 50 ms fits the 100 ms SLO: no cap
 
@@ -377,8 +307,7 @@ async def test_stop_drains_queued_rows_then_refuses(make: Harness) -> None:
 async def test_stop_without_drain_fails_queued_and_running_requests(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
-    running = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    running = await occupy(batcher, runner)
     queued = await spawn(batcher.submit(make_rows(1, start=1)))
     await batcher.stop(drain=False)
     for task in (running, queued):
@@ -393,14 +322,12 @@ async def test_reconfigure_applies_to_the_next_batch_and_keeps_queued_rows(
 ) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=0)
-    busy = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    busy = await occupy(batcher, runner)
     queued = await spawn(batcher.submit(make_rows(6, start=1)))
     policy = batcher.reconfigure(max_batch_size=4)
     assert (policy.max_batch_size, batcher.policy.max_batch_size) == (4, 4)
     assert batcher.queued_rows == 6
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await busy
     assert_rows(await queued, make_rows(6, start=1))
     assert [row_ids(b) for b in runner.batches] == [[0], [1, 2, 3, 4], [5, 6]]
@@ -427,12 +354,10 @@ async def test_auto_policy_sends_at_once_when_idle(make: Harness) -> None:
 async def test_auto_policy_fills_batches_while_busy(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None)
-    busy = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    busy = await occupy(batcher, runner)
     waiting = [await spawn(batcher.submit(make_rows(2, start=1 + 2 * i))) for i in range(3)]
     assert runner.calls_started == 1
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(busy, *waiting)
     assert [(r.size, r.padded_size, r.reason) for r in make.records] == [
         (1, 1, "idle"),
@@ -444,14 +369,11 @@ async def test_auto_policy_with_slo_caps_the_batch_size(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
     # Seed the run-time model: one row is fast, a batch of 8 took a whole second just now.
-    batcher._runtime.observe(1, 0.001, now=time.monotonic())
-    batcher._runtime.observe(8, 1.0, now=time.monotonic())
+    seed(batcher, {1: 0.001, 8: 1.0}, now=time.monotonic())
     assert batcher.effective_wait_ms == 0.0
-    busy = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    busy = await occupy(batcher, runner)
     waiting = await spawn(batcher.submit(make_rows(6, start=1)))
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(busy, waiting)
     assert runner.batch_sizes() == [1, 4, 2]
 
@@ -472,8 +394,7 @@ async def test_cancelled_drain_fails_what_is_left(make: Harness) -> None:
     # A server that bounds its drain (wait_for around stop) must still answer every request.
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
-    running = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    running = await occupy(batcher, runner)
     stopping = await spawn(batcher.stop(drain=True))
     stopping.cancel()
     assert isinstance(await settle(stopping), asyncio.CancelledError)
@@ -485,12 +406,10 @@ async def test_cancelled_drain_fails_what_is_left(make: Harness) -> None:
 async def test_auto_policy_sends_full_batches_once_the_slo_is_lost(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
-    batcher._runtime.observe(1, 0.5)  # even one row misses the SLO: shrinking cannot help
-    busy = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    seed(batcher, {1: 0.5})  # even one row misses the SLO: shrinking cannot help
+    busy = await occupy(batcher, runner)
     waiting = await spawn(batcher.submit(make_rows(6, start=1)))
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(busy, waiting)
     assert runner.batch_sizes() == [1, 8]
 
@@ -500,7 +419,7 @@ async def test_auto_policy_spreads_the_outstanding_rows_over_the_stages(make: Ha
     batcher = await make(
         runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=3, pipeline_depth=2
     )
-    batcher._runtime.recent_s = 30.0  # a 30 s batch time: the wait cap never fires here
+    seed(batcher, recent_s=30.0)  # a 30 s batch time: the wait cap never fires here
     first = await spawn(batcher.submit(make_rows(4)))  # idle pipeline: goes at once
     await runner.wait_started(1)
     queued = [await spawn(batcher.submit(make_rows(1, start=10 + i))) for i in range(3)]
@@ -509,8 +428,7 @@ async def test_auto_policy_spreads_the_outstanding_rows_over_the_stages(make: Ha
     assert batcher.effective_wait_ms == 30_000.0
     last = await spawn(batcher.submit(make_rows(1, start=13)))
     await runner.wait_started(2)
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(first, *queued, last)
     assert [(r.size, r.reason) for r in make.records] == [(4, "idle"), (4, "target")]
 
@@ -520,14 +438,13 @@ async def test_auto_policy_never_spreads_over_more_batches_than_may_fly(make: Ha
     batcher = await make(
         runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2, pipeline_depth=4
     )
-    batcher._runtime.recent_s = 20.0  # the wait cap never fires here
+    seed(batcher, recent_s=20.0)  # the wait cap never fires here
     first = await spawn(batcher.submit(make_rows(2)))
     await runner.wait_started(1)
     # 2 in flight + 2 queued over min(4 stages, 2 slots): ceil(4 / 2) = 2 rows, not 1
     queued = [await spawn(batcher.submit(make_rows(1, start=10 + i))) for i in range(2)]
     await runner.wait_started(2)
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(first, *queued)
     assert [(r.size, r.reason) for r in make.records] == [(2, "idle"), (2, "target")]
 
@@ -535,13 +452,12 @@ async def test_auto_policy_never_spreads_over_more_batches_than_may_fly(make: Ha
 async def test_auto_policy_waits_at_most_one_batch_time(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
-    batcher._runtime.recent_s = 0.002  # batches take 2 ms
+    seed(batcher, recent_s=0.002)  # batches take 2 ms
     first = await spawn(batcher.submit(make_rows(4)))
     await runner.wait_started(1)
     second = await spawn(batcher.submit(make_rows(1, start=10)))  # the target would be 3 rows
     await runner.wait_started(2)  # the batch time's timer sent it alone
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await asyncio.gather(first, second)
     assert [(r.size, r.reason) for r in make.records][:2] == [(4, "idle"), (1, "timeout")]
 
@@ -551,140 +467,15 @@ async def test_auto_policy_wait_is_shortened_to_keep_the_slo(make: Harness) -> N
     batcher = await make(
         runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2, slo_p99_ms=600
     )
-    batcher._runtime.recent_s = 2.0  # a 2 s batch time
-    batcher._runtime.observe(1, 0.2)
+    seed(batcher, {1: 0.2}, recent_s=2.0)  # a 2 s batch time
     assert batcher.effective_wait_ms == 0.0  # idle: a batch goes at once
-    first = await spawn(batcher.submit(make_rows(1)))
-    await runner.wait_started(1)
+    first = await occupy(batcher, runner)
     assert batcher.effective_wait_ms == pytest.approx(400.0)  # 600 ms SLO - 200 ms of compute
-    assert runner.gate is not None
-    runner.gate.set()
+    open_gate(runner)
     await first
 
 
-# --- poison rows: the model raises on some requests' rows, not on their batch-mates'
-
-
-def _poisoned(i: int) -> dict[str, np.ndarray]:
-    rows = make_rows(1, start=i)
-    rows["x"][0, 0] = -1000.0 - i  # the fake model raises on a negative first value
-    return rows
-
-
-async def test_a_poison_row_fails_only_its_own_request(make: Harness) -> None:
-    runner = FakeRunner(poison=True)
-    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=LONG_MS)
-    inputs = [_poisoned(i) if i == 5 else make_rows(1, start=i) for i in range(8)]
-
-    outcomes = await asyncio.gather(*(settle(batcher.submit(x)) for x in inputs))
-
-    bad = outcomes[5]
-    assert isinstance(bad, ModelInputError) and bad.status_code == 422
-    assert str(bad) == (
-        "the model failed on this input: InvalidArgumentError: indices[0,0] = -1005 "
-        "is not in [0, 10)"
-    )
-    for i, (outcome, x) in enumerate(zip(outcomes, inputs, strict=True)):
-        if i != 5:
-            assert isinstance(outcome, dict), (i, outcome)
-            assert_rows(outcome, x)
-    await batcher.stop()  # the batch's record is written once its reruns are done
-    # 8 requests: the whole batch, then halves down to the poisoned one, 2 runs per level.
-    assert runner.batch_sizes()[0] == 8
-    assert len(runner.batches) == 1 + 2 * 3
-    assert [(r.ok, r.isolated) for r in make.records] == [(False, 1)]
-
-
-async def test_two_poison_rows_in_one_batch_are_both_found(make: Harness) -> None:
-    runner = FakeRunner(poison=True)
-    batcher = await make(runner, max_batch_size=6, batch_timeout_ms=LONG_MS)
-    inputs = [_poisoned(i) if i in (0, 4) else make_rows(1, start=i) for i in range(6)]
-
-    outcomes = await asyncio.gather(*(settle(batcher.submit(x)) for x in inputs))
-
-    assert [isinstance(o, ModelInputError) for o in outcomes] == [
-        True, False, False, False, True, False
-    ]  # fmt: skip
-    for i in (1, 2, 3, 5):
-        assert_rows(outcomes[i], inputs[i])  # type: ignore[arg-type]
-    await batcher.stop()
-    assert make.records[0].isolated == 2
-
-
-async def test_an_error_the_input_is_not_blamed_for_fails_the_batch_without_reruns(
-    make: Harness,
-) -> None:
-    runner = FakeRunner(fail_with=ModelError("ResourceExhaustedError: OOM", input_blamed=False))
-    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=LONG_MS)
-
-    outcomes = await asyncio.gather(
-        *(settle(batcher.submit(make_rows(1, start=i))) for i in range(4))
-    )
-
-    assert all(isinstance(o, BatchFailedError) for o in outcomes)
-    assert str(outcomes[0]) == "model failed on a batch of 4 rows: ResourceExhaustedError: OOM"
-    assert len(runner.batches) == 1  # not the input's fault: no bisection
-    assert make.records[0].isolated == 0
-
-
-@pytest.mark.parametrize(
-    ("raised", "status", "message"),
-    [
-        (ReplicaLostError("a stage process failed: ActorDiedError, on two replicas"), 500,
-         "the request's batch was lost: a stage process failed: ActorDiedError, on two replicas"),
-        (StageTimeoutError("the batch ran past the watchdog's limit of 3 s"), 504,
-         "the request's batch was abandoned: the batch ran past the watchdog's limit of 3 s"),
-        (NoHealthyReplicaError("no healthy replica of 2"), 503,
-         "the model is unavailable: no healthy replica of 2; retry shortly"),
-    ],
-)  # fmt: skip
-async def test_runner_faults_become_one_clear_status_each(
-    make: Harness, raised: Exception, status: int, message: str
-) -> None:
-    runner = FakeRunner(fail_with=raised)
-    batcher = await make(runner, max_batch_size=2, batch_timeout_ms=LONG_MS)
-
-    outcomes = await asyncio.gather(
-        *(settle(batcher.submit(make_rows(1, start=i))) for i in range(2))
-    )
-
-    for outcome in outcomes:
-        assert isinstance(outcome, ShardServeError)
-        assert (outcome.status_code, str(outcome)) == (status, message)
-    assert len(runner.batches) == 1  # a replica fault is retried by the runner, not here
-
-
 # --- the loop itself fails: a bug inside it (here in the wait policy it consults)
-
-
-class BuggyWait:
-    """The real wait policy, but ``close_reason`` raises while ``crashes`` is above 0 (each
-    raise counts one down; None: it always raises)."""
-
-    def __init__(self, real: serving.batching.batcher.WaitPolicy, crashes: int | None) -> None:
-        self.real = real
-        self.crashes = crashes
-
-    def close_reason(self, policy: BatchSettings, **kwargs: Any) -> str | None:
-        if self.crashes is None or self.crashes > 0:
-            self.crashes = None if self.crashes is None else self.crashes - 1
-            raise RuntimeError("bug in the wait policy")
-        return self.real.close_reason(policy, **kwargs)
-
-    def wait_s(self, policy: BatchSettings, rows: int, inflight_batches: int) -> float:
-        return self.real.wait_s(policy, rows, inflight_batches)
-
-    def batch_limit(self, policy: BatchSettings, waited_s: float, now: float, queued: int) -> int:
-        return self.real.batch_limit(policy, waited_s, now, queued)
-
-
-def buggy_wait(monkeypatch: pytest.MonkeyPatch, crashes: int | None) -> None:
-    real = serving.batching.batcher.wait_policy
-    monkeypatch.setattr(
-        serving.batching.batcher,
-        "wait_policy",
-        lambda policy, rt: BuggyWait(real(policy, rt), crashes),
-    )
 
 
 async def test_a_crashed_loop_is_logged_and_restarted(

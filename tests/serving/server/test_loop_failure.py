@@ -8,8 +8,8 @@ import pytest
 from serving.batching.batcher import LOOP_MAX_RESTARTS
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner
+from tests.serving.batching.harness import BuggyWait, buggy_wait
 from tests.serving.test_app import expected_row, row, serve
-from tests.serving.batching.test_batcher import BuggyWait, buggy_wait
 
 
 async def test_readiness_follows_the_batcher_loop(monkeypatch: pytest.MonkeyPatch) -> None:
