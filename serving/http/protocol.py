@@ -14,7 +14,7 @@ sees every response) and is not traced (``ShardServeApp.answers_fast_routes``).
 
 **Hang-ups.** A request waiting on the batcher must learn that its client went away (its
 rows are then dropped). Through ASGI alone that takes a task per request blocked in
-``receive()``; here the scope of every request carries a list (``raw_http.DISCONNECT_KEY``)
+``receive()``; here the scope of every request carries a list (``fast.DISCONNECT_KEY``)
 where its handler puts a callback, called when the connection is lost before the answer.
 """
 
@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from serving.http.raw import DISCONNECT_KEY
+from serving.errors import ShardServeError
+from serving.http.admission import queue_full_message
+from serving.http.fast import DISCONNECT_KEY, FastRoutes
+from serving.http.model import ModelDirectory
 from serving.http.replies import request_id_from
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
-
-    from serving.server.state import ServerState
 
 __all__ = ["http_protocol"]
 
@@ -43,10 +44,8 @@ _STATUS = b"HTTP/1.1 503 Service Unavailable\r\n"
 
 def http_protocol(app: FastAPI) -> type[Any] | str:
     """uvicorn's httptools protocol for ``app``; ``"auto"`` (uvicorn's own) without httptools
-    or for an app that is not a ``ShardServeApp``."""
-    from serving.server.app import ShardServeApp
-
-    if not isinstance(app, ShardServeApp):
+    or for an app without fast routes (``ShardServeApp`` has them)."""
+    if not isinstance(getattr(app, "fast_routes", None), FastRoutes):
         return "auto"
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -85,7 +84,7 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
 
 
 class _Refuser:
-    def __init__(self, app: Any) -> None:  # a ShardServeApp
+    def __init__(self, app: Any) -> None:  # a ShardServeApp: fast_routes, answers_fast_routes
         self.app = app
         self._bodies: dict[tuple[int, int], bytes] = {}
 
@@ -95,26 +94,36 @@ class _Refuser:
         started = time.perf_counter()
         if scope["method"] != "POST":
             return None
-        state: ServerState | None = getattr(self.app.state, "shardserve", None)
-        if state is None or state.batcher is None:
-            return None
-        batcher = state.batcher
-        queued, limit = batcher.queued_rows, batcher.policy.max_queue_rows
-        if queued < limit or not state.accepting or not self.app.answers_fast_routes:
+        models: ModelDirectory | None = getattr(self.app.state, "shardserve", None)
+        if models is None or not self.app.answers_fast_routes:
             return None
         hit = self.app.fast_routes.match_scope(scope)
-        if hit is None or hit[1] != self.app.served_name or hit[2] not in (None, "1"):
+        if hit is None:
+            return None
+        try:
+            model = models.model(hit[1], hit[2])
+        except ShardServeError:  # another model's name: the app says which are served
+            return None
+        batcher = model.batcher
+        if batcher is None:
+            return None
+        queued, limit = batcher.queued_rows, batcher.policy.max_queue_rows
+        if queued < limit:
+            return None
+        try:
+            model.require_batcher()
+        except ShardServeError:  # loading or stopping: the app says so
             return None
         headers = scope["headers"]
         for name, value in headers:
             if name == b"content-length":
-                if not value.isdigit() or int(value) > state.settings.max_body_bytes:
+                if not value.isdigit() or int(value) > model.settings.max_body_bytes:
                     return None
                 break
         rid = request_id_from(headers)
         body = self._body(queued, limit)
-        state.metrics.reject("queue_full")
-        state.metrics.observe_latency(503, time.perf_counter() - started)
+        model.metrics.reject("queue_full")
+        model.metrics.observe_latency(503, time.perf_counter() - started)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request %s: 503 queue full (refused from its headers)", rid.decode())
         return b"".join(
@@ -128,11 +137,11 @@ class _Refuser:
         )
 
     def _body(self, queued: int, limit: int) -> bytes:
-        # The words of serving.http.replies.check_headroom's refusal, one body per (queued, limit).
+        # The words of admission.check_headroom's refusal, one body per (queued, limit).
         body = self._bodies.get((queued, limit))
         if body is None:
             if len(self._bodies) > 64:
                 self._bodies.clear()
-            message = f"queue full: {queued} rows queued, max_queue_rows={limit}"
+            message = queue_full_message(queued, limit)
             body = self._bodies[(queued, limit)] = orjson.dumps({"error": message})
         return body

@@ -1,5 +1,10 @@
-"""Request and response plumbing shared by the routes: request ids, JSON replies, error replies,
-admission from the headers, the body limit, deadlines, and noticing a client that hung up."""
+"""One set of request and answer helpers for the fast routes (raw ASGI) and the routed ones
+(Starlette): request ids, the answer of an error, reading a body, noticing a client that hung up.
+
+An answer is a ``Reply`` tuple; the fast routes send it as two ASGI messages (``send_reply``),
+a routed endpoint or exception handler returns it as a Starlette ``Response`` (``as_response``):
+the same bytes and headers either way, and one log line per failed request.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +13,51 @@ import logging
 import os
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-from fastapi import Request, Response
-from starlette.types import Message, Send
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
 
-from serving.errors import PayloadTooLargeError, QueueFullError, ShardServeError
+from serving.errors import PayloadTooLargeError, ShardServeError
 
-if TYPE_CHECKING:
-    from serving.batching.batcher import Batcher
+__all__ = [
+    "JSON",
+    "OCTET_STREAM",
+    "REQUEST_ID_HEADER",
+    "REQUEST_ID_KEY",
+    "ClientGone",
+    "Reply",
+    "as_response",
+    "error_reply",
+    "json_response",
+    "log_failure",
+    "read_body",
+    "request_id",
+    "request_id_from",
+    "send_reply",
+    "send_with_request_id",
+    "unexpected_reply",
+]
 
 log = logging.getLogger("shardserve")
 REQUEST_ID_HEADER = b"x-request-id"
 REQUEST_ID_KEY = "shardserve.request_id"  # where the id lives in the ASGI scope
+JSON = b"application/json"
+OCTET_STREAM = b"application/octet-stream"
 _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 _ID_PREFIX = os.urandom(8).hex().encode()
 _ID_COUNTER = itertools.count()
+
+# (status, body, content type, more headers)
+Reply = tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+# ---- request ids
 
 
 def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
@@ -38,14 +71,15 @@ def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
     return b"%s%08x" % (_ID_PREFIX, next(_ID_COUNTER) & 0xFFFFFFFF)
 
 
-def request_id(request: Request) -> str:
-    rid: bytes | None = request.scope.get(REQUEST_ID_KEY)
-    return rid.decode() if rid is not None else "-"
+def request_id(scope: Scope) -> bytes:
+    """The id ``ShardServeApp`` gave the request (``-`` outside it)."""
+    rid: bytes | None = scope.get(REQUEST_ID_KEY)
+    return rid if rid is not None else b"-"
 
 
 def send_with_request_id(send: Send, rid: bytes) -> Send:
     """``send`` that adds the ``X-Request-Id`` header to the response it starts, unless the
-    response has one (the fast routes write their own, ``serving.http.raw.send_reply``)."""
+    response has one (the fast routes write their own, ``send_reply``)."""
     header = (REQUEST_ID_HEADER, rid)
 
     async def send_with_id(message: Message) -> None:
@@ -59,6 +93,9 @@ def send_with_request_id(send: Send, rid: bytes) -> Send:
     return send_with_id
 
 
+# ---- answers
+
+
 def log_failure(rid: str, status: int, message: str) -> None:
     """The one log line of a request that ended in an error, named by its request id.
 
@@ -70,6 +107,61 @@ def log_failure(rid: str, status: int, message: str) -> None:
     log.log(level, "request %s: %d %s", rid, status, message)
 
 
+def error_reply(exc: ShardServeError, rid: bytes) -> Reply:
+    """The answer of a ``ShardServeError``: its status, ``{"error": message}``, ``Retry-After``
+    where it has one; logged."""
+    log_failure(rid.decode(), exc.status_code, exc.message)
+    headers = []
+    if exc.retry_after_s is not None:
+        headers.append((b"retry-after", b"%d" % max(1, round(exc.retry_after_s))))
+    return exc.status_code, orjson.dumps({"error": exc.message}), JSON, headers
+
+
+def unexpected_reply(scope: Scope, exc: Exception) -> Reply:
+    """A 500 that tells the client nothing of the error; the log has it, with the request id."""
+    log.error(
+        "request %s: 500 unexpected error on %s %s",
+        request_id(scope).decode(),
+        scope.get("method"),
+        scope.get("path"),
+        exc_info=exc,
+    )
+    body = orjson.dumps({"error": "internal server error; see the server log"})
+    return 500, body, JSON, []
+
+
+async def send_reply(
+    send: Send,
+    rid: bytes,
+    status: int,
+    body: bytes,
+    content_type: bytes = JSON,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """The answer as two messages; the ``X-Request-Id`` is written here, so a fast route's
+    ``send`` needs no wrapper to add it (``send_with_request_id`` adds none twice)."""
+    start = [
+        (b"content-type", content_type),
+        (b"content-length", b"%d" % len(body)),
+        (REQUEST_ID_HEADER, rid),
+    ]
+    if headers:
+        start += headers
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": body})
+
+
+def as_response(reply: Reply) -> Response:
+    """A reply as a Starlette response (a routed endpoint's or an exception handler's)."""
+    status, body, content_type, headers = reply
+    return Response(
+        body,
+        status_code=status,
+        media_type=content_type.decode("latin-1"),
+        headers={k.decode("latin-1"): v.decode("latin-1") for k, v in headers} or None,
+    )
+
+
 def json_response(
     content: Any, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
@@ -77,55 +169,35 @@ def json_response(
     return Response(body, status_code=status_code, media_type="application/json", headers=headers)
 
 
-def error_response(exc: ShardServeError, rid: str = "-") -> Response:
-    log_failure(rid, exc.status_code, exc.message)
-    headers = None
-    if exc.retry_after_s is not None:
-        headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-    return json_response({"error": exc.message}, exc.status_code, headers)
+# ---- bodies
 
 
-def unexpected_response(request: Request, exc: Exception) -> Response:
-    log.error(
-        "request %s: 500 unexpected error on %s %s",
-        request_id(request),
-        request.method,
-        request.url.path,
-        exc_info=exc,
-    )
-    return json_response({"error": "internal server error; see the server log"}, 500)
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole body, at most ``limit`` bytes (413 past it); ``ClientGone`` on a hang-up.
 
-
-def check_content_length(request: Request, limit: int) -> None:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise PayloadTooLargeError(f"body of {length} bytes is over the limit of {limit} bytes")
-
-
-def check_headroom(batcher: Batcher) -> None:
-    """Refuse before the body is read when the queue has no room for even one more row.
-
-    A request that gets past this can still be refused by ``Batcher.submit`` once its row count
-    is known; this check is what keeps an overloaded server from decoding bodies it throws away.
-    """
-    queued, limit = batcher.queued_rows, batcher.policy.max_queue_rows
-    if queued >= limit:
-        raise QueueFullError(
-            f"queue full: {queued} rows queued, max_queue_rows={limit}", retry_after_s=1.0
-        )
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    check_content_length(request, limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
+    In the usual case the body is one message, returned without a copy. A ``Content-Length``
+    over the limit is refused before this, from the headers (``serving.http.admission``)."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit:
+            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
         if size > limit:
             raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
         chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            break
+    if size > limit:
+        raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
     return b"".join(chunks)
-
-
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready."""
