@@ -1,5 +1,7 @@
-"""OpenAPI documentation of the V2 routes' bodies. Never used to parse them: orjson and numpy
-read the payload (``serving.protocols.v2.infer_body``)."""
+"""OpenAPI documentation of the V2 routes' bodies, and the models their GET answers are sent
+through (``response_model``). Never used to parse a request: orjson and numpy read the payload
+(``serving.protocols.v2.infer_body``). ``ROUTE_DOCS`` is what the server hands to
+``serving.protocols.v2.http.install_v2_routes``."""
 
 from __future__ import annotations
 
@@ -9,16 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from serving.protocols.v2.datatypes import DATATYPES
 
-__all__ = [
-    "INFER",
-    "INFER_REQUEST",
-    "LIVE",
-    "MODEL_CONFIG",
-    "MODEL_METADATA",
-    "MODEL_READY",
-    "SERVER_METADATA",
-    "SERVER_READY",
-]
+__all__ = ["INFER", "INFER_REQUEST", "ROUTE_DOCS"]
 
 Responses = dict[int | str, dict[str, Any]]
 Datatype = Literal[DATATYPES]  # type: ignore[valid-type]
@@ -182,11 +175,20 @@ INFER: Responses = {
     },
     **{code: _ERROR for code in (400, 404, 413, 422, 500, 503, 504)},
 }
-# The GET routes: their 200 body (the route's response_model) and their other answers.
-Get = tuple[type[BaseModel], Responses]
-SERVER_METADATA: Get = (V2ServerMetadata, {})
-LIVE: Get = (V2LiveResponse, {})
-SERVER_READY: Get = (V2ReadyResponse, {503: {"model": V2ReadyResponse}})
-MODEL_METADATA: Get = (V2ModelMetadata, {404: _ERROR, 503: _ERROR})
-MODEL_READY: Get = (V2ModelReadyResponse, {404: _ERROR, 503: {"model": V2ModelReadyResponse}})
-MODEL_CONFIG: Get = (V2ModelConfig, {404: _ERROR, 503: _ERROR})
+# Each kind of V2 route (``serving.protocols.v2.http.ROUTE_KINDS``): the GET routes' 200 body
+# (the route's response_model) and their other answers; the infer routes' bodies.
+ROUTE_DOCS: dict[str, dict[str, Any]] = {
+    "server_metadata": {"response_model": V2ServerMetadata, "responses": {}},
+    "live": {"response_model": V2LiveResponse, "responses": {}},
+    "server_ready": {
+        "response_model": V2ReadyResponse,
+        "responses": {503: {"model": V2ReadyResponse}},
+    },
+    "model_metadata": {"response_model": V2ModelMetadata, "responses": {404: _ERROR, 503: _ERROR}},
+    "model_ready": {
+        "response_model": V2ModelReadyResponse,
+        "responses": {404: _ERROR, 503: {"model": V2ModelReadyResponse}},
+    },
+    "model_config": {"response_model": V2ModelConfig, "responses": {404: _ERROR, 503: _ERROR}},
+    "infer": {"responses": INFER, "openapi_extra": INFER_REQUEST},
+}

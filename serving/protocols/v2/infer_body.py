@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 
 from serving.errors import InvalidInputError
-from serving.http.raw import JSON, OCTET_STREAM, Reply
+from serving.http.replies import JSON, OCTET_STREAM, Reply
 from serving.protocols.v2.datatypes import BINARY_ONLY
 from serving.protocols.v2.tensors import decode_tensor, encode_tensor, spec_datatype
 from shards.signature import ModelSignature, TensorSpec
@@ -24,7 +24,7 @@ from shards.signature import ModelSignature, TensorSpec
 __all__ = ["HEADER_LENGTH", "InferCall", "encode_infer", "parse_infer"]
 
 HEADER_LENGTH = "inference-header-content-length"
-VERSION = "1"  # the one version of the served model
+VERSION = "1"  # the one version a model is served as, while there is one
 
 
 @dataclass(frozen=True)
@@ -288,9 +288,13 @@ def _outputs(
 
 
 def encode_infer(
-    outputs: dict[str, np.ndarray], call: InferCall, signature: ModelSignature, model_name: str
+    outputs: dict[str, np.ndarray],
+    call: InferCall,
+    signature: ModelSignature,
+    model_name: str,
+    model_version: str = VERSION,
 ) -> Reply:
-    """The answer: ``(200, body, content type, headers)`` (``serving.http.raw.Reply``)."""
+    """The answer: ``(200, body, content type, headers)`` (``serving.http.replies.Reply``)."""
     specs = _parts(signature).outputs
     entries: list[dict[str, Any]] = []
     buffers: list[memoryview] = []
@@ -303,7 +307,7 @@ def encode_infer(
         else:
             entry["data"] = tensor.flat()
         entries.append(entry)
-    body: dict[str, Any] = {"model_name": model_name, "model_version": VERSION}
+    body: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if call.id is not None:
         body["id"] = call.id
     body["outputs"] = entries
