@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.config import Settings
 from serving.errors import NotReadyError
-from serving.http.fastpath import FastRoutes
+from serving.http.fast import FastRoutes
 from serving.server.app import ShardServeApp, create_app
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, expected_outputs
@@ -58,7 +58,7 @@ async def serve_with(*middleware: tuple[Any, dict[str, Any]]) -> AsyncIterator[h
     for cls, options in middleware:
         app.add_middleware(cls, **options)
     async with LifespanManager(app) as manager:
-        await app.state.shardserve.ready.wait()
+        await app.state.shardserve.model().ready.wait()
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client

@@ -39,7 +39,7 @@ async def serve(
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
         if wait_ready:
-            await app.state.shardserve.ready.wait()
+            await app.state.shardserve.model().ready.wait()
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
@@ -146,7 +146,7 @@ async def test_the_document_before_and_after_the_model_loads() -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             before = await predict_schema(client)
             release.set()
-            await app.state.shardserve.ready.wait()
+            await app.state.shardserve.model().ready.wait()
             after = await predict_schema(client)
     body = {"instances": [[1.0, 2.0]]}  # the wrong width for the model
     assert schema_accepts(before, body) and not schema_accepts(after, body)
@@ -268,7 +268,7 @@ async def test_the_document_is_built_once_per_model() -> None:
 
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
-        await app.state.shardserve.ready.wait()
+        await app.state.shardserve.model().ready.wait()
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             first = app.openapi()

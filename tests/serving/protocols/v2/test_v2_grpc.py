@@ -64,7 +64,7 @@ async def serve(
     async with LifespanManager(app) as manager:
         state: ServerState = app.state.shardserve
         if wait_ready:
-            await state.ready.wait()
+            await state.model().ready.wait()
         transport = httpx.ASGITransport(app=manager.app)
         async with (
             httpx.AsyncClient(transport=transport, base_url="http://test") as http,
@@ -166,7 +166,7 @@ async def test_live_at_once_ready_once_the_model_is_warm() -> None:
         assert code == grpc.StatusCode.UNAVAILABLE
         assert message == "model is still loading; retry when GET /readyz answers 200"
         gate.set()
-        await s.state.ready.wait()
+        await s.state.model().ready.wait()
         assert (await s.stub.ServerReady(pb.ServerReadyRequest())).ready is True
         ready = await s.stub.ModelReady(pb.ModelReadyRequest(name="fake", version="1"))
         assert ready.ready is True
@@ -493,7 +493,7 @@ async def test_full_queue_is_unavailable_before_decoding() -> None:
     runner = FakeRunner(gate=gate)
     async with serve(runner, max_queue_rows=4, max_inflight_batches=1, batch_timeout_ms=0) as s:
         gate.clear()
-        batcher = s.state.require_batcher()
+        batcher = s.state.model().require_batcher()
         first = await spawn(batcher.submit(make_rows(4)))  # in flight, held by the gate
         await runner.wait_started(2)
         second = await spawn(batcher.submit(make_rows(4, start=4)))  # fills the queue
@@ -516,7 +516,7 @@ async def test_client_deadline_drops_the_rows() -> None:
     runner = FakeRunner(gate=gate)
     async with serve(runner, max_inflight_batches=1, batch_timeout_ms=0) as s:
         gate.clear()
-        batcher = s.state.require_batcher()
+        batcher = s.state.model().require_batcher()
         held = await spawn(batcher.submit(make_rows(1)))
         await runner.wait_started(2)
         started = time.monotonic()
@@ -538,7 +538,7 @@ async def test_timeout_parameter_is_the_batchers_deadline() -> None:
     runner = FakeRunner(gate=gate)
     async with serve(runner, max_inflight_batches=1, batch_timeout_ms=0) as s:
         gate.clear()
-        batcher = s.state.require_batcher()
+        batcher = s.state.model().require_batcher()
         held = await spawn(batcher.submit(make_rows(1)))
         await runner.wait_started(2)
         request = infer_request(make_rows(1, start=9)["x"])
@@ -590,7 +590,7 @@ async def test_grpc_port_zero_serves_no_grpc() -> None:
     before = listening_ports()
     app = create_app(Settings(model="fake", grpc_port=0), factory)
     async with LifespanManager(app):
-        await app.state.shardserve.ready.wait()
+        await app.state.shardserve.model().ready.wait()
         during = listening_ports()
 
     assert during - before == set()

@@ -17,7 +17,7 @@ from serving.protocols.v2.tensors import decode_tensor
 from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, expected_outputs
-from tests.serving.test_app import row, serve
+from tests.serving.served_app import row, serve
 
 INFER = "/v2/models/fake/infer"
 MULTI = ModelSignature(
@@ -130,7 +130,7 @@ async def test_not_ready_while_loading() -> None:
             meta = await client.get("/v2/models/fake")
             infer = await client.post(INFER, json={"inputs": []})
             release.set()
-            await app.state.shardserve.ready.wait()
+            await app.state.shardserve.model().ready.wait()
             assert (await client.get("/v2/health/ready")).status_code == 200
     assert (ready.status_code, ready.json()) == (503, {"ready": False})
     assert (model_ready.status_code, model_ready.json()) == (503, {"name": "fake", "ready": False})
@@ -613,7 +613,7 @@ async def test_openapi_documents_the_v2_bodies() -> None:
     request_schema = infer["requestBody"]["content"]["application/json"]["schema"]
     assert request_schema["required"] == ["inputs"]
     # Once the model is loaded, the body is the served model's (serving/openapi/v2.py, checked in
-    # tests/serving/test_apidoc.py); the binary extension is described in words.
+    # tests/serving/openapi/test_apidoc.py); the binary extension is described in words.
     assert "Inference-Header-Content-Length" in request_schema["description"]
     assert list(infer["requestBody"]["content"]) == ["application/json"]
     assert {"200", "400", "404", "413", "503", "504"} <= set(infer["responses"])
