@@ -124,6 +124,7 @@ def run_server(settings: Settings) -> None:
     )
     server.run()
     state = getattr(api.state, "shardserve", None)
-    if state is not None and state.load_error:
-        err.print(f"[red]error:[/red] the model failed to load: {state.load_error}")
+    failed = [m.load_error for m in state.models.values() if m.load_error] if state else []
+    if failed:
+        err.print(f"[red]error:[/red] the model failed to load: {failed[0]}")
         raise typer.Exit(1)

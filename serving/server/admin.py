@@ -14,7 +14,7 @@ naming the field, the value and the bounds) and changes nothing.
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from annotated_types import Le
 from fastapi import FastAPI, Request
@@ -29,10 +29,15 @@ from serving.errors import (
     NotReadyError,
     UnauthorizedError,
 )
+from serving.http.admission import check_length
 from serving.http.replies import read_body
-from serving.openapi.document import ADMIN_SECURITY, BatchingView, RunTimeView, errors
+from serving.openapi.bodies import BatchingView, RunTimeView, errors
+from serving.openapi.document import ADMIN_SECURITY
 from serving.server.runner import ModelRunner
-from serving.server.state import ServerState
+
+if TYPE_CHECKING:
+    from serving.server.model import ServedModel
+    from serving.server.state import ServerState
 
 __all__ = [
     "ADMIN_FIELDS",
@@ -194,19 +199,21 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
     change = change_model(settings)
     allowed = _allowed(settings)
 
-    def state_of(request: Request) -> ServerState:
+    def model_of(request: Request) -> ServedModel:
+        # The default model's batching: the one model served today.
         state: ServerState = request.app.state.shardserve
-        return state
+        return state.model()
 
     async def get_batching(request: Request) -> BatchingView:
         check_token(request, settings)
-        return batching_view(state_of(request).require_batcher())
+        return batching_view(model_of(request).require_batcher())
 
     async def put_batching(request: Request) -> BatchingView:
         check_token(request, settings)
-        state = state_of(request)
-        batcher = state.require_batcher()
-        raw = await read_body(request, _BODY_LIMIT)
+        model = model_of(request)
+        batcher = model.require_batcher()
+        check_length(request.headers.get("content-length"), _BODY_LIMIT)
+        raw = await read_body(request.receive, _BODY_LIMIT)
         try:
             body = change.model_validate_json(raw)
         except ValidationError as exc:
@@ -215,7 +222,7 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
             raise InvalidInputError(
                 f"body must be a non-empty JSON object with some of {list(ADMIN_FIELDS)}"
             )
-        runner = state.runner
+        runner = model.runner
         if runner is None:  # never once the batcher is: it is made from the runner
             raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
         try:

@@ -18,7 +18,7 @@ from types import FrameType
 import uvicorn
 
 from serving.server.state import ServerState
-from serving.server.stop_budget import StopBudget, drain_batcher
+from serving.server.stop_budget import StopBudget
 
 log = logging.getLogger("shardserve")
 DEFAULT_STOP_TIMEOUT_S = 25.0
@@ -29,7 +29,7 @@ class GracefulServer(uvicorn.Server):
 
     First SIGTERM or SIGINT: the app stops accepting (``/readyz`` and new requests answer 503)
     while the listener stays open, so clients get a clear answer instead of a refused
-    connection. The batcher answers what it holds until the budget's drain mark
+    connection. Each model's batcher answers what it holds until the budget's drain mark
     (``serving.server.stop_budget``) and what is left then gets a 503; then uvicorn's shutdown runs
     (the listener closes, open responses finish) and the lifespan shutdown (gRPC, the runner),
     each bounded by what is left of the same budget. A second signal ends the process at once.
@@ -55,18 +55,22 @@ class GracefulServer(uvicorn.Server):
             return
         self._signalled = True
         state = self._state_of()
-        if state is not None and state.batcher is not None and state.ready.is_set():
+        if state is not None:
             budget = state.begin_stop()
-            log.info(
-                "%s: refusing new requests; answering %d queued row(s) and %d batch(es) in "
-                "flight first, within the %g s stop budget (send it again to stop at once)",
-                signal.Signals(sig).name,
-                state.batcher.queued_rows,
-                state.batcher.inflight_batches,
-                budget.total_s,
-            )
-        elif state is not None:
-            state.begin_stop()
+            serving = [
+                m.batcher
+                for m in state.models.values()
+                if m.batcher is not None and m.ready.is_set()
+            ]
+            if serving:
+                log.info(
+                    "%s: refusing new requests; answering %d queued row(s) and %d batch(es) in "
+                    "flight first, within the %g s stop budget (send it again to stop at once)",
+                    signal.Signals(sig).name,
+                    sum(b.queued_rows for b in serving),
+                    sum(b.inflight_batches for b in serving),
+                    budget.total_s,
+                )
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -75,9 +79,8 @@ class GracefulServer(uvicorn.Server):
             budget = StopBudget.start(self._stop_timeout_s)
         else:
             budget = state.begin_stop()
-            if state.batcher is not None:
-                # Before uvicorn's shutdown, so that the listener still answers (503) meanwhile.
-                await drain_batcher(state.batcher, budget)
+            # Before uvicorn's shutdown, so that the listener still answers (503) meanwhile.
+            await state.drain(budget)
         # uvicorn cancels the responses still open past this (they had their answers by now);
         # it hands the value to asyncio.wait_for, which takes any number of seconds.
         self.config.timeout_graceful_shutdown = budget.answer_left()  # type: ignore[assignment]

@@ -18,8 +18,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from serving.batching.batcher import Batcher
+if TYPE_CHECKING:
+    from serving.batching.batcher import Batcher
 
 __all__ = ["StopBudget", "drain_batcher"]
 

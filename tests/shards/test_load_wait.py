@@ -66,14 +66,14 @@ async def test_a_load_waiting_for_cpus_says_so_on_readyz_then_fails_at_the_timeo
     )
     failures: list[str] = []
     app = create_app(settings, on_load_failure=failures.append)
-    state = None
+    model = None
     async with LifespanManager(app) as manager:
-        state = app.state.shardserve
+        model = app.state.shardserve.model()
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             waiting = await _readyz_reason(client, LOAD_TIMEOUT_S + 10)
             refused = await client.post("/predict", json={"instances": [[0.0] * 8]})
-            await asyncio.wait_for(state.loaded.wait(), LOAD_TIMEOUT_S + 10)
+            await asyncio.wait_for(model.loaded.wait(), LOAD_TIMEOUT_S + 10)
             failed = await client.get("/readyz")
 
     free_now = f"cluster has CPU 0/{every_cpu_held:g} free"
@@ -86,7 +86,7 @@ async def test_a_load_waiting_for_cpus_says_so_on_readyz_then_fails_at_the_timeo
         f"the model did not load within load_timeout_s={LOAD_TIMEOUT_S:g} s ({waiting}); "
         "free or add those resources, or raise load_timeout_s"
     )
-    assert state.runner is None
+    assert model is not None and model.runner is None
     assert pending_placement() is None  # the abandoned placement group was removed
 
 

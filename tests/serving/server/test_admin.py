@@ -32,7 +32,7 @@ async def serve(runner: FakeRunner, **overrides: Any) -> AsyncIterator[httpx.Asy
 
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
-        await app.state.shardserve.ready.wait()
+        await app.state.shardserve.model().ready.wait()
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client

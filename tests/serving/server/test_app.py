@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -15,41 +13,13 @@ from asgi_lifespan import LifespanManager
 
 from serving.config import Settings
 from serving.errors import from_runner
-from serving.http.replies import error_response
+from serving.http.replies import as_response, error_reply
 from serving.server.app import create_app
 from shards.errors import NoHealthyReplicaError, StageTimeoutError
 from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error
-from tests.fakes import WAIT_S, FakeRunner, expected_outputs
-
-
-@contextlib.asynccontextmanager
-async def serve(
-    runner: FakeRunner, *, wait_ready: bool = True, **overrides: Any
-) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(
-        model="fake", **{"batch_timeout_ms": 1000.0, "max_batch_size": 4, **overrides}
-    )
-
-    async def factory(_: Settings) -> FakeRunner:
-        return runner
-
-    app = create_app(settings, factory)
-    async with LifespanManager(app) as manager:
-        if wait_ready:
-            await asyncio.wait_for(app.state.shardserve.ready.wait(), WAIT_S)
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            client.shardserve = app.state.shardserve  # type: ignore[attr-defined]
-            yield client
-
-
-def row(i: int) -> list[float]:
-    return [float(i), 1.0, 2.0, 3.0]
-
-
-def expected_row(i: int) -> list[float]:
-    return expected_outputs({"x": np.array([row(i)], np.float32)})["y"][0].tolist()
+from tests.fakes import FakeRunner, expected_outputs
+from tests.serving.served_app import expected_row, row, serve
 
 
 async def test_concurrent_requests_share_one_batch() -> None:
@@ -120,7 +90,7 @@ async def test_bad_input_gets_4xx_with_reason(
 
 
 async def test_a_request_refused_at_decode_never_reaches_its_would_be_batch() -> None:
-    # (Batch-mates of a request the model itself fails on: tests/serving/test_health.py.)
+    # (Batch-mates of a request the model itself fails on: tests/serving/server/test_health.py.)
     runner = FakeRunner()
     async with serve(runner) as client:
         runner.batches.clear()
@@ -170,7 +140,7 @@ async def test_readyz_is_503_until_loaded() -> None:
             r = await client.post("/predict", json={"instances": [row(1)]})
             assert r.status_code == 503 and "still loading" in assert_clean_error(r)
             release.set()
-            await app.state.shardserve.ready.wait()
+            await app.state.shardserve.model().ready.wait()
             assert (await client.get("/readyz")).status_code == 200
             assert (await client.post("/predict", json={"instances": [row(1)]})).status_code == 200
 
@@ -218,12 +188,12 @@ async def test_a_replica_down_is_503_with_retry_after_and_a_hung_batch_504(
             assert r.headers.get("retry-after") == retry_after
             assert_clean_error(r)
     # The same answer where a user's middleware puts the route behind Starlette's.
-    response = error_response(from_runner(raised, rows=1))
+    response = as_response(error_reply(from_runner(raised, rows=1), b"-"))
     assert (response.status_code, response.headers.get("retry-after")) == (status, retry_after)
 
 
 def runner_queue(client: httpx.AsyncClient) -> int:
-    return int(client.shardserve.batcher.queued_rows)  # type: ignore[attr-defined]
+    return int(client.shardserve.model().batcher.queued_rows)  # type: ignore[attr-defined]
 
 
 async def test_deadline_header_gives_504_and_rows_are_not_computed() -> None:
@@ -281,7 +251,7 @@ async def test_client_disconnect_drops_its_queued_rows() -> None:
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
         state = app.state.shardserve
-        await state.ready.wait()
+        await state.model().ready.wait()
         runner.gate = gate
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
@@ -305,12 +275,12 @@ async def test_client_disconnect_drops_its_queued_rows() -> None:
             scope = http_scope("/predict", [(b"content-type", b"application/json")])
             call = asyncio.create_task(manager.app(scope, receive, send))
             async with asyncio.timeout(5):
-                while state.batcher.queued_rows < 1:
+                while state.model().batcher.queued_rows < 1:
                     await asyncio.sleep(0.001)
             gone.set()  # the client hangs up while its row is still queued
             async with asyncio.timeout(5):
                 await call
-            assert state.batcher.queued_rows == 0
+            assert state.model().batcher.queued_rows == 0
             gate.set()
             assert (await first).status_code == 200
     assert all(9 not in b["x"][:, 0] for b in runner.batches)
@@ -382,7 +352,7 @@ async def test_request_id_is_echoed_or_generated(caplog: pytest.LogCaptureFixtur
 
 async def test_request_id_reaches_the_batcher() -> None:
     async with serve(FakeRunner(), batch_timeout_ms=0) as client:
-        batcher = client.shardserve.batcher  # type: ignore[attr-defined]
+        batcher = client.shardserve.model().batcher  # type: ignore[attr-defined]
         seen: list[str | None] = []
         submit = batcher.submit
 

@@ -26,7 +26,7 @@ from serving.server.stop_budget import StopBudget
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, make_rows
 from tests.serverproc import free_ports
-from tests.serving.test_v2_grpc import infer_request
+from tests.serving.protocols.v2.test_v2_grpc import infer_request
 
 BODY = {"instances": [[1.0, 2.0, 3.0, 4.0]]}
 
@@ -71,7 +71,7 @@ async def serve(runner: FakeRunner, **overrides: Any) -> AsyncIterator[Served]:
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await _until(lambda: server.started)
-        await app.state.shardserve.ready.wait()
+        await app.state.shardserve.model().ready.wait()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             yield Served(server, app.state.shardserve, client, serving)
     finally:
@@ -89,7 +89,7 @@ async def test_sigterm_refuses_new_requests_and_answers_queued_ones(raised: list
         in_flight = asyncio.create_task(client.post("/predict", json=BODY))
         await runner.wait_started(2)  # the warm-up was call 1; this batch holds the only slot
         queued = asyncio.create_task(client.post("/predict", json=BODY))
-        await _until(lambda: state.batcher.queued_rows == 1)
+        await _until(lambda: state.model().batcher.queued_rows == 1)
 
         server.handle_exit(signal.SIGTERM, None)
         ready = await client.get("/readyz")
@@ -132,7 +132,7 @@ async def test_a_hung_stage_gets_every_held_request_answered_within_the_stop_bud
         async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
             rpc = stub.ModelInfer(infer_request(make_rows(1)["x"]))
-            await _until(lambda: served.state.batcher.queued_rows == 2)
+            await _until(lambda: served.state.model().batcher.queued_rows == 2)
 
             signalled = time.monotonic()
             served.server.handle_exit(signal.SIGTERM, None)

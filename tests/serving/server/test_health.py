@@ -6,7 +6,7 @@ import asyncio
 
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner
-from tests.serving.test_app import expected_row, row, serve
+from tests.serving.served_app import expected_row, row, serve
 
 
 async def test_readyz_and_model_status_follow_the_healthy_replicas() -> None:

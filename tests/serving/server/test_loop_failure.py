@@ -9,13 +9,13 @@ from serving.batching.batcher import LOOP_MAX_RESTARTS
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner
 from tests.serving.batching.harness import BuggyWait, buggy_wait
-from tests.serving.test_app import expected_row, row, serve
+from tests.serving.served_app import expected_row, row, serve
 
 
 async def test_readiness_follows_the_batcher_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     buggy_wait(monkeypatch, crashes=1)
     async with serve(FakeRunner(), max_batch_size=2, batch_timeout_ms=60_000.0) as client:
-        batcher = client.shardserve.batcher  # type: ignore[attr-defined]
+        batcher = client.shardserve.model().batcher  # type: ignore[attr-defined]
         wait: BuggyWait = batcher._wait
         # One crash: the request it held fails, and the loop is back for the next ones.
         crashed = await client.post("/predict", json={"instances": [row(0)]})

@@ -11,9 +11,8 @@ from fakes import FakeRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.config import Settings
-from serving.server.lifespan import load_model
 from serving.server.metrics import Metrics
-from serving.server.state import ServerState
+from serving.server.model import ServedModel
 
 MiB = 2**20
 
@@ -64,14 +63,14 @@ def test_metrics_expose_planned_and_measured_per_stage() -> None:
 
 
 async def test_start_up_logs_plan_vs_measured_per_stage(caplog: pytest.LogCaptureFixture) -> None:
-    state = ServerState(Settings())
+    model = ServedModel("fake", Settings(), Metrics())
 
     async def factory(_: Settings) -> MeasuredRunner:
         return MeasuredRunner()
 
     with caplog.at_level(logging.INFO, logger="shardserve"):
-        await load_model(state, factory, None)
-    assert state.load_error is None
+        await model.load(factory, None)
+    assert model.load_error is None
     lines = [r.getMessage() for r in caplog.records if "memory: planned" in r.getMessage()]
     assert lines == [
         "stage 0 (replica 0) memory: planned peak 800.0 MiB, measured RSS 900.0 MiB (1.12x the "
@@ -79,8 +78,8 @@ async def test_start_up_logs_plan_vs_measured_per_stage(caplog: pytest.LogCaptur
         "stage 1 (replica 0) memory: planned peak 1000.0 MiB, measured RSS 500.0 MiB (0.50x the "
         "plan; process peak 501.0 MiB), GPU peak 9.0 MiB",
     ]
-    gauges = memory_gauges(state.metrics)
+    gauges = memory_gauges(model.metrics)
     assert gauges[("0", "1", "gpu_measured_peak")] == 9 * MiB
     assert gauges[("0", "0", "planned")] == 800 * MiB
-    if state.batcher is not None:
-        await state.batcher.stop()
+    if model.batcher is not None:
+        await model.batcher.stop()

@@ -9,7 +9,7 @@ from pathlib import Path
 from serving.server.metrics import Metrics
 from shards.pipeline.health import Health
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
 
 
 def exported(metrics: Metrics) -> dict[str, str]:
