@@ -13,6 +13,7 @@ Examples::
     python -m bench openloop                                 # auto vs fixed timeouts, Poisson
     python -m bench padding                                  # padded vs unpadded batches, CPU
     python -m bench looplag --compare-tree ../old            # 1-row p99 beside 16 MiB bodies
+    python -m bench frontcpu --compare-tree ../old           # front-end CPU/req, new vs old
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bench.suites import (
     chaos,
     compare,
     datapath,
+    frontcpu,
     looplag,
     memory,
     overload,
@@ -37,7 +39,7 @@ from bench.suites import (
 )
 
 # In the order of ``--help``.
-SUITES = (compare, overload, chaos, protocols, memory, datapath, batching, looplag)
+SUITES = (compare, overload, chaos, protocols, memory, datapath, batching, looplag, frontcpu)
 
 
 def main(argv: list[str] | None = None) -> int:

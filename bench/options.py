@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 
 Plan = TypeVar("Plan")
 Results = dict[str, Any]
+Progress = Callable[[str], None]
 
 
 def csv(text: str) -> tuple[str, ...]:
@@ -56,19 +57,30 @@ COMMON: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def add(
-    parser: argparse.ArgumentParser, defaults: object | None, *names: str, **changes: Any
-) -> None:
-    """The common options ``names``, each defaulting to the same field of ``defaults`` (a plan);
-    ``changes`` (``dest=``, ``help=``, ``required=``, ``default=``...) apply to each of them."""
-    for name in names:
-        flag, declared = COMMON[name]
-        kwargs = {"dest": name, **declared, **changes}
-        if "action" not in kwargs:  # the flag's own name in --help, not the plan field's
+class Options:
+    """Declares the options of one parser; each defaults to the field it fills in ``defaults``
+    (the suite's plan), when there is one."""
+
+    def __init__(self, parser: argparse.ArgumentParser, defaults: object | None = None) -> None:
+        self.parser = parser
+        self.defaults = defaults
+
+    def add(self, *names: str, **changes: Any) -> None:
+        """The common options ``names``; ``changes`` (``dest=``, ``help=``, ``required=``,
+        ``default=``...) apply to each of them."""
+        for name in names:
+            flag, declared = COMMON[name]
+            self.own(flag, **{"dest": name, **declared, **changes})
+
+    def own(self, flag: str, **kwargs: Any) -> None:
+        """An option of this parser's own: it fills the field named after it
+        (``--poison-fraction``: ``poison_fraction``) unless ``dest=`` names another."""
+        kwargs.setdefault("dest", flag.removeprefix("--").replace("-", "_"))
+        if "action" not in kwargs and "choices" not in kwargs:  # in --help: the flag's name
             kwargs.setdefault("metavar", flag.removeprefix("--").upper().replace("-", "_"))
-        if defaults is not None and "default" not in changes and not kwargs.get("required"):
-            kwargs["default"] = getattr(defaults, kwargs["dest"])
-        parser.add_argument(flag, **kwargs)
+        if self.defaults is not None and "default" not in kwargs and not kwargs.get("required"):
+            kwargs["default"] = getattr(self.defaults, kwargs["dest"])
+        self.parser.add_argument(flag, **kwargs)
 
 
 def suite(
@@ -78,13 +90,14 @@ def suite(
     *,
     out: str,
     plan: Callable[..., Plan],
-    run: Callable[[Plan, Callable[[str], None]], Results],
+    run: Callable[[Plan, Progress], Results],
     render: Callable[[Results], str],
-) -> argparse.ArgumentParser:
+) -> Options:
     """A suite's subcommand: its options fill ``plan``, ``run`` measures it and ``render`` turns
     the results into a Markdown table; ``python -m bench`` writes both under ``--out``."""
     parser: argparse.ArgumentParser = sub.add_parser(name, help=about)
-    add(parser, None, "out", default=Path(out))
+    options = Options(parser, plan())
+    options.add("out", default=Path(out))
 
     def handler(args: argparse.Namespace) -> Results:
         try:
@@ -94,7 +107,7 @@ def suite(
         return run(chosen, say)
 
     parser.set_defaults(handler=handler, render=render)
-    return parser
+    return options
 
 
 def plan_from(plan: Callable[..., Plan], args: argparse.Namespace, **given: Any) -> Plan:
@@ -103,6 +116,19 @@ def plan_from(plan: Callable[..., Plan], args: argparse.Namespace, **given: Any)
     names = {f.name for f in fields(cast(Any, plan))}
     chosen = {k: v for k, v in vars(args).items() if k in names and v is not None}
     return plan(**{**chosen, **given})
+
+
+def require(
+    plan: object, *, at_least_one: tuple[str, ...] = (), positive: tuple[str, ...] = ()
+) -> None:
+    """A plan's counts are >= 1 and its durations and rates > 0, or a ValueError names the
+    field and its value."""
+    for name in at_least_one:
+        if getattr(plan, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(plan, name)}")
+    for name in positive:
+        if getattr(plan, name) <= 0:
+            raise ValueError(f"{name} must be > 0, got {getattr(plan, name)}")
 
 
 def plan_json(plan: object) -> dict[str, Any]:

@@ -12,14 +12,12 @@ import argparse
 import asyncio
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from bench import options
-from bench.load.loops import LoadResult
+from bench.load.result import LoadResult, from_latencies, run_child
 
 
 async def closed_loop(
@@ -63,37 +61,33 @@ async def closed_loop(
         await client.close()
     if errors:
         print(f"{errors} calls failed; the first: {first_error}", file=sys.stderr)
-    ms = np.asarray(latencies) * 1000 if latencies else np.zeros(1)
-    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
-    return LoadResult(
-        mode="closed",
-        concurrency=concurrency,
-        rate=None,
-        requests=len(latencies),
-        seconds=elapsed,
-        rps=(len(latencies) - errors) / elapsed,
-        p50_ms=p50,
-        p90_ms=p90,
-        p99_ms=p99,
-        errors=errors,
-        tool="tritonclient.grpc.aio",
+    return from_latencies(
+        "closed", concurrency, None, latencies, errors, elapsed, "tritonclient.grpc.aio"
     )
+
+
+def run(url: str, model: str, inputs: Path, concurrency: int, seconds: float) -> LoadResult:
+    """The generator in a child process: ``inputs`` (an .npz) sent to ``model`` at ``url``."""
+    args = ["--url", url, "--model", model, "--inputs", str(inputs)]
+    args += ["--concurrency", str(concurrency), "--seconds", f"{seconds:g}"]
+    return run_child("bench.load.grpcload", args, timeout_s=seconds + 120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.load.grpcload", description=__doc__)
-    options.add(parser, None, "url", required=True, help="host:port of the gRPC server")
-    options.add(parser, None, "model", required=True)
-    parser.add_argument("--inputs", required=True, type=Path, help=".npz of the request's inputs")
-    options.add(parser, None, "concurrency", required=True)
-    options.add(parser, None, "seconds", default=5.0)
+    opts = options.Options(parser)
+    opts.add("url", required=True, help="host:port of the gRPC server")
+    opts.add("model", required=True)
+    opts.own("--inputs", required=True, type=Path, help=".npz of the request's inputs")
+    opts.add("concurrency", required=True)
+    opts.add("seconds", default=5.0)
     args = parser.parse_args()
     if args.concurrency < 1 or args.seconds <= 0:
         sys.exit("--concurrency must be >= 1 and --seconds > 0")
     with np.load(args.inputs) as data:
         inputs = {name: data[name] for name in data.files}
     result = asyncio.run(closed_loop(args.url, args.model, inputs, args.concurrency, args.seconds))
-    sys.stdout.write(orjson.dumps(asdict(result)).decode() + "\n")
+    result.print_line()
 
 
 if __name__ == "__main__":

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
-from bench.systems.base import subprocess_env
+from bench.load import pyload
+from bench.load.result import LoadError, LoadResult
 
 WRK_INSTALL_HINT = "install wrk with `apt-get install -y wrk` (Debian/Ubuntu)"
 
@@ -44,28 +42,6 @@ done = function(summary, latency, requests)
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean))
 end
 """
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    mode: str  # "closed" | "open"
-    concurrency: int
-    rate: float | None
-    requests: int
-    seconds: float
-    rps: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    errors: int
-    tool: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class LoadError(RuntimeError):
-    """The load generator failed or printed no result."""
 
 
 def have_wrk() -> bool:
@@ -97,7 +73,7 @@ def closed_loop(
         raise ValueError(f"load tool must be 'wrk', 'python' or 'auto', got {tool!r}")
     if headers:
         raise LoadError(f"requests with headers of their own are sent by wrk; {WRK_INSTALL_HINT}")
-    return _pyload(url, body, ["--concurrency", str(concurrency)], seconds)
+    return pyload.run(url, body, ["--concurrency", str(concurrency)], seconds)
 
 
 def open_loop(
@@ -110,7 +86,7 @@ def open_loop(
     extra = ["--poisson"] if poisson else []
     if skip_s:
         extra += ["--skip", f"{skip_s:g}"]
-    return _pyload(url, body, ["--rate", f"{rate:g}", *extra], seconds)
+    return pyload.run(url, body, ["--rate", f"{rate:g}", *extra], seconds)
 
 
 def _wrk(
@@ -151,15 +127,3 @@ def _wrk(
         errors=raw["errors"] + raw["non2xx"],
         tool="wrk",
     )
-
-
-def _pyload(url: str, body: bytes, mode_args: list[str], seconds: float) -> LoadResult:
-    with tempfile.NamedTemporaryFile(prefix="bench-body-", suffix=".json") as body_file:
-        body_file.write(body)
-        body_file.flush()
-        argv = [sys.executable, "-m", "bench.load.pyload", "--url", url, "--body", body_file.name]
-        argv += [*mode_args, "--seconds", f"{seconds:g}"]
-        proc = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env())
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise LoadError(f"bench.load.pyload failed (exit {proc.returncode}): {proc.stderr[-800:]}")
-    return LoadResult(**orjson.loads(proc.stdout.strip().splitlines()[-1]))

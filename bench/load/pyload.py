@@ -12,15 +12,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
-from dataclasses import asdict
 
 import aiohttp
 import numpy as np
-import orjson
 
 from bench import options
-from bench.load.loops import LoadResult
+from bench.load.result import LoadResult, from_latencies, run_child
+
+TOOL = "python"
+
+
+def run(url: str, body: bytes, how: list[str], seconds: float) -> LoadResult:
+    """The generator in a child process, POSTing ``body`` (``how``: ``--concurrency N`` or
+    ``--rate R`` and its options) for ``seconds``."""
+    with tempfile.NamedTemporaryFile(prefix="bench-body-", suffix=".json") as body_file:
+        body_file.write(body)
+        body_file.flush()
+        args = ["--url", url, "--body", body_file.name, *how, "--seconds", f"{seconds:g}"]
+        return run_child("bench.load.pyload", args)
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> bool:
@@ -50,7 +61,7 @@ async def _closed(url: str, body: bytes, concurrency: int, seconds: float) -> Lo
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
-    return _result("closed", concurrency, None, latencies, errors, elapsed)
+    return from_latencies("closed", concurrency, None, latencies, errors, elapsed, TOOL)
 
 
 def arrivals(rate: float, seconds: float, poisson: bool, seed: int = 0) -> np.ndarray:
@@ -87,38 +98,19 @@ async def _open(
             tasks.append(asyncio.create_task(fire(due, offset >= skip_s)))
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - start - skip_s
-    return _result("open", 0, rate, latencies, errors, elapsed)
-
-
-def _result(
-    mode: str, concurrency: int, rate: float | None, lat: list[float], errors: int, secs: float
-) -> LoadResult:
-    ms = np.asarray(lat) * 1000 if lat else np.zeros(1)
-    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
-    return LoadResult(
-        mode=mode,
-        concurrency=concurrency,
-        rate=rate,
-        requests=len(lat),
-        seconds=secs,
-        rps=(len(lat) - errors) / secs if secs else 0.0,
-        p50_ms=p50,
-        p90_ms=p90,
-        p99_ms=p99,
-        errors=errors,
-        tool="python",
-    )
+    return from_latencies("open", 0, rate, latencies, errors, elapsed, TOOL)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.load.pyload", description=__doc__)
-    options.add(parser, None, "url", required=True)
-    parser.add_argument("--body", required=True, help="file holding the JSON body to POST")
-    options.add(parser, None, "concurrency")
-    parser.add_argument("--rate", type=float, help="open loop: requests per second")
-    options.add(parser, None, "seconds", default=5.0)
-    parser.add_argument("--poisson", action="store_true", help="open loop: Poisson arrivals")
-    parser.add_argument("--skip", type=float, default=0.0, help="open loop: uncounted warm-up s")
+    opts = options.Options(parser)
+    opts.add("url", required=True)
+    opts.own("--body", required=True, help="file holding the JSON body to POST")
+    opts.add("concurrency")
+    opts.own("--rate", type=float, help="open loop: requests per second")
+    opts.add("seconds", default=5.0)
+    opts.own("--poisson", action="store_true", help="open loop: Poisson arrivals")
+    opts.own("--skip", type=float, default=0.0, help="open loop: uncounted warm-up s")
     args = parser.parse_args()
     body = open(args.body, "rb").read()  # noqa: SIM115 - read once at start
     if (args.concurrency is None) == (args.rate is None):
@@ -129,7 +121,7 @@ def main() -> None:
         )
     else:
         result = asyncio.run(_closed(args.url, body, args.concurrency, args.seconds))
-    sys.stdout.write(orjson.dumps(asdict(result)).decode() + "\n")
+    result.print_line()
 
 
 if __name__ == "__main__":

@@ -9,12 +9,16 @@ Keras is imported only inside ``build``/``ensure_saved``, so the harness driver 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
+
+from bench.systems.base import subprocess_env
 
 if TYPE_CHECKING:
     import keras
@@ -83,3 +87,17 @@ def ensure_saved(name: str, directory: Path) -> Path:
         build(name).save(tmp)
         tmp.rename(path)
     return path
+
+
+def save_workload(name: str, workdir: Path) -> Path:
+    """Build and save the ``.keras`` file in a child process: the driver never loads TensorFlow."""
+    code = "import sys; from bench.models.workloads import ensure_saved; print(ensure_saved(*sys.argv[1:]))"
+    out = subprocess.run(
+        [sys.executable, "-c", code, name, str(workdir / "models")],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"saving workload {name!r} failed: {out.stderr[-1500:]}")
+    return Path(out.stdout.strip().splitlines()[-1])

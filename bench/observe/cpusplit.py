@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import resource
+from pathlib import Path
 
 import psutil
 
@@ -31,9 +32,8 @@ def cpu_seconds(server_pid: int) -> CpuSeconds:
             "shard_actors" if cmdline and cmdline[0].startswith("ray::ShardActor") else "ray_other"
         )
         out[part] += used
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out["load_generator"] = usage.ru_utime + usage.ru_stime
-    out["machine"] = _machine_busy()
+    out["load_generator"] = children_cpu()
+    out["machine"] = machine_busy_seconds()
     return out
 
 
@@ -48,7 +48,26 @@ def cores(before: CpuSeconds, after: CpuSeconds, seconds: float) -> dict[str, fl
     return {k: round(v, 3) for k, v in used.items()}
 
 
-def _machine_busy() -> float:
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` alone (not its children), from ``/proc/<pid>/stat``."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that it waited for (the load generators)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_busy_seconds() -> float:
     """CPU seconds the whole machine spent not idle since boot (Linux /proc/stat)."""
     try:
         fields = open("/proc/stat").readline().split()[1:]  # noqa: SIM115 - one line

@@ -5,27 +5,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import resource
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.observe.cpusplit import cores, cpu_seconds
-
-Progress = Callable[[str], None]
-
-
-def busy_seconds() -> float:
-    """CPU seconds the whole machine spent not idle since boot (``/proc/stat``)."""
-    with open("/proc/stat") as stat:
-        jiffies = [float(x) for x in stat.readline().split()[1:9]]
-    return (sum(jiffies) - jiffies[3] - jiffies[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def self_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+from bench.options import Progress
 
 
 def others_now(pid: int, seconds: float = 1.0) -> float:
@@ -33,19 +18,6 @@ def others_now(pid: int, seconds: float = 1.0) -> float:
     before, tick = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
     return cores(before, cpu_seconds(pid), time.monotonic() - tick).get("others", 0.0)
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` alone (not its children), from ``/proc/<pid>/stat``."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def other_benches() -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 
 Samples = dict[str, float]
@@ -30,6 +31,32 @@ def parse(text: str) -> Samples:
 
 def delta(after: Samples, before: Samples, key: str) -> float:
     return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+BATCH_ROWS = "shardserve_batch_size_rows"
+
+
+def batches_and_rows(after: Samples, before: Samples) -> tuple[float, float]:
+    """How many batches ran between two scrapes, and how many rows they held."""
+    return delta(after, before, f"{BATCH_ROWS}_count"), delta(after, before, f"{BATCH_ROWS}_sum")
+
+
+def mean_batch_rows(after: Samples, before: Samples) -> float:
+    batches, rows = batches_and_rows(after, before)
+    return rows / batches if batches else 0.0
+
+
+def wait_idle(base_url: str, timeout_s: float, poll_s: float) -> None:
+    """Until the server holds no queued row and no batch, so that one measurement's answers
+    are not counted in the next one's (at most ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        samples = scrape(base_url)
+        if not samples.get("shardserve_queue_rows") and not samples.get(
+            "shardserve_inflight_batches"
+        ):
+            return
+        time.sleep(poll_s)  # another process's counters: there is no event to wait on
 
 
 def base_url(predict_url: str) -> str:

@@ -13,6 +13,7 @@ padding: the same server at c clients of ``rows`` rows each, batches padded to 3
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import urllib.request
@@ -26,17 +27,22 @@ import orjson
 
 from bench import options
 from bench.load.loops import closed_loop, open_loop
-from bench.models.workloads import get_workload
+from bench.models.workloads import get_workload, save_workload
 from bench.observe.quiet import other_benches
-from bench.observe.scrape import base_url, delta, free_port, scrape
-from bench.suites.compare import save_workload
+from bench.observe.scrape import (
+    base_url,
+    batches_and_rows,
+    delta,
+    free_port,
+    mean_batch_rows,
+    scrape,
+)
+from bench.options import Progress
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.base import LaunchSpec
 from bench.systems.shardserve import shardserve_spec
 
-Progress = Callable[[str], None]
 TOKEN = "bench-batching"
-_ROWS = "shardserve_batch_size_rows"
 _PADDED = "shardserve_batch_padded_size_rows"
 
 
@@ -60,11 +66,11 @@ class BatchingPlan:
     workdir: Path = Path(".bench")
 
 
-def _spec(plan: BatchingPlan, port: int, *extra: str) -> LaunchSpec:
+def _spec(plan: BatchingPlan, port: int, flags: dict[str, str] | None = None) -> LaunchSpec:
     model = save_workload(plan.workload, plan.workdir)
     config = SystemConfig(model, port, plan.max_batch_size, 5.0)
-    spec = shardserve_spec(config, plan.stages, plan.workdir / "cache")
-    return LaunchSpec(spec.name, [*spec.argv, "--admin-token", TOKEN, *extra])
+    flags = {"--admin-token": TOKEN, **(flags or {})}
+    return shardserve_spec(config, plan.stages, plan.workdir / "cache", flags=flags)
 
 
 def set_policy(base: str, changes: dict[str, Any]) -> None:
@@ -86,18 +92,13 @@ def _measured(base: str, load: Callable[[], Any]) -> dict[str, Any]:
     before = scrape(base)
     result = load()
     after = scrape(base)
-    batches = delta(after, before, f"{_ROWS}_count")
+    batches, _ = batches_and_rows(after, before)
     return {
         **result.to_json(),
-        "mean_batch_rows": delta(after, before, f"{_ROWS}_sum") / batches if batches else 0.0,
+        "mean_batch_rows": mean_batch_rows(after, before),
         "mean_padded_rows": delta(after, before, f"{_PADDED}_sum") / batches if batches else 0.0,
-        "loadavg_1min": _loadavg(),
+        "loadavg_1min": os.getloadavg()[0],
     }
-
-
-def _loadavg() -> float:
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
 
 
 def run_openloop(plan: BatchingPlan, progress: Progress = print) -> dict[str, Any]:
@@ -151,13 +152,16 @@ def run_openloop(plan: BatchingPlan, progress: Progress = print) -> dict[str, An
 
 def run_padding(plan: BatchingPlan, progress: Progress = print) -> dict[str, Any]:
     body = get_workload(plan.workload).request_body(plan.rows)
-    variants = {"padded to 32": ("--allowed-batch-sizes", "32"), "unpadded": ()}
+    variants = {"padded to 32": {"--allowed-batch-sizes": "32"}, "unpadded": {}}
     runs: list[dict[str, Any]] = []
     servers = {}
     for name, extra in variants.items():
         port = plan.port or free_port()
-        args = ("--batch-timeout-ms", "0", "--max-inflight-batches", str(plan.max_inflight_batches))
-        spec = _spec(plan, port, *args, *extra)
+        flags = {
+            "--batch-timeout-ms": "0",
+            "--max-inflight-batches": str(plan.max_inflight_batches),
+        }
+        spec = _spec(plan, port, {**flags, **extra})
         log = plan.workdir / "logs" / f"padding-{name.replace(' ', '-')}.log"
         servers[name] = ServerProcess(spec, port, body, log)
     # One server at a time: two would share the cores.
@@ -259,36 +263,25 @@ def _render_padding(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+ABOUT = {
+    "openloop": "auto vs fixed timeouts under Poisson arrivals at fractions of capacity",
+    "padding": "padded vs unpadded batches, closed loop (c clients of rows rows)",
+}
+
+
 def add_parsers(sub: Any) -> None:
-    d = BatchingPlan()
-    for command, about, run in (
-        (
-            "openloop",
-            "auto vs fixed timeouts under Poisson arrivals at fractions of capacity",
-            run_openloop,
-        ),
-        (
-            "padding",
-            "padded vs unpadded batches, closed loop (c clients of rows rows)",
-            run_padding,
-        ),
-    ):
-        parser = options.suite(
-            sub,
-            command,
-            about,
-            out="docs/bench-batching",
-            plan=BatchingPlan,
-            run=run,
-            render=render,
+    for command, run in (("openloop", run_openloop), ("padding", run_padding)):
+        out = "docs/bench-batching"
+        opts = options.suite(
+            sub, command, ABOUT[command], out=out, plan=BatchingPlan, run=run, render=render
         )
-        options.add(parser, d, "workload", "stages", "max_batch_size", "seconds", "warmup_s")
-        options.add(parser, d, "repeats", "port", "workdir")
+        opts.add("workload", "stages", "max_batch_size", "seconds", "warmup_s")
+        opts.add("repeats", "port", "workdir")
         if command == "openloop":
-            parser.add_argument("--policies", type=options.csv, default=d.policies)
-            parser.add_argument("--fractions", type=options.floats, default=d.fractions)
-            options.add(parser, d, "capacity_clients", "capacity_s")
+            opts.own("--policies", type=options.csv)
+            opts.own("--fractions", type=options.floats)
+            opts.add("capacity_clients", "capacity_s")
         else:
-            options.add(parser, d, "clients")
-            parser.add_argument("--rows", type=int, default=d.rows)
-            parser.add_argument("--max-inflight-batches", type=int, default=d.max_inflight_batches)
+            opts.add("clients")
+            opts.own("--rows", type=int)
+            opts.own("--max-inflight-batches", type=int)

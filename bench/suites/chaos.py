@@ -18,8 +18,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,11 @@ from bench.load.chaos import Outcome, Traffic, drive
 from bench.models.tokens import EXPECTED_FILE, MODEL_FILE, POISON_ID, ROW_LEN, VOCAB
 from bench.observe.procinfo import read_proc
 from bench.observe.scrape import Samples, base_url, delta, free_port, scrape
+from bench.options import Progress
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.base import subprocess_env
 from bench.systems.shardserve import shardserve_spec
 
-Progress = Callable[[str], None]
 MODEL_NAME = "tokens"
 AFTER_KILL_S = 2.0  # requests due this soon after a kill are the ones a kill can slow down
 _COUNTERS = (
@@ -62,9 +61,7 @@ class ChaosPlan:
     workdir: Path = Path(".bench")
 
     def __post_init__(self) -> None:
-        for name in ("seconds", "rate", "kill_every_s", "request_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        options.require(self, positive=("seconds", "rate", "kill_every_s", "request_timeout_s"))
         if not 0 <= self.poison_fraction < 1:
             raise ValueError(f"poison_fraction must be in [0, 1), got {self.poison_fraction}")
         if self.replicas < 2:
@@ -83,17 +80,6 @@ def make_rows(plan: ChaosPlan) -> tuple[np.ndarray, np.ndarray]:
     return rows, poisoned
 
 
-def with_options(argv: list[str], options: dict[str, str]) -> list[str]:
-    """``argv`` with each ``--flag value`` of ``options`` replaced, or appended when absent."""
-    out = list(argv)
-    for flag, value in options.items():
-        if flag in out:
-            out[out.index(flag) + 1] = value
-        else:
-            out += [flag, value]
-    return out
-
-
 def run_chaos(plan: ChaosPlan, progress: Progress = print) -> dict[str, Any]:
     if os.environ.get("SHARDSERVE_RAY_ADDRESS"):
         # The victims are found among the server's descendants: its Ray must be its own.
@@ -110,14 +96,14 @@ def run_chaos(plan: ChaosPlan, progress: Progress = print) -> dict[str, Any]:
 
     port = plan.port or free_port()
     config = SystemConfig(model, port, plan.max_batch_size, plan.batch_timeout_ms)
-    spec = shardserve_spec(config, 1, plan.workdir / "cache")
-    options = {
+    flags = {
         "--cpus-per-shard": "1",
         "--replicas": str(plan.replicas),
         "--shard-max-restarts": str(plan.max_restarts),
         "--model-name": MODEL_NAME,
     }
-    spec = type(spec)(f"{spec.name}-x{plan.replicas}", with_options(spec.argv, options))
+    spec = shardserve_spec(config, 1, plan.workdir / "cache", flags=flags)
+    spec = replace(spec, name=f"{spec.name}-x{plan.replicas}")
     ready_body = orjson.dumps({"instances": [[1, 2, 3, 4]]})
     log = plan.workdir / "logs" / "chaos.log"
     progress(f"[chaos] starting {spec.name} on {model} (log: {log})")
@@ -298,26 +284,13 @@ def render(results: dict[str, Any]) -> str:
 
 def add_parsers(sub: Any) -> None:
     about = "kill -9 shard actors and poison rows under load"
-    parser = options.suite(
+    opts = options.suite(
         sub, "chaos", about, out="docs/bench-faults", plan=ChaosPlan, run=run_chaos, render=render
     )
-    d = ChaosPlan()
-    options.add(parser, d, "seconds")
-    parser.add_argument("--rate", type=float, default=d.rate)
-    parser.add_argument(
-        "--kill-every",
-        dest="kill_every_s",
-        metavar="KILL_EVERY",
-        type=float,
-        default=d.kill_every_s,
-    )
-    parser.add_argument("--poison-fraction", type=float, default=d.poison_fraction)
-    parser.add_argument("--replicas", type=int, default=d.replicas)
-    parser.add_argument(
-        "--shard-max-restarts",
-        dest="max_restarts",
-        metavar="SHARD_MAX_RESTARTS",
-        type=int,
-        default=d.max_restarts,
-    )
-    options.add(parser, d, "max_batch_size", "batch_timeout_ms", "seed", "port", "workdir")
+    opts.add("seconds")
+    opts.own("--rate", type=float)
+    opts.own("--kill-every", dest="kill_every_s", type=float)
+    opts.own("--poison-fraction", type=float)
+    opts.own("--replicas", type=int)
+    opts.own("--shard-max-restarts", dest="max_restarts", type=int)
+    opts.add("max_batch_size", "batch_timeout_ms", "seed", "port", "workdir")

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import re
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +19,16 @@ from typing import Any
 import orjson
 
 from bench import options
-from bench.load.loops import WRK_INSTALL_HINT, LoadError, closed_loop, have_wrk, open_loop
-from bench.models.workloads import get_workload
+from bench.load.loops import WRK_INSTALL_HINT, closed_loop, have_wrk, open_loop
+from bench.load.result import LoadError
+from bench.models.workloads import get_workload, save_workload
 from bench.observe.procinfo import read_proc
+from bench.observe.scrape import BATCH_ROWS, Samples, base_url, batches_and_rows, scrape
+from bench.options import Progress
 from bench.suites.compare_report import plot, render
 from bench.systems import ServerProcess, SystemConfig, launch_spec
-from bench.systems.base import ServerStartError, subprocess_env
-
-Progress = Callable[[str], None]
+from bench.systems.base import ServerStartError
+from bench.systems.ceiling import measure_ceiling
 
 
 @dataclass(frozen=True)
@@ -54,36 +52,9 @@ class Plan:
     workdir: Path = Path(".bench")
 
     def __post_init__(self) -> None:
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
-        if self.seconds <= 0:
-            raise ValueError(f"seconds must be > 0, got {self.seconds}")
+        options.require(self, at_least_one=("repeats",), positive=("seconds",))
         for workload in self.workloads:
             get_workload(workload)
-
-
-def save_workload(name: str, workdir: Path) -> Path:
-    """Build and save the ``.keras`` file in a child process: the driver never loads TensorFlow."""
-    code = "import sys; from bench.models.workloads import ensure_saved; print(ensure_saved(*sys.argv[1:]))"
-    out = subprocess.run(
-        [sys.executable, "-c", code, name, str(workdir / "models")],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"saving workload {name!r} failed: {out.stderr[-1500:]}")
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
-def measure_ceiling(model: Path, plan: Plan) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "bench.systems.ceiling", "--model", str(model)]
-    argv += ["--batch-sizes", ",".join(map(str, plan.ceiling_batch_sizes))]
-    argv += ["--seconds", f"{plan.ceiling_s:g}"]
-    out = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env())
-    if out.returncode != 0:
-        raise RuntimeError(f"ceiling of {model} failed: {out.stderr[-1500:]}")
-    return dict(orjson.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def run_plan(
@@ -101,7 +72,9 @@ def run_plan(
     for workload in plan.workloads:
         model = save_workload(workload, plan.workdir)
         progress(f"[{workload}] ceiling")
-        results["ceiling"][workload] = measure_ceiling(model, plan)
+        results["ceiling"][workload] = measure_ceiling(
+            model, plan.ceiling_batch_sizes, plan.ceiling_s
+        )
         progress(f"[{workload}] ceiling: {results['ceiling'][workload]}")
         for repeat in range(plan.repeats):
             shift = repeat % len(plan.systems)
@@ -185,13 +158,12 @@ def run_overlap(plan: Plan, progress: Progress = print) -> list[dict[str, Any]]:
                 # Enough clients that K batches are always in flight and the next one is full.
                 clients = (stages + 2) * batch
                 closed_loop(server.url, body, clients, plan.warmup_s, tool=plan.tool)
-                before = _batch_counters(server.url)
+                before = _scrape_batches(server.url)
                 tick = time.monotonic()
                 result = closed_loop(server.url, body, clients, plan.seconds, tool=plan.tool)
-                after = _batch_counters(server.url)
+                after = _scrape_batches(server.url)
                 elapsed = time.monotonic() - tick
-            batches = after[0] - before[0]
-            rows = after[1] - before[1]
+            batches, rows = batches_and_rows(after, before)
             per_s = batches / elapsed
             ideal = 1000.0 / plan.overlap_device_ms
             record = {
@@ -214,17 +186,11 @@ def run_overlap(plan: Plan, progress: Progress = print) -> list[dict[str, Any]]:
     return out
 
 
-_COUNT = re.compile(r"^shardserve_batch_size_rows_(count|sum) ([0-9.e+]+)$", re.M)
-
-
-def _batch_counters(predict_url: str) -> tuple[float, float]:
-    url = predict_url.rsplit("/", 1)[0] + "/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    values = dict(_COUNT.findall(text))
-    if set(values) != {"count", "sum"}:
-        raise RuntimeError(f"{url} has no shardserve_batch_size_rows count/sum; got {values}")
-    return float(values["count"]), float(values["sum"])
+def _scrape_batches(predict_url: str) -> Samples:
+    samples = scrape(base_url(predict_url))
+    if f"{BATCH_ROWS}_count" not in samples:
+        raise RuntimeError(f"{predict_url} has no {BATCH_ROWS} count/sum in its /metrics")
+    return samples
 
 
 def _rates(text: str) -> dict[str, float]:
@@ -241,23 +207,24 @@ def add_parsers(sub: Any) -> None:
     """``run`` (measure, then write the report) and ``report`` (write it from saved results):
     they write ``bench_results.json``, ``benchmarks.md`` and plots, not a suite's table."""
     run = sub.add_parser("run", help="measure, then write the report")
-    d = Plan()
-    options.add(run, d, "workloads")
-    run.add_argument("--systems", type=options.csv, default=d.systems)
-    options.add(run, d, "repeats", "seconds", "warmup_s")
-    options.add(run, d, "concurrency", dest="concurrencies", type=options.ints)
-    run.add_argument("--open-rates", type=_rates, default=None, help="heavy=300,light=600")
-    options.add(run, d, "max_batch_size", "batch_timeout_ms")
-    run.add_argument("--overlap-stages", type=options.ints, default=d.overlap_stages)
-    run.add_argument("--overlap-device-ms", type=float, default=d.overlap_device_ms)
-    options.add(run, d, "ceiling_s")
-    run.add_argument("--tool", choices=("auto", "wrk", "python"), default=d.tool)
-    options.add(run, d, "port", "workdir")
-    options.add(run, None, "out", default=Path("docs"))
+    opts = options.Options(run, Plan())
+    opts.add("workloads")
+    opts.own("--systems", type=options.csv)
+    opts.add("repeats", "seconds", "warmup_s")
+    opts.add("concurrency", dest="concurrencies", type=options.ints)
+    opts.own("--open-rates", type=_rates, default=None, help="heavy=300,light=600")
+    opts.add("max_batch_size", "batch_timeout_ms")
+    opts.own("--overlap-stages", type=options.ints)
+    opts.own("--overlap-device-ms", type=float)
+    opts.add("ceiling_s")
+    opts.own("--tool", choices=("auto", "wrk", "python"))
+    opts.add("port", "workdir")
+    opts.add("out", default=Path("docs"))
     run.set_defaults(write=functools.partial(_run, run))
     report = sub.add_parser("report", help="re-render the report from saved results")
-    report.add_argument("--results", type=Path, default=Path("docs/bench_results.json"))
-    options.add(report, None, "out", default=Path("docs"))
+    report_opts = options.Options(report)
+    report_opts.own("--results", type=Path, default=Path("docs/bench_results.json"))
+    report_opts.add("out", default=Path("docs"))
     report.set_defaults(write=_report)
 
 

@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from bench import options
+from bench.systems.actors import local_ray, partition_in_child
 from shards.actor.stage_actor import ShardActor
 
 MiB = 2**20
@@ -106,16 +104,6 @@ def build(name: str, image: int) -> Any:
         x = keras.layers.Concatenate(name=f"cat{i}")([x, skips[i]])
         x = keras.layers.Conv2D(width, 3, padding="same", activation="relu", name=f"dec{i}")(x)
     return keras.Model(inputs, keras.layers.Conv2D(2, 1, name="mask")(x), name="unet")
-
-
-def _partition(name: str, out: Path, image: int, stages: int) -> None:
-    code = (
-        "from bench.suites.datapath import build; from shards.partition.cut import partition_to_bundle; "
-        f"partition_to_bundle(build({name!r}, {image}), {str(out)!r}, stages={stages}, "
-        f"source_name={name!r})"
-    )
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
 class _DictPipeline:
@@ -266,23 +254,15 @@ def _accuracy(logits: np.ndarray, reference: np.ndarray) -> dict[str, float]:
 
 
 def run(plan: DatapathPlan, progress: Any = print) -> dict[str, Any]:
-    import ray
-
     from shards.bundle.format import read_manifest
 
     plan.workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"plan": options.plan_json(plan)}
-    ray.init(
-        address="local",
-        num_cpus=2 * plan.stages,  # the tensors baseline's actors beside the mode's
-        include_dashboard=False,
-        runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}},
-    )
-    try:
+    with local_ray(2 * plan.stages):  # the tensors baseline's actors beside the mode's
         for model in plan.models:
             bundle = plan.workdir / f"{model}-{plan.image}px-{plan.stages}st"
             if not (bundle / "manifest.json").is_file():
-                _partition(model, bundle, plan.image, plan.stages)
+                partition_in_child(__name__, (model, plan.image), bundle, plan.stages)
             name = read_manifest(bundle).signature.input_names[0]
             rng = np.random.default_rng(0)
             image = rng.uniform(0, 255, size=(plan.batch, plan.image, plan.image, 3))
@@ -292,8 +272,6 @@ def run(plan: DatapathPlan, progress: Any = print) -> dict[str, Any]:
             results[model] = asyncio.run(
                 _modes(bundle, plan, batch, modes, functools.partial(_say, progress, model))
             )
-    finally:
-        ray.shutdown()
     return results
 
 
@@ -330,16 +308,15 @@ def _rows(model: str, modes: dict[str, Any]) -> list[str]:
 
 def add_parsers(sub: Any) -> None:
     about = "bytes between shards, routing and 16-bit precision"
-    parser = options.suite(
+    opts = options.suite(
         sub, "datapath", about, out="docs/bench-datapath", plan=DatapathPlan, run=run, render=render
     )
-    d = DatapathPlan()
-    parser.add_argument("--image", type=int, default=d.image)
-    options.add(parser, d, "models")
-    parser.add_argument("--batch", type=int, default=d.batch)
-    parser.add_argument("--batches", type=int, default=d.batches)
-    parser.add_argument("--rounds", type=int, default=d.rounds)
-    options.add(parser, d, "stages")
-    parser.add_argument("--modes", type=options.csv, default=d.modes)
-    parser.add_argument("--unet-modes", type=options.csv, default=d.unet_modes)
-    options.add(parser, d, "workdir")
+    opts.own("--image", type=int)
+    opts.add("models")
+    opts.own("--batch", type=int)
+    opts.own("--batches", type=int)
+    opts.own("--rounds", type=int)
+    opts.add("stages")
+    opts.own("--modes", type=options.csv)
+    opts.own("--unet-modes", type=options.csv)
+    opts.add("workdir")

@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +35,11 @@ import numpy as np
 import orjson
 
 from bench import options
+from bench.load.result import start_child, wait_child
 from bench.observe.scrape import free_port
-from bench.systems.base import REPO_ROOT, LaunchSpec, ServerProcess, subprocess_env
+from bench.options import Progress
+from bench.systems.base import REPO_ROOT, LaunchSpec, ServerProcess
 
-Progress = Callable[[str], None]
 MiB = 2**20
 # The demo models the bench knows the input width of (the body is made before the server runs).
 FEATURES = {"demo-tiny": 8, "demo-mlp": 1024}
@@ -66,12 +67,11 @@ class LoopLagPlan:
     def __post_init__(self) -> None:
         if self.model not in FEATURES:
             raise ValueError(f"model {self.model!r}: looplag knows {sorted(FEATURES)}")
-        for name in ("clients", "rounds"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("seconds", "probe_every_ms", "big_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        options.require(
+            self,
+            at_least_one=("clients", "rounds"),
+            positive=("seconds", "probe_every_ms", "big_bytes"),
+        )
         for tree in (self.tree, self.compare_tree):
             if tree is not None:
                 cli_module(tree)
@@ -104,8 +104,7 @@ def cli_module(tree: Path) -> str:
 
 
 def server_spec(plan: LoopLagPlan, tree: Path, label: str, port: int, rows: int) -> LaunchSpec:
-    pin = ["taskset", "-c", str(_cores()[0])] if plan.pin else []
-    argv = [*pin, sys.executable, "-m", cli_module(tree), "serve", "--model", plan.model]
+    argv = [*pin_argv(plan.pin), sys.executable, "-m", cli_module(tree), "serve", "--model", plan.model]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0"]
     argv += ["--stages", "1", "--max-batch-size", str(plan.max_batch_size)]
     argv += ["--batch-timeout-ms", "0", "--simulate-device-ms", f"{plan.simulate_device_ms:g}"]
@@ -120,22 +119,12 @@ def server_spec(plan: LoopLagPlan, tree: Path, label: str, port: int, rows: int)
 
 
 def pyload(port: int, body_file: Path, *how: str) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "bench.load.pyload", "--url", f"http://127.0.0.1:{port}/predict"]
-    return subprocess.Popen(
-        [*argv, "--body", str(body_file), *how], stdout=subprocess.PIPE, env=subprocess_env()
-    )
+    url = f"http://127.0.0.1:{port}/predict"
+    return start_child("bench.load.pyload", ["--url", url, "--body", str(body_file), *how])
 
 
 def result_of(load: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
-    try:
-        out, _ = load.communicate(timeout=timeout_s)
-    finally:
-        if load.poll() is None:
-            load.kill()
-            load.wait()
-    if load.returncode != 0:
-        raise RuntimeError(f"the load generator exited with code {load.returncode}")
-    result = orjson.loads(out.splitlines()[-1])
+    result = wait_child(load, timeout_s).to_json()
     keys = ("requests", "rps", "p50_ms", "p90_ms", "p99_ms", "errors")
     return {k: round(result[k], 2) for k in keys}
 
@@ -196,7 +185,7 @@ def run(plan: LoopLagPlan, progress: Progress = print) -> dict[str, Any]:
             log = (plan.workdir / f"server-{label}.log").resolve()
             progress(f"[looplag] starting {label} ({tree}); log: {log}")
             servers[label] = stack.enter_context(ServerProcess(spec, ports[label], probe_body, log))
-        stack.enter_context(_pinned(plan))
+        stack.enter_context(pinned(plan.pin))
         for round_ in range(plan.rounds):
             # A B, then B A: neither tree always goes first after the other's load.
             order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
@@ -304,10 +293,15 @@ def _cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+def pin_argv(pin: bool) -> list[str]:
+    """The command prefix that runs a server (and the Ray it starts) on the first core."""
+    return ["taskset", "-c", str(_cores()[0])] if pin else []
+
+
 @contextlib.contextmanager
-def _pinned(plan: LoopLagPlan) -> Iterator[None]:
+def pinned(pin: bool) -> Iterator[None]:
     """The probe (this process) and the load generator (its child) on the second core."""
-    if not plan.pin:
+    if not pin:
         yield
         return
     before = os.sched_getaffinity(0)
@@ -320,29 +314,23 @@ def _pinned(plan: LoopLagPlan) -> Iterator[None]:
 
 def add_parsers(sub: Any) -> None:
     about = "a 1-row request's p99 beside 16 MiB JSON bodies"
-    parser = options.suite(
+    opts = options.suite(
         sub, "looplag", about, out="docs/bench-looplag", plan=LoopLagPlan, run=run, render=render
     )
-    d = LoopLagPlan()
-    options.add(parser, d, "model", choices=sorted(FEATURES))
-    parser.add_argument("--big-bytes", type=int, default=d.big_bytes)
-    options.add(parser, d, "clients")
-    options.add(parser, d, "seconds", help="per phase")
-    parser.add_argument("--probe-every-ms", type=float, default=d.probe_every_ms)
-    parser.add_argument("--ramp", dest="ramp_s", metavar="RAMP", type=float, default=d.ramp_s)
-    parser.add_argument("--rounds", type=int, default=d.rounds)
-    options.add(parser, d, "max_batch_size", "simulate_device_ms")
-    parser.add_argument(
-        "--tree", type=_resolved, default=d.tree, help="code tree measured as 'new'"
-    )
-    parser.add_argument("--compare-tree", type=_resolved, help="code tree measured as 'old'")
-    parser.add_argument(
-        "--refuse-big",
-        action="store_true",
-        help="decode the big bodies, then refuse them (503): the probe never queues behind them",
-    )
-    options.add(parser, d, "pin", "workdir")
+    opts.add("model", choices=sorted(FEATURES))
+    opts.own("--big-bytes", type=int)
+    opts.add("clients")
+    opts.add("seconds", help="per phase")
+    opts.own("--probe-every-ms", type=float)
+    opts.own("--ramp", dest="ramp_s", type=float)
+    opts.own("--rounds", type=int)
+    opts.add("max_batch_size", "simulate_device_ms")
+    opts.own("--tree", type=resolved, help="code tree measured as 'new'")
+    opts.own("--compare-tree", type=resolved, help="code tree measured as 'old'")
+    refuse = "decode the big bodies, then refuse them (503): the probe never queues behind them"
+    opts.own("--refuse-big", action="store_true", help=refuse)
+    opts.add("pin", "workdir")
 
 
-def _resolved(text: str) -> Path:
+def resolved(text: str) -> Path:
     return Path(text).resolve()

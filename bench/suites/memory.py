@@ -14,7 +14,6 @@ from. Per stage it prints:
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import options
+from bench.systems.actors import cpu_only_env, local_ray, partition_in_child
 
 MiB = 2**20
 MODELS = ("mlp-1.2g", "resnet50")  # and "mlp-1.2g-narrow"; "tiny", for the smoke test
@@ -49,27 +49,11 @@ def build(name: str) -> Any:
 
     if name == "mlp-1.2g":
         # 4096 features, 18 hidden layers of 4096: 302M parameters, 1.21 GB (issue 12's MLP).
-        features = keras.Input((4096,), name="features")
-        x = features
-        for i in range(18):
-            init = keras.initializers.RandomUniform(-0.01, 0.01, seed=i)
-            x = keras.layers.Dense(4096, activation="relu", kernel_initializer=init, name=f"d{i}")(
-                x
-            )
-        logits = keras.layers.Dense(10, name="logits")(x)
-        return keras.Model(features, logits, name="mlp_1_2g")
+        return _mlp(keras, 4096, 18, 0.01, "mlp_1_2g")
     if name == "mlp-1.2g-narrow":
         # 2048 features, 72 hidden layers of 2048: the same 1.21 GB in 17 MB layers, under
         # glibc's mmap threshold, so what loading frees stays in the heap unless it is trimmed.
-        features = keras.Input((2048,), name="features")
-        x = features
-        for i in range(72):
-            init = keras.initializers.RandomUniform(-0.02, 0.02, seed=i)
-            x = keras.layers.Dense(2048, activation="relu", kernel_initializer=init, name=f"d{i}")(
-                x
-            )
-        logits = keras.layers.Dense(10, name="logits")(x)
-        return keras.Model(features, logits, name="mlp_1_2g_narrow")
+        return _mlp(keras, 2048, 72, 0.02, "mlp_1_2g_narrow")
     if name == "tiny":  # for the bench's smoke test
         features = keras.Input((64,), name="features")
         hidden = keras.layers.Dense(64, name="d0")(features)
@@ -81,23 +65,22 @@ def build(name: str) -> Any:
     )
 
 
-def _partition_in_subprocess(name: str, out: Path, stages: int, batch: int) -> None:
-    code = (
-        "import sys; from bench.suites.memory import build; "
-        "from shards.partition.cut import partition_to_bundle; "
-        f"partition_to_bundle(build({name!r}), {str(out)!r}, stages={stages}, "
-        f"max_batch_size={batch}, source_name={name!r})"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, env=_env())
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+def _mlp(keras: Any, width: int, depth: int, scale: float, name: str) -> Any:
+    """``width`` features, ``depth`` hidden ReLU layers of ``width``, 10 logits."""
+    x = features = keras.Input((width,), name="features")
+    for i in range(depth):
+        init = keras.initializers.RandomUniform(-scale, scale, seed=i)
+        x = keras.layers.Dense(width, activation="relu", kernel_initializer=init, name=f"d{i}")(x)
+    return keras.Model(features, keras.layers.Dense(10, name="logits")(x), name=name)
 
 
 def bare_tensorflow_rss() -> int:
     out = subprocess.run(
-        [sys.executable, "-c", _BARE], check=True, capture_output=True, text=True, env=_env()
+        [sys.executable, "-c", _BARE],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=cpu_only_env(),
     )
     return int(out.stdout.strip().splitlines()[-1])
 
@@ -138,32 +121,22 @@ def measure_model(bundle: Path, batch: int) -> list[dict[str, Any]]:
 
 
 def run(plan: MemoryPlan, progress: Any = print) -> dict[str, Any]:
-    import ray
-
     plan.workdir.mkdir(parents=True, exist_ok=True)
     bare = bare_tensorflow_rss()
     progress(f"bare `import tensorflow, keras` process: {bare / MiB:.0f} MiB RSS")
     results: dict[str, Any] = {"bare_tf_rss": bare, "models": {}}
-    ray.init(
-        address="local",
-        num_cpus=plan.stages,
-        include_dashboard=False,
-        runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}},
-    )
-    try:
+    with local_ray(plan.stages):
         for name in plan.models:
             batch = plan.mlp_batch if name.startswith("mlp") else plan.resnet_batch
             with tempfile.TemporaryDirectory(dir=plan.workdir) as tmp:
                 bundle = Path(tmp) / "bundle"
                 tick = time.monotonic()
-                _partition_in_subprocess(name, bundle, plan.stages, batch)
+                partition_in_child(__name__, (name,), bundle, plan.stages, batch)
                 progress(f"{name}: partitioned in {time.monotonic() - tick:.0f} s")
                 tick = time.monotonic()
                 rows = measure_model(bundle, batch)
                 progress(f"{name}: {len(rows)} actors measured in {time.monotonic() - tick:.0f} s")
             results["models"][name] = {"batch": batch, "stages": rows}
-    finally:
-        ray.shutdown()
     return results
 
 
@@ -195,11 +168,10 @@ def render(results: dict[str, Any]) -> str:
 
 def add_parsers(sub: Any) -> None:
     about = "memory plan vs each shard actor's measured RSS"
-    parser = options.suite(
+    opts = options.suite(
         sub, "memory", about, out="docs/bench-memory", plan=MemoryPlan, run=run, render=render
     )
-    d = MemoryPlan()
-    options.add(parser, d, "models", "stages")
-    parser.add_argument("--mlp-batch", type=int, default=d.mlp_batch)
-    parser.add_argument("--resnet-batch", type=int, default=d.resnet_batch)
-    options.add(parser, d, "workdir")
+    opts.add("models", "stages")
+    opts.own("--mlp-batch", type=int)
+    opts.own("--resnet-batch", type=int)
+    opts.add("workdir")

@@ -21,22 +21,27 @@ from __future__ import annotations
 import math
 import resource
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import options
 from bench.load.hey import HEY_INSTALL_HINT, HeyResult, have_hey, run_hey
-from bench.models.workloads import get_workload
+from bench.models.workloads import get_workload, save_workload
 from bench.observe.cpusplit import cores, cpu_seconds
 from bench.observe.procinfo import RssSampler, read_proc
-from bench.observe.scrape import Samples, base_url, delta, free_port, scrape
-from bench.suites.compare import save_workload
+from bench.observe.scrape import (
+    Samples,
+    base_url,
+    batches_and_rows,
+    delta,
+    free_port,
+    scrape,
+    wait_idle,
+)
+from bench.options import Progress
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.shardserve import shardserve_spec
-
-Progress = Callable[[str], None]
 
 GOODPUT_TARGET = 0.8  # x C, in the overload phase
 REJECT_P99_TARGET_MS = 20.0
@@ -64,12 +69,11 @@ class OverloadPlan:
 
     def __post_init__(self) -> None:
         get_workload(self.workload)
-        for name in ("capacity_clients", "clients"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("capacity_s", "overload_s", "retry_s", "factor"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        options.require(
+            self,
+            at_least_one=("capacity_clients", "clients"),
+            positive=("capacity_s", "overload_s", "retry_s", "factor"),
+        )
 
 
 def per_client_rate(capacity: float, factor: float, clients: int) -> float:
@@ -92,7 +96,7 @@ def run_overload(plan: OverloadPlan, progress: Progress = print) -> dict[str, An
     with ServerProcess(spec, port, body, log) as server:
         url = server.url
         run_hey(url, body, plan.capacity_clients, plan.warmup_s)
-        _drain(url)
+        wait_idle(base_url(url), 60.0, 0.2)
 
         def phase(
             name: str, clients: int, seconds: float, rate: float | None, groups: int = 1
@@ -112,7 +116,7 @@ def run_overload(plan: OverloadPlan, progress: Progress = print) -> dict[str, An
                 f"  {name}: {_line(result)}; RSS {rss_before.rss_mb:.0f} -> {rss_after.rss_mb:.0f} MB"
                 f"; cores {used}"
             )
-            _drain(url)
+            wait_idle(base_url(url), 60.0, 0.2)
             return result
 
         capacity = phase("capacity", plan.capacity_clients, plan.capacity_s, None).per_s(200)
@@ -154,8 +158,7 @@ def _record(
         for key in after
         if key.startswith(_LATENCY_COUNT + "{")
     }
-    batches = delta(after, before, "shardserve_batch_size_rows_count")
-    rows = delta(after, before, "shardserve_batch_size_rows_sum")
+    batches, rows = batches_and_rows(after, before)
 
     def mean_ms(total: str, count: str | float) -> float | None:
         n = delta(after, before, count) if isinstance(count, str) else count
@@ -190,18 +193,6 @@ def _line(result: HeyResult) -> str:
     for status, stats in sorted(result.statuses.items()):
         parts.append(f"{status}: {stats.count} (p99 {stats.p99_ms:.1f} ms)")
     return ", ".join(parts)
-
-
-def _drain(url: str, timeout_s: float = 60.0) -> None:
-    """Wait until the server holds no queued row and no batch: phases must not overlap."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        samples = scrape(base_url(url))
-        if not samples.get("shardserve_queue_rows") and not samples.get(
-            "shardserve_inflight_batches"
-        ):
-            return
-        time.sleep(0.2)  # polling another process's counters; there is no event to wait on
 
 
 def render(results: dict[str, Any]) -> str:
@@ -281,19 +272,14 @@ def _ms(value: float | None) -> str:
 def add_parsers(sub: Any) -> None:
     about = "goodput and 503s at 3x capacity (needs hey)"
     out = "docs/bench-faults"
-    parser = options.suite(
+    opts = options.suite(
         sub, "overload", about, out=out, plan=OverloadPlan, run=run_overload, render=render
     )
-    d = OverloadPlan()
-    options.add(parser, d, "workload", "max_batch_size", "batch_timeout_ms", "warmup_s")
-    options.add(parser, d, "capacity_clients", "capacity_s")
-    parser.add_argument("--factor", type=float, default=d.factor)
-    options.add(parser, d, "clients")
-    options.add(parser, d, "seconds", dest="overload_s", help="of each overload phase")
-    parser.add_argument(
-        "--staggered-groups", type=int, default=d.staggered_groups, help="0: no staggered phase"
-    )
-    parser.add_argument(
-        "--retry-seconds", dest="retry_s", metavar="RETRY_SECONDS", type=float, default=d.retry_s
-    )
-    options.add(parser, d, "port", "workdir")
+    opts.add("workload", "max_batch_size", "batch_timeout_ms", "warmup_s")
+    opts.add("capacity_clients", "capacity_s")
+    opts.own("--factor", type=float)
+    opts.add("clients")
+    opts.add("seconds", dest="overload_s", help="of each overload phase")
+    opts.own("--staggered-groups", type=int, help="0: no staggered phase")
+    opts.own("--retry-seconds", dest="retry_s", type=float)
+    opts.add("port", "workdir")

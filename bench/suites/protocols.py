@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -32,28 +30,31 @@ import numpy as np
 import orjson
 
 from bench import options
-from bench.load.loops import WRK_INSTALL_HINT, LoadError, LoadResult, closed_loop, have_wrk
-from bench.models.workloads import get_workload
-from bench.observe.cpusplit import cores, cpu_seconds
-from bench.observe.quiet import (
-    busy_seconds,
+from bench.load import grpcload
+from bench.load.loops import WRK_INSTALL_HINT, closed_loop, have_wrk
+from bench.load.result import LoadResult
+from bench.models.workloads import get_workload, save_workload
+from bench.observe.cpusplit import (
     children_cpu,
-    other_benches,
-    others_now,
+    cores,
+    cpu_seconds,
+    machine_busy_seconds,
     process_cpu_seconds,
     self_cpu,
+)
+from bench.observe.quiet import (
+    other_benches,
+    others_now,
     wait_until_quiet,
 )
-from bench.observe.scrape import Samples, delta, free_port, scrape
-from bench.suites.compare import Plan, measure_ceiling, save_workload
+from bench.observe.scrape import Samples, free_port, mean_batch_rows, scrape, wait_idle
+from bench.options import Progress
 from bench.suites.protocols_check import check_answers
 from bench.suites.protocols_report import render
 from bench.systems import ServerProcess, SystemConfig
-from bench.systems.base import LaunchSpec, subprocess_env
+from bench.systems.ceiling import measure_ceiling
 from bench.systems.shardserve import shardserve_spec
 from loadtest.bodies import encode_body, random_inputs, request_path
-
-Progress = Callable[[str], None]
 
 HTTP_PROTOCOLS = ("tfserving", "v2-json", "v2-binary")
 PROTOCOLS = (*HTTP_PROTOCOLS, "grpc")
@@ -89,8 +90,7 @@ class ProtocolsPlan:
         unknown = set(self.protocols) - set(PROTOCOLS)
         if unknown or not self.protocols:
             raise ValueError(f"protocols must be among {PROTOCOLS}, got {self.protocols}")
-        if self.repeats < 1 or self.seconds <= 0:
-            raise ValueError(f"repeats >= 1 and seconds > 0, got {self.repeats}, {self.seconds}")
+        options.require(self, at_least_one=("repeats",), positive=("seconds",))
         if self.port and self.port == self.grpc_port:
             raise ValueError(f"port and grpc_port are both {self.port}")
 
@@ -112,14 +112,13 @@ def run_protocols(plan: ProtocolsPlan, progress: Progress = print) -> dict[str, 
         "ceiling": {},
         "runs": [],
     }
-    ceiling_plan = Plan(ceiling_batch_sizes=(plan.max_batch_size,), ceiling_s=plan.ceiling_s)
     for workload in plan.workloads:
         model = save_workload(workload, plan.workdir)
         key = plan.max_batch_size
-        before = _quiet_ceiling(plan, model, ceiling_plan)
+        before = _quiet_ceiling(plan, model)
         progress(f"[{workload}] ceiling at batch {key}: {before['rows_per_s']:,.0f} rows/s")
         results["runs"] += _measure(plan, protocols, workload, model, progress)
-        after = _quiet_ceiling(plan, model, ceiling_plan)
+        after = _quiet_ceiling(plan, model)
         progress(f"[{workload}] ceiling after: {after['rows_per_s']:,.0f} rows/s")
         results["ceiling"][workload] = {
             "batch_size": plan.max_batch_size,
@@ -140,16 +139,16 @@ def _measure(
     progress: Progress,
 ) -> list[dict[str, Any]]:
     config = SystemConfig(model, plan.port, plan.max_batch_size, plan.batch_timeout_ms)
-    spec = shardserve_spec(config, 1, plan.workdir / "cache")
-    spec = LaunchSpec(spec.name, [*spec.argv, "--grpc-port", str(plan.grpc_port)])
+    flags = {"--grpc-port": str(plan.grpc_port)}
+    spec = shardserve_spec(config, 1, plan.workdir / "cache", flags=flags)
     log = plan.workdir / "logs" / f"protocols-{workload}.log"
     clients = plan.clients[workload]
     records = []
     progress(f"[{workload}] starting {spec.name} with gRPC on {plan.grpc_port} (log: {log})")
     with ServerProcess(spec, plan.port, get_workload(workload).request_body(), log) as server:
         base = server.url.rsplit("/", 1)[0]
-        name = _get_json(f"{base}/readyz")["model"]
-        metadata = _get_json(f"{base}/v1/models/{name}/metadata")
+        name = get_json(f"{base}/readyz")["model"]
+        metadata = get_json(f"{base}/v1/models/{name}/metadata")
         inputs = random_inputs(metadata, 1, np.random.default_rng(0))
         bodies = {p: encode_body(inputs, p) for p in HTTP_PROTOCOLS}
         check_answers(base, name, bodies)
@@ -158,14 +157,16 @@ def _measure(
 
         def load(protocol: str, seconds: float) -> LoadResult:
             if protocol == "grpc":
-                return _grpc_load(plan, name, inputs_file, clients, seconds)
+                return grpcload.run(
+                    f"127.0.0.1:{plan.grpc_port}", name, inputs_file, clients, seconds
+                )
             body, headers = bodies[protocol]
             url = base + request_path(protocol, name)
             return closed_loop(url, body, clients, seconds, tool="wrk", headers=headers)
 
         for protocol in protocols:
             load(protocol, plan.warmup_s)
-        _drain(base)
+        wait_idle(base, 30.0, 0.05)
         for repeat in range(plan.repeats):
             shift = repeat % len(protocols)
             for protocol in (*protocols[shift:], *protocols[:shift]):
@@ -188,7 +189,7 @@ def _measure(
 def _quiet_window(
     plan: ProtocolsPlan, pid: int, base: str, load: Callable[[], LoadResult]
 ) -> dict[str, Any]:
-    """``_one``, after the rest of the machine has settled (at most a minute), and again while
+    """``measure_window``, after the rest of the machine has settled (at most a minute), and again while
     other work took more than ``noise_cores`` during it; the quietest attempt is kept.
     ``noise_retries`` 0: neither (one attempt, whatever the machine does)."""
     best: dict[str, Any] | None = None
@@ -200,7 +201,7 @@ def _quiet_window(
             and time.monotonic() < deadline
         ):
             time.sleep(2.0)  # someone else's work; nothing to wait on but time
-        record = _one(pid, base, load)
+        record = measure_window(pid, base, load)
         record["attempts"] = attempt + 1
         if best is None or record["cores"]["others"] < best["cores"]["others"]:
             best = record
@@ -210,14 +211,15 @@ def _quiet_window(
     return best
 
 
-def _quiet_ceiling(plan: ProtocolsPlan, model: Path, ceiling_plan: Plan) -> dict[str, float]:
+def _quiet_ceiling(plan: ProtocolsPlan, model: Path) -> dict[str, float]:
     """The model's rows/s at the max batch size, measured again while other work took more
     than ``noise_cores`` during it (the quietest attempt is kept)."""
     best: dict[str, float] | None = None
     for _ in range(plan.noise_retries + 1):
-        busy, mine, tick = busy_seconds(), children_cpu() + self_cpu(), time.monotonic()
-        rows = measure_ceiling(model, ceiling_plan)[str(plan.max_batch_size)]["rows_per_s"]
-        used = busy_seconds() - busy - (children_cpu() + self_cpu() - mine)
+        busy, mine, tick = machine_busy_seconds(), children_cpu() + self_cpu(), time.monotonic()
+        ceiling = measure_ceiling(model, (plan.max_batch_size,), plan.ceiling_s)
+        rows = ceiling[str(plan.max_batch_size)]["rows_per_s"]
+        used = machine_busy_seconds() - busy - (children_cpu() + self_cpu() - mine)
         record = {"rows_per_s": rows, "others_cores": max(used, 0.0) / (time.monotonic() - tick)}
         if best is None or record["others_cores"] < best["others_cores"]:
             best = record
@@ -227,23 +229,23 @@ def _quiet_ceiling(plan: ProtocolsPlan, model: Path, ceiling_plan: Plan) -> dict
     return best
 
 
-def _one(pid: int, base: str, load: Callable[[], LoadResult]) -> dict[str, Any]:
+def measure_window(pid: int, base: str, load: Callable[[], LoadResult]) -> dict[str, Any]:
     """One load window: the generator's figures, and the server's CPU and answers in it."""
     before, cpu, gen, tick = scrape(base), process_cpu_seconds(pid), children_cpu(), _now()
     split = cpu_seconds(pid)
     result = load()
-    _drain(base)  # the answers still out when the generator stopped belong to this window
+    wait_idle(
+        base, 30.0, 0.05
+    )  # the answers still out when the generator stopped belong to this window
     elapsed = _now() - tick
     used = process_cpu_seconds(pid) - cpu
     parts = cores(split, cpu_seconds(pid), elapsed)
     after = scrape(base)
     served = _answered(after) - _answered(before)
-    batches = delta(after, before, "shardserve_batch_size_rows_count")
-    rows = delta(after, before, "shardserve_batch_size_rows_sum")
     return {
         **result.to_json(),
         "served": served,
-        "mean_batch_rows": rows / batches if batches else 0.0,
+        "mean_batch_rows": mean_batch_rows(after, before),
         "frontend_cpu_s": used,
         "cpu_ms_per_request": 1000 * used / served if served else float("nan"),
         "frontend_cores": used / elapsed,
@@ -262,40 +264,12 @@ def _now() -> float:
     return time.monotonic()
 
 
-def _grpc_load(
-    plan: ProtocolsPlan, model: str, inputs: Path, clients: int, seconds: float
-) -> LoadResult:
-    argv = [sys.executable, "-m", "bench.load.grpcload", "--url", f"127.0.0.1:{plan.grpc_port}"]
-    argv += ["--model", model, "--inputs", str(inputs), "--concurrency", str(clients)]
-    argv += ["--seconds", f"{seconds:g}"]
-    proc = subprocess.run(
-        argv, capture_output=True, text=True, env=subprocess_env(), timeout=seconds + 120
-    )
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise LoadError(
-            f"bench.load.grpcload failed (exit {proc.returncode}): {proc.stderr[-800:]}"
-        )
-    return LoadResult(**orjson.loads(proc.stdout.strip().splitlines()[-1]))
-
-
-def _drain(base: str, timeout_s: float = 30.0) -> None:
-    """Until the server holds no queued row and no batch (windows must not overlap)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        samples = scrape(base)
-        if not samples.get("shardserve_queue_rows") and not samples.get(
-            "shardserve_inflight_batches"
-        ):
-            return
-        time.sleep(0.05)  # another process's counters: there is no event to wait on
-
-
-def _get_json(url: str) -> Any:
+def get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as response:
         return orjson.loads(response.read())
 
 
-def _clients(text: str) -> dict[str, int]:
+def clients_by_workload(text: str) -> dict[str, int]:
     out = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, count = part.partition("=")
@@ -308,25 +282,18 @@ def _clients(text: str) -> dict[str, int]:
 def add_parsers(sub: Any) -> None:
     about = "TF-Serving JSON vs V2 JSON, binary and gRPC (needs wrk)"
     out = "docs/bench-protocols"
-    parser = options.suite(
+    opts = options.suite(
         sub, "protocols", about, out=out, plan=ProtocolsPlan, run=run_protocols, render=render
     )
-    d = ProtocolsPlan()
-    options.add(parser, d, "workloads")
-    parser.add_argument("--protocols", type=options.csv, default=d.protocols)
-    options.add(parser, d, "clients", type=_clients, help="heavy=256,light=64")
-    options.add(parser, d, "repeats", "seconds", "warmup_s", "max_batch_size", "batch_timeout_ms")
-    options.add(parser, d, "ceiling_s")
-    parser.add_argument(
-        "--quiet-wait",
-        dest="quiet_wait_s",
-        metavar="QUIET_WAIT",
-        type=float,
-        default=d.quiet_wait_s,
-    )
-    parser.add_argument("--quiet-load", type=float, default=d.quiet_load)
-    parser.add_argument("--noise-cores", type=float, default=d.noise_cores)
-    parser.add_argument("--noise-retries", type=int, default=d.noise_retries)
-    options.add(parser, d, "port")
-    parser.add_argument("--grpc-port", type=int, default=d.grpc_port)
-    options.add(parser, d, "workdir")
+    opts.add("workloads")
+    opts.own("--protocols", type=options.csv)
+    opts.add("clients", type=clients_by_workload, help="heavy=256,light=64")
+    opts.add("repeats", "seconds", "warmup_s", "max_batch_size", "batch_timeout_ms")
+    opts.add("ceiling_s")
+    opts.own("--quiet-wait", dest="quiet_wait_s", type=float)
+    opts.own("--quiet-load", type=float)
+    opts.own("--noise-cores", type=float)
+    opts.own("--noise-retries", type=int)
+    opts.add("port")
+    opts.own("--grpc-port", type=int)
+    opts.add("workdir")

@@ -29,9 +29,10 @@ BASE_ENV = {
 def peer_args() -> argparse.Namespace:
     """The command line every peer server script takes (``bench.systems.peers`` passes it)."""
     parser = argparse.ArgumentParser()
-    options.add(parser, None, "model", required=True, help="a .keras file")
-    options.add(parser, None, "port", required=True, help="the port to serve on")
-    options.add(parser, SystemConfig, "max_batch_size", "batch_timeout_ms")
+    opts = options.Options(parser)
+    opts.add("model", required=True, help="a .keras file")
+    opts.add("port", required=True, help="the port to serve on")
+    options.Options(parser, SystemConfig).add("max_batch_size", "batch_timeout_ms")
     return parser.parse_args()
 
 

@@ -3,22 +3,15 @@ cannot rot; its answer decoding and its target verdicts on canned figures."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import numpy as np
 import orjson
 import pytest
 
-from bench.__main__ import main
 from bench.load.loops import WRK_INSTALL_HINT, have_wrk
-from bench.observe.quiet import other_benches, process_cpu_seconds
 from bench.suites.protocols_check import decode_answer
 from bench.suites.protocols_report import medians, render, targets
 from loadtest.bodies import encode_body
+from tests.bench.suiterun import SuiteRun
 from tests.serverproc import free_ports
 
 
@@ -100,53 +93,17 @@ def test_binary_body_is_the_json_header_then_the_raw_row() -> None:
     assert body[split:] == row.tobytes()
 
 
-def test_cpu_seconds_of_this_process_grow_with_its_work() -> None:
-    # Spin on Python's own CPU clock, not on the function under test: a reading that never
-    # grows then fails the comparison below instead of spinning for ever.
-    before, own_before = process_cpu_seconds(os.getpid()), time.process_time()
-    deadline = time.monotonic() + 30
-    while time.process_time() - own_before < 0.2:
-        assert time.monotonic() < deadline, "0.2 s of CPU took over 30 s of wall time"
-        sum(range(10_000))
-    grew = process_cpu_seconds(os.getpid()) - before
-    spent = time.process_time() - own_before
-    # /proc counts in clock ticks (10 ms); other threads of pytest run between the readings.
-    assert grew == pytest.approx(spent, abs=0.05)
-
-
-def test_other_benches_lists_a_running_bench_process_until_it_ends() -> None:
-    # argv after -c's code is the script's own: the process looks like "python ... -m bench".
-    code = "import sys, time; time.sleep(60)"
-    fake = subprocess.Popen([sys.executable, "-c", code, "-m", "bench", "protocols", "marker"])
-    try:
-        deadline = time.monotonic() + 10
-        while not any(line.endswith("protocols marker") for line in other_benches()):
-            assert time.monotonic() < deadline, other_benches()
-            time.sleep(0.05)
-    finally:
-        fake.kill()
-        fake.wait()
-    assert not any(line.endswith("protocols marker") for line in other_benches())
-
-
 @pytest.mark.skipif(not have_wrk(), reason=f"the HTTP part drives wrk; {WRK_INSTALL_HINT}")
-def test_protocols_bench_runs_on_a_tiny_setting(
-    ray_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SHARDSERVE_RAY_ADDRESS", ray_address)
-    out = tmp_path / "out"
+def test_protocols_bench_runs_on_a_tiny_setting(bench_on_session_ray: SuiteRun) -> None:
     port, grpc_port = free_ports(2)
-    argv = ["protocols", "--workloads", "light", "--clients", "light=8", "--repeats", "1"]
-    argv += ["--seconds", "1", "--warmup", "0.5", "--max-batch-size", "8"]
-    argv += ["--ceiling-seconds", "0.3", "--quiet-wait", "0"]
+    args = ["--workloads", "light", "--clients", "light=8", "--repeats", "1"]
+    args += ["--seconds", "1", "--warmup", "0.5", "--max-batch-size", "8"]
+    args += ["--ceiling-seconds", "0.3", "--quiet-wait", "0"]
     # The shard actor is the session Ray's, not the server's child: to this bench it is other
     # people's work, so the noise rule (measure again while others use the cores) is off.
-    argv += ["--noise-retries", "0"]
-    argv += ["--port", str(port), "--grpc-port", str(grpc_port)]
-    argv += ["--workdir", str(tmp_path / "work"), "--out", str(out)]
-    assert main(argv) == 0
-
-    results = orjson.loads((out / "protocols.json").read_bytes())
+    args += ["--noise-retries", "0"]
+    args += ["--port", str(port), "--grpc-port", str(grpc_port)]
+    results = bench_on_session_ray.run("protocols", *args)
     runs = {r["protocol"]: r for r in results["runs"]}
     assert set(runs) == {"tfserving", "v2-json", "v2-binary", "grpc"}
     for run in runs.values():
@@ -159,7 +116,7 @@ def test_protocols_bench_runs_on_a_tiny_setting(
         assert run["cores"]["frontend"] > 0
     assert runs["grpc"]["tool"] == "tritonclient.grpc.aio"
     assert results["ceiling"]["light"]["rows_per_s"] > 0
-    table = (out / "protocols.md").read_text()
+    table = bench_on_session_ray.table("protocols")
     assert "| light | V2 binary tensors | 8 |" in table
     assert "| target (issue 11) |" in table and "light c8, V2 binary" in table
     assert "| light | V2 gRPC (raw contents) |" in table.split("cores went")[1]

@@ -1,19 +1,8 @@
-"""The batching benches' pure parts: Poisson arrivals and the open-loop verdict."""
+"""The batching benches' verdict: auto against the best fixed timeout's p99."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from bench.load.pyload import arrivals
 from bench.suites.batching import render
-
-
-def test_poisson_arrivals_keep_the_mean_rate_and_vary_the_gaps() -> None:
-    due = arrivals(200.0, 30.0, poisson=True)
-    assert abs(len(due) / 30.0 - 200.0) < 10
-    gaps = np.diff(due)
-    assert (gaps >= 0).all() and 0.8 < gaps.std() / gaps.mean() < 1.2  # exponential: cv 1
-    assert np.array_equal(arrivals(10.0, 1.0, poisson=False), np.arange(10) / 10.0)
 
 
 def _run(policy: str, p99: float, rps: float) -> dict[str, object]:

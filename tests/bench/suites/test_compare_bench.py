@@ -3,13 +3,8 @@ of load. The shardserve server joins the session's Ray instead of starting a sec
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import orjson
-import pytest
-
-from bench.__main__ import main
 from bench.suites.compare_report import ANALYSIS_MARKER, medians, render
+from tests.bench.suiterun import SuiteRun
 from tests.serverproc import free_ports
 
 
@@ -61,21 +56,13 @@ def test_report_gives_ratios_and_keeps_the_hand_written_analysis() -> None:
     assert "# old numbers" not in text
 
 
-def test_harness_runs_end_to_end_on_a_tiny_setting(
-    ray_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SHARDSERVE_RAY_ADDRESS", ray_address)
-    out = tmp_path / "docs"
-    argv = ["run", "--workloads", "light", "--systems", "shardserve-1", "--repeats", "1"]
-    argv += ["--seconds", "1", "--warmup", "0.5", "--concurrency", "1,8", "--max-batch-size", "8"]
+def test_harness_runs_end_to_end_on_a_tiny_setting(bench_on_session_ray: SuiteRun) -> None:
+    args = ["--workloads", "light", "--systems", "shardserve-1", "--repeats", "1"]
+    args += ["--seconds", "1", "--warmup", "0.5", "--concurrency", "1,8", "--max-batch-size", "8"]
     # A free port, not a fixed one: another server on the machine must not fail the run.
     (port,) = free_ports(1)
-    argv += ["--open-rates", "light=20", "--overlap-stages", "", "--port", str(port)]
-    argv += ["--ceiling-seconds", "0.3"]
-    argv += ["--workdir", str(tmp_path / "work"), "--out", str(out)]
-    assert main(argv) == 0
-
-    results = orjson.loads((out / "bench_results.json").read_bytes())
+    args += ["--open-rates", "light=20", "--overlap-stages", "", "--port", str(port)]
+    results = bench_on_session_ray.run("run", *args, "--ceiling-seconds", "0.3")
     scenarios = {r["scenario"]: r for r in results["runs"]}
     assert set(scenarios) == {"c1", "c8", "open20"}
     for run in scenarios.values():
@@ -84,20 +71,5 @@ def test_harness_runs_end_to_end_on_a_tiny_setting(
         # The signature comes from the bundle manifest: the HTTP process never loads TF.
         assert run["frontend"]["tensorflow_loaded"] is False
     assert results["ceiling"]["light"]["64"]["rows_per_s"] > 0
-    report = (out / "benchmarks.md").read_text()
-    assert "| shardserve-1 |" in report
-    assert (out / "bench_throughput.png").stat().st_size > 0
-
-
-def test_system_names_pick_stages_and_the_compiled_graph(tmp_path: Path) -> None:
-    from bench.systems import SystemConfig, launch_spec
-
-    config = SystemConfig(tmp_path / "m.keras", 9000)
-    plain = launch_spec("shardserve-2", config, tmp_path)
-    compiled = launch_spec("shardserve-2-cg", config, tmp_path)
-    assert (plain.name, compiled.name) == ("shardserve-2", "shardserve-2-cg")
-    assert "--compiled-graph" not in plain.argv
-    assert compiled.argv[compiled.argv.index("--compiled-graph") + 1] == "true"
-    assert compiled.argv[compiled.argv.index("--stages") + 1] == "2"
-    with pytest.raises(ValueError, match=r"unknown system 'shardserve-x-cg'"):
-        launch_spec("shardserve-x-cg", config, tmp_path)
+    assert "| shardserve-1 |" in bench_on_session_ray.table("run")
+    assert (bench_on_session_ray.out / "bench_throughput.png").stat().st_size > 0

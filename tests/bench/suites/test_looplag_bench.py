@@ -3,13 +3,10 @@ one round of 1 s phases. The server joins the session's Ray instead of starting 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import orjson
-import pytest
 
-from bench.__main__ import main
 from bench.suites.looplag import big_body, summarize
+from tests.bench.suiterun import SuiteRun
 
 
 def test_big_body_fills_the_size_without_going_over() -> None:
@@ -29,17 +26,10 @@ def test_summary_pairs_each_round_of_new_with_old() -> None:
     assert summary["ratio"] == 9.0 / 30.0
 
 
-def test_looplag_reports_both_phases(
-    ray_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SHARDSERVE_RAY_ADDRESS", ray_address)
-    out = tmp_path / "out"
-    argv = ["looplag", "--model", "demo-tiny", "--big-bytes", "30000", "--seconds", "1"]
-    argv += ["--rounds", "1", "--ramp", "0.3", "--probe-every-ms", "50", "--no-pin"]
-    argv += ["--workdir", str(tmp_path / "work"), "--out", str(out)]
-    assert main(argv) == 0
-
-    results = orjson.loads((out / "looplag.json").read_bytes())
+def test_looplag_reports_both_phases(bench_on_session_ray: SuiteRun) -> None:
+    args = ["--model", "demo-tiny", "--big-bytes", "30000", "--seconds", "1"]
+    args += ["--rounds", "1", "--ramp", "0.3", "--probe-every-ms", "50", "--no-pin"]
+    results = bench_on_session_ray.run("looplag", *args)
     (turn,) = results["turns"]
     assert turn["tree"] == "new"
     for phase in ("alone", "loaded"):
@@ -47,6 +37,6 @@ def test_looplag_reports_both_phases(
         assert turn[phase]["errors"] == 0
         assert 0 < turn[phase]["p50_ms"] <= turn[phase]["p99_ms"]
     assert turn["big"]["requests"] > 0 and turn["big"]["errors"] == 0
-    table = (out / "looplag.md").read_text()
+    table = bench_on_session_ray.table("looplag")
     assert "| 0 | new |" in table
     assert "loaded p99" in table

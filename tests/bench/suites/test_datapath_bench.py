@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.suiterun import SuiteRun
 
 
-def test_datapath_bench_counts_the_bytes_of_each_routing(tmp_path: Path) -> None:
-    out = tmp_path / "out"
+def test_datapath_bench_counts_the_bytes_of_each_routing(bench: SuiteRun) -> None:
     modes = "dicts,tensors,tensors+bf16"
     args = ["--models", "unet", "--image", "16", "--stages", "4", "--batch", "2"]
     args += ["--batches", "2", "--rounds", "1", "--modes", modes, "--unet-modes", modes]
-    args += ["--workdir", str(tmp_path), "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "datapath", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    unet = json.loads((out / "datapath.json").read_text())["unet"]
+    # A child: the bench starts a local Ray of its own.
+    unet = bench.run("datapath", *args, child=True)["unet"]
     moved = {mode: unet[mode]["bytes_per_batch"] for mode in modes.split(",")}
     # A skip from stage 0 to stage 2 no longer brings stage 0's other outputs along.
     assert moved["tensors"] < moved["dicts"]
@@ -32,4 +18,4 @@ def test_datapath_bench_counts_the_bytes_of_each_routing(tmp_path: Path) -> None
     assert moved["tensors"] / 2 < moved["tensors+bf16"] < moved["tensors"] * 0.6
     assert unet["tensors"]["accuracy"]["max_abs"] == 0.0
     assert 0 < unet["tensors+bf16"]["accuracy"]["max_rel"] < 0.05
-    assert "| unet | tensors+bf16 |" in (out / "datapath.md").read_text()
+    assert "| unet | tensors+bf16 |" in bench.table("datapath")
