@@ -104,7 +104,15 @@ def cli_module(tree: Path) -> str:
 
 
 def server_spec(plan: LoopLagPlan, tree: Path, label: str, port: int, rows: int) -> LaunchSpec:
-    argv = [*pin_argv(plan.pin), sys.executable, "-m", cli_module(tree), "serve", "--model", plan.model]
+    argv = [
+        *pin_argv(plan.pin),
+        sys.executable,
+        "-m",
+        cli_module(tree),
+        "serve",
+        "--model",
+        plan.model,
+    ]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0"]
     argv += ["--stages", "1", "--max-batch-size", str(plan.max_batch_size)]
     argv += ["--batch-timeout-ms", "0", "--simulate-device-ms", f"{plan.simulate_device_ms:g}"]
