@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from serving.config import ConfigError, Settings, load_settings
-from serving.server.runner import pipeline_options
 from serving.server.model import batch_settings
+from serving.server.runner import pipeline_options
 from tests.fakes import FakeRunner
 
 
