@@ -21,9 +21,7 @@ def _module_name(path: Path) -> str:
 
 def _modules(package: str) -> dict[str, Path]:
     return {
-        _module_name(p): p
-        for p in (ROOT / package).rglob("*.py")
-        if not p.name.endswith(GENERATED)
+        _module_name(p): p for p in (ROOT / package).rglob("*.py") if not p.name.endswith(GENERATED)
     }
 
 
@@ -102,3 +100,17 @@ def test_no_hand_written_module_is_over_350_lines() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_the_architecture_doc_names_every_module() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for package in ("serving", "shards")
+        for path in _modules(package).values()
+        if path.name != "__init__.py"
+        and str(path.relative_to(ROOT)) not in doc
+        and f"{path.stem}.py" not in doc
+        and f"`{path.stem}`" not in doc
+    ]
+    assert not unnamed, f"docs/architecture.md does not name {unnamed}"
