@@ -23,14 +23,15 @@ serve: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/python -m pytest
 
-# The gRPC stubs of serving/v2/proto, kept in the repo. They load into a descriptor pool of their
+# The gRPC stubs of serving/protocols/v2/proto, kept in the repo. They load into a descriptor pool of their
 # own: tritonclient and the kserve SDK define the same `inference.*` messages in the default pool,
 # and a process importing both would fail with "duplicate symbol".
-PROTO := serving/v2/proto/grpc_service.proto
+PROTO := serving/protocols/v2/proto/grpc_service.proto
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
 	perl -pi -e 's/_descriptor_pool\.Default\(\)\.AddSerializedFile/_descriptor_pool.DescriptorPool().AddSerializedFile/' $(PROTO:.proto=_pb2.py)

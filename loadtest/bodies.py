@@ -31,7 +31,7 @@ def random_inputs(
 
 def encode_body(inputs: dict[str, np.ndarray], protocol: str) -> tuple[bytes, dict[str, str]]:
     """The body and headers of one request in ``protocol``."""
-    from serving.v2.datatypes import datatype_of
+    from serving.protocols.v2.datatypes import datatype_of
 
     if protocol == "tfserving":
         columns = {name: value.tolist() for name, value in inputs.items()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import json
-import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,8 +21,10 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
-from serving.batching_policy import BatchingPolicy
-from shards.memory import parse_budgets, parse_bytes
+from serving.settings_sources import ConfigError, TomlSource, format_validation_error, split_csv
+from shards.partition.memory_plan import parse_budgets, parse_bytes
+
+__all__ = ["ConfigError", "Settings", "default_queue_rows", "load_settings", "padded_batch_sizes"]
 
 MiB = 1024 * 1024
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
@@ -31,49 +33,6 @@ ReducedDtype = Literal["float32", "bfloat16", "float16"]
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "shardserve_config_file", default=None
 )
-
-
-class ConfigError(ValueError):
-    """Settings that cannot be used; the message names each field, value and allowed range."""
-
-
-class _TomlSource(PydanticBaseSettingsSource):
-    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
-        super().__init__(settings_cls)
-        self._values: dict[str, Any] = {}
-        if path is None:
-            return
-        try:
-            raw = tomllib.loads(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
-        # A [shardserve] table or top-level keys; dashes and underscores both accepted.
-        table = raw.get("shardserve", raw)
-        values = {str(k).replace("-", "_"): v for k, v in table.items()}
-        unknown = sorted(set(values) - set(settings_cls.model_fields))
-        if unknown:
-            raise ConfigError(
-                f"config file {str(path)!r} has unknown settings {unknown}; "
-                f"known: {sorted(settings_cls.model_fields)}"
-            )
-        self._values = values
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self._values.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self._values)
-
-
-def _split_csv(value: Any) -> Any:
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            return json.loads(text)
-        return [part.strip() for part in text.split(",") if part.strip()]
-    return value
 
 
 class Settings(BaseSettings):
@@ -245,12 +204,12 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _TomlSource(settings_cls, _config_file.get()))
+        return (init_settings, env_settings, TomlSource(settings_cls, _config_file.get()))
 
     @field_validator("imports", "allowed_batch_sizes", mode="before")
     @classmethod
     def _csv_lists(cls, value: Any) -> Any:
-        return _split_csv(value)
+        return split_csv(value)
 
     @field_validator("max_stage_bytes", mode="before")
     @classmethod
@@ -328,11 +287,7 @@ class Settings(BaseSettings):
 
     def batch_sizes(self) -> tuple[int, ...]:
         """The sizes a batch is padded to (and the shard actors warm up at)."""
-        return BatchingPolicy(
-            max_batch_size=self.max_batch_size,
-            max_queue_rows=self.max_batch_size,
-            allowed_batch_sizes=tuple(self.allowed_batch_sizes or ()),
-        ).batch_sizes()
+        return padded_batch_sizes(self.max_batch_size, self.allowed_batch_sizes or ())
 
     def inflight_batches(self, stages: int, replicas: int = 1) -> int:
         """Default: the pipeline depth (stages x replicas) plus one batch per pipeline being
@@ -351,6 +306,15 @@ class Settings(BaseSettings):
         return path.stem if path.suffix else path.name
 
 
+def padded_batch_sizes(max_batch_size: int, allowed: Iterable[int] = ()) -> tuple[int, ...]:
+    """The sizes a batch may be padded to, sorted: ``allowed``, or powers of two up to
+    ``max_batch_size`` when none are given; ``max_batch_size`` is always one. Both the server's
+    settings (warm-up sizes) and ``BatchSettings`` (padding) read this one rule."""
+    sizes = set(allowed) or {1 << i for i in range(max_batch_size.bit_length())}
+    sizes.add(max_batch_size)
+    return tuple(sorted(s for s in sizes if s <= max_batch_size))
+
+
 def default_queue_rows(max_batch_size: int, inflight_batches: int) -> int:
     """Room for four rounds of full batches in every in-flight slot before 503s start."""
     return 4 * max_batch_size * inflight_batches
@@ -367,17 +331,3 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"invalid settings: {exc}") from None
     finally:
         _config_file.reset(token)
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "settings"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{field}: unknown setting")
-        elif "input" in err and err["loc"]:
-            lines.append(f"{field}: {msg} (got {err['input']!r})")
-        else:
-            lines.append(f"{field}: {msg}")
-    return "invalid settings:\n  " + "\n  ".join(lines)

@@ -6,6 +6,8 @@ tests/e2e      -> ray, slow
 tests/loadtest -> none (test_tune_sweep.py: ray, slow, by its own pytestmark)
 tests/bench    -> ray, slow (the benchmark harness on a tiny setting)
 tests/gpu      -> gpu (skipped with a reason when no GPU is visible)
+
+A test's markers follow the first folder under tests/: tests/shards/pipeline/ is tests/shards.
 """
 
 from __future__ import annotations

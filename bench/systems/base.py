@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from bench import options
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BASE_ENV = {
     "RAY_AUTH_MODE": "disabled",
@@ -27,10 +29,10 @@ BASE_ENV = {
 def peer_args() -> argparse.Namespace:
     """The command line every peer server script takes (``bench.systems.peers`` passes it)."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--max-batch-size", type=int, default=64)
-    parser.add_argument("--batch-timeout-ms", type=float, default=5.0)
+    opts = options.Options(parser)
+    opts.add("model", required=True, help="a .keras file")
+    opts.add("port", required=True, help="the port to serve on")
+    options.Options(parser, SystemConfig).add("max_batch_size", "batch_timeout_ms")
     return parser.parse_args()
 
 

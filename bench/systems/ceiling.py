@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+
+from bench import options
+from bench.systems.base import subprocess_env
 
 
 def measure(model_path: str, batch_sizes: list[int], seconds: float) -> dict[str, Any]:
@@ -42,11 +48,22 @@ def measure(model_path: str, batch_sizes: list[int], seconds: float) -> dict[str
     return results
 
 
+def measure_ceiling(model: Path, batch_sizes: Sequence[int], seconds: float) -> dict[str, Any]:
+    """The ceiling measured in a child process: the driver never loads TensorFlow."""
+    argv = [sys.executable, "-m", "bench.systems.ceiling", "--model", str(model)]
+    argv += ["--batch-sizes", ",".join(map(str, batch_sizes)), "--seconds", f"{seconds:g}"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"ceiling of {model} failed: {out.stderr[-1500:]}")
+    return dict(orjson.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--batch-sizes", default="1,64")
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser = argparse.ArgumentParser(prog="python -m bench.systems.ceiling", description=__doc__)
+    opts = options.Options(parser)
+    opts.add("model", required=True, help="a .keras file")
+    opts.own("--batch-sizes", default="1,64")
+    opts.add("seconds", default=5.0, help="per batch size")
     args = parser.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
     if not sizes or min(sizes) < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from bench.systems.base import LaunchSpec, SystemConfig
@@ -14,8 +15,15 @@ MACHINE_CPUS = os.cpu_count() or 1
 
 
 def shardserve_spec(
-    config: SystemConfig, stages: int, cache_dir: Path, *, compiled: bool = False
+    config: SystemConfig,
+    stages: int,
+    cache_dir: Path,
+    *,
+    compiled: bool = False,
+    flags: Mapping[str, str] | None = None,
 ) -> LaunchSpec:
+    """``shardserve serve`` with K stages sharing the machine's CPUs; ``flags`` (``--flag``:
+    value) replace the options of ``config`` or add to them."""
     if stages < 1:
         raise ValueError(f"stages must be >= 1, got {stages}")
     exe = shutil.which("shardserve", path=str(Path(sys.executable).parent)) or "shardserve"
@@ -44,4 +52,16 @@ def shardserve_spec(
         argv += ["--simulate-device-ms", f"{config.simulate_device_ms:g}"]
     if compiled:
         argv += ["--compiled-graph", "true"]
-    return LaunchSpec(f"shardserve-{stages}{'-cg' if compiled else ''}", argv)
+    name = f"shardserve-{stages}{'-cg' if compiled else ''}"
+    return LaunchSpec(name, with_flags(argv, flags or {}))
+
+
+def with_flags(argv: list[str], flags: Mapping[str, str]) -> list[str]:
+    """``argv`` with each ``--flag value`` of ``flags`` replaced, or appended when absent."""
+    out = list(argv)
+    for flag, value in flags.items():
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out

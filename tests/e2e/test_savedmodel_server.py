@@ -58,8 +58,8 @@ async def _serving(
 ) -> AsyncIterator[tuple[httpx.AsyncClient, object]]:
     from asgi_lifespan import LifespanManager
 
-    from serving.app import create_app
     from serving.config import Settings
+    from serving.server.app import create_app
 
     settings = Settings(
         model=str(model),
@@ -73,17 +73,17 @@ async def _serving(
     async with LifespanManager(app, startup_timeout=30, shutdown_timeout=60) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            state = app.state.shardserve
-            await state.loaded.wait()
-            yield client, state
+            model = app.state.shardserve.model()
+            await model.loaded.wait()
+            yield client, model
 
 
 async def test_tf_module_savedmodel_serves_predict_and_v2(
     module_dir: Path, ray_address: str, tmp_path: Path
 ) -> None:
-    async with _serving(module_dir, ray_address, tmp_path / "cache") as (client, state):
-        assert getattr(state, "load_error", None) is None
-        await state.ready.wait()
+    async with _serving(module_dir, ray_address, tmp_path / "cache") as (client, model):
+        assert model.load_error is None
+        await model.ready.wait()
         rows = await client.post(
             "/v1/models/affine:predict",
             json={"instances": [{"x": x.tolist(), "k": int(k)} for x, k in zip(X, K, strict=True)]},

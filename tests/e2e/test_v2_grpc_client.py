@@ -2,7 +2,7 @@
 
 ``shardserve serve --model demo-tiny --stages 2 --grpc-port <free>`` on the session's Ray; every
 answer is compared with ``/predict``'s on the same rows. (Several inputs and outputs over gRPC are
-checked in process, tests/serving/test_v2_grpc.py; the real multi-input model over HTTP.)
+checked in process, tests/serving/protocols/v2/test_v2_grpc.py; the real multi-input model over HTTP.)
 """
 
 from __future__ import annotations

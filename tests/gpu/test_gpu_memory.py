@@ -16,14 +16,14 @@ _SCRIPT = """
 import asyncio, json, tempfile
 from pathlib import Path
 import ray
-from shards.pipeline import PipelineGroup, PipelineOptions
-from shards.resolve import resolve_bundle
+from shards.pipeline.replica_set import ReplicaSet, PipelineOptions
+from shards.bundle.resolve import resolve_bundle
 
 ray.init(address="local", include_dashboard=False)
 bundle = resolve_bundle("demo-mlp", stages=1, max_stage_bytes=None, cache_dir=Path(tempfile.mkdtemp()))
 
 async def main():
-    group = await PipelineGroup.create(bundle, PipelineOptions(batch_sizes=(32,)))
+    group = await ReplicaSet.create(bundle, PipelineOptions(batch_sizes=(32,)))
     infos = await group.describe()
     await group.close()
     return infos

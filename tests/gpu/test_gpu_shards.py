@@ -17,15 +17,15 @@ import asyncio, json, tempfile
 from pathlib import Path
 import numpy as np
 import ray
-from shards.pipeline import PipelineGroup, PipelineOptions
-from shards.resolve import resolve_bundle
+from shards.pipeline.replica_set import ReplicaSet, PipelineOptions
+from shards.bundle.resolve import resolve_bundle
 
 ray.init(address="local", include_dashboard=False)
 stages = max(1, min(2, int(ray.cluster_resources().get("GPU", 0))))
 bundle = resolve_bundle("demo-tiny", stages=stages, max_stage_bytes=None, cache_dir=Path(tempfile.mkdtemp()))
 
 async def main():
-    group = await PipelineGroup.create(bundle, PipelineOptions(batch_sizes=(1, 4)))
+    group = await ReplicaSet.create(bundle, PipelineOptions(batch_sizes=(1, 4)))
     x = np.ones((4, *group.signature.inputs[0].shape), dtype="float32")
     out = await group.run({group.signature.inputs[0].name: x})
     infos = await group.describe()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from loadtest.bodies import encode_body, make_bodies, random_inputs, request_path
-from serving.codec import decode_predict
+from serving.protocols.tfserving.codec import decode_predict
 from shards.signature import ModelSignature, TensorSpec
 
 SIGNATURE = ModelSignature(

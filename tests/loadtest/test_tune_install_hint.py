@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from serving.cli import app
+from serving.cli.main import app
 
 
 def test_tune_without_locust_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

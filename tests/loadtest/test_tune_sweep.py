@@ -32,7 +32,7 @@ def server(ray_address: str, tmp_path: Path) -> Iterator[str]:
 def test_small_sweep_writes_every_file(server: str, tmp_path: Path) -> None:
     out = tmp_path / "tune"
     command = [
-        sys.executable, "-m", "serving.cli", "tune", "--url", server, "--timeouts", "0,auto",
+        sys.executable, "-m", "serving.cli.main", "tune", "--url", server, "--timeouts", "0,auto",
         "--loads", "4", "--duration", "2", "--warmup", "1", "--repeats", "2", "--slo-p99-ms", "1000",
         "--out", str(out), "--admin-token", TOKEN,
     ]  # fmt: skip

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from serving.config import ConfigError, Settings, load_settings
-from serving.runner import pipeline_options
-from serving.state import policy_from_settings
+from serving.server.model import batch_settings
+from serving.server.runner import pipeline_options
 from tests.fakes import FakeRunner
 
 
@@ -102,7 +102,7 @@ def test_the_served_policy_knows_the_pipeline_depth() -> None:
     runner = FakeRunner()
     runner.num_stages = 3
     runner.replicas = 2  # type: ignore[attr-defined]
-    policy = policy_from_settings(load_settings(batch_timeout_ms="auto"), runner)
+    policy = batch_settings(load_settings(batch_timeout_ms="auto"), runner)
     # the auto policy spreads rows over the 6 batches computed at once, not the 8 slots
     assert (policy.pipeline_depth, policy.max_inflight_batches, policy.is_auto) == (6, 8, True)
 
@@ -111,11 +111,11 @@ def test_batches_are_padded_on_gpu_stages_or_when_sizes_are_given_not_on_cpu() -
     cpu, gpu = FakeRunner(), FakeRunner()
     gpu.on_gpu = True  # type: ignore[misc]
     default = load_settings()
-    assert not policy_from_settings(default, cpu).pad_batches
-    assert policy_from_settings(default, cpu).padded_size(17) == 17
-    assert policy_from_settings(default, gpu).padded_size(17) == 32
+    assert not batch_settings(default, cpu).pad_batches
+    assert batch_settings(default, cpu).padded_size(17) == 17
+    assert batch_settings(default, gpu).padded_size(17) == 32
     given = load_settings(allowed_batch_sizes="8,24")
-    assert policy_from_settings(given, cpu).padded_size(17) == 24
+    assert batch_settings(given, cpu).padded_size(17) == 24
     # The actors warm up at every bucket either way: on a GPU each is a shape to prepare.
     assert default.batch_sizes() == (1, 2, 4, 8, 16, 32)
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.cli import flag_name
+from serving.cli.serve import flag_name
 from serving.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

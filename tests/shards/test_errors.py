@@ -23,7 +23,7 @@ class InvalidArgumentError(Exception):
 
 RAY_TEXT = (
     "\x1b[36mray::ShardActor.forward()\x1b[39m (pid=4242, ip=10.0.3.7, actor_id=8f3e2a, "
-    "repr=<shards.actor.ShardActor object at 0x7f3a2b>) stage exploded at 10.0.3.7:6379"
+    "repr=<shards.actor.stage_actor.ShardActor object at 0x7f3a2b>) stage exploded at 10.0.3.7:6379"
 )
 TF_TEXT = (
     "Graph execution error:\n\nDetected at node embed/GatherV2 defined at (most recent call "
@@ -75,7 +75,7 @@ def test_the_tree_keeps_the_builtin_bases_callers_caught_before() -> None:
         ("GCS at node-3.cluster.local:6379 unreachable", "cluster.local"),
         ("cannot read '/home/alice/models/bundle/manifest.json' as JSON", "/home/alice"),
         (r"cannot read 'C:\Users\alice\m.keras'", "alice"),
-        ("stage was <shards.actor.ShardActor object at 0x7f3a2b10>", "0x7f3a2b10"),
+        ("stage was <shards.actor.stage_actor.ShardActor object at 0x7f3a2b10>", "0x7f3a2b10"),
     ],
 )
 def test_one_line_drops_addresses_host_names_paths_and_reprs(text: str, leak: str) -> None:

@@ -15,11 +15,12 @@ import ray
 from asgi_lifespan import LifespanManager
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from serving.app import create_app
 from serving.config import Settings
-from shards.models import demo_tiny
-from shards.partition import partition_to_bundle
-from shards.runtime import pending_placement, resolve_bundle_remote
+from serving.server.app import create_app
+from shards.bundle.remote import resolve_bundle_remote
+from shards.cluster import pending_placement
+from shards.partition.cut import partition_to_bundle
+from shards.partition.demo_models import demo_tiny
 
 # Long enough for the resolve task (a bundle directory: no TensorFlow) and a few looks of the
 # load's watcher on a busy machine; the test's own time is about this.
@@ -65,14 +66,14 @@ async def test_a_load_waiting_for_cpus_says_so_on_readyz_then_fails_at_the_timeo
     )
     failures: list[str] = []
     app = create_app(settings, on_load_failure=failures.append)
-    state = None
+    model = None
     async with LifespanManager(app) as manager:
-        state = app.state.shardserve
+        model = app.state.shardserve.model()
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             waiting = await _readyz_reason(client, LOAD_TIMEOUT_S + 10)
             refused = await client.post("/predict", json={"instances": [[0.0] * 8]})
-            await asyncio.wait_for(state.loaded.wait(), LOAD_TIMEOUT_S + 10)
+            await asyncio.wait_for(model.loaded.wait(), LOAD_TIMEOUT_S + 10)
             failed = await client.get("/readyz")
 
     free_now = f"cluster has CPU 0/{every_cpu_held:g} free"
@@ -85,7 +86,7 @@ async def test_a_load_waiting_for_cpus_says_so_on_readyz_then_fails_at_the_timeo
         f"the model did not load within load_timeout_s={LOAD_TIMEOUT_S:g} s ({waiting}); "
         "free or add those resources, or raise load_timeout_s"
     )
-    assert state.runner is None
+    assert model is not None and model.runner is None
     assert pending_placement() is None  # the abandoned placement group was removed
 
 

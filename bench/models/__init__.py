@@ -1,0 +1,1 @@
+"""The models the benches serve, built in code (no downloads), and their request bodies."""

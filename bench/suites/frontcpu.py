@@ -1,0 +1,203 @@
+"""``python -m bench frontcpu``: the front end's CPU per request, this code tree against another
+(issue 18: at most 5% more after the move into packages).
+
+Per workload (``light`` and ``heavy`` of ``bench.models.workloads``, served as ``bench
+protocols`` serves them: 1 stage, max batch 64, 5 ms timeout), one shardserve server per code
+tree, side by side: this checkout (``--tree``, "new") and ``--compare-tree DIR`` ("old", a ``git
+worktree`` of an older commit); a workload's pair stops before the next one starts. Each window is
+a wrk closed loop of ``--clients`` on one protocol (TF-Serving JSON ``/predict``, V2 binary
+tensors; ``loadtest.bodies``' bodies) against one server, and its CPU per request is ``bench
+protocols``' figure: the server process's utime + stime (uvicorn, the batcher, Ray's driver side;
+not the shard actors) over the answers the server counted in the window.
+
+The windows alternate: in each of ``--rounds`` rounds, per protocol, old then new, the order
+flipped every round, so that a drift of the machine falls on both trees alike. With ``--pin`` the
+servers and their Ray run on the first core, wrk on the second (``bench looplag``'s pinning).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import options
+from bench.load.loops import WRK_INSTALL_HINT, closed_loop, have_wrk
+from bench.load.result import LoadResult
+from bench.models.workloads import get_workload, save_workload
+from bench.observe.scrape import free_port, wait_idle
+from bench.options import Progress
+from bench.suites.frontcpu_report import TREES, render, summarize
+from bench.suites.looplag import cli_module, describe_tree, pin_argv, pinned, resolved
+from bench.suites.protocols import (
+    HTTP_PROTOCOLS,
+    ProtocolsPlan,
+    clients_by_workload,
+    get_json,
+    measure_window,
+)
+from bench.suites.protocols_check import check_answers
+from bench.systems.base import REPO_ROOT, LaunchSpec, ServerProcess, SystemConfig
+from bench.systems.shardserve import shardserve_spec
+from loadtest.bodies import encode_body, random_inputs, request_path
+
+Bodies = dict[str, tuple[bytes, dict[str, str]]]
+
+
+@dataclass(frozen=True)
+class FrontCpuPlan:
+    workloads: tuple[str, ...] = ("light", "heavy")
+    protocols: tuple[str, ...] = ("tfserving", "v2-binary")
+    clients: dict[str, int] = field(default_factory=lambda: ProtocolsPlan().clients)
+    rounds: int = 3
+    window_s: float = 6.0  # wrk counts whole seconds
+    warmup_s: float = 2.0  # per tree and protocol, before the first window
+    max_batch_size: int = ProtocolsPlan.max_batch_size
+    batch_timeout_ms: float = ProtocolsPlan.batch_timeout_ms
+    tree: Path = REPO_ROOT
+    compare_tree: Path | None = None
+    pin: bool = len(os.sched_getaffinity(0)) >= 2
+    workdir: Path = Path(".bench/frontcpu")
+
+    def __post_init__(self) -> None:
+        for workload in self.workloads:
+            get_workload(workload)
+            if self.clients.get(workload, 0) < 1:
+                raise ValueError(f"no --clients count (>= 1) for workload {workload!r}")
+        unknown = set(self.protocols) - set(HTTP_PROTOCOLS)
+        if unknown or not self.protocols:
+            raise ValueError(f"protocols must be among {HTTP_PROTOCOLS}, got {self.protocols}")
+        options.require(self, at_least_one=("rounds",), positive=("window_s", "warmup_s"))
+        for tree in (self.tree, self.compare_tree):
+            if tree is not None:
+                cli_module(tree)
+
+
+def schedule(rounds: int, protocols: tuple[str, ...]) -> list[tuple[int, str, str]]:
+    """(round, protocol, tree) in the order run: old then new in even rounds, new then old in
+    odd ones, so that neither tree always follows the other's load."""
+    out = []
+    for round_ in range(rounds):
+        order = TREES if round_ % 2 == 0 else TREES[::-1]
+        out += [(round_, protocol, tree) for protocol in protocols for tree in order]
+    return out
+
+
+def run(plan: FrontCpuPlan, progress: Progress = options.say) -> dict[str, Any]:
+    if plan.compare_tree is None:
+        raise ValueError("frontcpu compares two code trees: give the old one with --compare-tree")
+    if not have_wrk():
+        raise SystemExit(f"bench frontcpu drives wrk; {WRK_INSTALL_HINT}")
+    trees = {"old": plan.compare_tree, "new": plan.tree}
+    results: dict[str, Any] = {
+        "plan": options.plan_json(plan),
+        "trees": {label: describe_tree(tree) for label, tree in trees.items()},
+        "windows": [],
+    }
+    for workload in plan.workloads:
+        results["windows"] += measure_workload(plan, workload, trees, progress)
+    results["summary"] = summarize(results["windows"])
+    for cell in results["summary"]:
+        ratio = cell["ratio"]
+        progress(
+            f"[frontcpu] {cell['workload']} {cell['protocol']}: new/old of medians "
+            f"{'n/a' if ratio is None else f'{ratio:.3f}'}"
+        )
+    return results
+
+
+def measure_workload(
+    plan: FrontCpuPlan, workload: str, trees: dict[str, Path], progress: Progress
+) -> list[dict[str, Any]]:
+    """Both trees' servers of one workload up at once, then the windows of ``schedule``."""
+    workdir = plan.workdir.resolve()  # the servers run in their own trees' folders
+    model = save_workload(workload, workdir)
+    servers: dict[str, ServerProcess] = {}
+    windows = []
+    with contextlib.ExitStack() as stack:
+        for label, tree in trees.items():
+            # Picked after the previous server holds its port, so the two never get the same one.
+            port = free_port()
+            spec = server_spec(plan, model, tree, label, port)
+            log = workdir / "logs" / f"{workload}-{label}.log"
+            progress(f"[frontcpu] {workload}: starting {label} ({tree}); log: {log}")
+            body = get_workload(workload).request_body()
+            servers[label] = stack.enter_context(ServerProcess(spec, port, body, log))
+        bases = {label: server.url.rsplit("/", 1)[0] for label, server in servers.items()}
+        name, bodies = request_bodies(bases)
+        stack.enter_context(pinned(plan.pin))
+
+        def load(label: str, protocol: str, seconds: float) -> LoadResult:
+            body, headers = bodies[protocol]
+            url = bases[label] + request_path(protocol, name)
+            clients = plan.clients[workload]
+            return closed_loop(url, body, clients, seconds, tool="wrk", headers=headers)
+
+        for label in trees:
+            for protocol in plan.protocols:
+                load(label, protocol, plan.warmup_s)
+            wait_idle(bases[label], 30.0, 0.05)
+        for round_, protocol, label in schedule(plan.rounds, plan.protocols):
+            before = os.getloadavg()[0]
+            window = partial(load, label, protocol, plan.window_s)
+            record = measure_window(servers[label].pid, bases[label], window)
+            loadavg = [round(before, 2), round(os.getloadavg()[0], 2)]
+            record.update(
+                workload=workload, protocol=protocol, round=round_, tree=label, loadavg=loadavg
+            )
+            progress(
+                f"  round {round_} {workload} {protocol:>9} {label}: "
+                f"{record['cpu_ms_per_request']:.4f} ms CPU/req, {record['rps']:,.0f} req/s, "
+                f"errors {record['errors']}, load avg {loadavg[0]:.2f} -> {loadavg[1]:.2f}"
+            )
+            windows.append(record)
+    return windows
+
+
+def server_spec(plan: FrontCpuPlan, model: Path, tree: Path, label: str, port: int) -> LaunchSpec:
+    """``bench protocols``' server (without gRPC), run from ``tree``'s own CLI module: the venv's
+    ``shardserve`` script imports this checkout's, and the old tree's lives elsewhere."""
+    config = SystemConfig(model, port, plan.max_batch_size, plan.batch_timeout_ms)
+    cache = plan.workdir.resolve() / f"cache-{label}"  # the trees may partition differently
+    served = shardserve_spec(config, 1, cache, flags={"--grpc-port": "0"}).argv[1:]
+    argv = [*pin_argv(plan.pin), sys.executable, "-m", cli_module(tree), *served]
+    # The tree's own packages first, in the server and (through the working directory, which a
+    # local Ray puts on its workers' path) in its shard actors.
+    return LaunchSpec(f"shardserve@{label}", argv, env={"PYTHONPATH": str(tree)}, cwd=tree)
+
+
+def request_bodies(bases: dict[str, str]) -> tuple[str, Bodies]:
+    """One body per HTTP protocol for the served model, checked on every server: each protocol's
+    answers agree, and both trees serve the model under the same name."""
+    names = {label: get_json(f"{base}/readyz")["model"] for label, base in bases.items()}
+    if len(set(names.values())) != 1:
+        raise RuntimeError(f"the trees serve the model under different names: {names}")
+    name = names["new"]
+    metadata = get_json(f"{bases['new']}/v1/models/{name}/metadata")
+    inputs = random_inputs(metadata, 1, np.random.default_rng(0))
+    bodies = {p: encode_body(inputs, p) for p in HTTP_PROTOCOLS}
+    for base in bases.values():
+        check_answers(base, name, bodies)
+    return name, bodies
+
+
+def add_parsers(sub: Any) -> None:
+    about = "front-end CPU per request, this tree against --compare-tree (needs wrk)"
+    opts = options.suite(
+        sub, "frontcpu", about, out="docs/bench-frontcpu", plan=FrontCpuPlan, run=run, render=render
+    )
+    opts.add("workloads")
+    opts.own("--protocols", type=options.csv, help="comma-separated: " + ",".join(HTTP_PROTOCOLS))
+    opts.add("clients", type=clients_by_workload, help="heavy=256,light=64")
+    opts.own("--rounds", type=int, help="old and new windows per round, the order flipped each")
+    opts.own("--window-s", type=float, help="seconds of wrk per window (whole seconds)")
+    opts.add("warmup_s", "max_batch_size", "batch_timeout_ms")
+    opts.own("--tree", type=resolved, help="code tree measured as 'new'")
+    opts.own("--compare-tree", type=resolved, required=True, help="code tree measured as 'old'")
+    opts.add("pin", "workdir")

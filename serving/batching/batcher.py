@@ -1,0 +1,325 @@
+"""The dynamic batcher: rows from many requests become batches for one async ``run_batch``.
+
+Rows, not requests, are the unit: a request of n rows takes n slots and may be split over
+batches. Rows wait in one FIFO queue per input signature (per-row shapes and dtypes), so rows
+that cannot be stacked never share a batch. A batch closes when it is full or when its oldest
+row has waited as long as its wait policy allows (``serving.batching.wait``);
+up to ``max_inflight_batches`` batches run at once so that pipeline stages overlap
+(``serving.batching.dispatch`` sends and runs them). Every request is answered exactly once: with
+its rows' outputs, or with one error from ``serving.errors``. This module is the batcher's face
+(submit, reconfigure, stop) and its loop, restarted after a crash.
+Pure asyncio and numpy: no Ray, no TensorFlow, no HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from serving.batching.cost import RunTimeModel
+from serving.batching.dispatch import SHUTTING_DOWN, Dispatcher
+from serving.batching.poison import RunBatch
+from serving.batching.record import BatchRecord
+from serving.batching.rows import PendingRequest, RowQueues, Segment, row_count
+from serving.batching.settings import BatchSettings
+from serving.batching.wait import WaitPolicy, wait_policy
+from serving.errors import (
+    BatchFailedError,
+    DeadlineExceededError,
+    InvalidInputError,
+    NotReadyError,
+    QueueFullError,
+    ShardServeError,
+)
+
+__all__ = ["BatchSettings", "Batcher", "RunBatch"]
+
+log = logging.getLogger("shardserve")
+
+# A loop that crashed is started again, but one that keeps crashing has a bug that restarts
+# cannot fix: past this many restarts in the window the batcher stays down and readiness says so.
+LOOP_MAX_RESTARTS = 3
+LOOP_CRASH_WINDOW_S = 60.0
+
+
+class Batcher:
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        policy: BatchSettings,
+        *,
+        on_batch: Callable[[BatchRecord], None] | None = None,
+        on_reject: Callable[[str], None] | None = None,
+    ) -> None:
+        self._policy = policy
+        self._on_reject = on_reject
+        self._queues = RowQueues()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._accepting = False
+        self._draining = False
+        self._stopped = False
+        self._crashes: list[float] = []  # when the loop crashed, within the last window
+        self._failure: str | None = None
+        self._runtime = RunTimeModel()
+        self._wait: WaitPolicy = wait_policy(policy, self._runtime)
+        self._dispatcher = Dispatcher(
+            run_batch, self._queues, self._runtime, self._wake, self._fail_segments, on_batch
+        )
+
+    @property
+    def policy(self) -> BatchSettings:
+        return self._policy
+
+    @property
+    def queued_rows(self) -> int:
+        return self._queues.rows
+
+    @property
+    def inflight_batches(self) -> int:
+        return self._dispatcher.inflight
+
+    @property
+    def effective_wait_ms(self) -> float:
+        """The longest a queue head now waits for rows, by the policy in force."""
+        rows = max(1, self._queues.rows)
+        return self._wait.wait_s(self._policy, rows, self._dispatcher.inflight) * 1000
+
+    @property
+    def failure(self) -> str | None:
+        """Why the batcher stopped serving on its own (its loop kept crashing), in words for
+        clients and ``/readyz``; None while it serves."""
+        return self._failure
+
+    def observe_compute(self, stage_stats: list[dict[str, Any]]) -> None:
+        """The stage actors' compute per batch size (``runner.stats()``), for the policy."""
+        self._runtime.observe_compute(stage_stats)
+
+    def run_time_view(self) -> dict[str, Any]:
+        """What the policy predicts per batch size (ms), for the admin route."""
+        return self._runtime.view(self._policy.batch_sizes())
+
+    async def start(self) -> None:
+        if self._loop_task is not None:
+            return
+        self._accepting = True
+        self._loop_task = asyncio.create_task(self._supervise(), name="shardserve-batcher")
+
+    def reconfigure(self, **changes: Any) -> BatchSettings:
+        """Swap in a validated policy; it applies to the next batch, queued rows stay queued."""
+        known = [f.name for f in dataclasses.fields(BatchSettings)]
+        unknown = sorted(set(changes) - set(known))
+        if unknown:
+            raise ValueError(f"unknown batching settings {unknown}; expected some of {known}")
+        if isinstance(changes.get("allowed_batch_sizes"), list):
+            changes["allowed_batch_sizes"] = tuple(changes["allowed_batch_sizes"])
+        self._policy = dataclasses.replace(self._policy, **changes)
+        self._wait = wait_policy(self._policy, self._runtime)
+        self._wake.set()
+        return self._policy
+
+    async def submit(
+        self,
+        inputs: dict[str, np.ndarray],
+        *,
+        deadline: float | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Queue the rows of ``inputs`` and return their outputs, rows in the same order.
+
+        ``deadline`` is an absolute ``time.monotonic()`` value; ``request_id`` names the request
+        in the log lines of its batch's failures.
+        """
+        if not self._accepting:
+            if self._loop_task is None:
+                raise NotReadyError("the batcher has not been started")
+            if self._failure is not None:
+                raise NotReadyError(self._failure)
+            self._reject("shutdown")
+            raise NotReadyError(SHUTTING_DOWN)
+        rows = row_count(inputs)
+        policy = self._policy
+        if rows > policy.max_queue_rows:
+            raise InvalidInputError(
+                f"request has {rows} rows; at most {policy.max_queue_rows} (max_queue_rows) fit"
+            )
+        if self._queues.rows + rows > policy.max_queue_rows:
+            self._reject("queue_full")
+            raise QueueFullError(
+                f"queue full: {self._queues.rows} rows queued, {rows} more would pass "
+                f"max_queue_rows={policy.max_queue_rows}",
+                retry_after_s=self._retry_after_s(rows),
+            )
+        if deadline is not None and deadline <= time.monotonic():
+            self._reject("deadline")
+            raise DeadlineExceededError("the request's deadline passed before it was queued")
+        loop = asyncio.get_running_loop()
+        request = PendingRequest(inputs, rows, loop.create_future(), request_id)
+        self._queues.add(request)
+        timer = None
+        if deadline is not None:
+            timer = loop.call_later(deadline - time.monotonic(), self._expire, request)
+        self._wake.set()
+        try:
+            return await request.future  # type: ignore[no-any-return]
+        except asyncio.CancelledError:
+            # The client went away: its rows still queued must not be computed.
+            self._withdraw(request)
+            self._reject("cancelled")
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Stop accepting; with ``drain`` answer everything queued first, else fail it."""
+        self._accepting = False
+        self._stopped = True
+        task = self._loop_task
+        if task is None or task.done():
+            self._abort()
+            return
+        if not drain:
+            await self._abort_and_wait()
+            return
+        self._draining = True
+        self._wake.set()
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._abort()
+            raise
+        except Exception:
+            log.exception("batcher loop failed while draining")
+            await self._abort_and_wait()
+
+    # --- the loop
+
+    async def _supervise(self) -> None:
+        """Run the loop, and run it again after a crash (``_serve`` logs the traceback and fails
+        what was queued): in-flight batches answer on their own, so a restarted loop loses
+        nothing more. After ``LOOP_MAX_RESTARTS`` restarts within ``LOOP_CRASH_WINDOW_S`` the
+        next crash leaves the batcher down with ``failure`` set, which readiness reports."""
+        while True:
+            try:
+                await self._serve()
+                return
+            except Exception:
+                if self._draining or self._stopped:
+                    raise  # stop() is waiting on this task and fails what is left
+                now = time.monotonic()
+                self._crashes = [t for t in self._crashes if now - t < LOOP_CRASH_WINDOW_S]
+                self._crashes.append(now)
+                if len(self._crashes) > LOOP_MAX_RESTARTS:
+                    self._failure = (
+                        f"the batcher crashed {len(self._crashes)} times in "
+                        f"{LOOP_CRASH_WINDOW_S:g} s and was not restarted; restart the server "
+                        "(its log has the tracebacks)"
+                    )
+                    log.error("batcher loop not restarted: %s", self._failure)
+                    return
+                log.warning(
+                    "restarting the batcher loop (restart %d of at most %d in %g s)",
+                    len(self._crashes),
+                    LOOP_MAX_RESTARTS,
+                    LOOP_CRASH_WINDOW_S,
+                )
+                self._accepting = True
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._wake.clear()
+                wake_at = self._dispatcher.dispatch_ready(
+                    time.monotonic(), self._policy, self._wait, draining=self._draining
+                )
+                if self._draining and not self._queues and self._dispatcher.inflight == 0:
+                    return
+                timer = None
+                if wake_at is not None:
+                    timer = loop.call_later(max(0.0, wake_at - time.monotonic()), self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+        except Exception as exc:
+            log.exception("batcher loop crashed")
+            self._accepting = False
+            # The exception's text is for the log above, not for clients: it may hold anything.
+            self._fail_queued(
+                BatchFailedError(
+                    f"the batcher failed ({type(exc).__name__}); the server log has the detail"
+                )
+            )
+            raise
+
+    # --- answering requests
+
+    def _fail_segments(self, segments: list[Segment], error: ShardServeError) -> None:
+        for request, _, _ in segments:
+            self._fail(request, error)
+
+    def _fail(self, request: PendingRequest, error: ShardServeError) -> None:
+        self._withdraw(request)
+        if not request.future.done():
+            request.future.set_exception(copy.copy(error))
+
+    def _expire(self, request: PendingRequest) -> None:
+        if request.future.done():
+            return
+        where = "in the queue" if request.next_row == 0 else "while its rows were being computed"
+        self._reject("deadline")
+        self._fail(request, DeadlineExceededError(f"the request's deadline passed {where}"))
+
+    def _withdraw(self, request: PendingRequest) -> None:
+        """Take the request's undispatched rows out of its queue so they are never computed."""
+        if self._queues.remove(request):
+            self._wake.set()  # the queue's head, and so the next timeout, may have changed
+
+    def _fail_queued(self, error: ShardServeError) -> None:
+        for request in self._queues.requests():
+            self._fail(request, error)
+
+    def _abort(self) -> None:
+        """Fail what is queued, cancel the loop and the running batches (they fail their rows)."""
+        self._accepting = False
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        queued = self._queues.requests()
+        self._fail_queued(NotReadyError(SHUTTING_DOWN))
+        for _ in queued:
+            self._reject("shutdown")
+        for task in list(self._dispatcher.tasks):
+            task.cancel()
+
+    async def _abort_and_wait(self) -> None:
+        pending = [*self._dispatcher.tasks, *([self._loop_task] if self._loop_task else [])]
+        self._abort()
+        # Cancelled batches fail their rows in their own ``finally``; let them get there.
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def _reject(self, reason: str) -> None:
+        if self._on_reject is not None:
+            try:
+                self._on_reject(reason)
+            except Exception:
+                log.exception("on_reject callback failed")
+
+    def _retry_after_s(self, rows: int) -> float:
+        policy = self._policy
+        # A busy pipeline answers one batch per bottleneck stage's compute time (replicas
+        # shorten that: a hint that errs long).
+        per_batch_s = self._runtime.bottleneck_s(policy.max_batch_size) or 0.1
+        batches = math.ceil((self._queues.rows + rows) / policy.max_batch_size)
+        wait_s = batches * per_batch_s
+        return float(max(1, math.ceil(wait_s)))

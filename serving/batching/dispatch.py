@@ -1,0 +1,157 @@
+"""Sending batches: which queue head may close now, how many of its rows go, and running each
+batch with its accounting (the in-flight counts, the cost model, the batch's record).
+
+The batcher owns the queues, the settings and the loop; each time its loop wakes it asks
+``Dispatcher.dispatch_ready`` to send what may go and to say when to look again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from serving.batching.poison import Outcome, isolation_depth, settle
+from serving.batching.record import BatchRecord
+from serving.errors import NotReadyError
+
+if TYPE_CHECKING:
+    from serving.batching.cost import RunTimeModel
+    from serving.batching.poison import FailSegments, RunBatch
+    from serving.batching.rows import QueueKey, RowQueues, Segment
+    from serving.batching.settings import BatchSettings
+    from serving.batching.wait import WaitPolicy
+
+log = logging.getLogger("shardserve")
+
+SHUTTING_DOWN = "server is shutting down"
+
+
+class Dispatcher:
+    """Takes rows from the batcher's queues into batches and runs them, up to
+    ``max_inflight_batches`` at once; a finished batch sets ``wake`` so the loop looks again."""
+
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        queues: RowQueues,
+        runtime: RunTimeModel,
+        wake: asyncio.Event,
+        fail_segments: FailSegments,
+        on_batch: Callable[[BatchRecord], None] | None,
+    ) -> None:
+        self._run_batch = run_batch
+        self._queues = queues
+        self._runtime = runtime
+        self._wake = wake
+        self._fail_segments = fail_segments
+        self._on_batch = on_batch
+        self.inflight = 0
+        self.inflight_rows = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def dispatch_ready(
+        self, now: float, policy: BatchSettings, wait: WaitPolicy, *, draining: bool
+    ) -> float | None:
+        """Send every batch that may go now; return when the next timeout falls due, if any."""
+        while self.inflight < policy.max_inflight_batches:
+            ready: tuple[float, QueueKey, str, int] | None = None
+            for key, oldest, rows in self._queues.heads():
+                reason = self._close_reason(oldest, rows, now, policy, wait, draining)
+                if reason is not None and (ready is None or oldest < ready[0]):
+                    ready = (oldest, key, reason, rows)  # oldest head first: served fairly
+            if ready is None:
+                break
+            self._dispatch(ready[1], ready[0], ready[2], now, policy, wait, queued=ready[3])
+        if self.inflight >= policy.max_inflight_batches:
+            return None  # a finishing batch, a submit or a reconfigure wakes the loop
+        return min(
+            (old + wait.wait_s(policy, n, self.inflight) for _, old, n in self._queues.heads()),
+            default=None,
+        )
+
+    def _close_reason(
+        self,
+        oldest: float,
+        rows: int,
+        now: float,
+        policy: BatchSettings,
+        wait: WaitPolicy,
+        draining: bool,
+    ) -> str | None:
+        if rows >= policy.max_batch_size:
+            return "full"
+        if draining:
+            return "flush"
+        return wait.close_reason(
+            policy,
+            rows=rows,
+            waited_s=now - oldest,
+            inflight_batches=self.inflight,
+            outstanding_rows=self.inflight_rows + self._queues.rows,
+        )
+
+    def _dispatch(
+        self,
+        key: QueueKey,
+        oldest: float,
+        reason: str,
+        now: float,
+        policy: BatchSettings,
+        wait: WaitPolicy,
+        *,
+        queued: int,
+    ) -> None:
+        limit = wait.batch_limit(policy, now - oldest, now, queued)
+        segments = self._queues.take(key, limit)
+        rows = sum(count for _, _, count in segments)
+        alone = self.inflight == 0
+        self.inflight += 1
+        self.inflight_rows += rows
+        task = asyncio.create_task(
+            self._run(segments, rows, reason, now - oldest, policy, alone=alone)
+        )
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(
+        self,
+        segments: list[Segment],
+        rows: int,
+        reason: str,
+        queue_wait_s: float,
+        policy: BatchSettings,
+        *,
+        alone: bool = False,
+    ) -> None:
+        padded = policy.padded_size(rows)
+        started = time.monotonic()
+        outcome = Outcome()
+        try:
+            await settle(
+                self._run_batch, segments, policy, isolation_depth(segments), outcome,
+                self._fail_segments,
+            )  # fmt: skip
+        except BaseException:
+            self._fail_segments(
+                segments, NotReadyError(f"{SHUTTING_DOWN}: the batch was cancelled")
+            )
+            raise
+        finally:
+            run_s = time.monotonic() - started
+            # Decrement before waking the loop so that it sees the free slot.
+            self.inflight -= 1
+            self.inflight_rows -= rows
+            if outcome.clean:
+                self._runtime.observe(padded, run_s, now=started + run_s, alone=alone)
+            self._wake.set()
+            record = BatchRecord(
+                rows, padded, reason, queue_wait_s, run_s, outcome.clean, outcome.isolated
+            )
+            if self._on_batch is not None:
+                try:
+                    self._on_batch(record)
+                except Exception:
+                    log.exception("on_batch callback failed")

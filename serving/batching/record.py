@@ -1,0 +1,19 @@
+"""What one batch did, as the batcher reports it to its ``on_batch`` callback (the metrics).
+
+Its own module so that a reader of the record (``serving.server.metrics``) needs no batcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    size: int
+    padded_size: int
+    reason: str  # "full" | "timeout" | "flush" | "idle" | "target"
+    queue_wait_s: float
+    run_s: float
+    ok: bool  # every row answered by the first run
+    isolated: int = 0  # requests failed alone after splitting the batch to find them

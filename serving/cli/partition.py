@@ -1,0 +1,232 @@
+"""``shardserve partition`` and ``shardserve plan``: cut a model into stages and write a bundle, or
+print the memory plan per stage without writing anything (its table: ``serving.cli.plan_table``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+
+_STAGES_HELP = "Balanced stages to cut."
+_BUDGET_HELP = (
+    "Memory budget per device (weights + activations + overhead), with units: 16GiB = the "
+    "fewest stages that fit; 16GiB,16GiB,40GiB = stage i fits device i."
+)
+_BATCH_HELP = "Rows in a full batch: activations are planned at this size."
+_WEIGHT_DTYPE_HELP = "Plan the weights as served in this dtype: float32, bfloat16 or float16."
+_OVERHEAD_HELP = (
+    "A device's own memory before any weight, e.g. 1GiB; default 1 GiB on a GPU, 700 MiB on a CPU."
+)
+_UNSAFE_HELP = (
+    "Load a model holding Lambda layers or other Python code (Keras safe_mode off); only for "
+    "models from a source you trust."
+)
+
+# The options partition and plan share (Typer reads them from these aliases).
+StagesOption = Annotated[Optional[int], typer.Option(help=_STAGES_HELP, min=1)]  # noqa: UP045
+BudgetOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--max-stage-bytes", help=_BUDGET_HELP, metavar="BYTES[,BYTES...]"),
+]
+BatchOption = Annotated[int, typer.Option(help=_BATCH_HELP, min=1)]
+OverheadOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--device-overhead-bytes", help=_OVERHEAD_HELP, metavar="BYTES"),
+]
+ImportsOption = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option("--import", help="Module to import first (custom layers); repeatable."),
+]
+UnsafeOption = Annotated[bool, typer.Option("--unsafe-deserialization", help=_UNSAFE_HELP)]
+WeightDtypeOption = Annotated[
+    str, typer.Option("--weight-dtype", help=_WEIGHT_DTYPE_HELP, metavar="DTYPE")
+]
+LogLevelOption = Annotated[
+    Literal["debug", "info", "warning", "error"],
+    typer.Option(help="Log level; TensorFlow's own C++ log is shown at debug only."),
+]
+
+
+def _import_tensorflow_quietly(log_level: str) -> None:
+    """Set the log levels, then load TensorFlow before anything else does (shards.actor.tflog)."""
+    from shards.actor.tflog import import_tensorflow, set_tf_log_level
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    set_tf_log_level(log_level == "debug")
+    import_tensorflow()
+
+
+def _fail(exc: Exception, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {exc}", highlight=False)
+    return typer.Exit(code)
+
+
+def _plan_options(
+    stages: int | None, max_stage_bytes: str | None, device_overhead_bytes: str | None
+) -> tuple[tuple[int, ...] | None, int | None]:
+    if stages is not None and max_stage_bytes is not None:
+        err.print("[red]error:[/red] give either --stages or --max-stage-bytes, not both")
+        raise typer.Exit(2)
+    from shards.partition.memory_plan import parse_budgets, parse_bytes
+
+    try:
+        budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
+        overhead = None
+        if device_overhead_bytes is not None:
+            overhead = (
+                0 if device_overhead_bytes.strip() == "0" else parse_bytes(device_overhead_bytes)
+            )
+    except ValueError as exc:
+        raise _fail(exc, 2) from None
+    return budgets, overhead
+
+
+def _stdout() -> Console:
+    out = Console()
+    # Piped or captured, rich assumes 80 columns and would cut the table's cells.
+    return out if out.is_terminal else Console(width=200)
+
+
+def partition(
+    model: Annotated[
+        str, typer.Argument(help="A .keras file, a SavedModel dir or a demo model name.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the bundle to.")],
+    stages: StagesOption = None,
+    max_stage_bytes: BudgetOption = None,
+    max_batch_size: BatchOption = 32,
+    device_overhead_bytes: OverheadOption = None,
+    imports: ImportsOption = None,
+    unsafe_deserialization: UnsafeOption = False,
+    weight_dtype: WeightDtypeOption = "float32",
+    log_level: LogLevelOption = "warning",
+) -> None:
+    """Cut a Keras model into stages and write a bundle (manifest.json + one file per stage)."""
+    budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
+    _import_tensorflow_quietly(log_level)
+    from shards.partition.cut import partition_to_bundle
+    from shards.partition.demo_models import DEMO_MODELS, build_demo
+
+    with err.status("partitioning...") as status:
+        try:
+            source: Any = build_demo(model) if model in DEMO_MODELS else model
+            manifest = partition_to_bundle(
+                source,
+                out,
+                source_name=f"demo:{model}" if model in DEMO_MODELS else None,
+                stages=stages,
+                max_stage_bytes=budgets,
+                imports=tuple(imports or ()),
+                progress=lambda step: status.update(step),
+                max_batch_size=max_batch_size,
+                device_overhead_bytes=overhead,
+                unsafe_deserialization=unsafe_deserialization,
+                weight_dtype=weight_dtype,
+            )
+        except (ValueError, OSError) as exc:
+            raise _fail(exc) from None
+    for stage in manifest.stages:
+        ins = ", ".join(t.name for t in stage.inputs)
+        err.print(
+            f"stage {stage.index}: {stage.param_bytes / 2**20:.1f} MiB of weights, inputs [{ins}]"
+        )
+    from serving.cli.plan_table import plan_table
+
+    _stdout().print(plan_table(manifest.stages))
+    err.print(f"wrote {len(manifest.stages)} stage(s) to {out}")
+
+
+def plan(
+    model: Annotated[
+        str, typer.Argument(help="A .keras file, a bundle directory or a demo model name.")
+    ],
+    stages: StagesOption = None,
+    max_stage_bytes: BudgetOption = None,
+    max_batch_size: BatchOption = 32,
+    device_overhead_bytes: OverheadOption = None,
+    imports: ImportsOption = None,
+    unsafe_deserialization: UnsafeOption = False,
+    weight_dtype: WeightDtypeOption = "float32",
+    log_level: LogLevelOption = "warning",
+) -> None:
+    """Print the memory plan per stage (what partition would write), without writing anything.
+    A bundle directory: the plan in its manifest."""
+    budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
+    from serving.cli.plan_table import plan_table
+    from shards.bundle.format import MANIFEST_NAME, read_manifest
+
+    try:
+        if (Path(model) / MANIFEST_NAME).is_file():
+            if budgets is not None or stages is not None or overhead is not None:
+                raise ValueError(
+                    f"{model!r} is a bundle: its plan was made when it was partitioned, and "
+                    "the plan in its manifest is what this shows; drop --stages, "
+                    "--max-stage-bytes and --device-overhead-bytes, or plan the source model"
+                )
+            specs = list(read_manifest(model).stages)
+        else:
+            _import_tensorflow_quietly(log_level)
+            with err.status("planning..."):
+                specs = _plan_model(
+                    model,
+                    stages,
+                    budgets,
+                    max_batch_size,
+                    overhead,
+                    imports,
+                    unsafe_deserialization,
+                    weight_dtype=weight_dtype,
+                )
+    except (ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    _stdout().print(plan_table(specs))
+
+
+def _plan_model(
+    model: str,
+    stages: int | None,
+    budgets: tuple[int, ...] | None,
+    max_batch_size: int,
+    overhead: int | None,
+    imports: list[str] | None,
+    unsafe_deserialization: bool,
+    *,
+    weight_dtype: str,
+) -> list[Any]:
+    from shards.bundle.format import import_modules, load_keras
+    from shards.errors import PartitionError
+    from shards.partition.cut import plan_stages
+    from shards.partition.demo_models import DEMO_MODELS, build_demo
+    from shards.partition.graph import analyse
+
+    import_modules(imports or ())
+    path = Path(model)
+    if model in DEMO_MODELS:
+        keras_model = build_demo(model)
+    elif path.is_file() and path.suffix == ".keras":
+        keras_model = load_keras(
+            path,
+            repr(str(path)),
+            unsafe_deserialization=unsafe_deserialization,
+            error=PartitionError,
+        )
+    else:
+        raise ValueError(
+            f"cannot plan {model!r}: expected a bundle directory (with manifest.json), a .keras "
+            f"file or a demo model name ({', '.join(DEMO_MODELS)}); a TF SavedModel is served "
+            "whole, as one stage"
+        )
+    planned = plan_stages(
+        analyse(keras_model),
+        stages=stages,
+        max_stage_bytes=budgets,
+        max_batch_size=max_batch_size,
+        device_overhead_bytes=overhead,
+        weight_dtype=weight_dtype,
+    )
+    return [spec for _, spec in planned]

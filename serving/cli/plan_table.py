@@ -1,0 +1,86 @@
+"""The memory plan as ``shardserve plan`` and ``partition`` print it: one row per stage, read
+from the stages' specs (the same numbers ``partition`` writes into the manifest)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from shards.bundle.format import StageSpec
+from shards.partition.memory_plan import format_size
+
+COLUMNS = (
+    "stage",
+    "layers",
+    "weights",
+    "activations",
+    "overhead",
+    "total",
+    "budget",
+    "FLOPs",
+    "sends/row",
+)
+
+
+def plan_rows(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
+    """The table's cells: ``?`` where a manifest written before the memory plan has no figure;
+    activations marked ``*`` where a dimension unknown in the graph was counted as 1."""
+    flops = sum(s.flops_per_row for s in stages) or 1
+    rows: list[tuple[str, ...]] = []
+    for spec in stages:
+        mem = spec.memory
+        share = f"{100 * spec.flops_per_row / flops:.1f}%"
+        if mem is None:
+            rows.append(
+                (
+                    str(spec.index),
+                    "?",
+                    format_size(spec.param_bytes),
+                    "?",
+                    "?",
+                    "?",
+                    "-",
+                    share,
+                    "?",
+                )
+            )
+            continue
+        total = spec.planned_peak_bytes
+        budget = "-"
+        if mem.budget_bytes is not None:
+            budget = f"{format_size(mem.budget_bytes)} ({100 * total / mem.budget_bytes:.0f}%)"
+        rows.append(
+            (
+                str(spec.index),
+                f"{mem.first_layer}..{mem.last_layer}",
+                _weights(spec),
+                format_size(mem.activation_bytes) + ("*" if mem.unknown_dims else ""),
+                format_size(mem.overhead_bytes),
+                format_size(total),
+                budget,
+                share,
+                format_size(mem.crossing_bytes_per_row),
+            )
+        )
+    return rows
+
+
+def _weights(spec: StageSpec) -> str:
+    mem = spec.memory
+    if mem is None or mem.weight_bytes is None:
+        return format_size(spec.param_bytes)
+    return f"{format_size(mem.weight_bytes)} ({mem.weight_dtype})"
+
+
+def plan_table(stages: Sequence[StageSpec]) -> Table:
+    batch = next((s.memory.max_batch_size for s in stages if s.memory), None)
+    title = "memory plan" + (f" at max_batch_size={batch}" if batch else "")
+    table = Table(title=title, title_justify="left")
+    for name in COLUMNS:
+        table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
+    for row in plan_rows(stages):
+        table.add_row(*row)
+    if any(s.memory and s.memory.unknown_dims for s in stages):
+        table.caption = "* a dimension unknown in the graph (e.g. sequence length) counted as 1"
+    return table

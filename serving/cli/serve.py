@@ -1,0 +1,130 @@
+"""``shardserve serve``: one flag per setting, generated from ``Settings`` so that the flags, the
+env vars and the TOML keys can never drift apart; then the app under uvicorn, stopped within its
+budget (``serving.server.graceful``)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from serving.config import ConfigError, Settings, load_settings
+
+err = Console(stderr=True)
+
+_METAVARS = {int: "INT", float: "FLOAT", bool: "BOOL"}
+
+
+def _metavar(annotation: Any) -> str:
+    if "Literal['auto']" in str(annotation):
+        return "MS|auto"
+    for kind, name in _METAVARS.items():
+        if kind is annotation or kind in getattr(annotation, "__args__", ()):
+            return name
+    return "TEXT"
+
+
+def flag_name(field: str) -> str:
+    return "--" + ("import" if field == "imports" else field.replace("_", "-"))
+
+
+def _setting_parameters() -> list[inspect.Parameter]:
+    params = []
+    for name, info in Settings.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        shown = "unset" if default in (None, []) else str(default)
+        help_text = f"{info.description} (env SHARDSERVE_{name.upper()}, default {shown})"
+        if name == "imports":
+            option = typer.Option(
+                None, flag_name(name), help=help_text + ", repeatable", metavar="MODULE"
+            )
+            annotation: Any = Optional[list[str]]  # noqa: UP045 - typer reads the annotation
+        else:
+            option = typer.Option(
+                None, flag_name(name), help=help_text, metavar=_metavar(info.annotation)
+            )
+            annotation = Optional[str]  # noqa: UP045
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+            )
+        )
+    return params
+
+
+def _with_setting_flags(func: Any) -> Any:
+    sig = inspect.signature(func)
+    fixed = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    func.__signature__ = sig.replace(parameters=[*fixed, *_setting_parameters()])
+    return func
+
+
+@_with_setting_flags
+def serve(
+    config: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--config", help="TOML file of settings (flags and env vars override it)."),
+    ] = None,
+    **flags: Any,
+) -> None:
+    """Serve a model over HTTP: POST /predict, batched and pipelined over Ray shard actors."""
+    try:
+        settings = load_settings(config, **flags)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    run_server(settings)
+
+
+def run_server(settings: Settings) -> None:
+    # Read when grpc is first imported. Its fork handlers serve children that keep using gRPC;
+    # this process forks only to exec (Ray starting its processes), and with the gRPC server up
+    # the handlers bail out with a log line per fork.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    import uvicorn
+
+    from serving.http.protocol import http_protocol
+    from serving.server.app import create_app
+    from serving.server.graceful import GracefulServer
+    from shards.actor.tflog import set_tf_log_level
+
+    # Before Ray starts: the workers it starts (shard actors, the resolve task) inherit it.
+    set_tf_log_level(settings.log_level == "debug")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    server: GracefulServer | None = None
+
+    def stop_serving(_: str) -> None:
+        if server is not None:
+            server.should_exit = True
+
+    api = create_app(settings, on_load_failure=stop_serving)
+    server = GracefulServer(
+        uvicorn.Config(
+            api,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=False,
+            # The server never reads the client address; the proxy-headers layer costs CPU
+            # on every request (py-spy, docs/benchmarks.md).
+            proxy_headers=False,
+            # Queue-full 503s answered from the request's headers, before any ASGI work;
+            # hang-ups reported without a watcher task (serving/http/protocol.py).
+            http=http_protocol(api),
+        ),
+        state_of=lambda: getattr(api.state, "shardserve", None),
+        stop_timeout_s=settings.stop_timeout_s,
+    )
+    server.run()
+    state = getattr(api.state, "shardserve", None)
+    failed = [m.load_error for m in state.models.values() if m.load_error] if state else []
+    if failed:
+        err.print(f"[red]error:[/red] the model failed to load: {failed[0]}")
+        raise typer.Exit(1)

@@ -1,0 +1,290 @@
+"""The fast routes: POST routes answered on raw ASGI by their own handler, before FastAPI's
+router, and the request they read.
+
+py-spy on ``/predict`` at 64 clients: over half of the server's CPU went to Starlette and
+FastAPI layers (exception middleware, routing, dependency solving) around a handler that only
+reads the body and awaits the batcher. ``FastPathLayer`` answers the routes of a small registry
+(``FastRoutes``) before those layers. It is one layer of the middleware stack, inside the
+middleware a user adds (``app.add_middleware``: CORS, auth, tracing wrap it like any route) and
+outside the exception middleware and the router, which answer every other request as before:
+
+    ServerErrorMiddleware -> FastAPI's own -> user middleware -> FastPathLayer
+        -> ExceptionMiddleware -> router
+
+A fast handler maps its own errors to answers. When the user added no middleware,
+``ShardServeApp`` calls the fast routes itself, before the stack: nothing would wrap them, and
+FastAPI's own layers cost a coroutine and a ``send`` wrapper each per request.
+
+The predict and infer handlers (``RawHandler``) see no Starlette ``Request`` or ``Response``:
+``FastRequest`` picks the headers they read from the scope in one pass and reads the body
+straight from ``receive``; the answer goes out as two ASGI messages
+(``serving.http.replies.send_reply``). py-spy on V2 binary infer of the light model (64
+clients): Starlette's ``Headers`` lookups (four per request, each a scan that decodes every
+header), its ``Request``, ``Response`` and ``send`` wrappers took about a fifth of the front
+end's CPU (docs/benchmarks.md, issue 11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from serving.errors import ShardServeError
+from serving.http.replies import (
+    REQUEST_ID_HEADER,
+    REQUEST_ID_KEY,
+    ClientGone,
+    as_response,
+    error_reply,
+    read_body,
+    request_id,
+    request_id_from,
+    unexpected_reply,
+)
+
+__all__ = [
+    "DISCONNECT_KEY",
+    "FastHandler",
+    "FastPathLayer",
+    "FastRequest",
+    "FastRoutes",
+    "RawAnswer",
+    "RawHandler",
+]
+
+FastHandler = Callable[[str, str | None, Request], Awaitable[Response]]
+"""``async (model name, model version or None, request) -> Response``"""
+
+RawHandler = Callable[[str, str | None, Scope, Receive, Send], Awaitable[None]]
+"""``async (model name, model version or None, scope, receive, send)``: answers on ``send``
+itself, maps its own errors, and writes the response's ``X-Request-Id``."""
+
+# The scope key of a list of callbacks the server calls when the client hangs up before the
+# answer is complete (set by serving.http.protocol; absent under another server).
+DISCONNECT_KEY = "shardserve.on_disconnect"
+T = TypeVar("T")
+_PARAM = re.compile(r"\{(name|version)\}")
+_SEEN_PATHS = 256
+_UNSEEN = object()
+
+
+@dataclass(frozen=True)
+class _FastRoute:
+    template: str
+    pattern: re.Pattern[str]
+    handler: RawHandler
+    name: str  # the model name of a template without {name}
+    exact: bool  # no parameters: compared as a string
+
+
+class FastRoutes:
+    """The POST routes the fast path answers: a path template -> a handler.
+
+    A template may hold ``{name}`` and ``{version}``, each one path segment (no ``/``), as in
+    ``/v2/models/{name}/versions/{version}/infer``; a template without ``{name}`` (``/predict``)
+    passes the ``name`` it was added with.
+    """
+
+    def __init__(self) -> None:
+        self._routes: list[_FastRoute] = []
+        self._seen: dict[str, tuple[RawHandler, str, str | None] | None] = {}
+
+    def add(self, template: str, handler: FastHandler, *, name: str | None = None) -> None:
+        """A route answered by a handler of Starlette requests and responses."""
+        self.add_raw(template, _raw(handler), name=name)
+
+    def add_raw(self, template: str, handler: RawHandler, *, name: str | None = None) -> None:
+        """A route answered on raw ASGI (the predict and infer routes: no Request, no
+        Response objects on their path)."""
+        if "{name}" not in template and name is None:
+            raise ValueError(f"fast route {template!r} has no {{name}}; pass the model name")
+        regex, last = [], 0
+        for param in _PARAM.finditer(template):
+            regex += [re.escape(template[last : param.start()]), f"(?P<{param[1]}>[^/]+)"]
+            last = param.end()
+        regex.append(re.escape(template[last:]))
+        pattern = re.compile("".join(regex))
+        exact = last == 0
+        self._routes.append(_FastRoute(template, pattern, handler, name or "", exact))
+        self._seen.clear()
+
+    @property
+    def templates(self) -> list[str]:
+        return [route.template for route in self._routes]
+
+    def match_scope(self, scope: Scope) -> tuple[RawHandler, str, str | None] | None:
+        path: str = scope["path"]
+        root = scope.get("root_path")
+        if root and path.startswith(root):  # the router matches below the root path too
+            path = path[len(root) :]
+        return self.match(path)
+
+    def match(self, path: str) -> tuple[RawHandler, str, str | None] | None:
+        # The paths a server sees repeat (one served model); a regex per request was 3% of
+        # the front end's CPU on V2 infer (py-spy). Misses are kept too, a bounded number.
+        hit = self._seen.get(path, _UNSEEN)
+        if hit is _UNSEEN:
+            hit = self._match(path)
+            if len(self._seen) >= _SEEN_PATHS:
+                self._seen.clear()
+            self._seen[path] = hit
+        return hit  # type: ignore[return-value]
+
+    def _match(self, path: str) -> tuple[RawHandler, str, str | None] | None:
+        for route in self._routes:
+            if route.exact:
+                if path == route.template:
+                    return route.handler, route.name, None
+                continue
+            found = route.pattern.fullmatch(path)
+            if found is not None:
+                groups = found.groupdict()
+                return route.handler, groups.get("name", route.name), groups.get("version")
+        return None
+
+
+class FastPathLayer:
+    """ASGI middleware: a POST to a route of ``routes`` is answered here, the rest passes on."""
+
+    def __init__(self, app: ASGIApp, routes: FastRoutes) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            hit = self.routes.match_scope(scope)
+            if hit is not None:
+                handler, name, version = hit
+                await handler(name, version, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _raw(handler: FastHandler) -> RawHandler:
+    async def answer(
+        name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        request = Request(scope, receive, send)
+        try:
+            response = await handler(name, version, request)
+        except ShardServeError as exc:
+            response = as_response(error_reply(exc, request_id(scope)))
+        except Exception as exc:
+            response = as_response(unexpected_reply(scope, exc))
+        rid: bytes | None = scope.get(REQUEST_ID_KEY)
+        if rid is not None and REQUEST_ID_HEADER.decode() not in response.headers:
+            response.headers[REQUEST_ID_HEADER.decode()] = rid.decode()
+        await response(scope, receive, send)
+
+    return answer
+
+
+class FastRequest:
+    """One request of a fast route: its ASGI triple and the headers the routes read.
+
+    Header values are ``str`` (latin-1, as Starlette decodes them); the first of a repeated
+    header wins, as with ``Headers.get``.
+    """
+
+    __slots__ = (
+        "content_encoding",
+        "content_length",
+        "header_length",
+        "receive",
+        "rid",
+        "scope",
+        "send",
+        "timeout_ms",
+    )
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        rid: bytes | None = scope.get(REQUEST_ID_KEY)
+        if rid is None:
+            rid = scope[REQUEST_ID_KEY] = request_id_from(scope["headers"])
+        self.rid = rid
+        length = timeout = header_length = encoding = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = length or value
+            elif name == b"x-request-timeout-ms":
+                timeout = timeout or value
+            elif name == b"inference-header-content-length":
+                header_length = header_length or value
+            elif name == b"content-encoding":
+                encoding = encoding or value
+        self.content_length = None if length is None else length.decode("latin-1")
+        self.timeout_ms = None if timeout is None else timeout.decode("latin-1")
+        self.header_length = None if header_length is None else header_length.decode("latin-1")
+        self.content_encoding = None if encoding is None else encoding.decode("latin-1")
+
+    @property
+    def request_id(self) -> str:
+        return self.rid.decode()
+
+    async def body(self, limit: int) -> bytes:
+        """The whole body, at most ``limit`` bytes (413 past it); ``ClientGone`` on a hang-up."""
+        return await read_body(self.receive, limit)
+
+    async def until_disconnect(self, work: Awaitable[T]) -> T:
+        """Await ``work``; if the client goes away first, cancel it (its rows are then dropped).
+
+        ``work`` runs in this task, which a hang-up cancels: told by the server's protocol
+        (``DISCONNECT_KEY``), or else by a watcher task blocked in ``receive()``."""
+        task = asyncio.current_task()
+        assert task is not None
+        state = [False, False]  # [the client went away, the work is over]
+
+        def gone(*_: object) -> None:
+            if not state[1]:
+                state[0] = True
+                task.cancel()
+
+        hooks: list[Callable[[], None]] | None = self.scope.get(DISCONNECT_KEY)
+        watcher = None
+        if hooks is not None:  # shardserve's protocol calls it (serving.http.protocol)
+            hooks.append(gone)
+        else:
+            watcher = asyncio.ensure_future(self._wait_disconnect())
+            watcher.add_done_callback(lambda w: None if w.cancelled() else gone())
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if state[0]:
+                task.uncancel()
+                raise ClientGone from None
+            raise
+        finally:
+            state[1] = True
+            if watcher is not None:
+                watcher.cancel()
+
+    async def _wait_disconnect(self) -> None:
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+
+class RawAnswer(Response):
+    """A routed endpoint's answer given by a raw fast handler: the router's predict and infer
+    routes, reached when the fast path does not answer first (a plain FastAPI app given these
+    routes)."""
+
+    def __init__(self, handler: RawHandler, name: str, version: str | None) -> None:
+        super().__init__()
+        self.handler = handler
+        self.name = name
+        self.version = version
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(self.name, self.version, scope, receive, send)

@@ -1,0 +1,70 @@
+"""What every predict-like route shares (``/predict``, ``:predict``, V2 ``infer``): admission
+from the headers, the deadline, the request id, the error-to-status answer and the latency
+metric. Each protocol brings only its ``work``: read, decode, submit, encode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError, ShardServeError
+from serving.http.admission import check_headroom, check_length, request_deadline
+from serving.http.fast import FastRequest
+from serving.http.model import ModelDirectory, ModelHandle
+from serving.http.replies import (
+    ClientGone,
+    Reply,
+    error_reply,
+    log_failure,
+    send_reply,
+    unexpected_reply,
+)
+
+if TYPE_CHECKING:
+    from serving.batching.batcher import Batcher
+
+__all__ = ["Work", "serve_prediction"]
+
+# (request, model, its batcher, deadline as time.monotonic()) -> the answer
+Work = Callable[[FastRequest, ModelHandle, "Batcher", float], Awaitable[Reply]]
+
+
+async def serve_prediction(
+    request: FastRequest, models: ModelDirectory, name: str, version: str | None, work: Work
+) -> None:
+    """Answer one predict-like request for the model served as ``name`` (and ``version``)."""
+    started = time.perf_counter()
+    rid = request.rid
+    try:
+        model = models.model(name, version)
+    except ShardServeError as exc:  # no such model: nothing of a model to count it in
+        await send_reply(request.send, rid, *error_reply(exc, rid))
+        return
+    metrics = model.metrics
+    try:
+        batcher = model.require_batcher()
+        settings = model.settings
+        # Admission from the headers alone: a refused request costs no body read, no decode.
+        check_length(request.content_length, settings.max_body_bytes)
+        try:
+            check_headroom(batcher)
+        except QueueFullError:
+            metrics.reject("queue_full")
+            raise
+        deadline = request_deadline(request.timeout_ms, settings)
+        reply = await work(request, model, batcher, deadline)
+    except ClientGone:
+        metrics.reject("client_gone")
+        log_failure(rid.decode(), 499, "the client went away before its answer was ready")
+        reply = (499, b"", b"text/plain", [])
+    except ShardServeError as exc:
+        if isinstance(exc, InvalidInputError | PayloadTooLargeError):
+            metrics.reject("invalid_input")
+        reply = error_reply(exc, rid)
+    except Exception as exc:
+        reply = unexpected_reply(request.scope, exc)
+    status, body, content_type, headers = reply
+    metrics.observe_latency(status, time.perf_counter() - started)
+    await send_reply(request.send, rid, status, body, content_type, headers)

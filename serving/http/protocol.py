@@ -1,0 +1,147 @@
+"""shardserve's HTTP protocol for uvicorn (httptools): queue-full refusals answered before any
+ASGI work, and a hang-up reported to the request's handler without a watcher task.
+
+**Refusals.** Under overload most requests are refused (issue 10: 3x the capacity offered, two
+of three get 503). Through the ASGI app each refusal still cost an ASGI task, a scope, a chain
+of coroutines and two socket writes (py-spy: the writes alone were 30% of a refusal). Here the
+parser's "headers complete" callback answers a POST to a fast route of the served model while
+the queue has no room for one more row: one prebuilt response, one write, no task; the body
+that follows is discarded by uvicorn as for any answered request. Everything else (a route
+the fast path does not own, another model's name, a body over ``max_body_bytes``, a server
+still loading or stopping) goes to the app as before, so its answer is unchanged. Only where
+nothing would wrap the answer: the app has no middleware of the user's (a CORS or auth layer
+sees every response) and is not traced (``ShardServeApp.answers_fast_routes``).
+
+**Hang-ups.** A request waiting on the batcher must learn that its client went away (its
+rows are then dropped). Through ASGI alone that takes a task per request blocked in
+``receive()``; here the scope of every request carries a list (``fast.DISCONNECT_KEY``)
+where its handler puts a callback, called when the connection is lost before the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from serving.errors import ShardServeError
+from serving.http.admission import queue_full_message
+from serving.http.fast import DISCONNECT_KEY, FastRoutes
+from serving.http.model import ModelDirectory
+from serving.http.replies import request_id_from
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["http_protocol"]
+
+log = logging.getLogger("shardserve")
+_STATUS = b"HTTP/1.1 503 Service Unavailable\r\n"
+
+
+def http_protocol(app: FastAPI) -> type[Any] | str:
+    """uvicorn's httptools protocol for ``app``; ``"auto"`` (uvicorn's own) without httptools
+    or for an app without fast routes (``ShardServeApp`` has them)."""
+    if not isinstance(getattr(app, "fast_routes", None), FastRoutes):
+        return "auto"
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # uvicorn without httptools: h11, refusals through the app
+        return "auto"
+    refuser = _Refuser(app)
+
+    class ShardServeProtocol(HttpToolsProtocol):  # type: ignore[misc]
+        def _start_asgi_task(self, cycle: Any, asgi: Any) -> None:
+            answer = refuser.answer(cycle.scope)
+            if answer is None:
+                cycle.scope[DISCONNECT_KEY] = []
+                super()._start_asgi_task(cycle, asgi)
+                return
+            head = [_STATUS]
+            for name, value in self.server_state.default_headers:
+                head += [name, b": ", value, b"\r\n"]
+            if not cycle.keep_alive:
+                head.append(b"connection: close\r\n")
+            self.transport.write(b"".join([*head, answer]))
+            cycle.response_started = cycle.response_complete = True
+            if not cycle.keep_alive:
+                self.transport.close()
+            cycle.message_event.set()
+            cycle.on_response()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            cycle: Any = self.cycle
+            super().connection_lost(exc)
+            if cycle is not None and not cycle.response_complete:
+                hooks: list[Callable[[], None]] = cycle.scope.get(DISCONNECT_KEY) or []
+                for hung_up in hooks:
+                    hung_up()
+
+    return ShardServeProtocol
+
+
+class _Refuser:
+    def __init__(self, app: Any) -> None:  # a ShardServeApp: fast_routes, answers_fast_routes
+        self.app = app
+        self._bodies: dict[tuple[int, int], bytes] = {}
+
+    def answer(self, scope: dict[str, Any]) -> bytes | None:
+        """The headers and body of a 503 after the status line, or None to let the app
+        answer."""
+        started = time.perf_counter()
+        if scope["method"] != "POST":
+            return None
+        models: ModelDirectory | None = getattr(self.app.state, "shardserve", None)
+        if models is None or not self.app.answers_fast_routes:
+            return None
+        hit = self.app.fast_routes.match_scope(scope)
+        if hit is None:
+            return None
+        try:
+            model = models.model(hit[1], hit[2])
+        except ShardServeError:  # another model's name: the app says which are served
+            return None
+        batcher = model.batcher
+        if batcher is None:
+            return None
+        queued, limit = batcher.queued_rows, batcher.policy.max_queue_rows
+        if queued < limit:
+            return None
+        try:
+            model.require_batcher()
+        except ShardServeError:  # loading or stopping: the app says so
+            return None
+        headers = scope["headers"]
+        for name, value in headers:
+            if name == b"content-length":
+                if not value.isdigit() or int(value) > model.settings.max_body_bytes:
+                    return None
+                break
+        rid = request_id_from(headers)
+        body = self._body(queued, limit)
+        model.metrics.reject("queue_full")
+        model.metrics.observe_latency(503, time.perf_counter() - started)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request %s: 503 queue full (refused from its headers)", rid.decode())
+        return b"".join(
+            [
+                b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
+                b"retry-after: 1\r\nx-request-id: ",
+                rid,
+                b"\r\n\r\n",
+                body,
+            ]
+        )
+
+    def _body(self, queued: int, limit: int) -> bytes:
+        # The words of admission.check_headroom's refusal, one body per (queued, limit).
+        body = self._bodies.get((queued, limit))
+        if body is None:
+            if len(self._bodies) > 64:
+                self._bodies.clear()
+            message = queue_full_message(queued, limit)
+            body = self._bodies[(queued, limit)] = orjson.dumps({"error": message})
+        return body

@@ -1,0 +1,148 @@
+"""The fixed bodies of the routes (TF-Serving's GETs, health, admin) as the pydantic models
+they are sent through (``response_model``), and the error answers every route documents.
+
+A key a model lacks fails the route that sends it (``extra="forbid"``): a test finds that
+before the document drifts from what is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "Alive",
+    "BatchingView",
+    "Body",
+    "Error",
+    "ModelMetadata",
+    "ModelStatus",
+    "Readiness",
+    "RunTimeView",
+    "errors",
+    "ok",
+]
+
+Schema = dict[str, Any]
+Responses = dict[int | str, dict[str, Any]]
+
+_RETRY_AFTER_DOC = {
+    "description": "Seconds to wait before retrying (when the queue is full).",
+    "schema": {"type": "integer", "minimum": 1},
+}
+_WHY = {
+    400: "The body or a header does not fit the model signature (the message says what was "
+    "sent and what is expected).",
+    401: "No bearer token.",
+    403: "The bearer token is not the admin token.",
+    404: "No such model (the message names the one served).",
+    413: "The body is over max_body_bytes.",
+    422: "The model raised on this request's rows; its batch-mates got their answers.",
+    500: "The model or its stage processes failed on the batch.",
+    503: "The queue is full (with Retry-After), the model is loading or has no healthy "
+    "replica, or the server is stopping.",
+    504: "The deadline passed before the rows were computed.",
+}
+
+
+class Body(BaseModel):
+    """A response body: a key the model lacks fails the route that sends it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Error(Body):
+    error: str
+
+
+def ok(schema: Schema | type[BaseModel], description: str = "OK") -> Responses:
+    """The 200 response of a route with a JSON body of ``schema`` (a model or a raw schema)."""
+    if isinstance(schema, dict):
+        return {
+            200: {"description": description, "content": {"application/json": {"schema": schema}}}
+        }
+    return {200: {"description": description, "model": schema}}
+
+
+def errors(*codes: int) -> Responses:
+    docs: Responses = {}
+    for code in codes:
+        docs[code] = {"description": _WHY[code], "model": Error}
+        if code == 503:
+            docs[code]["headers"] = {"Retry-After": _RETRY_AFTER_DOC}
+    return docs
+
+
+class Alive(Body):
+    status: Literal["alive"]
+
+
+class Readiness(Body):
+    status: Literal["ready", "loading", "failed", "shutting down", "unavailable"]
+    model: str | None = None
+    error: str | None = None
+
+
+class VersionState(Body):
+    error_code: Literal["OK", "UNAVAILABLE"]
+    error_message: str
+
+
+class ModelVersion(Body):
+    version: str
+    state: Literal["AVAILABLE", "LOADING", "FAILED"]
+    status: VersionState
+
+
+class Replicas(Body):
+    total: int
+    healthy: int
+
+
+class ModelStatus(Body):
+    model_version_status: list[ModelVersion]
+    replicas: Replicas | None = None
+
+
+class TensorDoc(Body):
+    name: str
+    shape: list[int | None]
+    dtype: str
+
+
+class ModelSpec(Body):
+    name: str
+    version: str
+
+
+class ModelMetadata(Body):
+    model_spec: ModelSpec
+    name: str
+    inputs: list[TensorDoc]
+    outputs: list[TensorDoc]
+    num_stages: int
+    replicas: int
+    max_batch_size: int
+
+
+class RunTimeView(Body):
+    """What the batching policy predicts per batch size (ms; null: nothing measured yet)."""
+
+    from_compute: bool
+    hop: float | None
+    latency: dict[str, float | None]
+    bottleneck: dict[str, float | None]
+
+
+class BatchingView(Body):
+    max_batch_size: int
+    batch_timeout_ms: float | Literal["auto"]
+    max_inflight_batches: int
+    max_queue_rows: int
+    slo_p99_ms: float | None
+    effective_wait_ms: float
+    queued_rows: int
+    inflight_batches: int
+    padding: bool
+    run_time_ms: RunTimeView

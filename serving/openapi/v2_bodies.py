@@ -1,0 +1,194 @@
+"""OpenAPI documentation of the V2 routes' bodies, and the models their GET answers are sent
+through (``response_model``). Never used to parse a request: orjson and numpy read the payload
+(``serving.protocols.v2.infer_body``). ``ROUTE_DOCS`` is what the server hands to
+``serving.protocols.v2.http.install_v2_routes``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from serving.protocols.v2.datatypes import DATATYPES
+
+__all__ = ["INFER", "INFER_REQUEST", "ROUTE_DOCS"]
+
+Responses = dict[int | str, dict[str, Any]]
+Datatype = Literal[DATATYPES]  # type: ignore[valid-type]
+
+
+class _Body(BaseModel):
+    """A response body the routes return as is (``response_model``): a key the model lacks
+    fails the route, so the document cannot drift from what is sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class V2ErrorBody(_Body):
+    error: str
+
+
+class V2ServerMetadata(_Body):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class V2LiveResponse(_Body):
+    live: bool
+
+
+class V2ReadyResponse(_Body):
+    ready: bool
+
+
+class V2ModelReadyResponse(_Body):
+    name: str
+    ready: bool
+
+
+class V2TensorMetadata(_Body):
+    name: str
+    datatype: Datatype
+    shape: list[int]
+
+
+class V2ModelMetadata(_Body):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[V2TensorMetadata]
+    outputs: list[V2TensorMetadata]
+
+
+class V2ConfigTensor(_Body):
+    name: str
+    data_type: str
+    dims: list[int]
+
+
+class V2DynamicBatching(_Body):
+    max_queue_delay_microseconds: int | None = None
+
+
+class V2ModelConfig(_Body):
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    input: list[V2ConfigTensor]
+    output: list[V2ConfigTensor]
+    dynamic_batching: V2DynamicBatching
+
+
+class V2RequestInput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: Datatype
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class V2RequestOutput(BaseModel):
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class V2InferenceRequest(BaseModel):
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    inputs: list[V2RequestInput]
+    outputs: list[V2RequestOutput] | None = None
+
+
+class V2ResponseOutput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: Datatype
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class V2InferenceResponse(BaseModel):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    outputs: list[V2ResponseOutput]
+
+
+def _inline(schema: Any, defs: dict[str, Any]) -> Any:
+    """``schema`` with its ``#/$defs/...`` references replaced by the definitions themselves."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inline(v, defs) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inline(v, defs) for v in schema]
+    return schema
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    inlined: dict[str, Any] = _inline(schema, schema.get("$defs", {}))
+    return inlined
+
+
+_BINARY_BODY = {
+    "schema": {"type": "string", "format": "binary"},
+    "description": "The JSON object (its length in Inference-Header-Content-Length), then the "
+    "raw little-endian bytes of each binary tensor in order",
+}
+_ERROR = {"model": V2ErrorBody}
+
+# openapi_extra of the infer routes: the handler reads the body itself.
+INFER_REQUEST: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": "Inference-Header-Content-Length",
+            "in": "header",
+            "required": False,
+            "description": "Length in bytes of the JSON object when binary tensor data follow it",
+            "schema": {"type": "integer", "minimum": 0},
+        }
+    ],
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": _schema(V2InferenceRequest)},
+            "application/octet-stream": _BINARY_BODY,
+        },
+    },
+}
+INFER: Responses = {
+    200: {
+        "model": V2InferenceResponse,
+        "description": "The outputs; with binary outputs, the JSON object then their bytes",
+        "content": {"application/octet-stream": _BINARY_BODY},
+        "headers": {
+            "Inference-Header-Content-Length": {
+                "description": "Length of the JSON object when binary tensor data follow it",
+                "schema": {"type": "integer"},
+            }
+        },
+    },
+    **{code: _ERROR for code in (400, 404, 413, 422, 500, 503, 504)},
+}
+# Each kind of V2 route (``serving.protocols.v2.http.ROUTE_KINDS``): the GET routes' 200 body
+# (the route's response_model) and their other answers; the infer routes' bodies.
+ROUTE_DOCS: dict[str, dict[str, Any]] = {
+    "server_metadata": {"response_model": V2ServerMetadata, "responses": {}},
+    "live": {"response_model": V2LiveResponse, "responses": {}},
+    "server_ready": {
+        "response_model": V2ReadyResponse,
+        "responses": {503: {"model": V2ReadyResponse}},
+    },
+    "model_metadata": {"response_model": V2ModelMetadata, "responses": {404: _ERROR, 503: _ERROR}},
+    "model_ready": {
+        "response_model": V2ModelReadyResponse,
+        "responses": {404: _ERROR, 503: {"model": V2ModelReadyResponse}},
+    },
+    "model_config": {"response_model": V2ModelConfig, "responses": {404: _ERROR, 503: _ERROR}},
+    "infer": {"responses": INFER, "openapi_extra": INFER_REQUEST},
+}

@@ -1,0 +1,42 @@
+"""TF-Serving's predict routes, ``POST /predict`` and ``POST /v1/models/{name}:predict``: the
+JSON body of ``codec`` on the shared predict path (``serving.http.predict``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from starlette.types import Receive, Scope, Send
+
+from serving.http.fast import FastRequest
+from serving.http.model import ModelHandle, served_models
+from serving.http.predict import serve_prediction
+from serving.http.replies import JSON, Reply
+from serving.protocols.tfserving.codec import decode_predict, encode_predict
+
+if TYPE_CHECKING:
+    from serving.batching.batcher import Batcher
+
+__all__ = ["predict"]
+
+
+async def predict(
+    name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """A predict request for the model served as ``name``; maps its own errors (a fast
+    route's ``RawHandler``)."""
+    request = FastRequest(scope, receive, send)
+    await serve_prediction(request, served_models(scope["app"]), name, version, _predict)
+
+
+async def _predict(
+    request: FastRequest, model: ModelHandle, batcher: Batcher, deadline: float
+) -> Reply:
+    body = await request.body(model.settings.max_body_bytes)
+    signature = model.signature
+    # Inline, not on a thread: orjson and numpy hold the GIL while they parse, so a thread
+    # stalled the loop as long and took no less time (bench looplag, docs/benchmarks.md).
+    decoded = decode_predict(body, signature)
+    outputs = await request.until_disconnect(
+        batcher.submit(decoded.inputs, deadline=deadline, request_id=request.request_id)
+    )
+    return 200, encode_predict(outputs, signature, decoded.form), JSON, []

@@ -1,0 +1,231 @@
+"""The Open Inference Protocol (KServe V2) over gRPC: ``inference.GRPCInferenceService``.
+
+Served by ``grpc.aio`` in the HTTP server's process and event loop (the lifespan starts and stops
+it), on the same batcher, admission, tensor checks and metrics as ``/v2/.../infer``; messages to
+arrays and back in ``grpc_codec``. Errors are the call's status:
+
+    InvalidInputError, ModelInputError    INVALID_ARGUMENT
+    NotFoundError                         NOT_FOUND
+    QueueFullError, NotReadyError         UNAVAILABLE
+    DeadlineExceededError                 DEADLINE_EXCEEDED (the client's deadline is the batcher's)
+    BatchFailedError, anything else       INTERNAL
+    a message over max_body_bytes         RESOURCE_EXHAUSTED (refused by gRPC before decoding)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+
+import grpc
+from google.protobuf import json_format
+
+from serving.errors import (
+    BatchFailedError,
+    DeadlineExceededError,
+    ForbiddenError,
+    InvalidInputError,
+    ModelInputError,
+    NotFoundError,
+    NotReadyError,
+    PayloadTooLargeError,
+    QueueFullError,
+    ShardServeError,
+    UnauthorizedError,
+)
+from serving.http.admission import check_headroom
+from serving.http.model import ModelDirectory, ModelHandle
+from serving.http.replies import log_failure, request_id_from
+from serving.protocols.v2.grpc_codec import (
+    decode_inputs,
+    encode_outputs,
+    request_timeout_s,
+    requested_outputs,
+)
+from serving.protocols.v2.metadata import model_config, model_metadata, server_metadata
+from serving.protocols.v2.proto import grpc_service_pb2 as pb
+from serving.protocols.v2.proto import grpc_service_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from serving.config import Settings
+
+log = logging.getLogger("shardserve")
+_Context: TypeAlias = grpc.aio.ServicerContext
+
+_CODES: dict[type[ShardServeError], grpc.StatusCode] = {
+    InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
+    ModelInputError: grpc.StatusCode.INVALID_ARGUMENT,
+    PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    UnauthorizedError: grpc.StatusCode.UNAUTHENTICATED,
+    ForbiddenError: grpc.StatusCode.PERMISSION_DENIED,
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    QueueFullError: grpc.StatusCode.UNAVAILABLE,
+    NotReadyError: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    BatchFailedError: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_code(exc: ShardServeError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        code = _CODES.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def rpc_deadline(time_remaining: float | None, request_timeout_ms: float) -> float:
+    """The batcher's deadline (``time.monotonic()``): the client's, or the server's if sooner."""
+    timeout_s = request_timeout_ms / 1000.0
+    if time_remaining is not None:
+        timeout_s = min(timeout_s, max(0.0, time_remaining))
+    return time.monotonic() + timeout_s
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, models: ModelDirectory) -> None:
+        self._models = models
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: _Context) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: _Context) -> Any:
+        return pb.ServerReadyResponse(ready=self._models.not_ready_reason() is None)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: _Context) -> Any:
+        return json_format.ParseDict(server_metadata(), pb.ServerMetadataResponse())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: _Context) -> Any:
+        model = await self._model(context, request.name, request.version)
+        return pb.ModelReadyResponse(ready=model.not_ready_reason() is None)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: _Context) -> Any:
+        model = await self._model(context, request.name, request.version)
+        metadata = await _answer(context, model_metadata, model)
+        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: _Context) -> Any:
+        model = await self._model(context, request.name, request.version)
+        config = await _answer(context, model_config, model)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: _Context) -> Any:
+        started = time.perf_counter()
+        rid = _request_id(context)
+        model = await self._model(context, request.model_name, request.model_version, rid)
+        metrics = model.metrics
+        status = 500
+        error: ShardServeError | None = None
+        try:
+            batcher = model.require_batcher()
+            try:
+                check_headroom(batcher)
+            except QueueFullError:
+                metrics.reject("queue_full")
+                raise
+            deadline = rpc_deadline(context.time_remaining(), model.settings.request_timeout_ms)
+            timeout_s = request_timeout_s(request)
+            if timeout_s is not None:
+                deadline = min(deadline, time.monotonic() + timeout_s)
+            signature = model.signature
+            inputs = decode_inputs(request, signature)
+            names = requested_outputs(request, signature)
+            outputs = await batcher.submit(inputs, deadline=deadline, request_id=rid)
+            tensors, raw = encode_outputs(outputs, names, signature)
+            status = 200
+            context.set_trailing_metadata((("x-request-id", rid),))
+            return pb.ModelInferResponse(
+                model_name=model.name,
+                model_version=model.version,
+                id=request.id,
+                outputs=tensors,
+                raw_output_contents=raw,
+            )
+        except ShardServeError as exc:
+            status = exc.status_code
+            if isinstance(exc, InvalidInputError | PayloadTooLargeError):
+                metrics.reject("invalid_input")
+            error = exc
+        except Exception:
+            log.exception("request %s: unexpected error in ModelInfer", rid)
+        except BaseException:  # cancelled: the client went away or its deadline passed
+            status = 499
+            metrics.reject("client_gone")
+            raise
+        finally:
+            metrics.observe_latency(status, time.perf_counter() - started)
+        await _abort(context, error, rid)
+
+    async def _model(
+        self, context: _Context, name: str, version: str, rid: str = "-"
+    ) -> ModelHandle:
+        """The model served as ``name``; else the call ends with NOT_FOUND."""
+        try:
+            return self._models.model(name, version or None)
+        except ShardServeError as exc:
+            await _abort(context, exc, rid)
+
+
+async def _answer(
+    context: _Context, body: Callable[[ModelHandle], dict[str, Any]], model: ModelHandle
+) -> dict[str, Any]:
+    """``body(model)``; a ``ShardServeError`` (the model is still loading) ends the call."""
+    try:
+        return body(model)
+    except ShardServeError as exc:
+        await _abort(context, exc, "-")
+
+
+def _request_id(context: _Context) -> str:
+    metadata = context.invocation_metadata() or ()
+    headers = [(k.encode(), v.encode()) for k, v in metadata if isinstance(v, str)]
+    return request_id_from(headers).decode()
+
+
+async def _abort(context: _Context, error: ShardServeError | None, rid: str) -> NoReturn:
+    """End the call with the error's status (``None``: an unexpected error, INTERNAL)."""
+    if error is None:
+        code, message = grpc.StatusCode.INTERNAL, "internal server error; see the server log"
+        log_failure(rid, 500, message)
+    else:
+        code, message = status_code(error), error.message
+        log_failure(rid, error.status_code, message)
+    await context.abort(code, message, trailing_metadata=(("x-request-id", rid),))
+    raise AssertionError("context.abort returns only by raising")
+
+
+async def start_grpc_server(models: ModelDirectory, settings: Settings) -> grpc.aio.Server | None:
+    """Serve gRPC on ``settings.grpc_port`` in the running event loop (``None`` when it is 0)."""
+    if not settings.grpc_port:
+        return None
+    server = grpc.aio.server(
+        options=[
+            # The body cap of HTTP: a bigger message is refused before it is decoded.
+            ("grpc.max_receive_message_length", settings.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+            # gRPC shares a busy port by default (SO_REUSEPORT): make it an error instead.
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(models), server)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    address = f"{host}:{settings.grpc_port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError:
+        raise RuntimeError(
+            f"cannot serve gRPC on {address}: the port is in use or not allowed; "
+            "choose another with --grpc-port, or 0 to turn gRPC off"
+        ) from None
+    await server.start()
+    log.info("gRPC (Open Inference Protocol) on %s", address)
+    return server
+
+
+async def stop_grpc_server(server: grpc.aio.Server | None, *, grace_s: float) -> None:
+    """New calls are refused at once; calls still open get ``grace_s`` (what is left of the
+    stop budget's answer phase: their rows were answered or failed by then) to finish."""
+    if server is not None:
+        await server.stop(grace_s)

@@ -1,0 +1,68 @@
+"""What both V2 transports (HTTP, gRPC) say about the server and a model: its metadata and the
+part of Triton's model config clients read. Each transport turns these dicts into its own
+message (a JSON body checked against ``serving.openapi.v2_bodies``, a protobuf message)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+from serving.http.model import ModelHandle
+from serving.protocols.v2.tensors import tensor_config, tensor_metadata
+
+__all__ = [
+    "EXTENSIONS",
+    "PLATFORM",
+    "SERVER_NAME",
+    "model_config",
+    "model_metadata",
+    "server_metadata",
+]
+
+SERVER_NAME = "shardserve"
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+PLATFORM = "tensorflow_keras"
+
+
+def server_metadata() -> dict[str, Any]:
+    return {
+        "name": SERVER_NAME,
+        "version": importlib.metadata.version("shardserve"),
+        "extensions": EXTENSIONS,
+    }
+
+
+def model_metadata(model: ModelHandle) -> dict[str, Any]:
+    """``NotReadyError`` while the model loads (its signature is not known yet)."""
+    signature = model.signature
+    return {
+        "name": model.name,
+        "versions": [model.version],
+        "platform": PLATFORM,
+        "inputs": [tensor_metadata(spec) for spec in signature.inputs],
+        "outputs": [tensor_metadata(spec) for spec in signature.outputs],
+    }
+
+
+def model_config(model: ModelHandle) -> dict[str, Any]:
+    """The batching the model runs with now (an admin PUT changes it), else at start-up;
+    ``NotReadyError`` while the model loads."""
+    signature = model.signature
+    settings = model.settings
+    policy = model.batcher.policy if model.batcher is not None else None
+    max_batch = policy.max_batch_size if policy is not None else settings.max_batch_size
+    wait_ms = policy.batch_timeout_ms if policy is not None else None
+    if policy is None and not settings.timeout_is_auto:
+        wait_ms = float(settings.batch_timeout_ms)
+    batching: dict[str, Any] = {}
+    if wait_ms is not None:  # None: the adaptive (auto) wait
+        batching["max_queue_delay_microseconds"] = round(wait_ms * 1000)
+    return {
+        "name": model.name,
+        "platform": PLATFORM,
+        "backend": SERVER_NAME,
+        "max_batch_size": max_batch,
+        "input": [tensor_config(spec) for spec in signature.inputs],
+        "output": [tensor_config(spec) for spec in signature.outputs],
+        "dynamic_batching": batching,
+    }

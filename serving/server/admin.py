@@ -1,0 +1,255 @@
+"""Admin routes: read and change the batching policy of a running server.
+
+``GET /admin/batching`` shows the policy, ``PUT /admin/batching`` changes some of
+``max_batch_size``, ``batch_timeout_ms`` (ms or ``"auto"``), ``max_inflight_batches`` and
+``slo_p99_ms``. The change applies to the next batch; queued rows stay queued. The routes exist
+only when ``admin_token`` is set, and then want it as a bearer token.
+
+A change is held to what the running server can take: the bounds of the same settings, a batch
+no larger than the one the memory plan was made for (``max_batch_size`` at start-up), a batch
+wait and a latency target below the request deadline. A change outside them is refused (400,
+naming the field, the value and the bounds) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from annotated_types import Le
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+
+from serving.batching.batcher import Batcher
+from serving.config import Settings, default_queue_rows
+from serving.errors import (
+    ForbiddenError,
+    InvalidInputError,
+    NotFoundError,
+    NotReadyError,
+    UnauthorizedError,
+)
+from serving.http.admission import check_length
+from serving.http.replies import read_body
+from serving.openapi.bodies import BatchingView, RunTimeView, errors
+from serving.openapi.document import ADMIN_SECURITY
+from serving.server.runner import ModelRunner
+
+if TYPE_CHECKING:
+    from serving.server.model import ServedModel
+    from serving.server.state import ServerState
+
+__all__ = [
+    "ADMIN_FIELDS",
+    "batching_view",
+    "change_model",
+    "install_admin_routes",
+    "policy_changes",
+]
+
+ADMIN_FIELDS = ("max_batch_size", "batch_timeout_ms", "max_inflight_batches", "slo_p99_ms")
+_BODY_LIMIT = 64 * 1024
+_MAX_WAIT_MS = 60_000  # Settings' own ceiling of batch_timeout_ms
+
+
+def check_token(request: Request, settings: Settings) -> None:
+    expected = settings.admin_token
+    if expected is None:
+        raise NotFoundError("admin routes are off; start the server with --admin-token to use them")
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise UnauthorizedError(
+            "admin routes need the header 'Authorization: Bearer <admin token>'"
+        )
+    # Constant-time comparison so that the token cannot be guessed byte by byte from timings.
+    if not hmac.compare_digest(given.strip().encode(), expected.get_secret_value().encode()):
+        raise ForbiddenError("the bearer token does not match the server's admin token")
+
+
+def batching_view(batcher: Batcher) -> BatchingView:
+    policy = batcher.policy
+    wait = policy.batch_timeout_ms
+    return BatchingView(
+        max_batch_size=policy.max_batch_size,
+        batch_timeout_ms="auto" if wait is None else wait,
+        max_inflight_batches=policy.max_inflight_batches,
+        max_queue_rows=policy.max_queue_rows,
+        slo_p99_ms=policy.slo_p99_ms,
+        effective_wait_ms=batcher.effective_wait_ms,
+        queued_rows=batcher.queued_rows,
+        inflight_batches=batcher.inflight_batches,
+        padding=policy.pad_batches,
+        run_time_ms=RunTimeView.model_validate(batcher.run_time_view()),
+    )
+
+
+# ---- the PUT body
+
+
+def _whole(value: Any) -> Any:
+    """JSON's 8.0 is the integer 8 (JSON Schema's ``integer`` says so too)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _settings_ceiling(name: str) -> int:
+    (ceiling,) = (m.le for m in Settings.model_fields[name].metadata if isinstance(m, Le))
+    assert isinstance(ceiling, int), f"Settings.{name} has no integer le bound"
+    return ceiling
+
+
+def _allowed(settings: Settings) -> dict[str, str]:
+    """Each field's bounds in words: its description in the document and its refusal's."""
+    request_ms = settings.request_timeout_ms
+    wait = (
+        f"below request_timeout_ms ({request_ms:g})"
+        if request_ms <= _MAX_WAIT_MS
+        else f"up to {_MAX_WAIT_MS}"
+    )
+    return {
+        "max_batch_size": f"an integer from 1 to {settings.max_batch_size}, the batch the "
+        "memory plan was made for (restart with a larger --max-batch-size for more)",
+        "batch_timeout_ms": f"a number of ms from 0, {wait}, or 'auto' (or null) for the "
+        "adaptive wait",
+        "max_inflight_batches": f"an integer from 1 to {_settings_ceiling('max_inflight_batches')}",
+        "slo_p99_ms": f"a number of ms above 0 and up to request_timeout_ms ({request_ms:g}), "
+        "or null for none",
+    }
+
+
+def change_model(settings: Settings) -> type[BaseModel]:
+    """The PUT body this server takes: every field optional, none unknown, each in bounds."""
+    allowed = _allowed(settings)
+    request_ms = settings.request_timeout_ms
+    wait_bound = {"lt": request_ms} if request_ms <= _MAX_WAIT_MS else {"le": _MAX_WAIT_MS}
+
+    def documented(schema: dict[str, Any]) -> None:
+        schema.pop("title", None)
+        schema["minProperties"] = 1
+        for field in schema["properties"].values():
+            # No "default": null beside "type": "integer"; an absent field is left as it is.
+            field.pop("default", None)
+            field.pop("title", None)
+
+    # Types built at run time (the bounds are this server's): Any to mypy.
+    size: Any = Annotated[int, Field(ge=1, le=settings.max_batch_size), BeforeValidator(_whole)]
+    wait: Any = Annotated[float, Field(ge=0, **wait_bound)] | Literal["auto"] | None
+    inflight: Any = Annotated[
+        int, Field(ge=1, le=_settings_ceiling("max_inflight_batches")), BeforeValidator(_whole)
+    ]
+    slo: Any = Annotated[float, Field(gt=0, le=request_ms)] | None
+    model: type[BaseModel] = create_model(
+        "BatchingChange",
+        __config__=ConfigDict(
+            extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=documented
+        ),
+        max_batch_size=(size, Field(None, description=allowed["max_batch_size"])),
+        batch_timeout_ms=(wait, Field(None, description=allowed["batch_timeout_ms"])),
+        max_inflight_batches=(inflight, Field(None, description=allowed["max_inflight_batches"])),
+        slo_p99_ms=(slo, Field(None, description=allowed["slo_p99_ms"])),
+    )
+    return model
+
+
+def _refusal(exc: ValidationError, allowed: dict[str, str]) -> InvalidInputError:
+    """One sentence per field at fault (pydantic reports a field once per branch of a union)."""
+    reasons: dict[str, str] = {}
+    for error in exc.errors():
+        if error["type"] == "json_invalid":
+            return InvalidInputError(f"body is not valid JSON: {error['ctx']['error']}")
+        if not error["loc"]:
+            return InvalidInputError(
+                f"body must be a JSON object with some of {list(ADMIN_FIELDS)}, "
+                f"got {error['input']!r:.80}"
+            )
+        field = str(error["loc"][0])
+        if field in reasons:
+            continue
+        if error["type"] == "extra_forbidden":
+            reasons[field] = f"unknown field {field!r}; expected some of {list(ADMIN_FIELDS)}"
+        else:
+            reasons[field] = f"{field} must be {allowed[field]}, got {error['input']!r:.80}"
+    return InvalidInputError("; ".join(reasons.values()))
+
+
+def policy_changes(
+    change: BaseModel, batcher: Batcher, settings: Settings, runner: ModelRunner
+) -> dict[str, Any]:
+    """The ``Batcher.reconfigure`` arguments for a validated body; derived limits follow."""
+    changes = change.model_dump(exclude_unset=True)
+    if changes.get("batch_timeout_ms") == "auto":
+        changes["batch_timeout_ms"] = None
+    policy = batcher.policy
+    size = changes.get("max_batch_size", policy.max_batch_size)
+    inflight = changes.get("max_inflight_batches", policy.max_inflight_batches)
+    # Limits the operator left to their defaults scale with the batch, as at start-up, but the
+    # queue never shrinks below its start-up rows: a request that size was served (and the
+    # OpenAPI document says so), and a batching change must not make it a 400.
+    if settings.max_queue_rows is None:
+        start_up = settings.queue_rows(runner.num_stages, runner.replicas)
+        changes["max_queue_rows"] = max(default_queue_rows(size, inflight), start_up)
+    if settings.allowed_batch_sizes is None:
+        changes["allowed_batch_sizes"] = ()
+    else:
+        changes["allowed_batch_sizes"] = tuple(s for s in settings.allowed_batch_sizes if s <= size)
+    return changes
+
+
+def install_admin_routes(app: FastAPI, settings: Settings) -> None:
+    change = change_model(settings)
+    allowed = _allowed(settings)
+
+    def model_of(request: Request) -> ServedModel:
+        # The default model's batching: the one model served today.
+        state: ServerState = request.app.state.shardserve
+        return state.model()
+
+    async def get_batching(request: Request) -> BatchingView:
+        check_token(request, settings)
+        return batching_view(model_of(request).require_batcher())
+
+    async def put_batching(request: Request) -> BatchingView:
+        check_token(request, settings)
+        model = model_of(request)
+        batcher = model.require_batcher()
+        check_length(request.headers.get("content-length"), _BODY_LIMIT)
+        raw = await read_body(request.receive, _BODY_LIMIT)
+        try:
+            body = change.model_validate_json(raw)
+        except ValidationError as exc:
+            raise _refusal(exc, allowed) from None
+        if not body.model_fields_set:
+            raise InvalidInputError(
+                f"body must be a non-empty JSON object with some of {list(ADMIN_FIELDS)}"
+            )
+        runner = model.runner
+        if runner is None:  # never once the batcher is: it is made from the runner
+            raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
+        try:
+            batcher.reconfigure(**policy_changes(body, batcher, settings, runner))
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        return batching_view(batcher)
+
+    # Documented only where they are on; 404 (not listed) where they are off.
+    listed = settings.admin_token is not None
+    app.add_api_route(
+        "/admin/batching",
+        get_batching,
+        methods=["GET"],
+        include_in_schema=listed,
+        response_model=BatchingView,
+        responses=errors(401, 403, 503),
+        openapi_extra=ADMIN_SECURITY,
+    )
+    schema = change.model_json_schema()
+    body_doc = {"required": True, "content": {"application/json": {"schema": schema}}}
+    app.add_api_route(
+        "/admin/batching",
+        put_batching,
+        methods=["PUT"],
+        include_in_schema=listed,
+        response_model=BatchingView,
+        responses=errors(400, 401, 403, 413, 503),
+        openapi_extra={"requestBody": body_doc, **ADMIN_SECURITY},
+    )

@@ -1,0 +1,148 @@
+"""The HTTP API: the app, with the fast path for its predict and infer routes, its routes
+(``serving.server.routes``, ``admin``, the V2 protocol's), the error-to-status map
+(``serving.server.error_handlers``) and the lifespan that owns every resource
+(``serving.server.lifespan``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from serving.config import Settings
+from serving.http.fast import FastPathLayer, FastRoutes
+from serving.http.replies import REQUEST_ID_KEY, request_id_from, send_with_request_id
+from serving.openapi.document import document
+from serving.openapi.v2_bodies import ROUTE_DOCS as V2_ROUTE_DOCS
+from serving.protocols.tfserving.predict import predict as predict_model
+from serving.protocols.v2.http import install_v2_routes, v2_infer
+from serving.server.admin import install_admin_routes
+from serving.server.error_handlers import install_error_handlers
+from serving.server.lifespan import make_lifespan
+from serving.server.routes import install_routes
+from serving.server.runner import RunnerFactory, build_runner
+from serving.server.state import ServerState
+
+log = logging.getLogger("shardserve")
+
+
+def create_app(
+    settings: Settings,
+    runner_factory: RunnerFactory = build_runner,
+    *,
+    on_load_failure: Callable[[str], None] | None = None,
+) -> FastAPI:
+    lifespan = make_lifespan(settings, runner_factory, on_load_failure)
+    app = ShardServeApp(title="shardserve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.served_name = settings.served_name()
+    install_error_handlers(app)
+    install_routes(app, settings, predict_model)
+    _install_fast_routes(app.fast_routes, app.served_name)
+    install_admin_routes(app, settings)
+    install_v2_routes(app, V2_ROUTE_DOCS)
+    return app
+
+
+def _install_fast_routes(routes: FastRoutes, served: str) -> None:
+    """The routes the fast path answers (``serving.http.fast``); ``/predict`` is the default
+    model's, ``served``."""
+    routes.add_raw("/predict", predict_model, name=served)
+    routes.add_raw("/v1/models/{name}:predict", predict_model)
+    routes.add_raw("/v2/models/{name}/infer", v2_infer)
+    routes.add_raw("/v2/models/{name}/versions/{version}/infer", v2_infer)
+
+
+class ShardServeApp(FastAPI):
+    """FastAPI with the fast path (``serving.http.fast``) for the predict and infer routes, an
+    ``X-Request-Id`` on every response, and an OpenAPI document that follows the served model.
+
+    ``fast_routes`` holds the routes the fast path answers; they are declared on the router too,
+    for the OpenAPI document.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fast_routes = FastRoutes()
+        self.served_name = ""
+        self._doc_key: tuple[object, ...] | None = None
+        self._doc: dict[str, Any] = {}
+        self._untraced: bool | None = None
+        self._bare = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        rid = request_id_from(scope["headers"])
+        scope[REQUEST_ID_KEY] = rid
+        if self._untraced is None:
+            self._untraced = _untraced(self)
+        if self._bare and self._untraced and scope["method"] == "POST":
+            # No middleware of the user's, no body limit of FastAPI's: the fast routes are
+            # answered here, before the five layers FastAPI's stack would pass them through
+            # (each one a coroutine and a ``send`` wrapper per request). Their handlers write
+            # the request id and map every error themselves.
+            hit = self.fast_routes.match_scope(scope)
+            if hit is not None:
+                handler, name, version = hit
+                scope["app"] = self
+                await handler(name, version, scope, receive, send)
+                return
+        # Outside every middleware, so that their own answers (a CORS preflight, a 500 from
+        # ServerErrorMiddleware) carry the id too.
+        send = send_with_request_id(send, rid)
+        if self._untraced and self.middleware_stack is not None:
+            # FastAPI.__call__ asks OpenTelemetry on every request whether it is configured
+            # (8 us, as much as the rest of the stack); the answer is taken once, at the first
+            # request: telemetry configured later than that is not seen.
+            scope["app"] = self
+            await self.middleware_stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    @property
+    def answers_fast_routes(self) -> bool:
+        """The fast routes are answered before the middleware stack, which nothing of the
+        user's joined (known from the first request on; ``serving.http.protocol`` asks)."""
+        return self._bare and bool(self._untraced)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        # Nothing of the user's (or FastAPI's body limit) would wrap a fast route. Starlette
+        # builds the stack once, at the first request, and refuses middleware after that.
+        self._bare = not self.user_middleware and getattr(self, "max_body_size", None) is None
+        # The fast path joins the stack as the innermost user middleware: below everything
+        # added with add_middleware, above the exception middleware and the router.
+        user = self.user_middleware
+        self.user_middleware = [*user, Middleware(FastPathLayer, routes=self.fast_routes)]
+        try:
+            return super().build_middleware_stack()
+        finally:
+            self.user_middleware = user
+
+    def openapi(self) -> dict[str, Any]:
+        # Built once per model, not per request nor per batching policy (an admin PUT changes
+        # that): the rows a request may hold are the start-up queue's, which a PUT keeps.
+        state: ServerState | None = getattr(self.state, "shardserve", None)
+        model = state.models.get(self.served_name) if state is not None else None
+        runner = model.runner if model is not None else None
+        signature = runner.signature if runner is not None else None
+        max_rows = None
+        if model is not None and runner is not None:
+            max_rows = model.settings.queue_rows(runner.num_stages, runner.replicas)
+        key = (signature, max_rows)
+        if key != self._doc_key:
+            base = super().openapi()
+            self._doc = document(base, signature, self.served_name, max_rows)
+            self._doc_key = key
+        return self._doc
+
+
+def _untraced(app: FastAPI) -> bool:
+    """No root path to set and FastAPI's native telemetry off (unknown: assume on)."""
+    telemetry = getattr(app, "_native_telemetry", None)
+    enabled = getattr(telemetry, "enabled", None)
+    return not app.root_path and callable(enabled) and not enabled()

@@ -1,0 +1,59 @@
+"""The app's lifespan, which owns every resource: it makes the server's state and its served
+model, starts gRPC and the model's load, and at the end stops them within the stop budget."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+
+from serving.config import Settings
+from serving.protocols.v2.grpc_server import start_grpc_server, stop_grpc_server
+from serving.server.model import ServedModel
+from serving.server.runner import RunnerFactory
+from serving.server.state import ServerState
+
+if TYPE_CHECKING:
+    import grpc
+
+log = logging.getLogger("shardserve")
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
+
+
+def make_lifespan(
+    settings: Settings,
+    runner_factory: RunnerFactory,
+    on_load_failure: Callable[[str], None] | None,
+) -> Lifespan:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = ServerState(settings=settings)
+        # One model today; the model repository will add one per (model, version).
+        model = ServedModel(settings.served_name(), settings, state.metrics)
+        state.add_model(model)
+        app.state.shardserve = state
+        grpc_server = await start_grpc_server(state, settings)  # None when grpc_port is 0
+        model.start(runner_factory, on_load_failure)
+        try:
+            yield
+        finally:
+            await _shut_down(state, grpc_server)
+
+    return lifespan
+
+
+async def _shut_down(state: ServerState, grpc_server: grpc.aio.Server | None) -> None:
+    """Every step within what is left of the stop budget (``serving.server.stop_budget``): after
+    a SIGTERM the graceful server has drained the models already, out of the same budget."""
+    budget = state.begin_stop()
+    models = list(state.models.values())
+    await asyncio.gather(*(model.stop_jobs(budget.answer_left()) for model in models))
+    # gRPC keeps serving meanwhile: its calls held in the batchers get their answers.
+    await state.drain(budget)
+    await stop_grpc_server(grpc_server, grace_s=budget.answer_left())
+    await asyncio.gather(*(model.close(budget.left()) for model in models))

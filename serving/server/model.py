@@ -1,0 +1,298 @@
+"""One served model: its name and version, its runner, batcher and batching settings, and its
+life: load, warm up, ready, drain, close.
+
+The lifespan makes one ``ServedModel`` per model it serves (today one: ``Settings.served_name``,
+version 1) and keeps them in ``ServerState.models``; the routes look a model up there by name.
+Everything that belongs to one model lives here, so that several models (and versions) are
+several of these, not more fields on the server's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from serving.batching.batcher import Batcher, BatchSettings
+from serving.config import Settings
+from serving.errors import NotReadyError
+from serving.server.metrics import Metrics, memory_figures
+from serving.server.runner import ModelRunner, RunnerFactory
+from serving.server.stop_budget import StopBudget, drain_batcher
+from shards.errors import one_line
+from shards.partition.memory_plan import format_size
+from shards.pipeline.health import Health
+from shards.signature import ModelSignature
+
+log = logging.getLogger("shardserve")
+# The stats poll is also the replicas' health check between batches, and it brings the
+# stages' compute per batch size to the batching settings: often enough to follow a load change.
+STATS_PERIOD_S = 2.0
+# While loading, how often /readyz's account of what the load waits for is refreshed.
+WAITS_PERIOD_S = 1.0
+
+
+@dataclass(eq=False)
+class ServedModel:
+    name: str
+    settings: Settings
+    metrics: Metrics  # the server's registry: the model binds its gauges and batch records to it
+    version: str = "1"  # as the protocols' paths and messages carry it
+    runner: ModelRunner | None = None
+    batcher: Batcher | None = None  # set once the model is warm: from then on it is ready
+    load_error: str | None = None
+    # While loading: what the load waits for (resources Ray has not granted yet), for /readyz.
+    load_waiting: str | None = None
+    # Why new requests are refused although the model is loaded (its drain has begun).
+    refusing: str | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)  # loaded or failed to
+    _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
+
+    @property
+    def metric_labels(self) -> dict[str, str]:
+        """The labels that tell this model's series from another's. With one model the series
+        carry none (as they always have); the model repository adds them to its metrics."""
+        return {"model": self.name, "version": self.version}
+
+    @property
+    def batch_settings(self) -> BatchSettings | None:
+        """The batching settings in force (an admin PUT changes them), once loaded."""
+        return self.batcher.policy if self.batcher is not None else None
+
+    @property
+    def batcher_failure(self) -> str | None:
+        """Why the batcher stopped serving on its own (its loop kept crashing), if it did."""
+        return self.batcher.failure if self.batcher is not None else None
+
+    @property
+    def signature(self) -> ModelSignature:
+        if self.runner is None:
+            raise NotReadyError("model is still loading; its signature is not known yet")
+        return self.runner.signature
+
+    def health(self) -> Health | None:
+        """Its replicas' health, once its runner is made."""
+        return self.runner.health() if self.runner is not None else None
+
+    def not_ready_reason(self) -> str | None:
+        """Why it would refuse a request now (its replicas' health included), or ``None``."""
+        if self.load_error:
+            return f"model failed to load: {self.load_error}"
+        if not self.ready.is_set():
+            return "model is still loading"
+        if self.refusing is not None:
+            return self.refusing
+        if self.batcher_failure:
+            return self.batcher_failure
+        health = self.health()
+        if health is not None and not health.ok:
+            return f"no healthy replica of {health.replicas}; rebuilding"
+        return None
+
+    def require_batcher(self) -> Batcher:
+        """The batcher, or the 503 that says why this model cannot take a request now."""
+        if self.load_error:
+            raise NotReadyError(f"model failed to load: {self.load_error}")
+        if self.batcher is None or not self.ready.is_set():
+            waiting = f" ({self.load_waiting})" if self.load_waiting else ""
+            raise NotReadyError(
+                f"model is still loading{waiting}; retry when GET /readyz answers 200"
+            )
+        if self.refusing is not None:
+            raise NotReadyError(self.refusing)
+        if self.batcher.failure is not None:
+            raise NotReadyError(self.batcher.failure)
+        return self.batcher
+
+    # ---- life: start (load, warm up, ready) ... drain, close
+
+    def start(self, factory: RunnerFactory, on_failure: Callable[[str], None] | None) -> None:
+        """Load in the background (so /healthz and /readyz answer meanwhile) and poll the
+        stages' stats from now until ``stop_jobs``."""
+        self._jobs = [
+            asyncio.create_task(self.load(factory, on_failure)),
+            asyncio.create_task(self._poll_stats()),
+        ]
+
+    async def load(self, factory: RunnerFactory, on_failure: Callable[[str], None] | None) -> None:
+        """Load, start the batcher and warm up within ``load_timeout_s``; meanwhile keep
+        ``load_waiting`` saying what the load waits for. Any failure, the timeout included,
+        becomes ``load_error`` (for ``/readyz``) and ``on_failure``: never a silent hang."""
+        timeout_s = self.settings.load_timeout_s
+        watcher = asyncio.create_task(self._watch_waits())
+        started: list[Batcher] = []
+        try:
+            async with asyncio.timeout(timeout_s) as deadline:
+                await self._load(factory, started)
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and deadline.expired():
+                # The last look of the watcher: the cancelled load has removed its placement
+                # groups since, in the same step of the loop, so the watcher has not looked again.
+                self.load_error = _timed_out(timeout_s, self.load_waiting)
+                log.error("model failed to load: %s", self.load_error)
+            else:
+                self.load_error = describe_error(exc)
+                log.exception("model failed to load")
+            self.loaded.set()
+            if on_failure is not None:
+                on_failure(self.load_error)
+        finally:
+            watcher.cancel()
+            self.load_waiting = None
+            if self.batcher is None:  # failed or cancelled: its loop must not outlive the load
+                for batcher in started:
+                    await batcher.stop(drain=False)
+
+    async def _load(self, factory: RunnerFactory, started: list[Batcher]) -> None:
+        runner = await factory(self.settings)
+        self.runner = runner
+        self.loaded.set()
+        metrics = self.metrics
+        batcher = Batcher(
+            runner.run_batch,
+            batch_settings(self.settings, runner),
+            on_batch=metrics.observe_batch,
+            on_reject=lambda reason: metrics.rejects.labels(reason).inc(),
+        )
+        await batcher.start()
+        started.append(batcher)
+        metrics.bind_gauges(
+            lambda: batcher.queued_rows,
+            lambda: batcher.inflight_batches,
+            lambda: batcher.effective_wait_ms,
+        )
+        metrics.bind_health(runner.health)
+        await self.warm_up(runner)
+        await self._log_memory(runner)
+        self.batcher = batcher
+        self.ready.set()
+        log.info("ready: serving %r (%d stage(s))", self.name, runner.num_stages)
+
+    @staticmethod
+    async def warm_up(runner: ModelRunner) -> None:
+        """One batch end to end, so the first user request does not pay for connection set-up."""
+        inputs = {
+            spec.name: np.zeros((1, *(d or 1 for d in spec.shape)), dtype=spec.np_dtype)
+            for spec in runner.signature.inputs
+        }
+        await runner.run_batch(inputs)
+
+    async def _watch_waits(self) -> None:
+        """Ask Ray what this process's placement groups wait for, every ``WAITS_PERIOD_S``.
+
+        ``shards.cluster`` (it imports Ray) is looked up, not imported: the real runner imports
+        it while it loads, and a server on another runner (the tests' fakes) has no Ray to ask."""
+        while True:
+            await asyncio.sleep(WAITS_PERIOD_S)
+            runtime = sys.modules.get("shards.cluster")
+            if runtime is None:
+                continue
+            try:
+                waiting = await asyncio.to_thread(runtime.pending_placement)
+            except Exception:  # a GCS hiccup must not end the load; the next look may work
+                log.debug("could not read the pending placement groups", exc_info=True)
+                continue
+            self.load_waiting = waiting
+
+    async def _log_memory(self, runner: ModelRunner) -> None:
+        """One line per stage actor: the memory plan beside what the actor holds; the same
+        figures go to /metrics (shardserve_stage_memory_bytes) from here on."""
+        try:
+            rows = await runner.stats()
+        except Exception:
+            log.warning("could not read the stage actors' memory", exc_info=True)
+            return
+        self.metrics.set_stage_stats(rows)
+        for row in rows:
+            line = _memory_line(row)
+            if line is not None:
+                log.info("%s", line)
+
+    async def _poll_stats(self) -> None:
+        while True:
+            runner = self.runner
+            if runner is not None:
+                with contextlib.suppress(Exception):
+                    stats = await runner.stats()
+                    self.metrics.set_stage_stats(stats)
+                    if self.batcher is not None:
+                        self.batcher.observe_compute(stats)
+            await asyncio.sleep(STATS_PERIOD_S)
+
+    def stop_accepting(self, reason: str) -> None:
+        """Refuse new requests (503 with ``reason``) from now on; those held are answered."""
+        if self.refusing is None:
+            self.refusing = reason
+
+    async def stop_jobs(self, timeout_s: float) -> None:
+        """End the load (if it still runs) and the stats poll, waiting at most ``timeout_s``."""
+        for job in self._jobs:
+            job.cancel()
+        if self._jobs:
+            await asyncio.wait(self._jobs, timeout=timeout_s)
+
+    async def drain(self, budget: StopBudget) -> None:
+        """Answer what the batcher holds until the budget's drain mark, then fail the rest
+        (``serving.server.stop_budget``)."""
+        if self.batcher is not None:
+            await drain_batcher(self.batcher, budget)
+
+    async def close(self, timeout_s: float) -> None:
+        """Release the runner (its actors) within ``timeout_s``."""
+        if self.runner is None:
+            return
+        try:
+            await asyncio.wait_for(self.runner.close(), timeout_s)
+        except Exception:  # a dead Ray must not keep the process from exiting
+            log.warning("closing the model runner failed", exc_info=True)
+
+
+def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
+    """The batcher's start-up settings: the server's, fitted to the runner's stages."""
+    stages, replicas = runner.num_stages, runner.replicas
+    return BatchSettings(
+        max_batch_size=settings.max_batch_size,
+        batch_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
+        max_inflight_batches=settings.inflight_batches(stages, replicas),
+        max_queue_rows=settings.queue_rows(stages, replicas),
+        allowed_batch_sizes=settings.batch_sizes(),
+        slo_p99_ms=settings.slo_p99_ms,
+        pipeline_depth=stages * replicas,
+        # CPU stages take any batch size with one trace: padding would only add rows.
+        pad_batches=settings.allowed_batch_sizes is not None or runner.on_gpu,
+    )
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for clients: the root cause of a remote (Ray) error, never its traceback."""
+    cause = getattr(exc, "cause", None)
+    return one_line(cause if isinstance(cause, BaseException) else exc)
+
+
+def _timed_out(timeout_s: float, waiting: str | None) -> str:
+    message = f"the model did not load within load_timeout_s={timeout_s:g} s"
+    if waiting:
+        return f"{message} ({waiting}); free or add those resources, or raise load_timeout_s"
+    return f"{message}; the server log says how far it got; raise load_timeout_s if it needs longer"
+
+
+def _memory_line(row: dict[str, object]) -> str | None:
+    figures = memory_figures(row.get("memory"))
+    if "planned" not in figures or "measured" not in figures:
+        return None
+    planned, measured = figures["planned"], figures["measured"]
+    gpu = ""
+    if "gpu_measured_peak" in figures:
+        gpu = f", GPU peak {format_size(figures['gpu_measured_peak'])}"
+    return (
+        f"stage {row.get('stage_index')} (replica {row.get('replica', 0)}) memory: planned peak "
+        f"{format_size(planned)}, measured RSS {format_size(measured)} "
+        f"({measured / planned if planned else 0.0:.2f}x the plan; process peak "
+        f"{format_size(figures.get('measured_peak', 0))}){gpu}"
+    )

@@ -1,0 +1,151 @@
+"""The one narrow interface between the front end and the model, and how the real one is built.
+
+The app needs only ``ModelRunner``: a signature, its stages and replicas, ``run_batch``, health
+and stage stats. The real
+runner is a ``shards.pipeline.replica_set.ReplicaSet`` of Ray shard actors; tests pass a fake.
+Nothing here
+imports TensorFlow: the model is resolved to a bundle inside a Ray task, and the signature comes
+from the bundle manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from serving.config import Settings
+from shards.pipeline.health import Health
+from shards.signature import ModelSignature
+
+if TYPE_CHECKING:
+    from shards.pipeline.options import PipelineOptions
+
+log = logging.getLogger("shardserve")
+
+
+@runtime_checkable
+class ModelRunner(Protocol):
+    """What the server uses of a model: ``run_batch`` raises ``shards.errors.RunError`` (or a
+    ``serving.errors.ShardServeError``) with a one-line reason when a batch fails."""
+
+    signature: ModelSignature
+    num_stages: int
+    replicas: int
+    on_gpu: bool  # the stages run on GPUs: batches are padded to bucketed sizes
+
+    async def run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def health(self) -> Health: ...
+
+    async def stats(self) -> list[dict[str, Any]]: ...
+
+    async def close(self) -> None: ...
+
+
+# Builds a model's runner from the settings (``build_runner``; tests pass their fakes').
+RunnerFactory = Callable[[Settings], Awaitable[ModelRunner]]
+
+
+async def build_runner(settings: Settings) -> ModelRunner:
+    """Connect to (or start) Ray, resolve the model to a bundle, start and warm the pipelines."""
+    # Importing Ray, starting it and asking the cluster block for seconds (a private Ray takes
+    # ~5 s to start on 2 cores): on a thread, so that /healthz and /readyz answer meanwhile.
+    saved = _signal_handlers()
+    try:
+        overhead = await asyncio.to_thread(_start_ray, settings)
+    finally:
+        # Ray's driver puts C-level SIGTERM/SIGINT handlers in (a stack dump, then the old
+        # handler); ``runtime.connect`` puts uvicorn's back only when on the main thread.
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    from shards.bundle.remote import resolve_bundle_remote
+    from shards.pipeline.replica_set import ReplicaSet
+
+    bundle = await resolve_bundle_remote(
+        settings.model,
+        stages=settings.stages,
+        max_stage_bytes=settings.max_stage_bytes,
+        imports=tuple(settings.imports),
+        cache_dir=settings.cache_dir,
+        max_batch_size=settings.max_batch_size,
+        device_overhead_bytes=overhead,
+        unsafe_deserialization=settings.unsafe_deserialization,
+        weight_dtype=settings.weight_dtype,
+        cache_max_bytes=settings.cache_max_bytes,
+    )
+    log.info("model %r -> bundle %s", settings.model, bundle)
+    options = pipeline_options(settings)
+    group: Any = await ReplicaSet.create(bundle, options)
+    return group  # type: ignore[no-any-return]
+
+
+def _start_ray(settings: Settings) -> int:
+    """Connect to (or start) Ray; the device overhead the memory plan counts (it asks the
+    cluster for GPUs)."""
+    from shards import cluster as runtime
+
+    logging.getLogger("ray._private.worker").addFilter(_not_main_thread_note)
+    address = runtime.connect(settings.ray_address, imports=tuple(settings.imports))
+    log.info("ray: %s %s", address, runtime.cluster_summary())
+    return device_overhead(settings)
+
+
+def _signal_handlers() -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    return {s: h for s, h in handlers.items() if h is not None}
+
+
+def _not_main_thread_note(record: logging.LogRecord) -> bool:
+    """Drop Ray's warning that it set no SIGTERM handler off the main thread: the server keeps
+    its own on purpose (``build_runner``)."""
+    return "not the main thread" not in record.getMessage()
+
+
+def device_overhead(settings: Settings) -> int:
+    """The per-device overhead the memory plan counts: the setting, else the default for the
+    device the stages will run on (a GPU when they get one)."""
+    from shards import cluster as runtime
+    from shards.partition.memory_plan import default_overhead
+
+    if settings.device_overhead_bytes is not None:
+        return settings.device_overhead_bytes
+    gpus = settings.gpus_per_shard
+    return default_overhead(gpu=runtime.cluster_has_gpus() if gpus is None else gpus > 0)
+
+
+def pipeline_options(settings: Settings) -> PipelineOptions:
+    """How the shard actors are started, from the server's settings."""
+    from shards.pipeline.options import PipelineOptions
+
+    return PipelineOptions(
+        replicas=settings.replicas,
+        gpus_per_shard=settings.gpus_per_shard,
+        cpus_per_shard=settings.cpus_per_shard,
+        private_ray=settings.ray_address is None,
+        placement_strategy=settings.placement_strategy,
+        stage_resources=tuple(settings.stage_resources),
+        batch_sizes=settings.batch_sizes(),
+        imports=tuple(settings.imports),
+        simulate_device_ms=settings.simulate_device_ms,
+        ship_stages=settings.ship_stages,
+        compiled_graph=settings.compiled_graph,
+        activation_dtype=settings.activation_dtype,
+        weight_dtype=settings.weight_dtype,
+        unsafe_deserialization=settings.unsafe_deserialization,
+        max_inflight_per_replica=settings.max_inflight_batches,
+        max_restarts=settings.shard_max_restarts,
+        # A replica's placement and warm-up (at start and on every rebuild) get the whole load
+        # budget: a shorter inner limit would end a slow load before its own timeout names why.
+        ready_timeout_s=settings.load_timeout_s,
+        batch_hard_timeout_s=None
+        if settings.batch_hard_timeout_ms is None
+        else settings.batch_hard_timeout_ms / 1000.0,
+    )

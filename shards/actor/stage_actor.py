@@ -1,0 +1,303 @@
+"""One pipeline stage: the body of a Ray actor that holds one stage's weights and runs it.
+
+A plain class; ``pipeline.py`` wraps it with ``ray.remote`` so the resource options live in one
+place. TensorFlow is imported inside the methods: the serving process imports this module (to
+wrap the class) and must never load TensorFlow itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from shards.actor.heap_trim import release_free_heap, weights_read_in_place
+from shards.actor.measured_memory import MemoryMarks
+from shards.actor.precision import cut_casts, serve_weights_in, variable_bytes
+from shards.actor.tflog import import_tensorflow
+from shards.bundle.format import Manifest, load_stage, read_manifest
+from shards.bundle.shipping import ShippedStage, default_cache_dir, stage_dir_for
+from shards.cluster import intra_op_threads
+from shards.errors import ModelError, one_line
+from shards.pipeline.faults import INPUT_ERRORS
+from shards.signature import TensorSpec
+
+INTERVAL_LOG_SIZE = 256
+COMPUTE_EWMA_ALPHA = 0.2
+
+log = logging.getLogger(__name__)
+
+
+class _Device(NamedTuple):
+    name: str
+    intra_op_threads: int
+    visible_gpus: int
+
+
+class ShardActor:
+    def __init__(
+        self,
+        bundle_dir: str,
+        stage_index: int,
+        batch_sizes: Sequence[int],
+        imports: Sequence[str] = (),
+        simulate_device_ms: float | None = None,
+        shipped: ShippedStage | None = None,
+        stage_cache_dir: str | None = None,
+        activation_dtype: str | None = None,
+        weight_dtype: str | None = None,
+        unsafe_deserialization: bool = False,
+    ) -> None:
+        self._memory = MemoryMarks()
+        sizes = sorted({int(b) for b in batch_sizes})
+        if not sizes or sizes[0] < 1:
+            raise ValueError(f"batch_sizes must be integers >= 1, got {list(batch_sizes)!r}")
+        if simulate_device_ms is not None and simulate_device_ms < 0:
+            raise ValueError(f"simulate_device_ms must be >= 0 or None, got {simulate_device_ms}")
+        # A shipped stage brings the driver's manifest: this node may have no bundle at all.
+        manifest = Manifest.from_json(shipped.manifest) if shipped else read_manifest(bundle_dir)
+        if not 0 <= stage_index < len(manifest.stages):
+            raise ValueError(
+                f"stage_index {stage_index} out of range: bundle {bundle_dir!r} has "
+                f"{len(manifest.stages)} stages"
+            )
+        self._spec = manifest.stages[stage_index]
+        # Outputs a later stage reads and the driver does not: cast before they leave, cast back
+        # to the reader's declared dtype on arrival (``_pick``). Model outputs stay as computed.
+        self._cast_out = cut_casts(manifest, stage_index, activation_dtype)
+        self._bytes_in = 0
+        self._bytes_out = 0
+        self._simulate_s = None if simulate_device_ms is None else simulate_device_ms / 1000.0
+        # Thread pools and device visibility are fixed the first time TensorFlow runs an op, so
+        # they are set before the stage is loaded (loading creates variables).
+        self._device = _configure_tensorflow()
+        self._memory.mark("tensorflow")
+        cache = Path(stage_cache_dir) if stage_cache_dir else default_cache_dir()
+        stage_dir, self._source = stage_dir_for(bundle_dir, stage_index, shipped, cache)
+        self._stage_dir = str(stage_dir)
+        modules = tuple(dict.fromkeys((*manifest.imports, *imports)))
+        with weights_read_in_place():
+            self._model = load_stage(
+                stage_dir, stage_index, modules, unsafe_deserialization=unsafe_deserialization
+            )
+        # From shapes: get_weights() would copy every weight into numpy once more.
+        saved_bytes = variable_bytes(self._model)
+        if weight_dtype is not None:
+            self._model = serve_weights_in(self._model, weight_dtype)
+        self._weight_bytes = variable_bytes(self._model)
+        # A plan made without this weight_dtype counted the weights as saved (float32): the
+        # planned peak is compared with what the variables hold now.
+        plan = self._spec.memory
+        self._planned_weight_cut = (
+            saved_bytes - self._weight_bytes if plan is None or plan.weight_dtype is None else 0
+        )
+        self._trace_count = 0
+        self._step = self._build_step()
+        self._calls = 0
+        self._compute_total_s = 0.0
+        self._last_compute_ms = 0.0
+        # Per batch row count: [EWMA of compute ms, batches]; the server's batching policy
+        # predicts from it (serving.batching.cost.RunTimeModel.observe_compute).
+        self._compute_by_rows: dict[int, list[float]] = {}
+        self._intervals: deque[tuple[float, float]] = deque(maxlen=INTERVAL_LOG_SIZE)
+        for size in sizes:
+            self._run([_zeros(t, size) for t in self._spec.inputs])
+        # Lean loading: what loading and tracing freed goes back to the system, not the heap.
+        release_free_heap()
+        self._memory.mark("loaded")
+
+    def _build_step(self) -> Any:
+        import tensorflow as tf
+
+        signature = [
+            tf.TensorSpec(shape=(None, *t.shape), dtype=tf.as_dtype(t.dtype))
+            for t in self._spec.inputs
+        ]
+        model = self._model
+        single = len(signature) == 1
+
+        def step(*tensors: Any) -> Any:
+            # Python code here runs only while tracing: the counter counts traces, not calls.
+            self._trace_count += 1
+            return model(tensors[0] if single else list(tensors), training=False)
+
+        return tf.function(step, input_signature=signature)
+
+    def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if self._simulate_s is not None:
+            time.sleep(self._simulate_s)
+            rows = arrays[0].shape[0] if arrays else 1
+            return [_zeros(t, rows) for t in self._spec.outputs]
+        import tensorflow as tf
+
+        with tf.device(self._device.name):
+            result = self._step(*arrays)
+        return self._name_outputs(result)
+
+    def _name_outputs(self, result: Any) -> list[np.ndarray]:
+        names = [t.name for t in self._spec.outputs]
+        if isinstance(result, dict):
+            values = (
+                [result[n] for n in names] if set(names) <= set(result) else list(result.values())
+            )
+        elif isinstance(result, list | tuple):
+            values = list(result)
+        else:
+            values = [result]
+        if len(values) != len(names):
+            raise RuntimeError(
+                f"stage {self._spec.index} produced {len(values)} outputs; manifest lists {names}"
+            )
+        # numpy, not tf.Tensor: numpy crosses the object store zero-copy.
+        return [np.asarray(v) for v in values]
+
+    def forward(self, *tensors: np.ndarray) -> Any:
+        """One batch: the stage's inputs positionally in ``spec.inputs`` order; its outputs as
+        separate returns in ``spec.outputs`` order (call with ``num_returns=len(outputs)``; one
+        output is returned bare), so each goes on its own to the stages that read it."""
+        specs = self._spec.inputs
+        if len(tensors) != len(specs):
+            raise ModelError(
+                f"stage {self._spec.index} reads {len(specs)} tensor(s) "
+                f"{[t.name for t in specs]}; got {len(tensors)}",
+                input_blamed=False,
+            )
+        self._bytes_in += sum(int(getattr(t, "nbytes", 0)) for t in tensors)
+        start = time.time()
+        tick = time.perf_counter()
+        try:
+            out = self._run([_pick(t, spec) for t, spec in zip(tensors, specs, strict=True)])
+        except Exception as exc:
+            # Raised as TensorFlow's own error, it would be unpickled in the driver, and the
+            # front end would import TensorFlow (0.6 GB, seconds of stall) on a poison row.
+            log.warning("stage %d failed on a batch", self._spec.index, exc_info=True)
+            blamed = type(exc).__name__ in INPUT_ERRORS
+            raise ModelError(one_line(exc), input_blamed=blamed) from None
+        elapsed = time.perf_counter() - tick
+        self._intervals.append((start, time.time()))
+        self._calls += 1
+        self._compute_total_s += elapsed
+        self._last_compute_ms = elapsed * 1000.0
+        self._record_compute(int(np.shape(tensors[0])[0]) if tensors else 1, elapsed)
+        if self._cast_out:
+            out = [
+                v.astype(self._cast_out[spec.name]) if spec.name in self._cast_out else v
+                for v, spec in zip(out, self._spec.outputs, strict=True)
+            ]
+        self._bytes_out += sum(v.nbytes for v in out)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _record_compute(self, rows: int, elapsed_s: float) -> None:
+        entry = self._compute_by_rows.get(rows)
+        ms = elapsed_s * 1000.0
+        if entry is None:
+            self._compute_by_rows[rows] = [ms, 1]
+        else:
+            entry[0] += COMPUTE_EWMA_ALPHA * (ms - entry[0])
+            entry[1] += 1
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "stage_index": self._spec.index,
+            "device": self._device.name,
+            "loaded_from": self._source,
+            "stage_dir": self._stage_dir,
+            "weight_bytes": self._weight_bytes,
+            "param_bytes": self._spec.param_bytes,
+            "pid": os.getpid(),
+            "node_id": ctx.get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "visible_gpus": self._device.visible_gpus,
+            "intra_op_threads": self._device.intra_op_threads,
+            "trace_count": self._trace_count,
+            "simulated": self._simulate_s is not None,
+            "memory": self.memory(),
+        }
+
+    def memory(self) -> dict[str, Any]:
+        """Measured (RSS now, peak, at the start-up marks; GPU allocator) beside planned."""
+        return self._memory.report(
+            self._device.name,
+            self._spec.planned_peak_bytes - self._planned_weight_cut,
+            self._weight_bytes,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "stage_index": self._spec.index,
+            "calls": self._calls,
+            "compute_seconds_total": self._compute_total_s,
+            "last_compute_ms": self._last_compute_ms,
+            # {rows: {"ewma_ms": ..., "count": ...}}: compute only, no queueing or transfer.
+            "compute_by_rows": {
+                rows: {"ewma_ms": ms, "count": int(count)}
+                for rows, (ms, count) in self._compute_by_rows.items()
+            },
+            # What crossed into and out of this stage (each tensor once, as sent).
+            "bytes_in_total": self._bytes_in,
+            "bytes_out_total": self._bytes_out,
+            "intervals": list(self._intervals),
+            "memory": self.memory(),
+        }
+
+
+def _configure_tensorflow() -> _Device:
+    """Pick the device Ray gave this actor and size TensorFlow's thread pools to its CPUs."""
+    import ray
+
+    # The first import of the actor's process: its start-up lines held to the job's level.
+    tf = import_tensorflow()
+    ray_gpus = ray.get_gpu_ids()
+    physical = tf.config.list_physical_devices("GPU")
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    threads = intra_op_threads(cpus)
+    # Stages share the machine's cores: TensorFlow's default pool (all cores per process) makes
+    # them fight and pipelining gains nothing; one thread per whole CPU Ray granted keeps them
+    # apart (a fractional share, several stages per core, gets one). On
+    # a GPU the host side (input copies, small ops) still runs on these threads.
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    if ray_gpus and physical:
+        # Ray narrowed CUDA_VISIBLE_DEVICES to this actor's GPUs; growth lets fractional
+        # shards share one device instead of the first one taking all its memory.
+        for gpu in physical:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if len(physical) > 1:
+            log.warning(
+                "stage actor holds %d GPUs (ids %s) but runs on /GPU:0 only; one stage uses one "
+                "device, so set gpus_per_shard <= 1",
+                len(physical),
+                ray_gpus,
+            )
+        return _Device("/GPU:0", threads, len(physical))
+    if ray_gpus:
+        log.warning(
+            "Ray gave this stage actor GPU ids %s (CUDA_VISIBLE_DEVICES=%r) but TensorFlow sees "
+            "no GPU; the stage runs on the CPU (install shardserve[gpu] and the NVIDIA driver)",
+            ray_gpus,
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
+    if physical:
+        # An actor without a Ray GPU must not touch the GPUs of the other actors on its node.
+        tf.config.set_visible_devices([], "GPU")
+    return _Device("/CPU:0", threads, 0)
+
+
+def _zeros(spec: TensorSpec, rows: int) -> np.ndarray:
+    shape = (rows, *(1 if d is None else d for d in spec.shape))
+    return np.zeros(shape, dtype=spec.np_dtype)
+
+
+def _pick(value: Any, spec: TensorSpec) -> np.ndarray:
+    # Also casts a reduced-precision activation back to the dtype the stage declares.
+    return np.asarray(value, dtype=spec.np_dtype)

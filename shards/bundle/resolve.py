@@ -1,0 +1,186 @@
+"""Turn what the user named as ``--model`` into a bundle directory, partitioning on the fly.
+
+Accepted: a bundle directory, a ``.keras`` file, a TF SavedModel directory, or a demo model name.
+Partitioned bundles are cached under ``cache_dir`` (shards.bundle.cache), keyed by everything the
+bundle
+depends on: every byte of the model's files, the options, the bundle format, the partitioner's
+own source and the Keras and TensorFlow versions (shards.bundle.fingerprint). A bundle is written
+to a
+temporary directory that is renamed into place, so a crash or a concurrent resolver never leaves
+a half-written bundle where a later call would reuse it; the cache is then pruned to
+``cache_max_bytes``.
+
+TensorFlow is imported only when a model must be partitioned (inside the function), so importing
+this module is cheap; callers run it in a Ray task to keep TensorFlow out of the HTTP process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from shards.bundle import cache
+from shards.bundle.fingerprint import built_with, model_sha256
+from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME, BundleError, Manifest, read_manifest
+from shards.errors import ResolveError
+from shards.partition.memory_plan import parse_budgets
+
+if TYPE_CHECKING:
+    import keras
+
+
+DEMO_NAMES = ("demo-tiny", "demo-mlp", "demo-resnet")
+ACCEPTED = (
+    "a bundle directory (with manifest.json), a .keras file, a TF SavedModel directory (with "
+    f"saved_model.pb), or a demo model name ({', '.join(DEMO_NAMES)})"
+)
+
+
+def resolve_bundle(
+    model: str,
+    *,
+    stages: int | None,
+    max_stage_bytes: int | Sequence[int] | None,
+    imports: Sequence[str] = (),
+    cache_dir: Path,
+    progress: Callable[[str], None] | None = None,
+    max_batch_size: int = 32,
+    device_overhead_bytes: int | None = None,
+    unsafe_deserialization: bool = False,
+    weight_dtype: str | None = None,
+    cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
+) -> Path:
+    """``max_batch_size`` and ``device_overhead_bytes`` size the memory plan
+    (shards.partition.memory_plan);
+    ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load. The caller marks
+    the bundle it serves (``shards.bundle.cache.hold``), or a later prune may remove it."""
+    path = Path(model).expanduser()
+    budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
+    if (path / MANIFEST_NAME).is_file():
+        _check_bundle_options(path, read_manifest(path), stages, budgets)
+        return path
+    cache_dir = Path(cache_dir)
+    options = f"stages={stages};max_stage_bytes={budgets};imports={list(imports)}"
+    options += f";batch={max_batch_size};overhead={device_overhead_bytes}"
+    if weight_dtype not in (None, "float32"):
+        options += f";weights={weight_dtype}"
+    key = cache_key(model, path, options, cache_dir)
+    final = cache_dir / key
+    if _is_bundle(final):
+        cache.touch(final)
+    else:
+        with cache.writing(cache_dir, key) as tmp:
+            plan = _MemoryOptions(budgets, max_batch_size, device_overhead_bytes, weight_dtype)
+            _partition(model, path, tmp, stages, plan, imports, progress, unsafe_deserialization)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                # Another resolver finished the same bundle first; its copy is as good as ours.
+                if not _is_bundle(final):
+                    raise
+    cache.prune(cache_dir, cache_max_bytes, keep=[key])
+    return final
+
+
+def cache_key(model: str, path: Path, options: str, cache_dir: Path) -> str:
+    """``<name>-<digest>``: the digest covers the model's bytes (every file of a SavedModel,
+    ``variables/`` and assets included), the options, the bundle format and the code that cuts
+    (partitioner source, Keras and TensorFlow versions)."""
+    if (path.is_dir() and (path / "saved_model.pb").is_file()) or (
+        path.is_file() and path.suffix == ".keras"
+    ):
+        name, content = path.name, model_sha256(path, memo_dir=cache_dir)
+    elif model in DEMO_NAMES:
+        name, content = model, "demo"  # built in code: models.py is in the partitioner digest
+    elif path.exists():
+        raise ResolveError(f"cannot serve {model!r}: expected {ACCEPTED}")
+    else:
+        raise ResolveError(f"{model!r} does not exist and is not a demo model; expected {ACCEPTED}")
+    code = ";".join(f"{k}={v}" for k, v in sorted(built_with().items()))
+    digest = _sha256(f"{content};{options};format={FORMAT_VERSION};{code}")
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)[:40]}-{digest[:32]}"
+
+
+def _partition(
+    model: str,
+    path: Path,
+    out: Path,
+    stages: int | None,
+    memory: _MemoryOptions,
+    imports: Sequence[str],
+    progress: Callable[[str], None] | None,
+    unsafe_deserialization: bool,
+) -> Manifest:
+    from shards.actor.tflog import import_tensorflow
+
+    import_tensorflow()  # before the partitioner loads it: its start-up lines held (tflog)
+    from shards.partition.cut import partition_to_bundle
+
+    if path.exists():
+        source: Path | keras.Model = path
+        name = None
+    else:
+        from shards.partition.demo_models import build_demo
+
+        source, name = build_demo(model), f"demo:{model}"
+    return partition_to_bundle(
+        source,
+        out,
+        stages=stages,
+        max_stage_bytes=memory.budgets,
+        imports=imports,
+        source_name=name,
+        progress=progress,
+        max_batch_size=memory.max_batch_size,
+        device_overhead_bytes=memory.overhead_bytes,
+        weight_dtype=memory.weight_dtype,
+        unsafe_deserialization=unsafe_deserialization,
+    )
+
+
+class _MemoryOptions(NamedTuple):
+    budgets: tuple[int, ...] | None
+    max_batch_size: int
+    overhead_bytes: int | None
+    weight_dtype: str | None
+
+
+def _check_bundle_options(
+    path: Path, manifest: Manifest, stages: int | None, budgets: tuple[int, ...] | None
+) -> None:
+    if stages is not None and stages != len(manifest.stages):
+        raise ResolveError(
+            f"bundle {str(path)!r} has {len(manifest.stages)} stages but stages={stages} was "
+            "asked; drop the option or re-partition the source model"
+        )
+    if budgets is None:
+        return
+    if len(budgets) > 1 and len(budgets) != len(manifest.stages):
+        raise ResolveError(
+            f"bundle {str(path)!r} has {len(manifest.stages)} stages but max_stage_bytes lists "
+            f"{len(budgets)} device budgets; give one per stage or re-partition the source model"
+        )
+    for spec in manifest.stages:
+        budget = budgets[spec.index] if len(budgets) > 1 else budgets[0]
+        if spec.planned_peak_bytes > budget:
+            raise ResolveError(
+                f"bundle {str(path)!r} stage {spec.index} needs {spec.planned_peak_bytes} bytes "
+                f"at its peak ({spec.param_bytes} of weights), over max_stage_bytes={budget}; "
+                "re-partition the source model with this budget"
+            )
+
+
+def _is_bundle(path: Path) -> bool:
+    try:
+        read_manifest(path)
+    except BundleError:
+        return False
+    return True
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,270 @@
+"""Cut a Keras model into pipeline stages and write them as a bundle; run a bundle's stages in
+a chain the way the pipeline does, routing tensors by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from shards.actor.precision import check_reduced
+from shards.bundle.format import (
+    FORMAT_VERSION,
+    SAVEDMODEL_SUFFIX,
+    Manifest,
+    StageMemory,
+    StageSpec,
+    import_modules,
+    load_keras,
+    load_stage,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
+from shards.partition.graph import Graph, PartitionError, analyse, cut
+from shards.partition.memory_plan import MemoryModel, default_overhead, parse_budgets
+from shards.partition.plan import Plan, plan_balanced, plan_budget
+from shards.partition.savedmodel import read_savedmodel
+from shards.signature import ModelSignature
+
+__all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_chain"]
+
+Progress = Callable[[str], None]
+# The server's default max_batch_size (serving.config): the batch a plan sizes activations at.
+DEFAULT_MAX_BATCH_SIZE = 32
+
+
+Budgets = int | Sequence[int]
+
+
+def plan(
+    graph: Graph,
+    *,
+    stages: int | None,
+    max_stage_bytes: Budgets | None,
+    memory: MemoryModel | None = None,
+) -> Plan:
+    """The cuts: ``stages`` balanced ones, or the fewest (one budget) or exactly one per device
+    (a list of budgets) whose peak needs fit; without ``memory`` a budget counts weights only."""
+    costs = [n.cost for n in graph.nodes]
+    if stages is not None and max_stage_bytes is not None:
+        raise PartitionError(
+            f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"
+        )
+    if max_stage_bytes is not None:
+        if memory is None:
+            return plan_budget(costs, max_stage_bytes)
+        return plan_budget(
+            costs,
+            max_stage_bytes,
+            need=lambda a, b: memory.need(a, b).total,
+            explain=lambda a, b: memory.need(a, b).explain(),
+        )
+    return plan_balanced(costs, 1 if stages is None else stages)
+
+
+def _tf_sees_gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def plan_stages(
+    graph: Graph,
+    *,
+    stages: int | None = None,
+    max_stage_bytes: Budgets | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    device_overhead_bytes: int | None = None,
+    weight_dtype: str | None = None,
+) -> list[tuple[keras.Model, StageSpec]]:
+    """Plan and cut: each stage's sub-model and its spec, memory plan included (what
+    ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
+    default for a GPU when TensorFlow sees one here, else for a CPU. ``weight_dtype``: the
+    weights will be served in it (``--weight-dtype``), and count at its size."""
+    overhead = device_overhead_bytes
+    if overhead is None:
+        overhead = default_overhead(gpu=_tf_sees_gpu())
+    weight_dtype = check_reduced(weight_dtype, "weight_dtype")
+    memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype)
+    budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
+    stage_plan = plan(graph, stages=stages, max_stage_bytes=budgets, memory=memory)
+    cut_stages = []
+    for index, (start, end) in enumerate(stage_plan):
+        stage, spec = cut(graph, start, end, index)
+        need = memory.need(start, end)
+        budget = None if budgets is None else budgets[min(index, len(budgets) - 1)]
+        spec = replace(
+            spec,
+            memory=StageMemory(
+                first_layer=graph.nodes[start].name,
+                last_layer=graph.nodes[end - 1].name,
+                activation_bytes=need.activation_bytes,
+                overhead_bytes=need.overhead_bytes,
+                max_batch_size=max_batch_size,
+                budget_bytes=budget,
+                crossing_bytes_per_row=memory.crossing_bytes_per_row(start, end),
+                unknown_dims=need.unknown_dims,
+                weight_dtype=weight_dtype,
+                weight_bytes=None if weight_dtype is None else need.weight_bytes,
+            ),
+        )
+        if budget is not None and spec.planned_peak_bytes > budget:
+            # A guard: planning charges a reused layer's weights at every call
+            # (shards.partition.graph),
+            # so the stage cut holds no more than planned.
+            raise PartitionError(
+                f"stage {index} needs {spec.planned_peak_bytes} bytes ({spec.param_bytes} of "
+                f"weights), over its budget {budget}; raise the budget"
+            )
+        cut_stages.append((stage, spec))
+    return cut_stages
+
+
+def _sha256_model(model: keras.Model) -> str:
+    # Not model.to_json(): Keras cannot serialise a model after sub-models were cut from it.
+    layout = [(type(layer).__name__, layer.name) for layer in model.layers]
+    digest = hashlib.sha256(repr(layout).encode())
+    for weight in model.weights:
+        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(weight)).tobytes())
+    return digest.hexdigest()
+
+
+def is_savedmodel_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "saved_model.pb").is_file()
+
+
+def _prepare_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise PartitionError(
+            f"output directory {str(out_dir)!r} exists and is not empty; remove it or choose "
+            "another"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def partition_to_bundle(
+    model: str | Path | keras.Model,
+    out_dir: str | Path,
+    *,
+    stages: int | None = None,
+    max_stage_bytes: Budgets | None = None,
+    imports: Sequence[str] = (),
+    source_name: str | None = None,
+    progress: Progress | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    device_overhead_bytes: int | None = None,
+    unsafe_deserialization: bool = False,
+    weight_dtype: str | None = None,
+) -> Manifest:
+    """Cut ``model`` (a ``.keras`` file, a SavedModel directory or a model built in code) into
+    stages and write ``manifest.json`` plus one file per stage into ``out_dir``."""
+    report = progress or (lambda _msg: None)
+    import_modules(imports)
+    out = Path(out_dir)
+    if isinstance(model, keras.Model):
+        source, sha = source_name or model.name, _sha256_model(model)
+    else:
+        path = Path(model)
+        source = source_name or path.name
+        if is_savedmodel_dir(path):
+            return _savedmodel_bundle(path, out, stages, max_stage_bytes, imports, source, report)
+        if not (path.is_file() and path.suffix == ".keras"):
+            raise PartitionError(
+                f"{str(path)!r} is not a .keras file or a SavedModel directory "
+                "(a directory with saved_model.pb)"
+            )
+        report(f"loading {path}")
+        sha = sha256_file(path)
+        model = load_keras(
+            path,
+            repr(str(path)),
+            unsafe_deserialization=unsafe_deserialization,
+            error=PartitionError,
+        )
+    _prepare_out_dir(out)
+    graph = analyse(model)
+    planned = plan_stages(
+        graph,
+        stages=stages,
+        max_stage_bytes=max_stage_bytes,
+        max_batch_size=max_batch_size,
+        device_overhead_bytes=device_overhead_bytes,
+        weight_dtype=weight_dtype,
+    )
+    report(f"planned {len(planned)} stage(s) over {len(graph.nodes)} nodes")
+    specs = []
+    for stage, spec in planned:
+        stage.save(out / spec.file)
+        report(
+            f"stage {spec.index}: {len(spec.inputs)} input(s), {len(spec.outputs)} output(s), "
+            f"{spec.param_bytes} weight bytes, planned peak {spec.planned_peak_bytes} bytes "
+            f"-> {spec.file}"
+        )
+        specs.append(spec)
+    manifest = Manifest(FORMAT_VERSION, graph.signature, tuple(specs), source, sha, tuple(imports))
+    write_manifest(out, manifest)
+    report(f"wrote {out / 'manifest.json'}")
+    return manifest
+
+
+def _savedmodel_bundle(
+    path: Path,
+    out: Path,
+    stages: int | None,
+    max_stage_bytes: Budgets | None,
+    imports: Sequence[str],
+    source: str,
+    report: Progress,
+) -> Manifest:
+    """A SavedModel that is not a Keras model has no layer graph: it is served whole."""
+    if (stages is not None and stages != 1) or max_stage_bytes is not None:
+        raise PartitionError(
+            f"{path.name!r} is a TF SavedModel, which is served as one stage; it cannot be "
+            f"sharded (got stages={stages}, max_stage_bytes={max_stage_bytes}). Save the model "
+            "as a .keras file to shard it"
+        )
+    _prepare_out_dir(out)
+    report(f"reading SavedModel {path}")
+    info = read_savedmodel(path)
+    file = f"stage_000{SAVEDMODEL_SUFFIX}"
+    shutil.copytree(path, out / file)
+    stage = StageSpec(0, file, info.inputs, info.outputs, info.weight_bytes, 0)
+    signature = ModelSignature(path.name, info.inputs, info.outputs)
+    sha = sha256_file(path / "saved_model.pb")
+    manifest = Manifest(FORMAT_VERSION, signature, (stage,), source, sha, tuple(imports))
+    write_manifest(out, manifest)
+    report(f"wrote 1-stage bundle for SavedModel {path} to {out}")
+    return manifest
+
+
+def run_chain(
+    bundle_dir: str | Path,
+    inputs: Mapping[str, np.ndarray],
+    imports: Sequence[str] = (),
+    *,
+    unsafe_deserialization: bool = False,
+) -> dict[str, np.ndarray]:
+    """Run a bundle's stages one after the other, each loaded on its own, routing every tensor
+    by name from wherever it was produced (a model input or an earlier stage's output)."""
+    manifest = read_manifest(bundle_dir)
+    tensors: dict[str, np.ndarray] = dict(inputs)
+    for spec in manifest.stages:
+        stage = load_stage(
+            bundle_dir,
+            spec.index,
+            imports or manifest.imports,
+            unsafe_deserialization=unsafe_deserialization,
+        )
+        args = [tensors[t.name] for t in spec.inputs]
+        result = stage(args[0] if len(args) == 1 else args, training=False)
+        results = result if isinstance(result, list | tuple) else [result]
+        for t, value in zip(spec.outputs, results, strict=True):
+            tensors[t.name] = keras.ops.convert_to_numpy(value)
+    return {t.name: tensors[t.name] for t in manifest.signature.outputs}

@@ -1,0 +1,212 @@
+"""Where a replica's stage actors run and how they start: what each stage asks of the cluster,
+one placement group per replica with one bundle per stage, the stage files shipped to the nodes
+that lack them, an actor pinned to each bundle, and the wait until every actor has warmed.
+
+``Layout`` and ``ActorSpec`` keep what a replica was built from, so that
+``shards.pipeline.recovery`` can build a failed one again the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from shards.actor.stage_actor import ShardActor
+from shards.bundle.format import Manifest
+from shards.bundle.shipping import ShippedStage, ship_bundle, stages_off_node
+from shards.cluster import (
+    check_cluster_fits,
+    cluster_has_gpus,
+    cpus_per_stage,
+    intra_op_threads,
+    placement_resources,
+)
+from shards.errors import PipelineStartError, one_line
+from shards.pipeline.options import PipelineOptions
+from shards.pipeline.replica import Replica
+from shards.pipeline.routes import Route, Source, plan_routes
+
+_RemoteShard = ray.remote(ShardActor)
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """Everything a shard actor is started with, but its placement."""
+
+    bundle_dir: Path
+    cpus: float
+    gpus: float
+    batch_sizes: tuple[int, ...]
+    imports: tuple[str, ...]
+    simulate_device_ms: float | None
+    stage_cache_dir: str | None
+    max_restarts: int
+    shipped: tuple[ShippedStage | None, ...]
+    activation_dtype: str | None = None
+    weight_dtype: str | None = None
+    unsafe_deserialization: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a replica is built: kept so that a failed one can be built again."""
+
+    routes: tuple[Route, ...]
+    output_sources: dict[str, Source]
+    bundles: list[dict[str, float]]
+    actor: ActorSpec
+    options: PipelineOptions
+    depth: int
+
+
+def place(bundles: list[dict[str, float]], strategy: str) -> PlacementGroup:
+    return placement_group(bundles, strategy=strategy)
+
+
+def spawn_actors(
+    spec: ActorSpec, group: PlacementGroup, bundles: list[dict[str, float]]
+) -> list[Any]:
+    actors = []
+    for index, bundle in enumerate(bundles):
+        extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        actor = _RemoteShard.options(
+            num_cpus=spec.cpus,
+            num_gpus=spec.gpus,
+            resources=extra or None,
+            max_restarts=spec.max_restarts,
+            # No transparent retries: a batch that killed a stage would kill it again on each
+            # restart. The group retries a lost batch once, on another replica.
+            max_task_retries=0,
+            # One batch at a time keeps a shard's batches in order on its device.
+            max_concurrency=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=index
+            ),
+        ).remote(
+            str(spec.bundle_dir),
+            index,
+            list(spec.batch_sizes),
+            list(spec.imports),
+            spec.simulate_device_ms,
+            # A dataclass, not a bare ObjectRef: Ray would fetch a top-level ref eagerly.
+            shipped=spec.shipped[index] if spec.shipped else None,
+            stage_cache_dir=spec.stage_cache_dir,
+            activation_dtype=spec.activation_dtype,
+            weight_dtype=spec.weight_dtype,
+            unsafe_deserialization=spec.unsafe_deserialization,
+        )
+        actors.append(actor)
+    return actors
+
+
+async def wait_groups(
+    groups: list[PlacementGroup], bundles: list[dict[str, float]], timeout_s: float
+) -> None:
+    try:
+        await asyncio.wait_for(asyncio.gather(*(g.ready() for g in groups)), timeout_s)
+    except TimeoutError:
+        raise PipelineStartError(
+            f"placement groups for {len(groups)} replica(s) of bundles {bundles} not ready "
+            f"after {timeout_s:g} s; resources available now: {ray.available_resources()}"
+        ) from None
+
+
+async def wait_actors(
+    replicas: Sequence[Replica], timeout_s: float, first_replica: int = 0
+) -> None:
+    async def ready(replica: int, stage: int, actor: Any) -> None:
+        try:
+            await actor.info.remote()
+        except ray.exceptions.RayActorError as exc:
+            log.warning("shard actor %d/%d failed to start: %s", replica, stage, exc)
+            raise PipelineStartError(
+                f"shard actor for stage {stage} of replica {replica} failed to start: "
+                f"{one_line(exc)}"
+            ) from None
+
+    waits = [
+        ready(first_replica + r, k, a)
+        for r, replica in enumerate(replicas)
+        for k, a in enumerate(replica.actors)
+    ]
+    try:
+        await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+    except TimeoutError:
+        raise PipelineStartError(
+            f"shard actors not loaded and warmed after {timeout_s:g} s (ready_timeout_s)"
+        ) from None
+
+
+async def start_replicas(
+    bundle_dir: Path, manifest: Manifest, options: PipelineOptions
+) -> tuple[list[Replica], Layout]:
+    """Place ``options.replicas`` replicas of the bundle, ship its stages to the nodes that lack
+    them, start every stage actor and wait until each has loaded and warmed. Nothing is left
+    behind when it raises."""
+    routes, output_sources = plan_routes(manifest)
+    gpus = options.gpus_per_shard
+    if gpus is None:
+        gpus = 1.0 if cluster_has_gpus() else 0.0
+    cpus = cpus_per_stage(
+        options.cpus_per_shard,
+        private_ray=options.private_ray,
+        actors=len(manifest.stages) * options.replicas,
+        cluster_cpus=float(ray.cluster_resources().get("CPU", 0.0)),
+    )
+    if options.cpus_per_shard is None:
+        log.info(
+            "%d stage actor(s) ask for %g CPU each (%d TensorFlow thread(s))",
+            len(manifest.stages) * options.replicas,
+            cpus,
+            intra_op_threads(cpus),
+        )
+    bundles = placement_resources(len(manifest.stages), cpus, gpus, options.stage_resources)
+    check_cluster_fits(bundles, options.replicas, options.placement_strategy)
+    replicas: list[Replica] = []
+    try:
+        groups = [place(bundles, options.placement_strategy) for _ in range(options.replicas)]
+        for group in groups:
+            replicas.append(Replica([], routes, output_sources, group))
+        await wait_groups(groups, bundles, options.ready_timeout_s)
+        away = stages_off_node(groups, ray.get_runtime_context().get_node_id())
+        # Hashing and storing multi-GB stage files must not stall the event loop.
+        shipped = await asyncio.to_thread(
+            ship_bundle, bundle_dir, manifest, options.ship_stages, away
+        )
+        # The driver owns the shipped stage bytes: the spec holds the refs, which keeps
+        # them in the object store for actors that restart or are rebuilt later.
+        spec = ActorSpec(
+            bundle_dir=bundle_dir,
+            cpus=cpus,
+            gpus=gpus,
+            batch_sizes=options.batch_sizes,
+            imports=options.imports,
+            simulate_device_ms=options.simulate_device_ms,
+            stage_cache_dir=options.stage_cache_dir,
+            max_restarts=options.max_restarts,
+            activation_dtype=options.activation_dtype,
+            weight_dtype=options.weight_dtype,
+            unsafe_deserialization=options.unsafe_deserialization,
+            shipped=tuple(shipped),
+        )
+        for replica in replicas:
+            replica.actors = spawn_actors(spec, replica.placement_group, bundles)
+        await wait_actors(replicas, options.ready_timeout_s)
+        depth = options.max_inflight_per_replica or len(manifest.stages) + 1
+        if options.compiled_graph:
+            for replica in replicas:
+                replica.compile(depth)
+    except BaseException:
+        for replica in replicas:
+            replica.close()
+        raise
+    return replicas, Layout(routes, output_sources, bundles, spec, options, depth)

@@ -1,0 +1,261 @@
+"""R replicas of the model side by side (data parallel), kept healthy.
+
+Each batch goes to the least-loaded healthy replica (``shards.pipeline.replica.Replica``). A
+batch that a replica fails to answer (a stage process died, or the batch ran past the watchdog's
+limit) is retried once on another healthy replica, and the replica leaves the rotation until
+``shards.pipeline.recovery`` brings it back: probed (Ray restarts a dead actor that has restarts
+left) or, when its actors are gone, rebuilt in the background with a new placement group and
+actors, with backoff; it rejoins after one warm batch. ``shards.pipeline.placement`` starts the
+replicas.
+
+Where no other replica is healthy (one replica, the default), nothing waits for the recovery: a
+batch that hung fails at once with its ``StageTimeoutError``, and every other batch of the replica
+(lost with it, or arriving while it recovers) with a ``NoHealthyReplicaError`` that says when to
+try again. Retrying on the replica being rebuilt would cost a second watchdog period and a second
+restart for a batch that may be what hangs it, and hold every other request meanwhile.
+
+A model that raises on a batch is the batch's fault, not the replica's: that error goes back to
+the caller as a ``ModelError`` and the replica stays in. Every error that leaves is a one-line
+``RunError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from shards.bundle.format import Manifest, read_manifest
+from shards.cluster import placement_resources
+from shards.errors import (
+    InsufficientResourcesError,
+    NoHealthyReplicaError,
+    PipelineStartError,
+    RunError,
+    StageTimeoutError,
+)
+from shards.pipeline.faults import is_replica_fault, translate
+from shards.pipeline.health import Health, ReplicaState
+from shards.pipeline.options import PipelineOptions
+from shards.pipeline.placement import Layout, start_replicas
+from shards.pipeline.recovery import REBUILD_BACKOFF_S, Recovered, recover
+from shards.pipeline.replica import Replica
+from shards.pipeline.routes import plan_routes
+from shards.pipeline.watchdog import Watchdog
+from shards.signature import ModelSignature
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "InsufficientResourcesError",
+    "PipelineOptions",
+    "PipelineStartError",
+    "Replica",
+    "ReplicaSet",
+    "placement_resources",
+    "plan_routes",
+]
+
+
+class ReplicaSet:
+    """R replicas of the pipeline; each batch goes to the least-loaded healthy one."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        pipelines: list[Replica],
+        layout: Layout,
+        start_s: float = REBUILD_BACKOFF_S[0],
+    ) -> None:
+        self.signature: ModelSignature = manifest.signature
+        self.num_stages = len(manifest.stages)
+        self.replicas = len(pipelines)
+        self.on_gpu = layout.actor.gpus > 0
+        self._pipelines = pipelines
+        self._layout = layout
+        self._rotation = itertools.cycle(range(len(pipelines)))
+        self._watchdog = Watchdog(layout.options.batch_hard_timeout_s)
+        self._recovery: dict[int, asyncio.Task[None]] = {}
+        # When each replica out of the rotation left it, and how long the last one took to come
+        # back (the start-up's time until one has): what a refused request is told to wait.
+        self._left_at: dict[int, float] = {}
+        self._recovery_s = start_s
+        self._rebuilds = 0
+        self._recoveries = 0
+        self._last_fault = ""
+        self._closed = False
+
+    @classmethod
+    async def create(cls, bundle_dir: str | Path, options: PipelineOptions) -> ReplicaSet:
+        began = time.monotonic()
+        manifest = read_manifest(bundle_dir)
+        pipelines, layout = await start_replicas(Path(bundle_dir), manifest, options)
+        return cls(manifest, pipelines, layout, start_s=time.monotonic() - began)
+
+    # --- running batches
+
+    async def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [n for n in self.signature.input_names if n not in inputs]
+        if missing:
+            raise KeyError(
+                f"inputs {missing} missing; model {self.signature.name!r} wants "
+                f"{self.signature.input_names}, got {sorted(inputs)}"
+            )
+        tried: list[Replica] = []
+        attempts = victims = 0
+        # The first try and one retry after a replica fault this batch may have caused; a batch
+        # that only waited behind the cause is retried without counting, a few times at most.
+        while True:
+            pipeline = self._pick(tried)
+            tried.append(pipeline)
+            try:
+                return await pipeline.run(inputs, self._watchdog)
+            except RunError as error:
+                if not is_replica_fault(error):
+                    raise
+                self._fault(pipeline, error)
+                if error.victim:
+                    victims += 1
+                else:
+                    attempts += 1
+                if not self._in_rotation():
+                    if isinstance(error, StageTimeoutError) and not error.victim:
+                        raise
+                    raise self._unavailable() from None
+                if attempts >= 2 or victims > self.replicas + 1:
+                    # Twice lost: the batch itself may be what kills or hangs the stages, and
+                    # a third replica's restarts are not to be burnt on it.
+                    raise type(error)(f"{error.message}, on two replicas") from None
+
+    run_batch = run
+
+    def _pick(self, tried: Sequence[Replica]) -> Replica:
+        """The least-loaded healthy replica, one not tried yet if there is one."""
+        healthy = [] if self._closed else self._in_rotation()
+        fresh = [p for p in healthy if p not in tried]
+        candidates = fresh or healthy
+        if not candidates:
+            raise self._unavailable()
+        return min(candidates, key=lambda p: p.inflight)
+
+    def _unavailable(self) -> NoHealthyReplicaError:
+        if self._closed:
+            return NoHealthyReplicaError("the model's replicas are shut down", retry_after_s=1.0)
+        # The replica out the longest is the one expected back first.
+        now = time.monotonic()
+        out_for = max((now - t for t in self._left_at.values()), default=0.0)
+        return NoHealthyReplicaError(
+            f"no healthy replica of {self.replicas}"
+            + (f" (last fault: {self._last_fault})" if self._last_fault else ""),
+            retry_after_s=max(1.0, self._recovery_s - out_for),
+        )
+
+    def _in_rotation(self) -> list[Replica]:
+        # Rotating the scan start breaks ties, so idle replicas take turns.
+        start = next(self._rotation)
+        n = len(self._pipelines)
+        ordered = (self._pipelines[(start + i) % n] for i in range(n))
+        return [p for p in ordered if p.state is ReplicaState.HEALTHY]
+
+    # --- faults and recovery
+
+    def _fault(self, pipeline: Replica, error: RunError) -> None:
+        if pipeline.state is not ReplicaState.HEALTHY or self._closed:
+            return  # already out of the rotation, being recovered
+        self._last_fault = error.message
+        index = self._pipelines.index(pipeline)
+        log.warning("replica %d leaves the rotation: %s", index, error.message)
+        pipeline.state = ReplicaState.SUSPECT
+        self._left_at[index] = time.monotonic()
+        hung = isinstance(error, StageTimeoutError)
+        task = asyncio.create_task(self._recover(index, hung), name=f"recover-replica-{index}")
+        self._recovery[index] = task
+
+    async def _recover(self, index: int, hung: bool) -> None:
+        how = await recover(
+            self._pipelines[index],
+            index,
+            self._layout,
+            self.signature,
+            hung=hung,
+            closed=lambda: self._closed,
+        )
+        if how is Recovered.PROBED:
+            self._recoveries += 1
+        elif how is Recovered.REBUILT:
+            self._rebuilds += 1
+        if how is not None:
+            self._rejoin(index, how.value)
+
+    def _rejoin(self, index: int, why: str) -> None:
+        log.warning("replica %d rejoins the rotation: %s", index, why)
+        self._pipelines[index].clear_fault()
+        self._pipelines[index].state = ReplicaState.HEALTHY
+        self._recovery.pop(index, None)
+        left_at = self._left_at.pop(index, None)
+        if left_at is not None:
+            self._recovery_s = time.monotonic() - left_at
+
+    def health(self) -> Health:
+        states = tuple(p.state.value for p in self._pipelines)
+        return Health(
+            replicas=self.replicas,
+            healthy=states.count(ReplicaState.HEALTHY.value),
+            states=states,
+            rebuilds=self._rebuilds,
+            recoveries=self._recoveries,
+            reason=self._last_fault,
+        )
+
+    @property
+    def inflight(self) -> tuple[int, ...]:
+        """Batches handed to each replica and not answered yet."""
+        return tuple(p.inflight for p in self._pipelines)
+
+    def batch_hard_timeout_s(self, rows: int) -> float:
+        """The watchdog's limit now for a batch of ``rows`` rows."""
+        return self._watchdog.limit_s(rows)
+
+    # --- reports and shutdown
+
+    async def describe(self) -> list[dict[str, Any]]:
+        return await self._gather_from_actors("info")
+
+    async def stats(self) -> list[dict[str, Any]]:
+        return await self._gather_from_actors("stats")
+
+    async def _gather_from_actors(self, method: str) -> list[dict[str, Any]]:
+        """One answer per stage actor of the healthy replicas. An actor that died is left out
+        and its replica recovered: the server's periodic stats poll is also its health check,
+        so a replica that lost an actor between batches leaves the rotation before one fails."""
+        pairs = [
+            (p, a) for p in self._pipelines if p.state is ReplicaState.HEALTHY for a in p.actors
+        ]
+        results = await asyncio.gather(
+            *(getattr(a, method).remote() for _, a in pairs), return_exceptions=True
+        )
+        answers = []
+        for (pipeline, _), result in zip(pairs, results, strict=True):
+            if isinstance(result, ray.exceptions.RayActorError):
+                self._fault(pipeline, translate(result))
+            elif isinstance(result, dict) and pipeline in self._pipelines:
+                answers.append({"replica": self._pipelines.index(pipeline), **result})
+        return answers
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._recovery.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        pipelines, self._pipelines = self._pipelines, []
+        # Ray's kill/remove calls block; off the event loop they cannot stall a shutdown, and
+        # each close is bounded, so neither can a GCS that is gone.
+        await asyncio.gather(*(asyncio.to_thread(p.close) for p in pipelines))

@@ -1,0 +1,42 @@
+"""The observers: a process's CPU seconds from /proc, and other benches seen running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.observe.cpusplit import process_cpu_seconds
+from bench.observe.quiet import other_benches
+
+
+def test_cpu_seconds_of_this_process_grow_with_its_work() -> None:
+    # Spin on Python's own CPU clock, not on the function under test: a reading that never
+    # grows then fails the comparison below instead of spinning for ever.
+    before, own_before = process_cpu_seconds(os.getpid()), time.process_time()
+    deadline = time.monotonic() + 30
+    while time.process_time() - own_before < 0.2:
+        assert time.monotonic() < deadline, "0.2 s of CPU took over 30 s of wall time"
+        sum(range(10_000))
+    grew = process_cpu_seconds(os.getpid()) - before
+    spent = time.process_time() - own_before
+    # /proc counts in clock ticks (10 ms); other threads of pytest run between the readings.
+    assert grew == pytest.approx(spent, abs=0.05)
+
+
+def test_other_benches_lists_a_running_bench_process_until_it_ends() -> None:
+    # argv after -c's code is the script's own: the process looks like "python ... -m bench".
+    code = "import sys, time; time.sleep(60)"
+    fake = subprocess.Popen([sys.executable, "-c", code, "-m", "bench", "protocols", "marker"])
+    try:
+        deadline = time.monotonic() + 10
+        while not any(line.endswith("protocols marker") for line in other_benches()):
+            assert time.monotonic() < deadline, other_benches()
+            time.sleep(0.05)
+    finally:
+        fake.kill()
+        fake.wait()
+    assert not any(line.endswith("protocols marker") for line in other_benches())

@@ -1,0 +1,79 @@
+"""`shardserve plan`: the memory plan table, the same numbers `partition` writes into the
+manifest; bad budgets refused with a clear message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from serving.cli.main import app
+from serving.cli.plan_table import plan_rows
+from shards.bundle.format import read_manifest
+
+runner = CliRunner()
+OPTIONS = [
+    "--max-stage-bytes",
+    "800MiB",
+    "--max-batch-size",
+    "64",
+    "--device-overhead-bytes",
+    "700MiB",
+]
+
+
+def stage_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "dense_" in line or "logits" in line]
+
+
+def test_plan_prints_what_partition_writes(tmp_path: Path) -> None:
+    planned = runner.invoke(app, ["plan", "demo-mlp", *OPTIONS])
+    assert planned.exit_code == 0, planned.output
+    out = tmp_path / "bundle"
+    written = runner.invoke(app, ["partition", "demo-mlp", "--out", str(out), *OPTIONS])
+    assert written.exit_code == 0, written.output
+    manifest = read_manifest(out)
+    assert len(manifest.stages) > 1  # 126 MB of weights + 700 MiB overhead each: not one
+    lines = stage_lines(planned.output)
+    assert len(lines) == len(manifest.stages)
+    for line, row in zip(lines, plan_rows(manifest.stages), strict=True):
+        cells = [c.strip() for c in line.strip().strip("┃│").split("│")]
+        assert tuple(cells) == row
+    for spec in manifest.stages:
+        assert spec.memory is not None and spec.memory.budget_bytes == 800 * 2**20
+        assert spec.memory.max_batch_size == 64
+        assert spec.planned_peak_bytes <= 800 * 2**20
+    # A bundle directory: the plan in its manifest, the same table.
+    again = runner.invoke(app, ["plan", str(out)])
+    assert again.exit_code == 0, again.output
+    assert stage_lines(again.output) == lines
+    # Planned already: options that would plan it otherwise are refused.
+    other = runner.invoke(app, ["plan", str(out), "--stages", "2"])
+    assert other.exit_code == 1
+    assert "is a bundle: its plan was made when it was partitioned" in " ".join(
+        other.output.split()
+    )
+
+
+def test_plan_refuses_a_budget_without_a_number() -> None:
+    result = runner.invoke(app, ["plan", "demo-tiny", "--max-stage-bytes", "lots"])
+    assert result.exit_code == 2
+    assert "cannot read 'lots' as a byte size" in result.output
+
+
+def test_plan_names_the_layer_that_fits_nowhere() -> None:
+    result = runner.invoke(
+        app,
+        ["plan", "demo-mlp", "--max-stage-bytes", "10MiB,10MiB", "--device-overhead-bytes", "0"],
+    )
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())  # rich wraps the error at the console's width
+    assert "layer 'dense_1' alone holds 16.0 MiB of weights" in text
+    assert "the largest device budget 10485760 (10.0 MiB)" in text
+    assert "Traceback" not in text
+
+
+def test_plan_refuses_a_savedmodel_or_nothing(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plan", str(tmp_path / "nothing.onnx")])
+    assert result.exit_code == 1
+    assert "cannot plan" in result.output and "demo-mlp" in result.output

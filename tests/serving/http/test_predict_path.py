@@ -1,0 +1,136 @@
+"""The shared predict path (serving.http.predict) knows a model only as a ``ModelHandle``
+found in a ``ModelDirectory``: here both are fakes, with no app, server or batcher behind them.
+Admission refuses from the headers alone (the body is never read), and every answer is counted
+on the model it was for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+
+from serving.config import Settings
+from serving.errors import NotFoundError, NotReadyError
+from serving.http.fast import FastRequest
+from serving.http.predict import serve_prediction
+from serving.http.replies import JSON, Reply
+from shards.signature import ModelSignature
+
+
+@dataclass
+class Policy:
+    max_queue_rows: int = 4
+
+
+@dataclass
+class Batcher:
+    queued_rows: int = 0
+    policy: Policy = field(default_factory=Policy)
+
+
+@dataclass
+class Metrics:
+    rejects: list[str] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)
+
+    def reject(self, reason: str) -> None:
+        self.rejects.append(reason)
+
+    def observe_latency(self, status: int, seconds: float) -> None:
+        self.statuses.append(status)
+
+
+@dataclass
+class Model:
+    name: str = "m"
+    version: str = "1"
+    settings: Settings = field(default_factory=lambda: Settings(model="m", max_body_bytes=1024))
+    metrics: Metrics = field(default_factory=Metrics)
+    batcher: Any = field(default_factory=Batcher)
+    signature: ModelSignature = field(default_factory=lambda: ModelSignature("m", (), ()))
+    loading: bool = False
+    body_reads: int = 0
+
+    def require_batcher(self) -> Any:
+        if self.loading:
+            raise NotReadyError("model is still loading")
+        return self.batcher
+
+    def not_ready_reason(self) -> str | None:
+        return "model is still loading" if self.loading else None
+
+
+@dataclass
+class Directory:
+    served: Model
+
+    def model(self, name: str, version: str | None = None) -> Model:
+        if name != self.served.name:
+            raise NotFoundError(f"model {name!r} not found; this server serves 'm'")
+        return self.served
+
+    def not_ready_reason(self) -> str | None:
+        return self.served.not_ready_reason()
+
+
+async def call(
+    model: Model, name: str = "m", **headers: str
+) -> tuple[int, dict[bytes, bytes], Any]:
+    """POST a small body to a predict route of ``model`` whose work echoes the body."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        model.body_reads += 1
+        return {"type": "http.request", "body": b'{"a": 1.0}', "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def work(request: FastRequest, handle: Any, batcher: Any, deadline: float) -> Reply:
+        assert handle is model and batcher is model.batcher
+        return 200, await request.body(handle.settings.max_body_bytes), JSON, []
+
+    raw = [(k.replace("_", "-").lower().encode(), v.encode()) for k, v in headers.items()]
+    scope = {"type": "http", "method": "POST", "path": "/p", "headers": raw}
+    await serve_prediction(FastRequest(scope, receive, send), Directory(model), name, None, work)
+    start, body = sent
+    got = dict(start["headers"])
+    return start["status"], got, (orjson.loads(body["body"]) if body["body"] else None)
+
+
+async def test_a_model_handle_is_served_and_counted() -> None:
+    model = Model()
+    status, headers, body = await call(model, X_Request_Id="r-7")
+    assert (status, body, headers[b"x-request-id"]) == (200, {"a": 1.0}, b"r-7")
+    assert model.metrics.statuses == [200] and model.metrics.rejects == []
+
+
+@pytest.mark.parametrize(
+    ("change", "headers", "status", "reason", "message"),
+    [
+        ({}, {"Content_Length": "1025"}, 413, "invalid_input", "body of 1025 bytes is over the limit of 1024 bytes"),
+        ({"batcher": Batcher(queued_rows=4)}, {}, 503, "queue_full", "queue full: 4 rows queued, max_queue_rows=4"),
+        ({"loading": True}, {}, 503, None, "model is still loading"),
+        ({}, {"X_Request_Timeout_Ms": "0"}, 400, "invalid_input", "header X-Request-Timeout-Ms must be a positive number of ms, got '0'"),
+    ],
+)  # fmt: skip
+async def test_admission_refuses_from_the_headers(
+    change: dict[str, Any], headers: dict[str, str], status: int, reason: str | None, message: str
+) -> None:
+    model = Model(**change)
+    got, sent_headers, body = await call(model, **headers)
+    assert (got, body) == (status, {"error": message})
+    assert model.metrics.rejects == ([reason] if reason else [])
+    assert model.metrics.statuses == [status]
+    assert model.body_reads == 0
+    if reason == "queue_full":
+        assert sent_headers[b"retry-after"] == b"1"
+
+
+async def test_an_unknown_model_is_404_and_counted_on_none() -> None:
+    model = Model()
+    status, _, body = await call(model, name="nope")
+    assert (status, body) == (404, {"error": "model 'nope' not found; this server serves 'm'"})
+    assert model.metrics.statuses == []

@@ -1,0 +1,229 @@
+"""Admin routes: off without a token, bearer auth, reading and changing the batching policy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+from asgi_lifespan import LifespanManager
+
+from serving.config import Settings
+from serving.server.app import create_app
+from tests.fakes import FakeRunner, expected_outputs, make_rows
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@contextlib.asynccontextmanager
+async def serve(runner: FakeRunner, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(
+        model="fake",
+        **{"admin_token": TOKEN, "batch_timeout_ms": 1000.0, "max_batch_size": 4, **overrides},
+    )
+
+    async def factory(_: Settings) -> FakeRunner:
+        return runner
+
+    app = create_app(settings, factory)
+    async with LifespanManager(app) as manager:
+        await app.state.shardserve.model().ready.wait()
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+async def test_admin_routes_are_off_without_a_token() -> None:
+    async with serve(FakeRunner(), admin_token=None) as client:
+        r = await client.get("/admin/batching", headers=AUTH)
+    assert r.status_code == 404
+    assert r.json() == {
+        "error": "admin routes are off; start the server with --admin-token to use them"
+    }
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "error"),
+    [
+        ({}, 401, "admin routes need the header 'Authorization: Bearer <admin token>'"),
+        (
+            {"Authorization": f"Basic {TOKEN}"},
+            401,
+            "admin routes need the header 'Authorization: Bearer <admin token>'",
+        ),
+        (
+            {"Authorization": "Bearer nope"},
+            403,
+            "the bearer token does not match the server's admin token",
+        ),
+    ],
+)
+async def test_admin_routes_want_the_bearer_token(
+    headers: dict[str, str], status: int, error: str
+) -> None:
+    async with serve(FakeRunner()) as client:
+        got = await client.get("/admin/batching", headers=headers)
+        put = await client.put("/admin/batching", headers=headers, json={"max_batch_size": 2})
+        after = await client.get("/admin/batching", headers=AUTH)
+    assert (got.status_code, got.json()) == (status, {"error": error})
+    assert (put.status_code, put.json()) == (status, {"error": error})
+    assert after.json()["max_batch_size"] == 4
+
+
+async def test_get_shows_the_policy() -> None:
+    async with serve(FakeRunner(), slo_p99_ms=50) as client:
+        r = await client.get("/admin/batching", headers=AUTH)
+    assert r.status_code == 200
+    assert r.json() == {
+        "max_batch_size": 4,
+        "batch_timeout_ms": 1000.0,
+        "max_inflight_batches": 2,  # 1 stage + 1 being handed over
+        "max_queue_rows": 32,
+        "slo_p99_ms": 50.0,
+        "effective_wait_ms": 1000.0,
+        "queued_rows": 0,
+        "inflight_batches": 0,
+        "padding": False,  # a CPU runner: batches run at their row count
+        "run_time_ms": {
+            "from_compute": False,
+            "hop": 0.0,
+            "latency": {"1": None, "2": None, "4": None},
+            "bottleneck": {"1": None, "2": None, "4": None},
+        },
+    }
+
+
+async def test_put_changes_the_policy_and_derived_limits() -> None:
+    async with serve(FakeRunner(), max_batch_size=8) as client:
+        r = await client.put(
+            "/admin/batching",
+            headers=AUTH,
+            json={"max_batch_size": 4, "batch_timeout_ms": "auto", "max_inflight_batches": 8},
+        )
+        after = await client.get("/admin/batching", headers=AUTH)
+        fewer = await client.put("/admin/batching", headers=AUTH, json={"max_inflight_batches": 1})
+    assert r.status_code == 200
+    assert r.json() == after.json()
+    view = after.json()
+    assert (view["max_batch_size"], view["batch_timeout_ms"], view["max_inflight_batches"]) == (
+        4,
+        "auto",
+        8,
+    )
+    assert view["max_queue_rows"] == 4 * 4 * 8  # the default queue scales as at start-up
+    # ... but never below its start-up rows (4 x 8 x 2): a request that size stays valid.
+    assert fewer.json()["max_queue_rows"] == 4 * 8 * 2
+
+
+async def test_put_applies_to_the_next_batch_without_dropping_queued_rows() -> None:
+    gate = asyncio.Event()
+    gate.set()  # let the warm-up batch through, then hold the next ones
+    runner = FakeRunner(gate=gate)
+    async with serve(runner, batch_timeout_ms=0, max_batch_size=4) as client:
+        smaller = await client.put("/admin/batching", headers=AUTH, json={"max_batch_size": 2})
+        assert smaller.status_code == 200
+        gate.clear()
+        runner.batches.clear()
+        first = asyncio.create_task(
+            client.post("/predict", json={"instances": make_rows(1)["x"].tolist()})
+        )
+        await runner.wait_started(2)  # one row is in flight, the gate holds it
+        queued = [
+            asyncio.create_task(
+                client.post("/predict", json={"instances": make_rows(1, start=i)["x"].tolist()})
+            )
+            for i in (1, 2, 3)
+        ]
+        while (await client.get("/admin/batching", headers=AUTH)).json()["queued_rows"] < 3:
+            await asyncio.sleep(0)  # yield until the three requests reach the queue
+        r = await client.put("/admin/batching", headers=AUTH, json={"max_batch_size": 4})
+        assert r.status_code == 200
+        gate.set()
+        responses = await asyncio.gather(first, *queued)
+    assert [x.status_code for x in responses] == [200] * 4
+    for i, response in enumerate(responses):
+        want = expected_outputs(make_rows(1, start=i))["y"][0].tolist()
+        assert response.json()["predictions"][0] == pytest.approx(want)
+    assert runner.batch_sizes() == [
+        1,
+        3,
+    ]  # the 3 queued rows went as one batch (a CPU runner: unpadded)
+
+
+BIG = 227870608614676775305216  # over 64 bits: orjson could not write it back
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ({"max_batch_size": BIG}, f"max_batch_size must be an integer from 1 to 4, the batch the "
+         f"memory plan was made for (restart with a larger --max-batch-size for more), got {BIG}"),
+        ({"max_batch_size": 5}, "max_batch_size must be an integer from 1 to 4"),
+        ({"max_batch_size": 0}, "max_batch_size must be an integer from 1 to 4"),
+        ({"max_batch_size": 2.5}, "max_batch_size must be an integer from 1 to 4, "),
+        ({"max_batch_size": None}, "max_batch_size must be an integer from 1 to 4, "),
+        ({"batch_timeout_ms": 30000}, "batch_timeout_ms must be a number of ms from 0, below "
+         "request_timeout_ms (30000), or 'auto' (or null) for the adaptive wait, got 30000"),
+        ({"batch_timeout_ms": -1}, "batch_timeout_ms must be a number of ms from 0"),
+        ({"batch_timeout_ms": "soon"}, "batch_timeout_ms must be a number of ms from 0"),
+        ({"batch_timeout_ms": True}, "batch_timeout_ms must be a number of ms from 0"),
+        ({"max_inflight_batches": 1025}, "max_inflight_batches must be an integer from 1 to 1024"),
+        ({"max_inflight_batches": "2"}, "max_inflight_batches must be an integer from 1 to 1024, "
+         "got '2'"),
+        ({"slo_p99_ms": 0}, "slo_p99_ms must be a number of ms above 0 and up to "
+         "request_timeout_ms (30000), or null for none, got 0"),
+        ({"slo_p99_ms": 1e12}, "slo_p99_ms must be a number of ms above 0"),
+        ({"max_queue_rows": 5}, "unknown field 'max_queue_rows'; expected some of"),
+        ({"max_batch_size": 9, "oops": 1}, "max_batch_size must be an integer from 1 to 4"),
+        ({}, "body must be a non-empty JSON object"),
+        ([1], "body must be a JSON object with some of"),
+        (b'{"batch_timeout_ms": 1e400}', "batch_timeout_ms must be a number of ms from 0"),
+        (b"{", "body is not valid JSON"),
+    ],
+)  # fmt: skip
+async def test_put_rejects_bad_values_and_keeps_the_policy(body: Any, error: str) -> None:
+    sent: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
+    async with serve(FakeRunner()) as client:
+        before = (await client.get("/admin/batching", headers=AUTH)).json()
+        r = await client.put("/admin/batching", headers=AUTH, **sent)
+        after = (await client.get("/admin/batching", headers=AUTH)).json()
+        # What a bad change broke: every route that shows the policy.
+        metadata = await client.get("/v1/models/fake/metadata")
+        config = await client.get("/v2/models/fake/config")
+    assert r.status_code == 400
+    assert error in r.json()["error"]
+    assert after == before
+    assert metadata.status_code == config.status_code == 200
+    assert metadata.json()["max_batch_size"] == config.json()["max_batch_size"] == 4
+
+
+async def test_the_put_schema_and_the_server_agree_on_the_bounds() -> None:
+    bodies = [
+        {"max_batch_size": 4},
+        {"max_batch_size": 5},
+        {"max_batch_size": 2.0},
+        {"batch_timeout_ms": 29999.5},
+        {"batch_timeout_ms": 30000},
+        {"batch_timeout_ms": None},
+        {"batch_timeout_ms": "auto"},
+        {"batch_timeout_ms": "AUTO"},
+        {"max_inflight_batches": 1024},
+        {"max_inflight_batches": 1025},
+        {"slo_p99_ms": 30000},
+        {"slo_p99_ms": 30000.5},
+        {"slo_p99_ms": None},
+        {"max_batch_size": True},
+    ]
+    async with serve(FakeRunner(), request_timeout_ms=30000) as client:
+        doc = (await client.get("/openapi.json")).json()
+        schema = doc["paths"]["/admin/batching"]["put"]["requestBody"]["content"]
+        validator = jsonschema.Draft202012Validator(schema["application/json"]["schema"])
+        for body in bodies:
+            r = await client.put("/admin/batching", headers=AUTH, json=body)
+            assert r.status_code in (200, 400), r.text
+            assert validator.is_valid(body) == (r.status_code == 200), (body, r.text)

@@ -1,0 +1,90 @@
+"""A served model is a thing of its own, found by name in the server's state: two of them in one
+state keep their own runner, batcher and life, and a stop reaches each of them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from serving.config import Settings
+from serving.errors import NotFoundError, NotReadyError
+from serving.server.metrics import Metrics
+from serving.server.model import ServedModel
+from serving.server.state import ServerState
+from tests.fakes import WAIT_S, FakeRunner, make_rows
+
+
+def _state(*names: str) -> ServerState:
+    state = ServerState(Settings(model="fake", batch_timeout_ms=0.0))
+    for name in names:
+        state.add_model(ServedModel(name, state.settings, state.metrics))
+    return state
+
+
+async def _load(model: ServedModel, runner: FakeRunner) -> None:
+    async def factory(_: Settings) -> FakeRunner:
+        return runner
+
+    await model.load(factory, None)
+    assert model.ready.is_set(), model.load_error
+
+
+async def test_models_are_found_by_name_and_version_and_a_miss_names_what_is_served() -> None:
+    state = _state("a", "b")
+    assert state.model("b").name == "b"
+    assert state.model() is state.model("a")  # the default: the first, /predict's
+    assert state.model("a", "1") is state.model("a")
+    with pytest.raises(NotFoundError, match=r"model 'c' not found; this server serves 'a', 'b'"):
+        state.model("c")
+    with pytest.raises(NotFoundError, match=r"model 'a' has no version '2'; its versions: \['1'\]"):
+        state.model("a", "2")
+    with pytest.raises(ValueError, match="model 'a' is served already"):
+        state.add_model(ServedModel("a", state.settings, Metrics()))
+
+
+async def test_two_models_keep_their_own_runner_and_batcher_and_a_stop_reaches_both() -> None:
+    state = _state("a", "b")
+    a, b = FakeRunner(), FakeRunner()
+    await _load(state.model("a"), a)
+    assert state.not_ready_reason() == "model is still loading"  # b is not loaded yet
+    await _load(state.model("b"), b)
+    assert state.not_ready_reason() is None
+    a.batches.clear()
+    b.batches.clear()
+    await state.model("b").require_batcher().submit(make_rows(1), deadline=_in(WAIT_S))
+    assert (len(a.batches), len(b.batches)) == (0, 1)
+
+    budget = state.begin_stop()
+    for name in ("a", "b"):
+        with pytest.raises(NotReadyError, match="server is shutting down"):
+            state.model(name).require_batcher()
+    await state.drain(budget)
+    await asyncio.gather(*(m.close(budget.left()) for m in state.models.values()))
+    assert a.closed and b.closed
+
+
+async def test_a_model_that_finishes_loading_after_the_stop_began_takes_no_request() -> None:
+    state = _state("a")
+    model = state.model()
+    gate = asyncio.Event()
+    runner = FakeRunner(gate=gate)  # its warm-up batch waits on the gate
+
+    async def factory(_: Settings) -> FakeRunner:
+        return runner
+
+    load = asyncio.create_task(model.load(factory, None))
+    await runner.wait_started(1)
+    budget = state.begin_stop()
+    gate.set()
+    await asyncio.wait_for(load, WAIT_S)
+    assert model.ready.is_set()
+    with pytest.raises(NotReadyError, match="server is shutting down"):
+        model.require_batcher()
+    assert model.not_ready_reason() == "server is shutting down"
+    await model.drain(budget)
+
+
+def _in(seconds: float) -> float:
+    return time.monotonic() + seconds
