@@ -168,17 +168,19 @@ class ServedModel:
             lambda: batcher.effective_wait_ms,
         )
         metrics.bind_health(runner.health)
-        await self.warm_up(runner)
+        await self.warm_up(runner, self.settings.max_sequence_length)
         await self._log_memory(runner)
         self.batcher = batcher
         self.ready.set()
         log.info("ready: serving %r (%d stage(s))", self.name, runner.num_stages)
 
     @staticmethod
-    async def warm_up(runner: ModelRunner) -> None:
-        """One batch end to end, so the first user request does not pay for connection set-up."""
+    async def warm_up(runner: ModelRunner, length: int = 1) -> None:
+        """One batch end to end, so the first user request does not pay for connection set-up;
+        a dimension the model leaves unknown at ``length`` (``max_sequence_length``), the
+        longest a request may bring."""
         inputs = {
-            spec.name: np.zeros((1, *(d or 1 for d in spec.shape)), dtype=spec.np_dtype)
+            spec.name: np.zeros((1, *(d or length for d in spec.shape)), dtype=spec.np_dtype)
             for spec in runner.signature.inputs
         }
         await runner.run_batch(inputs)
