@@ -90,7 +90,7 @@ class Settings(BaseSettings):
         ge=1,
         le=1_048_576,
         description="Longest length of an input dimension the model leaves unknown (tokens): "
-        "the memory plan and the warm-up batch use it.",
+        "the memory plan and the warm-up batch use it; a longer request is refused (400).",
     )
     imports: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
