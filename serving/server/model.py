@@ -183,7 +183,17 @@ class ServedModel:
             spec.name: np.zeros((1, *(d or length for d in spec.shape)), dtype=spec.np_dtype)
             for spec in runner.signature.inputs
         }
-        await runner.run_batch(inputs)
+        try:
+            await runner.run_batch(inputs)
+        except Exception as exc:
+            if all(d is not None for spec in runner.signature.inputs for d in spec.shape):
+                raise
+            # A model whose positions stop short of the length (a fixed position embedding).
+            raise RuntimeError(
+                f"the warm-up batch at max_sequence_length={length} failed "
+                f"({describe_error(exc)}); a model that takes shorter inputs needs "
+                "--max-sequence-length at most its longest"
+            ) from exc
 
     async def _watch_waits(self) -> None:
         """Ask Ray what this process's placement groups wait for, every ``WAITS_PERIOD_S``.
