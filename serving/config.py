@@ -22,7 +22,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from serving.settings_sources import ConfigError, TomlSource, format_validation_error, split_csv
-from shards.partition.memory_plan import parse_budgets, parse_bytes
+from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets, parse_bytes
 
 __all__ = ["ConfigError", "Settings", "default_queue_rows", "load_settings", "padded_batch_sizes"]
 
@@ -84,6 +84,13 @@ class Settings(BaseSettings):
         None,
         description="A device's own memory before any weight (e.g. 1GiB); unset = 1 GiB on a "
         "GPU, 700 MiB on a CPU.",
+    )
+    max_sequence_length: int = Field(
+        DEFAULT_MAX_SEQUENCE_LENGTH,
+        ge=1,
+        le=1_048_576,
+        description="Longest length of an input dimension the model leaves unknown (tokens): "
+        "the memory plan and the warm-up batch use it; a longer request is refused (400).",
     )
     imports: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -6,6 +6,7 @@ dimension of any size (for instance a sequence length).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,21 @@ class ModelSignature:
     @property
     def output_names(self) -> list[str]:
         return [t.name for t in self.outputs]
+
+    def too_long(self, inputs: Mapping[str, np.ndarray], max_length: int) -> str | None:
+        """Why ``inputs`` are refused: a dimension the model leaves unknown (a sequence length)
+        longer than ``max_length``; ``None`` when none is."""
+        for spec in self.inputs:
+            array = inputs.get(spec.name)
+            for axis, want in enumerate(spec.shape, start=1):
+                if want is None and array is not None and array.shape[axis] > max_length:
+                    shape = ", ".join(str(d) for d in array.shape)
+                    return (
+                        f"input {spec.name!r} has shape ({shape}): length {array.shape[axis]} "
+                        f"in dimension {axis} is over max_sequence_length={max_length}, the "
+                        f"longest this server takes; send at most {max_length}"
+                    )
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return {

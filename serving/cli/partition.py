@@ -34,6 +34,8 @@ BudgetOption = Annotated[
     typer.Option("--max-stage-bytes", help=_BUDGET_HELP, metavar="BYTES[,BYTES...]"),
 ]
 BatchOption = Annotated[int, typer.Option(help=_BATCH_HELP, min=1)]
+_LENGTH_HELP = "What a dimension the model leaves unknown (a sequence length) is planned at."
+LengthOption = Annotated[int, typer.Option(help=_LENGTH_HELP, min=1, max=1_048_576)]
 OverheadOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option("--device-overhead-bytes", help=_OVERHEAD_HELP, metavar="BYTES"),
@@ -100,6 +102,7 @@ def partition(
     stages: StagesOption = None,
     max_stage_bytes: BudgetOption = None,
     max_batch_size: BatchOption = 32,
+    max_sequence_length: LengthOption = 512,
     device_overhead_bytes: OverheadOption = None,
     imports: ImportsOption = None,
     unsafe_deserialization: UnsafeOption = False,
@@ -127,6 +130,7 @@ def partition(
                 device_overhead_bytes=overhead,
                 unsafe_deserialization=unsafe_deserialization,
                 weight_dtype=weight_dtype,
+                max_sequence_length=max_sequence_length,
             )
         except (ValueError, OSError) as exc:
             raise _fail(exc) from None
@@ -148,6 +152,7 @@ def plan(
     stages: StagesOption = None,
     max_stage_bytes: BudgetOption = None,
     max_batch_size: BatchOption = 32,
+    max_sequence_length: LengthOption = 512,
     device_overhead_bytes: OverheadOption = None,
     imports: ImportsOption = None,
     unsafe_deserialization: UnsafeOption = False,
@@ -181,6 +186,7 @@ def plan(
                     imports,
                     unsafe_deserialization,
                     weight_dtype=weight_dtype,
+                    max_sequence_length=max_sequence_length,
                 )
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
@@ -197,6 +203,7 @@ def _plan_model(
     unsafe_deserialization: bool,
     *,
     weight_dtype: str,
+    max_sequence_length: int,
 ) -> list[Any]:
     from shards.bundle.format import import_modules, load_keras
     from shards.errors import PartitionError
@@ -228,5 +235,6 @@ def _plan_model(
         max_batch_size=max_batch_size,
         device_overhead_bytes=overhead,
         weight_dtype=weight_dtype,
+        max_sequence_length=max_sequence_length,
     )
     return [spec for _, spec in planned]

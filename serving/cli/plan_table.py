@@ -25,7 +25,8 @@ COLUMNS = (
 
 def plan_rows(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
     """The table's cells: ``?`` where a manifest written before the memory plan has no figure;
-    activations marked ``*`` where a dimension unknown in the graph was counted as 1."""
+    activations marked ``*`` where a dimension unknown in the graph was counted as the plan's
+    sequence length (``length_line``)."""
     flops = sum(s.flops_per_row for s in stages) or 1
     rows: list[tuple[str, ...]] = []
     for spec in stages:
@@ -81,6 +82,19 @@ def plan_table(stages: Sequence[StageSpec]) -> Table:
         table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
     for row in plan_rows(stages):
         table.add_row(*row)
-    if any(s.memory and s.memory.unknown_dims for s in stages):
-        table.caption = "* a dimension unknown in the graph (e.g. sequence length) counted as 1"
+    table.caption = length_line(stages)
     return table
+
+
+def length_line(stages: Sequence[StageSpec]) -> str | None:
+    """The sequence length the plan counted a dimension unknown in the graph as, where one was."""
+    lengths = sorted(
+        {s.memory.sequence_length for s in stages if s.memory and s.memory.unknown_dims}
+    )
+    if not lengths:
+        return None
+    shown = ", ".join(str(n) for n in lengths)
+    return (
+        f"* a dimension unknown in the graph (a sequence length) counted as {shown} "
+        "(--max-sequence-length)"
+    )

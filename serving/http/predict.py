@@ -6,7 +6,7 @@ metric. Each protocol brings only its ``work``: read, decode, submit, encode.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError, ShardServeError
@@ -23,9 +23,11 @@ from serving.http.replies import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from serving.batching.batcher import Batcher
 
-__all__ = ["Work", "serve_prediction"]
+__all__ = ["Work", "check_sequence_length", "serve_prediction"]
 
 # (request, model, its batcher, deadline as time.monotonic()) -> the answer
 Work = Callable[[FastRequest, ModelHandle, "Batcher", float], Awaitable[Reply]]
@@ -68,3 +70,12 @@ async def serve_prediction(
     status, body, content_type, headers = reply
     metrics.observe_latency(status, time.perf_counter() - started)
     await send_reply(request.send, rid, status, body, content_type, headers)
+
+
+def check_sequence_length(inputs: Mapping[str, np.ndarray], model: ModelHandle) -> None:
+    """400 for an input longer than ``max_sequence_length`` in a dimension the model leaves
+    unknown: the memory plan and the warm-up were made at that length (every protocol, after
+    decoding, before submitting)."""
+    reason = model.signature.too_long(inputs, model.settings.max_sequence_length)
+    if reason is not None:
+        raise InvalidInputError(reason)

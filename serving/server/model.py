@@ -168,20 +168,32 @@ class ServedModel:
             lambda: batcher.effective_wait_ms,
         )
         metrics.bind_health(runner.health)
-        await self.warm_up(runner)
+        await self.warm_up(runner, self.settings.max_sequence_length)
         await self._log_memory(runner)
         self.batcher = batcher
         self.ready.set()
         log.info("ready: serving %r (%d stage(s))", self.name, runner.num_stages)
 
     @staticmethod
-    async def warm_up(runner: ModelRunner) -> None:
-        """One batch end to end, so the first user request does not pay for connection set-up."""
+    async def warm_up(runner: ModelRunner, length: int = 1) -> None:
+        """One batch end to end, so the first user request does not pay for connection set-up;
+        a dimension the model leaves unknown at ``length`` (``max_sequence_length``), the
+        longest a request may bring."""
         inputs = {
-            spec.name: np.zeros((1, *(d or 1 for d in spec.shape)), dtype=spec.np_dtype)
+            spec.name: np.zeros((1, *(d or length for d in spec.shape)), dtype=spec.np_dtype)
             for spec in runner.signature.inputs
         }
-        await runner.run_batch(inputs)
+        try:
+            await runner.run_batch(inputs)
+        except Exception as exc:
+            if all(d is not None for spec in runner.signature.inputs for d in spec.shape):
+                raise
+            # A model whose positions stop short of the length (a fixed position embedding).
+            raise RuntimeError(
+                f"the warm-up batch at max_sequence_length={length} failed "
+                f"({describe_error(exc)}); a model that takes shorter inputs needs "
+                "--max-sequence-length at most its longest"
+            ) from exc
 
     async def _watch_waits(self) -> None:
         """Ask Ray what this process's placement groups wait for, every ``WAITS_PERIOD_S``.

@@ -78,6 +78,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
         unsafe_deserialization=settings.unsafe_deserialization,
         weight_dtype=settings.weight_dtype,
         cache_max_bytes=settings.cache_max_bytes,
+        max_sequence_length=settings.max_sequence_length,
     )
     log.info("model %r -> bundle %s", settings.model, bundle)
     options = pipeline_options(settings)

@@ -93,10 +93,12 @@ class StageMemory:
     max_batch_size: int
     budget_bytes: int | None  # the device's budget, when one was given
     crossing_bytes_per_row: int  # what the stage sends on (later stages, model outputs)
-    unknown_dims: bool = False  # a dimension unknown in the graph was counted as 1
+    unknown_dims: bool = False  # a dimension unknown in the graph was counted as sequence_length
     # Served in a reduced weight_dtype (bfloat16, float16): the weights at that size.
     weight_dtype: str | None = None
     weight_bytes: int | None = None
+    # --max-sequence-length; a manifest written before it counted unknown dimensions as 1.
+    sequence_length: int = 1
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageMemory:
@@ -113,6 +115,7 @@ class StageMemory:
             unknown_dims=bool(data.get("unknown_dims", False)),
             weight_dtype=None if data.get("weight_dtype") is None else str(data["weight_dtype"]),
             weight_bytes=None if served is None else int(served),
+            sequence_length=int(data.get("sequence_length", 1)),
         )
 
 

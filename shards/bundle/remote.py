@@ -8,41 +8,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from shards.bundle import cache
 from shards.errors import ResolveError
+from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH
 
 
-def _resolve_in_worker(
-    model: str,
-    stages: int | None,
-    max_stage_bytes: tuple[int, ...] | None,
-    imports: tuple[str, ...],
-    cache_dir: str,
-    max_batch_size: int,
-    device_overhead_bytes: int | None,
-    unsafe_deserialization: bool,
-    weight_dtype: str | None,
-    cache_max_bytes: int,
-) -> str:
+def _resolve_in_worker(model: str, options: dict[str, Any]) -> str:
     from shards.bundle.resolve import resolve_bundle
 
-    path = resolve_bundle(
-        model,
-        stages=stages,
-        max_stage_bytes=max_stage_bytes,
-        imports=imports,
-        cache_dir=Path(cache_dir),
-        max_batch_size=max_batch_size,
-        device_overhead_bytes=device_overhead_bytes,
-        unsafe_deserialization=unsafe_deserialization,
-        weight_dtype=weight_dtype,
-        cache_max_bytes=cache_max_bytes,
-    )
-    return str(path)
+    return str(resolve_bundle(model, **options))
 
 
 async def resolve_bundle_remote(
@@ -57,6 +36,7 @@ async def resolve_bundle_remote(
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
     cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
+    max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
 ) -> Path:
     """Run ``shards.bundle.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
 
@@ -72,21 +52,21 @@ async def resolve_bundle_remote(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
     )
-    budgets = None if max_stage_bytes is None else tuple(max_stage_bytes)
+    options: dict[str, Any] = {
+        "stages": stages,
+        "max_stage_bytes": None if max_stage_bytes is None else tuple(max_stage_bytes),
+        "imports": tuple(imports),
+        "cache_dir": Path(cache_dir),
+        "max_batch_size": max_batch_size,
+        "device_overhead_bytes": device_overhead_bytes,
+        "unsafe_deserialization": unsafe_deserialization,
+        "weight_dtype": weight_dtype,
+        "cache_max_bytes": cache_max_bytes,
+        "max_sequence_length": max_sequence_length,
+    }
     # A prune by another process can remove the entry between the task's answer and the mark.
     for _ in range(3):
-        ref = task.remote(
-            model,
-            stages,
-            budgets,
-            tuple(imports),
-            str(cache_dir),
-            max_batch_size,
-            device_overhead_bytes,
-            unsafe_deserialization,
-            weight_dtype,
-            cache_max_bytes,
-        )
+        ref = task.remote(model, options)
         answer: str = await asyncio.wrap_future(ref.future())
         path = Path(answer)
         in_cache = path.parent.resolve() == Path(cache_dir).resolve()

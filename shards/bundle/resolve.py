@@ -27,7 +27,7 @@ from shards.bundle import cache
 from shards.bundle.fingerprint import built_with, model_sha256
 from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME, BundleError, Manifest, read_manifest
 from shards.errors import ResolveError
-from shards.partition.memory_plan import parse_budgets
+from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets
 
 if TYPE_CHECKING:
     import keras
@@ -53,9 +53,10 @@ def resolve_bundle(
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
     cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
+    max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
 ) -> Path:
-    """``max_batch_size`` and ``device_overhead_bytes`` size the memory plan
-    (shards.partition.memory_plan);
+    """``max_batch_size``, ``device_overhead_bytes`` and ``max_sequence_length`` (what an
+    unknown dimension counts as) size the memory plan (shards.partition.memory_plan);
     ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load. The caller marks
     the bundle it serves (``shards.bundle.cache.hold``), or a later prune may remove it."""
     path = Path(model).expanduser()
@@ -66,6 +67,7 @@ def resolve_bundle(
     cache_dir = Path(cache_dir)
     options = f"stages={stages};max_stage_bytes={budgets};imports={list(imports)}"
     options += f";batch={max_batch_size};overhead={device_overhead_bytes}"
+    options += f";length={max_sequence_length}"
     if weight_dtype not in (None, "float32"):
         options += f";weights={weight_dtype}"
     key = cache_key(model, path, options, cache_dir)
@@ -74,7 +76,9 @@ def resolve_bundle(
         cache.touch(final)
     else:
         with cache.writing(cache_dir, key) as tmp:
-            plan = _MemoryOptions(budgets, max_batch_size, device_overhead_bytes, weight_dtype)
+            plan = _MemoryOptions(
+                budgets, max_batch_size, device_overhead_bytes, weight_dtype, max_sequence_length
+            )
             _partition(model, path, tmp, stages, plan, imports, progress, unsafe_deserialization)
             try:
                 os.rename(tmp, final)
@@ -138,6 +142,7 @@ def _partition(
         max_batch_size=memory.max_batch_size,
         device_overhead_bytes=memory.overhead_bytes,
         weight_dtype=memory.weight_dtype,
+        max_sequence_length=memory.max_sequence_length,
         unsafe_deserialization=unsafe_deserialization,
     )
 
@@ -147,6 +152,7 @@ class _MemoryOptions(NamedTuple):
     max_batch_size: int
     overhead_bytes: int | None
     weight_dtype: str | None
+    max_sequence_length: int
 
 
 def _check_bundle_options(

@@ -28,7 +28,12 @@ from shards.bundle.format import (
     write_manifest,
 )
 from shards.partition.graph import Graph, PartitionError, analyse, cut
-from shards.partition.memory_plan import MemoryModel, default_overhead, parse_budgets
+from shards.partition.memory_plan import (
+    DEFAULT_MAX_SEQUENCE_LENGTH,
+    MemoryModel,
+    default_overhead,
+    parse_budgets,
+)
 from shards.partition.plan import Plan, plan_balanced, plan_budget
 from shards.partition.savedmodel import read_savedmodel
 from shards.signature import ModelSignature
@@ -83,16 +88,18 @@ def plan_stages(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
+    max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
 ) -> list[tuple[keras.Model, StageSpec]]:
     """Plan and cut: each stage's sub-model and its spec, memory plan included (what
     ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
     default for a GPU when TensorFlow sees one here, else for a CPU. ``weight_dtype``: the
-    weights will be served in it (``--weight-dtype``), and count at its size."""
+    weights will be served in it (``--weight-dtype``), and count at its size.
+    ``max_sequence_length``: what a dimension unknown in the graph counts as."""
     overhead = device_overhead_bytes
     if overhead is None:
         overhead = default_overhead(gpu=_tf_sees_gpu())
     weight_dtype = check_reduced(weight_dtype, "weight_dtype")
-    memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype)
+    memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype, max_sequence_length)
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     stage_plan = plan(graph, stages=stages, max_stage_bytes=budgets, memory=memory)
     cut_stages = []
@@ -113,6 +120,7 @@ def plan_stages(
                 unknown_dims=need.unknown_dims,
                 weight_dtype=weight_dtype,
                 weight_bytes=None if weight_dtype is None else need.weight_bytes,
+                sequence_length=max_sequence_length,
             ),
         )
         if budget is not None and spec.planned_peak_bytes > budget:
@@ -162,6 +170,7 @@ def partition_to_bundle(
     device_overhead_bytes: int | None = None,
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
+    max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
 ) -> Manifest:
     """Cut ``model`` (a ``.keras`` file, a SavedModel directory or a model built in code) into
     stages and write ``manifest.json`` plus one file per stage into ``out_dir``."""
@@ -197,6 +206,7 @@ def partition_to_bundle(
         max_batch_size=max_batch_size,
         device_overhead_bytes=device_overhead_bytes,
         weight_dtype=weight_dtype,
+        max_sequence_length=max_sequence_length,
     )
     report(f"planned {len(planned)} stage(s) over {len(graph.nodes)} nodes")
     specs = []

@@ -17,6 +17,7 @@ the tensor it belongs to (``shards.partition.masking.CarryMask``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,6 +162,29 @@ def analyse(model: keras.Model) -> Graph:
     )
 
 
+def _named_once(op: Any, owners: dict[str, int], taken: set[str], copies: dict[int, Any]) -> Any:
+    """``op``, or where another operation of the stage already has its name, a renamed copy.
+
+    A model loaded from a ``.keras`` file can hold two mask ops of one name: the saved one
+    keeps its name, and the Embedding called again while loading makes its own under the same
+    auto name (Keras's counters start empty in a fresh process). A stage needs unique names."""
+    if id(op) in copies:
+        return copies[id(op)]
+    if owners.setdefault(op.name, id(op)) == id(op):
+        return op
+    if isinstance(op, keras.layers.Layer):
+        raise PartitionError(
+            f"two layers of the model are both named {op.name!r}; give them distinct names"
+        )
+    # A plain operation (not_equal, ...) holds no weights: a shallow copy computes the same.
+    renamed = copy.copy(op)
+    renamed.name = _unique(op.name, taken)
+    renamed._inbound_nodes, renamed._outbound_nodes = [], []
+    owners[renamed.name] = id(renamed)
+    copies[id(op)] = renamed
+    return renamed
+
+
 def _replay(
     graph: Graph,
     start: int,
@@ -183,6 +207,8 @@ def _replay(
             batch_shape=tensor.shape, dtype=tensor.dtype, name=input_name
         )
     new_ins = [mapping[id(t)] for t in ins]
+    owners: dict[str, int] = {}
+    copies: dict[int, Any] = {}
     # Stage inputs whose mask arrived as a tensor of its own: attached before the first read.
     unmasked = set(carried)
 
@@ -198,7 +224,8 @@ def _replay(
                 mapping[id(tensor)] = carry(mapping[id(tensor)], mask=mask)
         args = keras.tree.map_structure(substitute, gnode.node.arguments.args)
         kwargs = keras.tree.map_structure(substitute, gnode.node.arguments.kwargs)
-        result = gnode.node.operation(*args, **kwargs)
+        op = _named_once(gnode.node.operation, owners, taken, copies)
+        result = op(*args, **kwargs)
         for old, new in zip(gnode.outputs, keras.tree.flatten(result), strict=True):
             mapping[id(old)] = new
     new_outs = [mapping[id(t)] for t in outs]

@@ -8,8 +8,8 @@ The activation peak of a stage over nodes ``[a, b)`` at a batch of N rows: the s
 are held for the whole call (the actor keeps the arrays it was sent); a tensor made inside the
 stage lives from the node that makes it to its last reader inside the stage, or to the end of
 the stage when a later stage or the model's outputs read it. The peak is the largest sum over
-the nodes of the stage. A dimension unknown in the graph (a sequence length) counts as 1, and
-the plan says so.
+the nodes of the stage. A dimension unknown in the graph (a sequence length) counts as the
+plan's ``sequence_length`` (``--max-sequence-length``), and the plan says so.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ CPU_OVERHEAD_BYTES = 700 * 1024**2
 # A GPU: the CUDA context, cuBLAS/cuDNN handles and their workspaces, and TensorFlow's
 # allocator slack take 0.5-1 GiB of device memory before any weight.
 GPU_OVERHEAD_BYTES = 1 * GiB
+# The server's default --max-sequence-length: what a dimension unknown in the graph counts as.
+DEFAULT_MAX_SEQUENCE_LENGTH = 512
 
 _UNITS = {
     "": 1,
@@ -92,12 +94,13 @@ def _itemsize(dtype: str) -> int:
     return sizes.get(dtype, 1 if dtype in ("int8", "uint8", "bool") else 4)
 
 
-def row_bytes(shape: Sequence[Any], dtype: str) -> tuple[int, bool]:
+def row_bytes(shape: Sequence[Any], dtype: str, sequence_length: int = 1) -> tuple[int, bool]:
     """Bytes of one row of a tensor (its shape without the batch dimension) and whether a
-    dimension was unknown (counted as 1)."""
+    dimension was unknown (counted as ``sequence_length``)."""
     dims = tuple(shape)[1:]
     unknown = any(d is None for d in dims)
-    return math.prod(1 if d is None else int(d) for d in dims) * _itemsize(dtype), unknown
+    size = math.prod(sequence_length if d is None else int(d) for d in dims)
+    return size * _itemsize(dtype), unknown
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class StageNeed:
     overhead_bytes: int
     max_batch_size: int
     unknown_dims: bool = False
+    sequence_length: int = 1
 
     @property
     def total(self) -> int:
@@ -116,9 +120,13 @@ class StageNeed:
         return (
             f"{format_size(self.weight_bytes)} of weights ({self.weight_bytes} bytes) + "
             f"{format_size(self.activation_bytes)} of activations at batch "
-            f"{self.max_batch_size} + {format_size(self.overhead_bytes)} of device overhead = "
+            f"{self.max_batch_size}{self._length()} + {format_size(self.overhead_bytes)} of "
+            "device overhead = "
             f"{format_size(self.total)} ({self.total} bytes)"
         )
+
+    def _length(self) -> str:
+        return f", length {self.sequence_length}" if self.unknown_dims else ""
 
 
 def format_size(n: int) -> str:
@@ -157,11 +165,16 @@ class MemoryModel:
         max_batch_size: int,
         overhead_bytes: int,
         weight_dtype: str | None = None,
+        sequence_length: int = 1,
     ) -> None:
         """``weight_dtype`` (bfloat16, float16): the float weights are served in it
-        (``--weight-dtype``), so they count at its size."""
+        (``--weight-dtype``), so they count at its size. ``sequence_length``: what a dimension
+        unknown in the graph counts as (``--max-sequence-length``)."""
         if max_batch_size < 1:
             raise PlanError(f"max_batch_size must be an integer >= 1, got {max_batch_size}")
+        if sequence_length < 1:
+            raise PlanError(f"max_sequence_length must be an integer >= 1, got {sequence_length}")
+        self.sequence_length = sequence_length
         if overhead_bytes < 0:
             raise PlanError(f"device_overhead_bytes must be >= 0, got {overhead_bytes}")
         self.max_batch_size = max_batch_size
@@ -187,7 +200,7 @@ class MemoryModel:
     def _note(self, tensor: Any) -> int:
         tid = id(tensor)
         if tid not in self._row:
-            size, unknown = row_bytes(tuple(tensor.shape), str(tensor.dtype))
+            size, unknown = row_bytes(tuple(tensor.shape), str(tensor.dtype), self.sequence_length)
             self._row[tid] = size
             if unknown:
                 self._unknown.add(tid)
@@ -229,6 +242,7 @@ class MemoryModel:
             overhead_bytes=self.overhead_bytes,
             max_batch_size=self.max_batch_size,
             unknown_dims=unknown,
+            sequence_length=self.sequence_length,
         )
 
     def crossing_bytes_per_row(self, start: int, end: int) -> int:

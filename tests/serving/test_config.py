@@ -26,6 +26,7 @@ def test_defaults() -> None:
     assert s.inflight_batches(2, replicas=3) == 9
     assert s.queue_rows(3) == 4 * 32 * 4
     assert load_settings(max_inflight_batches=2).inflight_batches(3) == 2
+    assert s.max_sequence_length == 512
 
 
 def test_flag_beats_env_beats_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,6 +71,10 @@ def test_auto_timeout() -> None:
         ({"allowed_batch_sizes": "1,64"}, "between 1 and max_batch_size (32), got [1, 64]"),
         ({"max_queue_rows": "8"}, "max_queue_rows (8) must be >= max_batch_size (32)"),
         ({"placement_strategy": "RANDOM"}, "placement_strategy"),
+        (
+            {"max_sequence_length": "0"},
+            "max_sequence_length: Input should be greater than or equal to 1 (got '0')",
+        ),
         ({"no_such_setting": 1}, "no_such_setting: unknown setting"),
     ],
 )

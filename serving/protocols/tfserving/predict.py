@@ -9,7 +9,7 @@ from starlette.types import Receive, Scope, Send
 
 from serving.http.fast import FastRequest
 from serving.http.model import ModelHandle, served_models
-from serving.http.predict import serve_prediction
+from serving.http.predict import check_sequence_length, serve_prediction
 from serving.http.replies import JSON, Reply
 from serving.protocols.tfserving.codec import decode_predict, encode_predict
 
@@ -36,6 +36,7 @@ async def _predict(
     # Inline, not on a thread: orjson and numpy hold the GIL while they parse, so a thread
     # stalled the loop as long and took no less time (bench looplag, docs/benchmarks.md).
     decoded = decode_predict(body, signature)
+    check_sequence_length(decoded.inputs, model)
     outputs = await request.until_disconnect(
         batcher.submit(decoded.inputs, deadline=deadline, request_id=request.request_id)
     )

@@ -37,6 +37,7 @@ from serving.errors import (
 )
 from serving.http.admission import check_headroom
 from serving.http.model import ModelDirectory, ModelHandle
+from serving.http.predict import check_sequence_length
 from serving.http.replies import log_failure, request_id_from
 from serving.protocols.v2.grpc_codec import (
     decode_inputs,
@@ -131,6 +132,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 deadline = min(deadline, time.monotonic() + timeout_s)
             signature = model.signature
             inputs = decode_inputs(request, signature)
+            check_sequence_length(inputs, model)
             names = requested_outputs(request, signature)
             outputs = await batcher.submit(inputs, deadline=deadline, request_id=rid)
             tensors, raw = encode_outputs(outputs, names, signature)

@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from serving.errors import InvalidInputError
 from serving.http.fast import FastRequest, RawAnswer
 from serving.http.model import ModelHandle, served_models
-from serving.http.predict import serve_prediction
+from serving.http.predict import check_sequence_length, serve_prediction
 from serving.http.replies import Reply
 from serving.protocols.v2.infer_body import encode_infer, parse_infer
 from serving.protocols.v2.metadata import model_config, model_metadata, server_metadata
@@ -71,6 +71,7 @@ async def _infer(
     signature = model.signature
     # Inline, as /predict decodes: a thread would hold the GIL as long.
     call = parse_infer(body, request.header_length, signature)
+    check_sequence_length(call.inputs, model)
     if call.timeout_s is not None:
         deadline = min(deadline, time.monotonic() + call.timeout_s)
     outputs = await request.until_disconnect(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -13,6 +14,7 @@ from serving.errors import NotFoundError, NotReadyError
 from serving.server.metrics import Metrics
 from serving.server.model import ServedModel
 from serving.server.state import ServerState
+from shards.signature import ModelSignature, TensorSpec
 from tests.fakes import WAIT_S, FakeRunner, make_rows
 
 
@@ -84,6 +86,39 @@ async def test_a_model_that_finishes_loading_after_the_stop_began_takes_no_reque
         model.require_batcher()
     assert model.not_ready_reason() == "server is shutting down"
     await model.drain(budget)
+
+
+async def test_the_warm_up_batch_runs_at_the_max_sequence_length() -> None:
+    tokens = ModelSignature(
+        "tokens",
+        inputs=(TensorSpec("ids", (None,), "int32"), TensorSpec("image", (4, None, 3), "float32")),
+        outputs=(TensorSpec("y", (2,), "float32"),),
+    )
+    state = ServerState(Settings(model="fake", batch_timeout_ms=0.0, max_sequence_length=40))
+    model = ServedModel("tokens", state.settings, state.metrics)
+    runner = FakeRunner(tokens)
+    await _load(model, runner)
+    (warm_up,) = runner.batches
+    assert warm_up["ids"].shape == (1, 40)
+    assert warm_up["image"].shape == (1, 4, 40, 3)
+
+
+async def test_a_warm_up_failure_at_the_max_sequence_length_names_it() -> None:
+    tokens = ModelSignature("tokens", (TensorSpec("ids", (None,), "int32"),), ())
+    state = ServerState(Settings(model="fake", batch_timeout_ms=0.0, max_sequence_length=600))
+    model = ServedModel("tokens", state.settings, state.metrics)
+    await model.load(_factory(FakeRunner(tokens, fail_with=ValueError("index 600 >= 512"))), None)
+    assert model.load_error is not None
+    assert "warm-up batch at max_sequence_length=600 failed" in model.load_error
+    assert "index 600 >= 512" in model.load_error
+    assert "--max-sequence-length at most its longest" in model.load_error
+
+
+def _factory(runner: FakeRunner) -> Callable[[Settings], Awaitable[FakeRunner]]:
+    async def factory(_: Settings) -> FakeRunner:
+        return runner
+
+    return factory
 
 
 def _in(seconds: float) -> float:

@@ -59,6 +59,22 @@ def test_other_options_get_another_cache_entry(tmp_path: Path, partition_calls: 
     assert len(partition_calls) == 2
 
 
+def test_another_max_sequence_length_gets_another_cache_entry(
+    tmp_path: Path, partition_calls: list[Any]
+) -> None:
+    short = resolve_bundle(
+        "demo-tiny", stages=1, max_stage_bytes=None, cache_dir=tmp_path, max_sequence_length=64
+    )
+    again = resolve_bundle(
+        "demo-tiny", stages=1, max_stage_bytes=None, cache_dir=tmp_path, max_sequence_length=64
+    )
+    long = resolve_bundle("demo-tiny", stages=1, max_stage_bytes=None, cache_dir=tmp_path)
+    assert short == again != long
+    assert len(partition_calls) == 2
+    plans = [read_manifest(b).stages[0].memory for b in (short, long)]
+    assert [p.sequence_length if p else None for p in plans] == [64, 512]
+
+
 def _answers(bundle: Path) -> np.ndarray:
     signature = read_manifest(bundle).signature
     rows = {

@@ -66,14 +66,39 @@ def test_activation_peak_by_hand() -> None:
     assert memory.crossing_bytes_per_row(0, 3) == 48
 
 
-def test_unknown_dimension_counts_one_and_says_so() -> None:
+def pooled_tokens() -> keras.Model:
     tokens = keras.Input((None,), dtype="int32", name="tokens")
     emb = keras.layers.Embedding(100, 8, name="emb")(tokens)
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(emb)
-    memory = MemoryModel(analyse(keras.Model(tokens, pooled)), 1, 0)
-    rows, unknown = memory.activation_rows(0, 2)
-    # tokens (1 x int32) held; at the pool, emb and the pooled row (8 floats each).
-    assert unknown and rows == 4 + 32 + 32
+    return keras.Model(tokens, pooled)
+
+
+def test_an_unknown_dimension_counts_as_the_sequence_length_and_says_so() -> None:
+    graph = analyse(pooled_tokens())
+    # tokens (L x int32) held; at the pool, emb (L x 8 floats) and the pooled row (8 floats).
+    assert MemoryModel(graph, 1, 0).activation_rows(0, 2) == (4 + 32 + 32, True)
+    memory = MemoryModel(graph, 2, 0, sequence_length=100)
+    assert memory.activation_rows(0, 2) == (400 + 3200 + 32, True)
+    need = memory.need(0, 2)
+    assert need.activation_bytes == 2 * 3632
+    assert "activations at batch 2, length 100 + " in need.explain()
+    with pytest.raises(PlanError, match="max_sequence_length must be an integer >= 1, got 0"):
+        MemoryModel(graph, 1, 0, sequence_length=0)
+
+
+def test_a_bundle_plans_unknown_dimensions_at_max_sequence_length(tmp_path: Path) -> None:
+    default = partition_to_bundle(pooled_tokens(), tmp_path / "a", device_overhead_bytes=0)
+    (stage,) = default.stages
+    assert stage.memory is not None and stage.memory.unknown_dims
+    assert stage.memory.sequence_length == 512
+    assert stage.memory.activation_bytes == 32 * (512 * 4 + 512 * 32 + 32)
+    short = partition_to_bundle(
+        pooled_tokens(), tmp_path / "b", device_overhead_bytes=0, max_sequence_length=16
+    )
+    memory = read_manifest(tmp_path / "b").stages[0].memory
+    assert memory is not None and memory.sequence_length == 16
+    assert memory.activation_bytes == 32 * (16 * 4 + 16 * 32 + 32)
+    assert short.stages[0].memory == memory
 
 
 def ladder() -> keras.Model:

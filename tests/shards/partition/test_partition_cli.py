@@ -46,3 +46,26 @@ def test_partition_names_an_oversized_layer(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "error:" in result.output and "16" in result.output
+
+
+def test_plan_says_the_length_an_unknown_dimension_is_counted_at(tmp_path: Path) -> None:
+    import keras
+
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(100, 8, mask_zero=True, name="emb")(tokens)
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    keras.Model(tokens, keras.layers.Dense(2, name="out")(x)).save(tmp_path / "tokens.keras")
+    model = str(tmp_path / "tokens.keras")
+    default = runner.invoke(app, ["plan", model, "--stages", "2"])
+    assert default.exit_code == 0, default.output
+    assert "counted as 512 (--max-sequence-length)" in " ".join(default.output.split())
+    short = runner.invoke(app, ["plan", model, "--stages", "2", "--max-sequence-length", "64"])
+    assert short.exit_code == 0, short.output
+    assert "counted as 64 (--max-sequence-length)" in " ".join(short.output.split())
+    # A bundle says the length it was planned at.
+    out = tmp_path / "bundle"
+    cut = ["partition", model, "--out", str(out), "--max-sequence-length", "32"]
+    assert runner.invoke(app, cut).exit_code == 0
+    planned = runner.invoke(app, ["plan", str(out)])
+    assert "counted as 32 (--max-sequence-length)" in " ".join(planned.output.split())
+    assert "counted as" not in runner.invoke(app, ["plan", "demo-tiny"]).output
