@@ -33,6 +33,9 @@ log = logging.getLogger("shardserve")
 # The stats poll is also the replicas' health check between batches, and it brings the
 # stages' compute per batch size to the batching settings: often enough to follow a load change.
 STATS_PERIOD_S = 2.0
+# A stage actor that hangs (not dead) would hold the poll, and with it the health check, for ever;
+# a poll that takes longer is dropped and the next one tried.
+STATS_TIMEOUT_S = 10.0
 # While loading, how often /readyz's account of what the load waits for is refreshed.
 WAITS_PERIOD_S = 1.0
 
@@ -231,7 +234,8 @@ class ServedModel:
             runner = self.runner
             if runner is not None:
                 with contextlib.suppress(Exception):
-                    stats = await runner.stats()
+                    async with asyncio.timeout(STATS_TIMEOUT_S):
+                        stats = await runner.stats()
                     self.metrics.set_stage_stats(stats)
                     if self.batcher is not None:
                         self.batcher.observe_compute(stats)

@@ -123,3 +123,37 @@ def _factory(runner: FakeRunner) -> Callable[[Settings], Awaitable[FakeRunner]]:
 
 def _in(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+class _HangingStats(FakeRunner):
+    """A runner whose first stats call never returns: a stage actor that hangs, not dies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats_calls = 0
+        self.answered = asyncio.Event()
+
+    async def stats(self) -> list[dict[str, object]]:
+        self.stats_calls += 1
+        if self.stats_calls == 1:
+            await asyncio.Event().wait()
+        self.answered.set()
+        return await super().stats()
+
+
+async def test_a_stats_poll_that_hangs_is_dropped_and_the_next_one_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import serving.server.model as served
+
+    monkeypatch.setattr(served, "STATS_PERIOD_S", 0.01)
+    monkeypatch.setattr(served, "STATS_TIMEOUT_S", 0.05)
+    model = _state("a").model("a")
+    runner = _HangingStats()
+    model.runner = runner
+    poll = asyncio.create_task(model._poll_stats())
+    try:
+        await asyncio.wait_for(runner.answered.wait(), timeout=10)
+    finally:
+        poll.cancel()
+    assert runner.stats_calls >= 2
