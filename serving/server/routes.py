@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.convertors import Convertor, register_url_convertor
 
 from serving.config import Settings
@@ -111,10 +111,6 @@ def install_routes(app: FastAPI, settings: Settings, predict_model: RawHandler) 
             "max_batch_size": batching.max_batch_size if batching else settings.max_batch_size,
         }
 
-    @app.get("/healthz", response_model=Alive)
-    async def healthz() -> dict[str, Any]:
-        return {"status": "alive"}
-
     not_ready: dict[int | str, dict[str, Any]] = {
         503: {"model": Readiness, "description": _NOT_READY}
     }
@@ -122,6 +118,22 @@ def install_routes(app: FastAPI, settings: Settings, predict_model: RawHandler) 
     def unready(response: Response, body: dict[str, Any]) -> dict[str, Any]:
         response.status_code = 503
         return body
+
+    @app.get(
+        "/healthz",
+        response_model=Alive,
+        responses={503: {"model": Readiness, "description": _GAVE_UP}},
+    )
+    async def healthz(request: Request) -> Any:
+        # A batcher that gave up (its loop crashed again and again) will not come back in this
+        # process: liveness fails, so that an orchestrator restarts it instead of only taking
+        # it out of service as /readyz does.
+        state = getattr(request.app.state, "shardserve", None)
+        for model in state.models.values() if state is not None else ():
+            if model.batcher_failure:
+                body = {"status": "failed", "error": model.batcher_failure}
+                return JSONResponse(body, status_code=503)
+        return {"status": "alive"}
 
     @app.get(
         "/readyz",
@@ -159,6 +171,7 @@ _PREDICT_DESCRIPTION = (
     "request's deadline. A request is refused from its headers before its body is read when its "
     "Content-Length is over max_body_bytes (413) or the queue is full (503)."
 )
+_GAVE_UP = "A model's batcher gave up after crashing again and again: restart the process."
 _NOT_READY = "Loading, failed to load, stopping, or no healthy replica (the reason in 'error')."
 _METRICS_DOC: dict[int | str, dict[str, Any]] = {
     200: {

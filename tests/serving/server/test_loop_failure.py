@@ -22,6 +22,7 @@ async def test_readiness_follows_the_batcher_loop(monkeypatch: pytest.MonkeyPatc
         assert crashed.status_code == 500
         assert assert_clean_error(crashed).startswith("the batcher failed")
         assert (await client.get("/readyz")).status_code == 200
+        assert (await client.get("/healthz")).json() == {"status": "alive"}
         served = await client.post("/predict", json={"instances": [row(1), row(2)]})
         assert served.json()["predictions"] == [expected_row(1), expected_row(2)]
 
@@ -34,6 +35,9 @@ async def test_readiness_follows_the_batcher_loop(monkeypatch: pytest.MonkeyPatc
 
         ready = await client.get("/readyz")
         assert (ready.status_code, ready.json()) == (503, {"status": "failed", "error": failure})
+        # Gone for good in this process: liveness fails too, so an orchestrator restarts it.
+        alive = await client.get("/healthz")
+        assert (alive.status_code, alive.json()) == (503, {"status": "failed", "error": failure})
         assert (await client.get("/v2/health/ready")).status_code == 503
         assert (await client.get("/v2/models/fake/ready")).status_code == 503
         status = (await client.get("/v1/models/fake")).json()["model_version_status"][0]
