@@ -30,6 +30,9 @@ from shards.errors import InsufficientResourcesError, scrub
 log = logging.getLogger(__name__)
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# Whether this process started its own private local Ray (connect(None)): that one is this
+# process's to stop; a joined cluster, or an instance someone else started, is not.
+_started_private = False
 
 
 def connect(
@@ -58,6 +61,18 @@ def connect(
     return str(ray.get_runtime_context().gcs_address)
 
 
+def stop_private() -> None:
+    """Stop the private local Ray that ``connect(None)`` started in this process, if any.
+
+    Ray stops it at exit, but uvicorn ends a signalled server by raising the signal again, which
+    skips exit handlers: Ray's dashboard and runtime-env agents were then left running, orphaned.
+    """
+    global _started_private
+    if _started_private and ray.is_initialized():
+        ray.shutdown()
+    _started_private = False
+
+
 def _python_signal_handlers() -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
@@ -81,6 +96,8 @@ def _init(
             logging_level=logging.WARNING,
             runtime_env=runtime_env,
         )
+        global _started_private
+        _started_private = True
     else:
         if num_cpus is not None or num_gpus is not None:
             log.warning(

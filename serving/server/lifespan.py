@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from serving.config import Settings
 from serving.protocols.v2.grpc_server import start_grpc_server, stop_grpc_server
 from serving.server.model import ServedModel
-from serving.server.runner import RunnerFactory
+from serving.server.runner import RunnerFactory, release_cluster
 from serving.server.state import ServerState
 
 if TYPE_CHECKING:
@@ -57,3 +57,4 @@ async def _shut_down(state: ServerState, grpc_server: grpc.aio.Server | None) ->
     await state.drain(budget)
     await stop_grpc_server(grpc_server, grace_s=budget.answer_left())
     await asyncio.gather(*(model.close(budget.left()) for model in models))
+    await release_cluster(budget.left())

@@ -1,11 +1,9 @@
 """The one narrow interface between the front end and the model, and how the real one is built.
 
 The app needs only ``ModelRunner``: a signature, its stages and replicas, ``run_batch``, health
-and stage stats. The real
-runner is a ``shards.pipeline.replica_set.ReplicaSet`` of Ray shard actors; tests pass a fake.
-Nothing here
-imports TensorFlow: the model is resolved to a bundle inside a Ray task, and the signature comes
-from the bundle manifest.
+and stage stats. The real runner is a ``shards.pipeline.replica_set.ReplicaSet`` of Ray shard
+actors; tests pass a fake. Nothing here imports TensorFlow: the model is resolved to a bundle
+inside a Ray task, and the signature comes from the bundle manifest.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -150,3 +149,15 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         if settings.batch_hard_timeout_ms is None
         else settings.batch_hard_timeout_ms / 1000.0,
     )
+
+
+async def release_cluster(timeout_s: float) -> None:
+    """Stop the private local Ray this process started (``shards.cluster.stop_private``) within
+    ``timeout_s``; nothing when this process never started one (a fake runner, a cluster)."""
+    cluster = sys.modules.get("shards.cluster")
+    if cluster is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.to_thread(cluster.stop_private), max(timeout_s, 0.1))
+    except TimeoutError:
+        log.warning("the private Ray did not stop within the stop budget; exiting without it")

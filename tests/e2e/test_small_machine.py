@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import time
 from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 
 from tests.serverproc import running_server
 
@@ -24,7 +27,27 @@ def test_four_stages_start_on_a_private_ray_with_defaults(tmp_path: Path) -> Non
         assert reply.status_code == 200, reply.text
         assert len(reply.json()["predictions"]) == 3
         log = server.output()
+        # SIGTERM to the server alone, as Docker and Kubernetes send it (not to its group): the
+        # private Ray it started goes with it. uvicorn's re-raised signal skips Ray's exit
+        # handler, and its dashboard and runtime-env agents were left running, orphaned.
+        ray_processes = psutil.Process(server.process.pid).children(recursive=True)
+        assert ray_processes
+        os.kill(server.process.pid, signal.SIGTERM)
+        server.process.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while (left := [p for p in ray_processes if _running(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for process in left:
+            process.kill()
+        assert not left, [p.name() for p in left]
     cores = os.cpu_count() or 1
     share = math.floor(cores / 4 * 10_000) / 10_000
     threads = max(1, math.floor(share))
     assert f"4 stage actor(s) ask for {share:g} CPU each ({threads} TensorFlow thread(s))" in log
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
