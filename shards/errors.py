@@ -124,9 +124,8 @@ class NoHealthyReplicaError(RunError):
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # What a remote error's text may carry that no client may see: "pid=123", "ip=10.0.0.1",
-# "actor_id=ab12...", "<shards.actor.stage_actor.ShardActor object at 0x7f...>", IPv4 and IPv6
-# addresses
-# (with a port or a zone), and the names of hosts on a private network.
+# "actor_id=ab12...", "<shards.actor.stage_actor.ShardActor object at 0x7f...>", IPv4 and
+# IPv6 addresses (with a port or a zone), and the names of hosts on a private network.
 _HEX4 = r"[0-9A-Fa-f]{1,4}"
 _LEAKS = re.compile(
     r"\(?\b(pid|ip|actor_id|repr|node_id|worker_id|task_id)=(<[^<>]*>|[^,)\s]*)[,)]?\s*"

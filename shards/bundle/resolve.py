@@ -1,14 +1,12 @@
 """Turn what the user named as ``--model`` into a bundle directory, partitioning on the fly.
 
 Accepted: a bundle directory, a ``.keras`` file, a TF SavedModel directory, or a demo model name.
-Partitioned bundles are cached under ``cache_dir`` (shards.bundle.cache), keyed by everything the
-bundle
-depends on: every byte of the model's files, the options, the bundle format, the partitioner's
-own source and the Keras and TensorFlow versions (shards.bundle.fingerprint). A bundle is written
-to a
-temporary directory that is renamed into place, so a crash or a concurrent resolver never leaves
-a half-written bundle where a later call would reuse it; the cache is then pruned to
-``cache_max_bytes``.
+Partitioned bundles are cached under ``cache_dir`` (shards.bundle.cache), keyed by everything
+the bundle depends on: every byte of the model's files, the options, the bundle format, the
+partitioner's own source and the Keras and TensorFlow versions (shards.bundle.fingerprint). A
+bundle is written to a temporary directory that is renamed into place, so a crash or a
+concurrent resolver never leaves a half-written bundle where a later call would reuse it; the
+cache is then pruned to ``cache_max_bytes``.
 
 TensorFlow is imported only when a model must be partitioned (inside the function), so importing
 this module is cheap; callers run it in a Ray task to keep TensorFlow out of the HTTP process.
