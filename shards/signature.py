@@ -1,7 +1,9 @@
 """Tensor and model signatures: names, per-row shapes and dtypes, as plain data (numpy only).
 
 A ``TensorSpec.shape`` is the shape of ONE row: the batch dimension is left out. ``None`` marks a
-dimension of any size (for instance a sequence length).
+dimension of any size (for instance a sequence length). ``TensorSpec.pad_value`` is the value whose
+positions the model masks along that dimension (found when the model was cut,
+``shards.partition.length_masks``): rows padded with it answer as they would unpadded.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import numpy as np
 
 Shape = tuple[int | None, ...]
+PadValue = int | float | bool
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,8 @@ class TensorSpec:
     name: str
     shape: Shape
     dtype: str
+    # None: the model does not mask this input (a manifest written before pad values has none).
+    pad_value: PadValue | None = None
 
     @property
     def np_dtype(self) -> np.dtype[Any]:
@@ -37,12 +42,23 @@ class TensorSpec:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        data: dict[str, Any] = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.pad_value is not None:
+            data["pad_value"] = self.pad_value
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorSpec:
         shape = tuple(None if d is None else int(d) for d in data["shape"])
-        return cls(name=str(data["name"]), shape=shape, dtype=str(data["dtype"]))
+        pad_value = data.get("pad_value")
+        if pad_value is not None and not isinstance(pad_value, int | float | bool):
+            raise ValueError(
+                f"tensor {data['name']!r} has pad_value {pad_value!r}; expected a number or a "
+                "boolean (or none); partition the model again"
+            )
+        return cls(
+            name=str(data["name"]), shape=shape, dtype=str(data["dtype"]), pad_value=pad_value
+        )
 
 
 @dataclass(frozen=True)
