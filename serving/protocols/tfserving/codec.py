@@ -6,6 +6,10 @@ Columnar form: {"inputs": array | {name: array}} -> {"outputs": array | {name: a
 A row of a multi-input model is an object keyed by input name. Decoding never uses pydantic
 over the numeric payload (slow): orjson parses, numpy converts, and each check names what was
 wrong and what was expected.
+
+Rows may differ in length where the model leaves a dimension unknown (token ids): such a
+ragged ``instances`` body decodes to one dict of arrays per row (``Decoded.ragged``), each
+answered at its own length (``encode_rows``). The columnar form stays rectangular.
 """
 
 from __future__ import annotations
@@ -26,9 +30,18 @@ _OUTPUT_KEY = {"instances": "predictions", "inputs": "outputs"}
 
 @dataclass(frozen=True)
 class Decoded:
+    """Rectangular: ``inputs`` holds each input's rows stacked. Ragged (``instances`` of
+    different lengths): ``ragged`` holds one dict per row, arrays without the batch dimension,
+    and ``inputs`` is empty."""
+
     inputs: dict[str, np.ndarray]
     rows: int
     form: Form
+    ragged: list[dict[str, np.ndarray]] | None = None
+
+
+class _RaggedError(InvalidInputError):
+    """An input's rows did not stack into one array (rows of different shapes)."""
 
 
 def decode_predict(body: bytes, signature: ModelSignature) -> Decoded:
@@ -57,9 +70,16 @@ def decode_predict(body: bytes, signature: ModelSignature) -> Decoded:
         form = "inputs"
     # numpy reads [0.5, true] as [0.5, 1.0]; a body without true/false needs no scan for them.
     maybe_bool = b"true" in body or b"false" in body
-    arrays = {
-        spec.name: _to_array(columns[spec.name], spec, maybe_bool) for spec in signature.inputs
-    }
+    try:
+        arrays = {
+            spec.name: _to_array(columns[spec.name], spec, maybe_bool) for spec in signature.inputs
+        }
+    except _RaggedError as exc:
+        # Rectangular bodies never get here: the ragged path costs only the bodies it serves.
+        if form == "inputs":
+            raise _columnar_ragged(exc, signature) from None
+        ragged = _rows_from_columns(columns, signature, maybe_bool)
+        return Decoded(inputs={}, rows=len(ragged), form=form, ragged=ragged)
     rows = {name: arr.shape[0] for name, arr in arrays.items()}
     if len(set(rows.values())) != 1:
         raise InvalidInputError(f"inputs have different row counts {rows}; all must be equal")
@@ -77,7 +97,82 @@ def encode_predict(outputs: dict[str, np.ndarray], signature: ModelSignature, fo
     else:
         n = outputs[names[0]].shape[0]
         value = [{name: outputs[name][i] for name in names} for i in range(n)]
-    return orjson.dumps({key: value}, option=orjson.OPT_SERIALIZE_NUMPY)
+    return orjson.dumps({key: value}, option=orjson.OPT_SERIALIZE_NUMPY, default=_tolist)
+
+
+def encode_rows(rows: list[dict[str, np.ndarray]], signature: ModelSignature) -> bytes:
+    """The ``predictions`` of a ragged ``instances`` body: one row each, at its own length."""
+    names = signature.output_names
+    value: list[Any]
+    if len(names) == 1:
+        value = [row[names[0]] for row in rows]
+    else:
+        value = [{name: row[name] for name in names} for row in rows]
+    return orjson.dumps({"predictions": value}, option=orjson.OPT_SERIALIZE_NUMPY, default=_tolist)
+
+
+def _tolist(obj: Any) -> Any:
+    # orjson writes C-contiguous arrays only: an output cut back to a row's length along a
+    # later axis is a strided view, and a scalar output's row a 0-d array.
+    if isinstance(obj, np.ndarray | np.generic):
+        return obj.tolist()
+    raise TypeError(f"cannot write {type(obj).__name__} as JSON")
+
+
+def takes_any_length(signature: ModelSignature) -> bool:
+    """Whether some input of the model leaves a dimension unknown (rows may differ there)."""
+    return any(None in spec.shape for spec in signature.inputs)
+
+
+def _rows_from_columns(
+    columns: dict[str, Any], signature: ModelSignature, maybe_bool: bool
+) -> list[dict[str, np.ndarray]]:
+    """Each instance decoded alone and checked against the spec with unknown dimensions
+    free. Where the model takes no unknown length, the first row of another shape is refused
+    (the rows cannot stack)."""
+    fixed = not takes_any_length(signature)
+    count = len(columns[signature.inputs[0].name])
+    return [
+        {
+            spec.name: _row_array(columns[spec.name][i], spec, i, maybe_bool, fixed)
+            for spec in signature.inputs
+        }
+        for i in range(count)
+    ]
+
+
+def _row_array(
+    value: Any, spec: TensorSpec, index: int, maybe_bool: bool, fixed: bool
+) -> np.ndarray:
+    where = f"instance {index} of input {spec.name!r}"
+    try:
+        arr = np.asarray(value)
+    except ValueError:
+        raise InvalidInputError(
+            f"{where} is ragged within itself (its own rows differ in length); the model takes "
+            f"{spec.describe()}"
+        ) from None
+    _check_values(arr, value, spec, where, maybe_bool)
+    if not spec.matches_row_shape(arr.shape):
+        same = ": every row the same shape" if fixed else ""
+        raise InvalidInputError(
+            f"{where} has shape {_shape(arr.shape)}; the model takes {spec.describe()}{same}"
+        )
+    _check_range(arr, spec, where)
+    return np.ascontiguousarray(arr, dtype=spec.np_dtype)
+
+
+def _columnar_ragged(exc: _RaggedError, signature: ModelSignature) -> InvalidInputError:
+    if not takes_any_length(signature):
+        return InvalidInputError(exc.message)
+    return InvalidInputError(
+        f'{exc.message}. "inputs" (columns) takes rectangular arrays only: send rows of '
+        'different lengths as "instances", one row (or object of inputs) each'
+    )
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return f"({shape[0]},)" if len(shape) == 1 else f"({', '.join(str(d) for d in shape)})"
 
 
 def _columns_from_instances(instances: Any, signature: ModelSignature) -> dict[str, Any]:
@@ -140,9 +235,20 @@ def _to_array(value: Any, spec: TensorSpec, maybe_bool: bool = True) -> np.ndarr
     try:
         arr = np.asarray(value)
     except ValueError:
-        raise InvalidInputError(
+        raise _RaggedError(
             f"{where} is ragged (rows of different lengths); expected {spec.describe()}"
         ) from None
+    _check_values(arr, value, spec, where, maybe_bool)
+    if not spec.matches_row_shape(arr.shape[1:]):
+        got = ", ".join(str(d) for d in arr.shape)
+        raise InvalidInputError(f"{where} has shape ({got}); expected {spec.describe()}")
+    _check_range(arr, spec, where)
+    return np.ascontiguousarray(arr, dtype=spec.np_dtype)
+
+
+def _check_values(
+    arr: np.ndarray, value: Any, spec: TensorSpec, where: str, maybe_bool: bool
+) -> None:
     kind = arr.dtype.kind
     want = spec.np_dtype.kind
     if kind == "O":
@@ -155,14 +261,13 @@ def _to_array(value: Any, spec: TensorSpec, maybe_bool: bool = True) -> np.ndarr
         raise InvalidInputError(f"{where} holds booleans; expected numbers {spec.describe()}")
     if want in "iu" and kind == "f":
         raise InvalidInputError(f"{where} holds non-integers; expected {spec.describe()}")
-    if not spec.matches_row_shape(arr.shape[1:]):
-        got = ", ".join(str(d) for d in arr.shape)
-        raise InvalidInputError(f"{where} has shape ({got}); expected {spec.describe()}")
-    if want in "iu" and arr.size:
+
+
+def _check_range(arr: np.ndarray, spec: TensorSpec, where: str) -> None:
+    if spec.np_dtype.kind in "iu" and arr.size:
         info = np.iinfo(spec.np_dtype)
         if arr.min() < info.min or arr.max() > info.max:
             raise InvalidInputError(f"{where} holds values outside the range of {spec.dtype}")
-    return np.ascontiguousarray(arr, dtype=spec.np_dtype)
 
 
 def _holds_bool(value: Any) -> bool:
