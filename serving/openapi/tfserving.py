@@ -84,10 +84,20 @@ def predict_request(signature: ModelSignature, max_rows: int | None) -> Schema:
         (row,) = rows.values()
         instances.insert(0, _rows(row, max_rows))
         columns = {"anyOf": [_rows(row, max_rows), columns]}
-    return {
-        "description": 'Rows ({"instances": [row, ...]}) or columns ({"inputs": ...}) of the '
+    description = (
+        'Rows ({"instances": [row, ...]}) or columns ({"inputs": ...}) of the '
         "served model's inputs; a row of a model with several inputs is an object keyed by "
-        "input name, and every input has the same number of rows.",
+        "input name, and every input has the same number of rows."
+    )
+    if any(None in spec.shape for spec in signature.inputs):
+        description += (
+            " The model leaves a dimension unknown (? in its shapes, a sequence length): "
+            '"instances" may differ in length there, up to the server\'s max_sequence_length, '
+            'and each row is answered at its own length; "inputs" (columns) must be '
+            "rectangular."
+        )
+    return {
+        "description": description,
         "anyOf": [_body("instances", {"anyOf": instances}), _body("inputs", columns)],
     }
 

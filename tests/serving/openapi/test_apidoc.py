@@ -13,6 +13,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from serving.config import Settings
+from serving.openapi.tfserving import predict_schemas
 from serving.server.app import create_app
 from shards.signature import ModelSignature, TensorSpec
 from tests.fakes import FakeRunner
@@ -301,3 +302,14 @@ def test_every_json_get_route_returns_its_declared_model() -> None:
         model = route.response_model
         if model is not None:  # a key the body has and the model lacks fails the route
             assert model.model_config.get("extra") == "forbid", route.path
+
+
+def test_ragged_instances_are_documented_where_the_model_takes_any_length() -> None:
+    tokens = ModelSignature(
+        "tokens", (TensorSpec("ids", (None,), "int32"),), (TensorSpec("y", (2,), "float32"),)
+    )
+    schema = predict_schemas(tokens, None)["PredictRequest"]
+    assert '"instances" may differ in length' in schema["description"]
+    assert schema_accepts(schema, {"instances": [[1, 2, 3], [4]]})
+    fixed = predict_schemas(TWO_INPUTS, None)["PredictRequest"]
+    assert "differ in length" not in fixed["description"]
