@@ -21,6 +21,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
+from serving.length_settings import LengthSettings
 from serving.settings_sources import ConfigError, TomlSource, format_validation_error, split_csv
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets, parse_bytes
 
@@ -35,7 +36,7 @@ _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 )
 
 
-class Settings(BaseSettings):
+class Settings(BaseSettings, LengthSettings):  # the length-padding fields: LengthSettings
     model_config = SettingsConfigDict(
         env_prefix="SHARDSERVE_", extra="forbid", validate_default=True
     )
@@ -213,7 +214,7 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlSource(settings_cls, _config_file.get()))
 
-    @field_validator("imports", "allowed_batch_sizes", mode="before")
+    @field_validator("imports", "allowed_batch_sizes", "allowed_lengths", mode="before")
     @classmethod
     def _csv_lists(cls, value: Any) -> Any:
         return split_csv(value)

@@ -29,21 +29,32 @@ def _metavar(annotation: Any) -> str:
     return "TEXT"
 
 
+# Settings whose flag is singular because it repeats: --import a --import b.
+_REPEATED = {"imports": "import", "pad_inputs": "pad-input"}
+_REPEATED_METAVARS = {"imports": "MODULE", "pad_inputs": "NAME=VALUE"}
+
+
 def flag_name(field: str) -> str:
-    return "--" + ("import" if field == "imports" else field.replace("_", "-"))
+    return "--" + _REPEATED.get(field, field.replace("_", "-"))
 
 
 def _setting_parameters() -> list[inspect.Parameter]:
     params = []
     for name, info in Settings.model_fields.items():
         default = info.get_default(call_default_factory=True)
-        shown = "unset" if default in (None, []) else str(default)
+        shown = "unset" if default in (None, [], {}) else str(default)
         help_text = f"{info.description} (env SHARDSERVE_{name.upper()}, default {shown})"
-        if name == "imports":
+        if name in _REPEATED:
             option = typer.Option(
-                None, flag_name(name), help=help_text + ", repeatable", metavar="MODULE"
+                None,
+                flag_name(name),
+                help=help_text + ", repeatable",
+                metavar=_REPEATED_METAVARS[name],
             )
             annotation: Any = Optional[list[str]]  # noqa: UP045 - typer reads the annotation
+        elif name == "pad_lengths":
+            option = typer.Option(None, "--pad-lengths/--no-pad-lengths", help=help_text)
+            annotation = Optional[bool]  # noqa: UP045
         else:
             option = typer.Option(
                 None, flag_name(name), help=help_text, metavar=_metavar(info.annotation)
