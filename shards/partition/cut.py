@@ -28,6 +28,7 @@ from shards.bundle.format import (
     write_manifest,
 )
 from shards.partition.graph import Graph, PartitionError, analyse, cut
+from shards.partition.length_masks import describe_pad_values
 from shards.partition.memory_plan import (
     DEFAULT_MAX_SEQUENCE_LENGTH,
     MemoryModel,
@@ -209,6 +210,8 @@ def partition_to_bundle(
         max_sequence_length=max_sequence_length,
     )
     report(f"planned {len(planned)} stage(s) over {len(graph.nodes)} nodes")
+    if (padded := describe_pad_values(graph.signature)) is not None:
+        report(padded)
     specs = []
     for stage, spec in planned:
         stage.save(out / spec.file)

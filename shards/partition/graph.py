@@ -27,6 +27,7 @@ import keras
 from shards.bundle.format import StageSpec
 from shards.errors import PartitionError
 from shards.partition.flatten import flatten_nested, runtime_masks, topological_nodes
+from shards.partition.length_masks import mark_masked_inputs
 from shards.partition.masking import CarryMask
 from shards.partition.plan import NodeCost, estimate_flops, param_bytes
 from shards.signature import ModelSignature, TensorSpec
@@ -151,6 +152,7 @@ def analyse(model: keras.Model) -> Graph:
         inputs=tuple(_spec(t, names[id(t)]) for t in model.inputs),
         outputs=tuple(_spec(t, names[id(t)]) for t in model.outputs),
     )
+    signature = mark_masked_inputs(signature, model.inputs, order)
     return Graph(
         model=model,
         nodes=tuple(nodes[i] for i in keep),
