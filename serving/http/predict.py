@@ -6,7 +6,7 @@ metric. Each protocol brings only its ``work``: read, decode, submit, encode.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError, ShardServeError
@@ -72,10 +72,38 @@ async def serve_prediction(
     await send_reply(request.send, rid, status, body, content_type, headers)
 
 
-def check_sequence_length(inputs: Mapping[str, np.ndarray], model: ModelHandle) -> None:
+def check_sequence_length(
+    inputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]], model: ModelHandle
+) -> None:
     """400 for an input longer than ``max_sequence_length`` in a dimension the model leaves
     unknown: the memory plan and the warm-up were made at that length (every protocol, after
-    decoding, before submitting)."""
-    reason = model.signature.too_long(inputs, model.settings.max_sequence_length)
+    decoding, before submitting). ``inputs``: arrays of stacked rows, or a ragged request's
+    rows, one dict each without the batch dimension."""
+    limit = model.settings.max_sequence_length
+    if isinstance(inputs, Mapping):
+        reason = model.signature.too_long(inputs, limit)
+    else:
+        reason = _row_too_long(inputs, model, limit)
     if reason is not None:
         raise InvalidInputError(reason)
+
+
+def _row_too_long(
+    rows: Sequence[Mapping[str, np.ndarray]], model: ModelHandle, limit: int
+) -> str | None:
+    unknown = [
+        (spec.name, axis)
+        for spec in model.signature.inputs
+        for axis, want in enumerate(spec.shape)
+        if want is None
+    ]
+    for index, row in enumerate(rows):
+        for name, axis in unknown:
+            length = row[name].shape[axis]
+            if length > limit:
+                return (
+                    f"instance {index} of input {name!r} has length {length} (row shape "
+                    f"{tuple(row[name].shape)}), over max_sequence_length={limit}, the longest "
+                    f"this server takes; send at most {limit}"
+                )
+    return None

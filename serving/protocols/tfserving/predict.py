@@ -11,7 +11,7 @@ from serving.http.fast import FastRequest
 from serving.http.model import ModelHandle, served_models
 from serving.http.predict import check_sequence_length, serve_prediction
 from serving.http.replies import JSON, Reply
-from serving.protocols.tfserving.codec import decode_predict, encode_predict
+from serving.protocols.tfserving.codec import decode_predict, encode_predict, encode_rows
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
@@ -36,6 +36,13 @@ async def _predict(
     # Inline, not on a thread: orjson and numpy hold the GIL while they parse, so a thread
     # stalled the loop as long and took no less time (bench looplag, docs/benchmarks.md).
     decoded = decode_predict(body, signature)
+    if decoded.ragged is not None:
+        # Rows of different lengths: each its own request row, answered at its own length.
+        check_sequence_length(decoded.ragged, model)
+        rows = await request.until_disconnect(
+            batcher.submit_rows(decoded.ragged, deadline=deadline, request_id=request.request_id)
+        )
+        return 200, encode_rows(rows, signature), JSON, []
     check_sequence_length(decoded.inputs, model)
     outputs = await request.until_disconnect(
         batcher.submit(decoded.inputs, deadline=deadline, request_id=request.request_id)
