@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import keras
 
 
-DEMO_NAMES = ("demo-tiny", "demo-mlp", "demo-resnet")
+DEMO_NAMES = ("demo-tiny", "demo-mlp", "demo-resnet", "demo-tokens", "demo-tagger", "demo-conv1d")
 ACCEPTED = (
     "a bundle directory (with manifest.json), a .keras file, a TF SavedModel directory (with "
     f"saved_model.pb), or a demo model name ({', '.join(DEMO_NAMES)})"

@@ -10,6 +10,18 @@ through a ``tf.function`` (as a stage actor runs it; eager calls take 2-4x longe
 - ``demo-resnet``: 32x32x3 image, a stem and 3 stages of 2 residual blocks (16, 32, 64
   channels, batch norm), 10 logits: 0.18M parameters, about 54 MFLOPs per row (estimated);
   about 22 ms.
+
+Three token models, ``Input((None,), "int32")`` named ``tokens`` (100 ids, 0 the padding),
+for variable-length inputs (issue 19); each cuts in 2 stages, about 0.5-1 ms at 32 x 64 tokens
+unless said:
+
+- ``demo-tokens``: ``Embedding(mask_zero=True)`` -> Dense(32, relu) -> masked average pooling
+  -> 4 logits; zero-padded rows answer as unpadded ones.
+- ``demo-tagger``: the same masked embedding -> Dense(32, relu) -> self-attention (2 heads),
+  residual, layer norm -> 8 logits per token ``(n, L, 8)``; the mask crosses its cut. About
+  3 ms at 32 x 64.
+- ``demo-conv1d``: no mask: Embedding -> Conv1D(16, 3, same) -> global max pooling -> 4 logits;
+  padding changes its answers, so it must be served unpadded.
 """
 
 from __future__ import annotations
@@ -104,10 +116,72 @@ def demo_resnet() -> keras.Model:
     return keras.Model(image, logits, name="demo_resnet")
 
 
+VOCABULARY = 100
+
+
+def _tokens(seeds: count[int], mask_zero: bool) -> tuple[keras.KerasTensor, keras.KerasTensor]:
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    embedded = keras.layers.Embedding(
+        VOCABULARY, 16, mask_zero=mask_zero, embeddings_initializer=_init(seeds), name="embedding"
+    )(tokens)
+    return tokens, embedded
+
+
+def _dense(
+    x: keras.KerasTensor, width: int, name: str, seeds: count[int], **kw: str
+) -> keras.KerasTensor:
+    return keras.layers.Dense(
+        width, kernel_initializer=_init(seeds), bias_initializer=_bias(seeds), name=name, **kw
+    )(x)
+
+
+def demo_tokens() -> keras.Model:
+    seeds = count(400)
+    tokens, x = _tokens(seeds, mask_zero=True)
+    x = _dense(x, 32, "hidden", seeds, activation="relu")
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    return keras.Model(tokens, _dense(x, 4, "logits", seeds), name="demo_tokens")
+
+
+def demo_tagger() -> keras.Model:
+    seeds = count(500)
+    tokens, x = _tokens(seeds, mask_zero=True)
+    x = _dense(x, 32, "hidden", seeds, activation="relu")
+    attended = keras.layers.MultiHeadAttention(
+        2,
+        16,
+        kernel_initializer=_init(seeds),
+        bias_initializer=_bias(seeds),
+        name="attention",
+    )(x, x)
+    x = keras.layers.LayerNormalization(name="norm")(
+        keras.layers.Add(name="residual")([x, attended])
+    )
+    return keras.Model(tokens, _dense(x, 8, "logits", seeds), name="demo_tagger")
+
+
+def demo_conv1d() -> keras.Model:
+    seeds = count(600)
+    tokens, x = _tokens(seeds, mask_zero=False)
+    x = keras.layers.Conv1D(
+        16,
+        3,
+        padding="same",
+        kernel_initializer=_init(seeds),
+        bias_initializer=_bias(seeds),
+        name="conv",
+    )(x)
+    x = keras.layers.GlobalMaxPooling1D(name="pool")(x)
+    return keras.Model(tokens, _dense(x, 4, "logits", seeds), name="demo_conv1d")
+
+
 DEMO_MODELS: dict[str, Callable[[], keras.Model]] = {
     "demo-tiny": demo_tiny,
     "demo-mlp": demo_mlp,
     "demo-resnet": demo_resnet,
+    "demo-tokens": demo_tokens,
+    "demo-tagger": demo_tagger,
+    "demo-conv1d": demo_conv1d,
 }
 
 

@@ -6,12 +6,16 @@ import hashlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 
+from shards.bundle.format import load_stage
+from shards.partition.cut import partition_to_bundle, run_chain
 from shards.partition.demo_models import DEMO_MODELS, build_demo
+from shards.partition.masking import CarryMask
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -58,10 +62,13 @@ def test_another_process_builds_the_same_weights() -> None:
         ("demo-tiny", "features", (8,)),
         ("demo-mlp", "features", (1024,)),
         ("demo-resnet", "image", (32, 32, 3)),
+        ("demo-tokens", "tokens", (None,)),
+        ("demo-tagger", "tokens", (None,)),
+        ("demo-conv1d", "tokens", (None,)),
     ],
 )
 def test_inputs_and_outputs_have_meaningful_names(
-    name: str, input_name: str, row_shape: tuple[int, ...]
+    name: str, input_name: str, row_shape: tuple[int | None, ...]
 ) -> None:
     model = build_demo(name)
     assert [t.name for t in model.inputs] == [input_name]
@@ -75,5 +82,45 @@ def test_demo_models_are_worth_sharding() -> None:
 
 
 def test_unknown_name_lists_the_demo_models() -> None:
-    with pytest.raises(ValueError, match=r"'demo-nope'.*demo-mlp, demo-resnet, demo-tiny"):
+    with pytest.raises(ValueError, match=r"'demo-nope'.*demo-mlp, demo-resnet, demo-tagger"):
         build_demo("demo-nope")
+
+
+def token_rows(length: int) -> np.ndarray:
+    """Three rows of ``length`` tokens: one full, two ending in zeros (the padding token)."""
+    rows = np.random.default_rng(length).integers(1, 100, size=(3, length), dtype="int32")
+    rows[1, max(1, length // 2) :] = 0
+    rows[2, 1:] = 0
+    return rows
+
+
+def answer(model: keras.Model, rows: np.ndarray) -> np.ndarray:
+    return np.asarray(model(rows, training=False))
+
+
+@pytest.mark.parametrize(
+    ("name", "masked"), [("demo-tokens", True), ("demo-tagger", True), ("demo-conv1d", False)]
+)
+def test_token_demos_cut_in_two_and_pad_only_where_masked(
+    name: str, masked: bool, tmp_path: Path
+) -> None:
+    model = build_demo(name)
+    manifest = partition_to_bundle(model, tmp_path / "b", stages=2)
+    assert len(manifest.stages) == 2
+    assert manifest.signature.inputs[0].pad_value == (0 if masked else None)
+    # The masked ones re-attach the mask after the cut (shards.partition.masking).
+    second = load_stage(tmp_path / "b", 1)
+    assert any(isinstance(layer, CarryMask) for layer in second.layers) == masked
+    for length in (1, 12):
+        rows = token_rows(length)
+        got = run_chain(tmp_path / "b", {"tokens": rows})["logits"]
+        np.testing.assert_allclose(got, answer(model, rows), atol=1e-5, rtol=0)
+    # A row answers the same padded with zeros to a longer length only under the mask.
+    row = token_rows(12)[1:2, :6]
+    padded = np.concatenate([row, np.zeros((1, 10), "int32")], axis=1)
+    alone, longer = answer(model, row), answer(model, padded)
+    if longer.ndim == 3:
+        assert longer.shape == (1, 16, 8)
+        longer = longer[:, :6]
+    gap = float(np.max(np.abs(alone - longer)))
+    assert gap <= 1e-5 if masked else gap > 1e-3
