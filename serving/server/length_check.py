@@ -117,11 +117,10 @@ def _pad_values(signature: ModelSignature, given: Mapping[str, Any]) -> dict[str
         )
     values: dict[str, Any] = {}
     for spec in signature.inputs:
-        own = getattr(spec, "pad_value", None)
         if spec.name in given:
             values[spec.name] = given[spec.name]
-        elif own is not None and spec.name in qualify:
-            values[spec.name] = own
+        elif spec.pad_value is not None and spec.name in qualify:
+            values[spec.name] = spec.pad_value
     return values
 
 

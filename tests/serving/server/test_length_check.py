@@ -38,7 +38,7 @@ def token_signature(output: TensorSpec, *extra: TensorSpec) -> ModelSignature:
 def masked_mean(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     ids = batch["ids"].astype(np.float32)
     mask = ids != 0
-    features = np.stack([ids, np.sqrt(ids), np.sin(ids), np.ones_like(ids)], axis=-1)
+    features = np.stack([ids, np.sqrt(np.abs(ids)), np.sin(ids), np.ones_like(ids)], axis=-1)
     total = (features * mask[..., None]).sum(axis=1)
     return {"y": total / np.maximum(mask.sum(axis=1), 1)[:, None]}
 
@@ -82,6 +82,21 @@ async def test_a_masked_model_is_padded_along_its_length() -> None:
     lengths = {b["ids"].shape[1] for b in runner.batches}
     # the output axes at 5 and 9; rows of 1, 7, 15 alone and padded to 16; 7 padded to 512
     assert lengths == {5, 9, 1, 7, 15, 16, 512}
+
+
+async def test_an_input_the_model_masks_is_padded_without_being_named() -> None:
+    masked = ModelSignature(
+        "toy", (TensorSpec("ids", (None,), "int32", pad_value=0),), MEAN.outputs
+    )
+    plan = await plan_length_padding(FnRunner(masked, masked_mean), load_settings())
+    assert plan.padding is not None, plan.reason
+    assert dict(plan.padding.pad_values) == {"ids": 0}
+    # --pad-input overrides the model's own value: here with one the model does not mask
+    plan = await plan_length_padding(
+        FnRunner(masked, masked_mean), load_settings(pad_inputs="ids=-1")
+    )
+    assert plan.padding is None
+    assert "output 'y' of a row of length 1 padded to 16 differs" in plan.reason
 
 
 async def test_a_per_token_output_is_cut_back(caplog: pytest.LogCaptureFixture) -> None:
