@@ -14,6 +14,7 @@ Examples::
     python -m bench padding                                  # padded vs unpadded batches, CPU
     python -m bench looplag --compare-tree ../old            # 1-row p99 beside 16 MiB bodies
     python -m bench frontcpu --compare-tree ../old           # front-end CPU/req, new vs old
+    python -m bench ragged                                   # mixed lengths, length padded
 """
 
 from __future__ import annotations
@@ -36,10 +37,22 @@ from bench.suites import (
     memory,
     overload,
     protocols,
+    ragged,
 )
 
 # In the order of ``--help``.
-SUITES = (compare, overload, chaos, protocols, memory, datapath, batching, looplag, frontcpu)
+SUITES = (
+    compare,
+    overload,
+    chaos,
+    protocols,
+    memory,
+    datapath,
+    batching,
+    looplag,
+    frontcpu,
+    ragged,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

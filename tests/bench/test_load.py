@@ -3,13 +3,17 @@ Poisson arrivals, and the chaos traffic's verdict on an answer."""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import numpy as np
 import orjson
 import pytest
+from aiohttp import web
 
 from bench.load.chaos import judge
 from bench.load.hey import parse_csv, summarize
-from bench.load.pyload import arrivals
+from bench.load.pyload import _closed, arrivals, read_bodies, run
 
 HEY_CSV = """response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset
 0.0100,0.0001,0.0000,0.0000,0.0099,0.0000,200,0.5000
@@ -58,3 +62,31 @@ def test_poisson_arrivals_keep_the_mean_rate_and_vary_the_gaps() -> None:
     gaps = np.diff(due)
     assert (gaps >= 0).all() and 0.8 < gaps.std() / gaps.mean() < 1.2  # exponential: cv 1
     assert np.array_equal(arrivals(10.0, 1.0, poisson=False), np.arange(10) / 10.0)
+
+
+async def test_the_closed_loop_sends_several_bodies_in_turn(tmp_path: Path) -> None:
+    received: list[bytes] = []
+
+    async def predict(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.json_response({"predictions": [[0.0]]})
+
+    app = web.Application()
+    app.router.add_post("/predict", predict)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    await web.SockSite(runner, sock).start()
+    try:
+        bodies = [b'{"instances": [[1]]}', b'{"instances": [[1, 2]]}', b'{"instances": [[3]]}']
+        result = await _closed(f"http://127.0.0.1:{port}/predict", bodies, 1, 0.2)
+    finally:
+        await runner.cleanup()
+    assert result.errors == 0 and len(received) == result.requests >= 3
+    assert received == [bodies[i % 3] for i in range(len(received))]
+    body_file = tmp_path / "bodies.jsonl"
+    body_file.write_bytes(b"\n".join(bodies) + b"\n\n")
+    assert read_bodies(body_file) == bodies
+    with pytest.raises(ValueError, match="one a line"):
+        run("http://127.0.0.1:1/predict", [b'{"a":\n1}'], ["--concurrency", "1"], 1.0)
