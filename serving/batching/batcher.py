@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,15 +24,16 @@ import numpy as np
 
 from serving.batching.cost import RunTimeModel
 from serving.batching.dispatch import SHUTTING_DOWN, Dispatcher
+from serving.batching.lengths import LengthPadding
 from serving.batching.poison import RunBatch
+from serving.batching.ragged import Row, submit_ragged
 from serving.batching.record import BatchRecord
-from serving.batching.rows import PendingRequest, RowQueues, Segment, row_count
+from serving.batching.rows import PendingRequest, RowQueues, Segment, check_size, row_count
 from serving.batching.settings import BatchSettings
 from serving.batching.wait import WaitPolicy, wait_policy
 from serving.errors import (
     BatchFailedError,
     DeadlineExceededError,
-    InvalidInputError,
     NotReadyError,
     QueueFullError,
     ShardServeError,
@@ -56,6 +55,7 @@ class Batcher:
         run_batch: RunBatch,
         policy: BatchSettings,
         *,
+        lengths: LengthPadding | None = None,
         on_batch: Callable[[BatchRecord], None] | None = None,
         on_reject: Callable[[str], None] | None = None,
     ) -> None:
@@ -74,10 +74,24 @@ class Batcher:
         self._dispatcher = Dispatcher(
             run_batch, self._queues, self._runtime, self._wake, self._fail_segments, on_batch
         )
+        self._dispatcher.lengths = lengths
 
     @property
     def policy(self) -> BatchSettings:
         return self._policy
+
+    @property
+    def length_padding(self) -> LengthPadding | None:
+        """The length padding in force (``serving.batching.lengths``); None: rows of different
+        lengths queue apart."""
+        return self._dispatcher.lengths
+
+    def set_length_padding(self, lengths: LengthPadding | None) -> None:
+        """Turn length padding on (or off) while nothing is queued: queued rows were keyed by
+        the padding they arrived under."""
+        if self._queues:
+            raise RuntimeError("length padding changes only while no row is queued")
+        self._dispatcher.lengths = lengths
 
     @property
     def queued_rows(self) -> int:
@@ -115,13 +129,7 @@ class Batcher:
 
     def reconfigure(self, **changes: Any) -> BatchSettings:
         """Swap in a validated policy; it applies to the next batch, queued rows stay queued."""
-        known = [f.name for f in dataclasses.fields(BatchSettings)]
-        unknown = sorted(set(changes) - set(known))
-        if unknown:
-            raise ValueError(f"unknown batching settings {unknown}; expected some of {known}")
-        if isinstance(changes.get("allowed_batch_sizes"), list):
-            changes["allowed_batch_sizes"] = tuple(changes["allowed_batch_sizes"])
-        self._policy = dataclasses.replace(self._policy, **changes)
+        self._policy = self._policy.changed(**changes)
         self._wait = wait_policy(self._policy, self._runtime)
         self._wake.set()
         return self._policy
@@ -136,8 +144,32 @@ class Batcher:
         """Queue the rows of ``inputs`` and return their outputs, rows in the same order.
 
         ``deadline`` is an absolute ``time.monotonic()`` value; ``request_id`` names the request
-        in the log lines of its batch's failures.
+        in the log lines of its batch's failures. With length padding, outputs that follow the
+        padded length come back cut to the request's own length.
         """
+        return await self.submit_lengths(inputs, row_count(inputs), deadline, request_id, None)
+
+    async def submit_rows(
+        self,
+        rows: list[Row],
+        *,
+        deadline: float | None = None,
+        request_id: str | None = None,
+    ) -> list[Row]:
+        """A ragged request: one dict of arrays per row (no rows dimension), rows of different
+        lengths; each row answered cut back to its own length (``serving.batching.ragged``)."""
+        return await submit_ragged(self, rows, deadline, request_id)
+
+    async def submit_lengths(
+        self,
+        inputs: dict[str, np.ndarray],
+        rows: int,
+        deadline: float | None,
+        request_id: str | None,
+        row_lengths: np.ndarray | None,
+    ) -> dict[str, np.ndarray]:
+        """``submit`` of ``rows`` rows whose own lengths (``row_lengths``, where they differ)
+        are shorter than the length they were padded to."""
         if not self._accepting:
             if self._loop_task is None:
                 raise NotReadyError("the batcher has not been started")
@@ -145,24 +177,24 @@ class Batcher:
                 raise NotReadyError(self._failure)
             self._reject("shutdown")
             raise NotReadyError(SHUTTING_DOWN)
-        rows = row_count(inputs)
-        policy = self._policy
-        if rows > policy.max_queue_rows:
-            raise InvalidInputError(
-                f"request has {rows} rows; at most {policy.max_queue_rows} (max_queue_rows) fit"
-            )
+        policy, lengths = self._policy, self.length_padding
+        check_size(inputs, rows, policy.max_queue_rows, lengths)
         if self._queues.rows + rows > policy.max_queue_rows:
             self._reject("queue_full")
             raise QueueFullError(
                 f"queue full: {self._queues.rows} rows queued, {rows} more would pass "
                 f"max_queue_rows={policy.max_queue_rows}",
-                retry_after_s=self._retry_after_s(rows),
+                retry_after_s=self._runtime.retry_after_s(
+                    self._queues.rows + rows, policy.max_batch_size
+                ),
             )
         if deadline is not None and deadline <= time.monotonic():
             self._reject("deadline")
             raise DeadlineExceededError("the request's deadline passed before it was queued")
         loop = asyncio.get_running_loop()
-        request = PendingRequest(inputs, rows, loop.create_future(), request_id)
+        request = PendingRequest(
+            inputs, rows, loop.create_future(), request_id, lengths=lengths, row_lengths=row_lengths
+        )
         self._queues.add(request)
         timer = None
         if deadline is not None:
@@ -314,12 +346,3 @@ class Batcher:
                 self._on_reject(reason)
             except Exception:
                 log.exception("on_reject callback failed")
-
-    def _retry_after_s(self, rows: int) -> float:
-        policy = self._policy
-        # A busy pipeline answers one batch per bottleneck stage's compute time (replicas
-        # shorten that: a hint that errs long).
-        per_batch_s = self._runtime.bottleneck_s(policy.max_batch_size) or 0.1
-        batches = math.ceil((self._queues.rows + rows) / policy.max_batch_size)
-        wait_s = batches * per_batch_s
-        return float(max(1, math.ceil(wait_s)))

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from serving.batching.poison import Outcome, isolation_depth, settle
+from serving.batching.poison import Outcome, batch_length, isolation_depth, settle
 from serving.batching.record import BatchRecord
 from serving.errors import NotReadyError
 
 if TYPE_CHECKING:
     from serving.batching.cost import RunTimeModel
+    from serving.batching.lengths import LengthPadding
     from serving.batching.poison import FailSegments, RunBatch
     from serving.batching.rows import QueueKey, RowQueues, Segment
     from serving.batching.settings import BatchSettings
@@ -48,6 +49,7 @@ class Dispatcher:
         self._wake = wake
         self._fail_segments = fail_segments
         self._on_batch = on_batch
+        self.lengths: LengthPadding | None = None  # the batcher's length padding, if any
         self.inflight = 0
         self.inflight_rows = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -59,7 +61,8 @@ class Dispatcher:
         while self.inflight < policy.max_inflight_batches:
             ready: tuple[float, QueueKey, str, int] | None = None
             for key, oldest, rows in self._queues.heads():
-                reason = self._close_reason(oldest, rows, now, policy, wait, draining)
+                length = self._head_length(key)
+                reason = self._close_reason(oldest, rows, now, policy, wait, draining, length)
                 if reason is not None and (ready is None or oldest < ready[0]):
                     ready = (oldest, key, reason, rows)  # oldest head first: served fairly
             if ready is None:
@@ -68,9 +71,18 @@ class Dispatcher:
         if self.inflight >= policy.max_inflight_batches:
             return None  # a finishing batch, a submit or a reconfigure wakes the loop
         return min(
-            (old + wait.wait_s(policy, n, self.inflight) for _, old, n in self._queues.heads()),
+            (
+                old + wait.wait_s(policy, n, self.inflight, self._head_length(key))
+                for key, old, n in self._queues.heads()
+            ),
             default=None,
         )
+
+    def _head_length(self, key: QueueKey) -> int:
+        """The bucket a batch from this queue would be length padded to, at most (0 without
+        length padding): what the cost model prices it at."""
+        lengths = self.lengths
+        return lengths.bucket(self._queues.longest(key)) if lengths is not None else 0
 
     def _close_reason(
         self,
@@ -80,6 +92,7 @@ class Dispatcher:
         policy: BatchSettings,
         wait: WaitPolicy,
         draining: bool,
+        length: int = 0,
     ) -> str | None:
         if rows >= policy.max_batch_size:
             return "full"
@@ -91,6 +104,7 @@ class Dispatcher:
             waited_s=now - oldest,
             inflight_batches=self.inflight,
             outstanding_rows=self.inflight_rows + self._queues.rows,
+            length=length,
         )
 
     def _dispatch(
@@ -104,7 +118,7 @@ class Dispatcher:
         *,
         queued: int,
     ) -> None:
-        limit = wait.batch_limit(policy, now - oldest, now, queued)
+        limit = wait.batch_limit(policy, now - oldest, now, queued, self._head_length(key))
         segments = self._queues.take(key, limit)
         rows = sum(count for _, _, count in segments)
         alone = self.inflight == 0
@@ -127,12 +141,15 @@ class Dispatcher:
         alone: bool = False,
     ) -> None:
         padded = policy.padded_size(rows)
+        lengths = self.lengths
+        length = batch_length(segments, lengths)
+        positions = sum(request.positions(start, n) for request, start, n in segments)
         started = time.monotonic()
         outcome = Outcome()
         try:
             await settle(
                 self._run_batch, segments, policy, isolation_depth(segments), outcome,
-                self._fail_segments,
+                self._fail_segments, lengths,
             )  # fmt: skip
         except BaseException:
             self._fail_segments(
@@ -145,11 +162,14 @@ class Dispatcher:
             self.inflight -= 1
             self.inflight_rows -= rows
             if outcome.clean:
-                self._runtime.observe(padded, run_s, now=started + run_s, alone=alone)
+                self._runtime.observe(
+                    padded, run_s, now=started + run_s, alone=alone, length=length
+                )
             self._wake.set()
             record = BatchRecord(
-                rows, padded, reason, queue_wait_s, run_s, outcome.clean, outcome.isolated
-            )
+                rows, padded, reason, queue_wait_s, run_s, outcome.clean, outcome.isolated,
+                positions=positions, padded_positions=rows * length - positions,
+            )  # fmt: skip
             if self._on_batch is not None:
                 try:
                     self._on_batch(record)

@@ -95,17 +95,18 @@ class LengthPadding:
 
     def pad(self, inputs: Mapping[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
         """Every padded input padded with its pad value along its axis up to ``length``."""
-        padded: dict[str, np.ndarray] = {}
-        for name, array in inputs.items():
-            axis = self.axes.get(name)
-            if axis is None or array.shape[axis] >= length:
-                padded[name] = array
-                continue
-            widths = [(0, 0)] * array.ndim
-            widths[axis] = (0, length - array.shape[axis])
-            value = self.pad_values[name]
-            padded[name] = np.pad(array, widths, constant_values=np.array(value, array.dtype))
-        return padded
+        return {name: self.pad_one(name, array, length) for name, array in inputs.items()}
+
+    def pad_one(self, name: str, array: np.ndarray, length: int) -> np.ndarray:
+        """``array`` (input ``name``) padded along its axis up to ``length``; as it is when the
+        input is not padded or is that long already."""
+        axis = self.axes.get(name)
+        if axis is None or array.shape[axis] >= length:
+            return array
+        widths = [(0, 0)] * array.ndim
+        widths[axis] = (0, length - array.shape[axis])
+        fill = np.array(self.pad_values[name], dtype=array.dtype)
+        return np.pad(array, widths, constant_values=fill)
 
     def cut(self, outputs: Mapping[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
         """The outputs that follow the padded length cut back to ``length``; the rest as they

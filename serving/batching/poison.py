@@ -21,6 +21,7 @@ import numpy as np
 from serving.errors import BatchFailedError, ModelInputError, ShardServeError, from_runner
 
 if TYPE_CHECKING:
+    from serving.batching.lengths import LengthPadding
     from serving.batching.rows import Segment
     from serving.batching.settings import BatchSettings
 
@@ -48,13 +49,14 @@ async def settle(
     depth: int,
     outcome: Outcome,
     fail: FailSegments,
+    lengths: LengthPadding | None = None,
 ) -> None:
     """Run the segments as one batch and answer their requests. When the model fails on the
     input, split the batch by request and rerun the halves (at most ``depth`` times)."""
     rows = sum(count for _, _, count in segments)
     padded = policy.padded_size(rows)
     try:
-        raw = await run_batch(assemble(segments, rows, padded))
+        raw = await run_batch(assemble(segments, rows, padded, lengths))
         ids = [r.request_id for r, _, _ in segments if r.request_id]
         outputs = check_outputs(raw, rows, padded, ids)
     except Exception as exc:
@@ -64,8 +66,8 @@ async def settle(
         if isinstance(error, ModelInputError) and len(live) > 1 and depth > 0:
             half = len(live) // 2
             await asyncio.gather(
-                settle(run_batch, live[:half], policy, depth - 1, outcome, fail),
-                settle(run_batch, live[half:], policy, depth - 1, outcome, fail),
+                settle(run_batch, live[:half], policy, depth - 1, outcome, fail, lengths),
+                settle(run_batch, live[half:], policy, depth - 1, outcome, fail, lengths),
             )
             return
         if isinstance(error, ModelInputError):
@@ -78,17 +80,31 @@ async def settle(
         log.warning("batch of %d rows failed for request(s) %s: %s", rows, who, error.message)
         fail(live, error)
         return
-    deliver(segments, outputs)
+    deliver(segments, outputs, lengths)
 
 
-def assemble(segments: list[Segment], rows: int, padded: int) -> dict[str, np.ndarray]:
-    """Stack the segments' rows per input, then repeat the last real row up to ``padded`` rows.
+def batch_length(segments: list[Segment], lengths: LengthPadding | None) -> int:
+    """The length a batch of ``segments`` is padded to: the bucket of its longest request; 0
+    without length padding."""
+    if lengths is None:
+        return 0
+    return lengths.bucket(max(request.length for request, _, _ in segments))
+
+
+def assemble(
+    segments: list[Segment], rows: int, padded: int, lengths: LengthPadding | None = None
+) -> dict[str, np.ndarray]:
+    """Stack the segments' rows per input, then repeat the last real row up to ``padded`` rows;
+    with ``lengths``, each request's rows are first length padded to the batch's bucket.
 
     Repeating a real row (not zeros) keeps the padding inside the model's normal input range.
     """
+    length = batch_length(segments, lengths)
     batch: dict[str, np.ndarray] = {}
     for name in segments[0][0].inputs:
         parts = [r.inputs[name][start : start + n] for r, start, n in segments]
+        if lengths is not None:
+            parts = [lengths.pad_one(name, part, length) for part in parts]
         if padded > rows:
             parts.append(np.repeat(parts[-1][-1:], padded - rows, axis=0))
         batch[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
@@ -127,9 +143,16 @@ def check_outputs(
     return checked
 
 
-def deliver(segments: list[Segment], outputs: dict[str, np.ndarray]) -> None:
-    """Hand each request its rows of a batch's outputs."""
+def deliver(
+    segments: list[Segment],
+    outputs: dict[str, np.ndarray],
+    lengths: LengthPadding | None = None,
+) -> None:
+    """Hand each request its rows of a batch's outputs, cut back to its own length."""
     offset = 0
     for request, start, count in segments:
-        request.add_outputs(start, {k: v[offset : offset + count] for k, v in outputs.items()})
+        part = {k: v[offset : offset + count] for k, v in outputs.items()}
+        if lengths is not None:
+            part = lengths.cut(part, request.length)
+        request.add_outputs(start, part)
         offset += count

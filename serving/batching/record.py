@@ -17,3 +17,7 @@ class BatchRecord:
     run_s: float
     ok: bool  # every row answered by the first run
     isolated: int = 0  # requests failed alone after splitting the batch to find them
+    # Length padding (0 and 0 without it): the rows' real positions (their lengths summed), and
+    # the positions padding added to reach the batch's length bucket: the waste.
+    positions: int = 0
+    padded_positions: int = 0

@@ -1,5 +1,8 @@
 """The batcher's rows: queued per input signature, taken into batches, and put back together per
 request once computed (stacking a batch and cutting its outputs is ``serving.batching.poison``).
+
+With length padding (``serving.batching.lengths``) the signature leaves the padded axis out, so
+rows of every length share one queue; each request keeps its own length to be cut back to.
 """
 
 from __future__ import annotations
@@ -7,19 +10,28 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from serving.errors import InvalidInputError
 
+if TYPE_CHECKING:
+    from serving.batching.lengths import LengthPadding
+
 QueueKey = tuple[tuple[str, tuple[int, ...], str], ...]
 
 
-def queue_key(inputs: dict[str, np.ndarray]) -> QueueKey:
-    """Rows with equal keys stack into one array per input; others must never share a batch."""
+def queue_key(inputs: dict[str, np.ndarray], lengths: LengthPadding | None = None) -> QueueKey:
+    """Rows with equal keys stack into one array per input (after length padding, when there is
+    some); others must never share a batch."""
+    if lengths is None:
+        return tuple(
+            (name, tuple(inputs[name].shape[1:]), inputs[name].dtype.str) for name in sorted(inputs)
+        )
     return tuple(
-        (name, tuple(inputs[name].shape[1:]), inputs[name].dtype.str) for name in sorted(inputs)
+        (name, lengths.key_shape(name, tuple(inputs[name].shape[1:])), inputs[name].dtype.str)
+        for name in sorted(inputs)
     )
 
 
@@ -43,6 +55,21 @@ def row_count(inputs: dict[str, np.ndarray]) -> int:
     return rows
 
 
+def check_size(
+    inputs: dict[str, np.ndarray], rows: int, max_queue_rows: int, lengths: LengthPadding | None
+) -> None:
+    """A request that could never be queued, however empty the queue: a 400, not a 503."""
+    if rows > max_queue_rows:
+        raise InvalidInputError(
+            f"request has {rows} rows; at most {max_queue_rows} (max_queue_rows) fit"
+        )
+    if lengths is not None and lengths.length_of(inputs) > lengths.max_length:
+        raise InvalidInputError(
+            f"request has length {lengths.length_of(inputs)}; at most {lengths.max_length} "
+            "(max_sequence_length) is served"
+        )
+
+
 class PendingRequest:
     """One submit(): its rows, how many are handed to batches, and the outputs gathered so far."""
 
@@ -51,9 +78,11 @@ class PendingRequest:
         "future",
         "inputs",
         "key",
+        "length",
         "next_row",
         "parts",
         "request_id",
+        "row_lengths",
         "rows",
         "rows_done",
     )
@@ -64,11 +93,19 @@ class PendingRequest:
         rows: int,
         future: asyncio.Future[Any],
         request_id: str | None = None,
+        *,
+        lengths: LengthPadding | None = None,
+        row_lengths: np.ndarray | None = None,
     ):
         self.inputs = inputs
         self.request_id = request_id
         self.rows = rows
-        self.key = queue_key(inputs)
+        self.key = queue_key(inputs, lengths)
+        # Its length along the padded axes (0 without length padding): what a batch is padded
+        # from and its outputs are cut back to. ``row_lengths``: each row's own, where a ragged
+        # request's rows were padded to the longest of them before it was queued.
+        self.length = lengths.length_of(inputs) if lengths is not None else 0
+        self.row_lengths = row_lengths
         self.arrival = time.monotonic()
         self.future = future
         self.next_row = 0  # first row not yet handed to a batch
@@ -78,6 +115,12 @@ class PendingRequest:
     @property
     def queued(self) -> int:
         return self.rows - self.next_row
+
+    def positions(self, start: int, count: int) -> int:
+        """The real positions of rows ``start...start+count`` (their lengths summed)."""
+        if self.row_lengths is not None:
+            return int(self.row_lengths[start : start + count].sum())
+        return self.length * count
 
     def add_outputs(self, start: int, outputs: dict[str, np.ndarray]) -> None:
         """Keep the outputs of rows ``start...``; answer the request once all rows are in."""
@@ -118,6 +161,12 @@ class RowQueues:
     def heads(self) -> list[tuple[QueueKey, float, int]]:
         """(key, arrival of the oldest queued row, queued rows) of every non-empty queue."""
         return [(key, q[0].arrival, self._rows[key]) for key, q in self._queues.items()]
+
+    def longest(self, key: QueueKey) -> int:
+        """The longest request queued under ``key`` (0 without length padding): the length its
+        next batch is padded from, at most."""
+        queue = self._queues.get(key)
+        return max((r.length for r in queue), default=0) if queue else 0
 
     def requests(self) -> list[PendingRequest]:
         return [r for q in self._queues.values() for r in q]

@@ -7,8 +7,10 @@ which the auto policy reads to honour ``slo_p99_ms``, is ``serving.batching.cost
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from serving.config import padded_batch_sizes
 
@@ -79,6 +81,16 @@ class BatchSettings:
                 f"allowed_batch_sizes must be a tuple of integers between 1 and max_batch_size "
                 f"({self.max_batch_size}), got {sizes!r}"
             )
+
+    def changed(self, **changes: Any) -> BatchSettings:
+        """These settings with ``changes`` applied and validated (``ValueError`` otherwise)."""
+        known = [f.name for f in dataclasses.fields(BatchSettings)]
+        unknown = sorted(set(changes) - set(known))
+        if unknown:
+            raise ValueError(f"unknown batching settings {unknown}; expected some of {known}")
+        if isinstance(changes.get("allowed_batch_sizes"), list):
+            changes["allowed_batch_sizes"] = tuple(changes["allowed_batch_sizes"])
+        return dataclasses.replace(self, **changes)
 
     @property
     def is_auto(self) -> bool:

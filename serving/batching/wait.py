@@ -35,14 +35,20 @@ class WaitPolicy(Protocol):
         waited_s: float,
         inflight_batches: int,
         outstanding_rows: int,
+        length: int = 0,
     ) -> str | None:
         """Why a head of ``rows`` rows (not a full batch), the oldest waiting ``waited_s``, may
-        go now; None to keep waiting."""
+        go now; None to keep waiting. ``length``: the bucket its batch would be length padded
+        to (0 without length padding), for the cost of the batch."""
 
-    def wait_s(self, policy: BatchSettings, rows: int, inflight_batches: int) -> float:
+    def wait_s(
+        self, policy: BatchSettings, rows: int, inflight_batches: int, length: int = 0
+    ) -> float:
         """The longest a head of ``rows`` rows waits: the batcher wakes up by then."""
 
-    def batch_limit(self, policy: BatchSettings, waited_s: float, now: float, queued: int) -> int:
+    def batch_limit(
+        self, policy: BatchSettings, waited_s: float, now: float, queued: int, length: int = 0
+    ) -> int:
         """The most rows the next batch takes, of the ``queued`` rows of its queue; ``now`` is
         the batcher's monotonic clock."""
 
@@ -65,13 +71,18 @@ class FixedWait:
         waited_s: float,
         inflight_batches: int,
         outstanding_rows: int,
+        length: int = 0,
     ) -> str | None:
         return "timeout" if waited_s >= self.timeout_s else None
 
-    def wait_s(self, policy: BatchSettings, rows: int, inflight_batches: int) -> float:
+    def wait_s(
+        self, policy: BatchSettings, rows: int, inflight_batches: int, length: int = 0
+    ) -> float:
         return self.timeout_s
 
-    def batch_limit(self, policy: BatchSettings, waited_s: float, now: float, queued: int) -> int:
+    def batch_limit(
+        self, policy: BatchSettings, waited_s: float, now: float, queued: int, length: int = 0
+    ) -> int:
         return policy.max_batch_size
 
 
@@ -87,6 +98,7 @@ class AutoWait:
         waited_s: float,
         inflight_batches: int,
         outstanding_rows: int,
+        length: int = 0,
     ) -> str | None:
         if inflight_batches == 0:
             return "idle"  # nothing to overlap with
@@ -97,7 +109,7 @@ class AutoWait:
         target = math.ceil(outstanding_rows / depth)
         if rows >= min(policy.max_batch_size, max(1, target)):
             return "target"
-        if waited_s >= self.wait_s(policy, rows, inflight_batches):
+        if waited_s >= self.wait_s(policy, rows, inflight_batches, length):
             return "timeout"
         return None
 
@@ -106,17 +118,21 @@ class AutoWait:
         rows a closed loop waits for come back (a shorter cap shrank with the batches)."""
         return self.runtime.recent_s or 0.0
 
-    def wait_s(self, policy: BatchSettings, rows: int, inflight_batches: int) -> float:
+    def wait_s(
+        self, policy: BatchSettings, rows: int, inflight_batches: int, length: int = 0
+    ) -> float:
         if inflight_batches == 0:
             return 0.0
         wait_s = self.cap_s()
         if policy.slo_p99_ms is not None:
             size = policy.padded_size(min(rows, policy.max_batch_size))
-            budget_s = policy.slo_p99_ms / 1000 - (self.runtime.predict(size) or 0.0)
+            budget_s = policy.slo_p99_ms / 1000 - (self.runtime.predict(size, length) or 0.0)
             wait_s = min(wait_s, max(0.0, budget_s))
         return wait_s
 
-    def batch_limit(self, policy: BatchSettings, waited_s: float, now: float, queued: int) -> int:
+    def batch_limit(
+        self, policy: BatchSettings, waited_s: float, now: float, queued: int, length: int = 0
+    ) -> int:
         """With an SLO, the largest batch predicted to finish within it (or, once in a while,
         a larger one not run for long, to measure it again)."""
         if policy.slo_p99_ms is None:
@@ -124,5 +140,5 @@ class AutoWait:
         budget_s = policy.slo_p99_ms / 1000 - waited_s
         # When even the smallest batch would miss the SLO, shrinking cannot save these rows
         # and would only cut throughput while overloaded: send a full batch instead.
-        fitting = self.runtime.largest_within(budget_s, policy.batch_sizes(), now, queued)
+        fitting = self.runtime.largest_within(budget_s, policy.batch_sizes(), now, queued, length)
         return fitting or policy.max_batch_size

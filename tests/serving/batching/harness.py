@@ -14,6 +14,7 @@ import pytest
 
 import serving.batching.batcher
 from serving.batching.batcher import Batcher, BatchSettings
+from serving.batching.lengths import LengthPadding
 from serving.batching.record import BatchRecord
 from serving.batching.wait import WaitPolicy
 from tests.fakes import FakeRunner, expected_outputs, make_rows, spawn
@@ -43,11 +44,17 @@ class Harness:
         self.rejects: list[str] = []
         self.batchers: list[Batcher] = []
 
-    async def __call__(self, runner: FakeRunner | Callable[..., Any], **policy: Any) -> Batcher:
+    async def __call__(
+        self,
+        runner: FakeRunner | Callable[..., Any],
+        lengths: LengthPadding | None = None,
+        **policy: Any,
+    ) -> Batcher:
         run = runner.run_batch if isinstance(runner, FakeRunner) else runner
         batcher = Batcher(
             run,
             BatchSettings(**policy),
+            lengths=lengths,
             on_batch=self.records.append,
             on_reject=self.rejects.append,
         )
@@ -107,11 +114,15 @@ class BuggyWait:
             raise RuntimeError("bug in the wait policy")
         return self.real.close_reason(policy, **kwargs)
 
-    def wait_s(self, policy: BatchSettings, rows: int, inflight_batches: int) -> float:
-        return self.real.wait_s(policy, rows, inflight_batches)
+    def wait_s(
+        self, policy: BatchSettings, rows: int, inflight_batches: int, length: int = 0
+    ) -> float:
+        return self.real.wait_s(policy, rows, inflight_batches, length)
 
-    def batch_limit(self, policy: BatchSettings, waited_s: float, now: float, queued: int) -> int:
-        return self.real.batch_limit(policy, waited_s, now, queued)
+    def batch_limit(
+        self, policy: BatchSettings, waited_s: float, now: float, queued: int, length: int = 0
+    ) -> int:
+        return self.real.batch_limit(policy, waited_s, now, queued, length)
 
 
 def buggy_wait(monkeypatch: pytest.MonkeyPatch, crashes: int | None) -> None:

@@ -97,3 +97,35 @@ def test_a_stale_size_runs_once_to_be_measured_again() -> None:
     for k in range(15):
         model.observe(8, 0.05, now=21.1 + k / 100)
     assert model.largest_within(0.1, sizes, now=22.0, queued=8) == 8
+
+
+def test_estimates_are_kept_per_length_bucket_and_err_long_between_them() -> None:
+    model = RunTimeModel()
+    model.observe_compute(
+        [
+            {"stage_index": 0, "compute_by_shape": {"8,16": {"ewma_ms": 4.0, "count": 2},
+                                                    "8,128": {"ewma_ms": 40.0, "count": 2}}},
+            {"stage_index": 1, "compute_by_shape": {"8,16": {"ewma_ms": 6.0, "count": 2},
+                                                    "8,128": {"ewma_ms": 60.0, "count": 2}}},
+        ]
+    )  # fmt: skip
+    assert model.predict(8, 16) == pytest.approx(0.010)
+    assert model.predict(8, 128) == pytest.approx(0.100)
+    assert model.bottleneck_s(8, 128) == pytest.approx(0.060)
+    # 64 was never run: priced at the next longer bucket measured, not the shorter one.
+    assert model.predict(8, 64) == pytest.approx(0.100)
+    # Longer than any measured: scaled up linearly in length from the longest.
+    assert model.predict(8, 256) == pytest.approx(0.200)
+    assert model.lengths() == [16, 128]
+    view = model.view((8,))
+    assert view["by_length"]["16"]["latency"]["8"] == pytest.approx(10.0)
+    assert view["latency"]["8"] == pytest.approx(100.0)  # the longest measured
+
+
+def test_a_batch_limit_under_an_slo_depends_on_the_length() -> None:
+    model = RunTimeModel()
+    for size, ms16, ms128 in ((1, 1.0, 8.0), (4, 2.0, 30.0), (8, 3.0, 60.0)):
+        model.observe(size, ms16 / 1000, length=16)
+        model.observe(size, ms128 / 1000, length=128)
+    assert model.largest_within(0.035, (1, 4, 8), length=16) == 8
+    assert model.largest_within(0.035, (1, 4, 8), length=128) == 4

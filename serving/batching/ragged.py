@@ -1,0 +1,119 @@
+"""Ragged requests: rows of one request that differ in length (a TF-Serving ``instances`` list of
+token rows). With length padding they are padded to the request's longest row and queued as one
+request; without it they are grouped by shape, a request per group. Each row is answered cut back
+to its own length. Pure numpy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from serving.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from serving.batching.batcher import Batcher
+    from serving.batching.lengths import LengthPadding
+
+__all__ = ["Row", "group_by_shape", "split_rows", "stack_padded", "submit_ragged"]
+
+Row = dict[str, np.ndarray]  # one instance: input name -> its array, without the rows dimension
+
+
+def check_rows(rows: Sequence[Row]) -> list[str]:
+    """The input names every row has (the same in each); a clear error otherwise."""
+    if not rows:
+        raise InvalidInputError("a request needs at least one row, got none")
+    names = sorted(rows[0])
+    if not names:
+        raise InvalidInputError("a request needs at least one input array, got none")
+    for i, row in enumerate(rows):
+        if sorted(row) != names:
+            raise InvalidInputError(f"row {i} has inputs {sorted(row)}; row 0 has {names}")
+    return names
+
+
+def stack_padded(rows: Sequence[Row], lengths: LengthPadding) -> tuple[Row, np.ndarray]:
+    """The rows length padded to the longest of them and stacked, and each row's own length.
+
+    Rows must agree on every dimension but the padded one: those are no length padding's to
+    reconcile, so they are refused with the first row that differs."""
+    names = check_rows(rows)
+    for name in names:
+        for i, row in enumerate(rows):
+            if row[name].ndim != rows[0][name].ndim or row[name].ndim < lengths.axes.get(name, 0):
+                raise InvalidInputError(
+                    f"row {i} of input {name!r} has {row[name].ndim} dimension(s), row 0 has "
+                    f"{rows[0][name].ndim}: rows may differ only in their length"
+                )
+    own = np.array([lengths.length_of({k: v[None] for k, v in row.items()}) for row in rows])
+    longest = int(own.max())
+    stacked: Row = {}
+    for name in names:
+        parts = [lengths.pad_one(name, row[name][None], longest) for row in rows]
+        shapes = {part.shape for part in parts}
+        if len(shapes) > 1:
+            first = next(i for i, p in enumerate(parts) if p.shape != parts[0].shape)
+            raise InvalidInputError(
+                f"row {first} of input {name!r} has shape {tuple(rows[first][name].shape)}, row 0 "
+                f"has {tuple(rows[0][name].shape)}: rows may differ only in their length"
+            )
+        stacked[name] = np.concatenate(parts, axis=0)
+    return stacked, own
+
+
+def group_by_shape(rows: Sequence[Row]) -> list[tuple[list[int], Row]]:
+    """The rows grouped by their shapes (in order of first appearance): the indices of each
+    group's rows, and the group stacked."""
+    check_rows(rows)
+    groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        shape = tuple((name, tuple(row[name].shape)) for name in sorted(row))
+        groups.setdefault(shape, []).append(i)
+    return [
+        (indices, {name: np.stack([rows[i][name] for i in indices]) for name in rows[indices[0]]})
+        for indices in groups.values()
+    ]
+
+
+def split_rows(outputs: Row, own: np.ndarray, lengths: LengthPadding | None) -> list[Row]:
+    """A request's outputs (rows first) as one dict per row, each cut back to its own length."""
+    answers: list[Row] = []
+    for i, length in enumerate(own):
+        row = {name: array[i : i + 1] for name, array in outputs.items()}
+        if lengths is not None:
+            row = lengths.cut(row, int(length))
+        answers.append({name: array[0] for name, array in row.items()})
+    return answers
+
+
+async def submit_ragged(
+    batcher: Batcher, rows: list[Row], deadline: float | None, request_id: str | None
+) -> list[Row]:
+    """``Batcher.submit_rows``: with length padding one request of the rows padded to the
+    longest; without, one request per distinct shape, answered together (one failing fails the
+    request, and the others are withdrawn)."""
+    lengths = batcher.length_padding
+    if lengths is not None:
+        stacked, own = stack_padded(rows, lengths)
+        outputs = await batcher.submit_lengths(stacked, len(rows), deadline, request_id, own)
+        return split_rows(outputs, own, lengths)
+    groups = group_by_shape(rows)
+    tasks = [
+        asyncio.ensure_future(batcher.submit(inputs, deadline=deadline, request_id=request_id))
+        for _, inputs in groups
+    ]
+    try:
+        answers = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+    by_row: list[Row] = [{} for _ in rows]
+    for (indices, _), outputs in zip(groups, answers, strict=True):
+        for i, row in zip(indices, split_rows(outputs, np.zeros(len(indices)), None), strict=True):
+            by_row[i] = row
+    return by_row
