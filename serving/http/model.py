@@ -40,6 +40,8 @@ class ModelHandle(Protocol):
     - ``require_batcher()``: its batcher if it takes requests now, else ``NotReadyError``
       saying why (loading, failed to load, stopping, its batch loop failed).
     - ``not_ready_reason()``: why it would refuse a request now, or ``None`` when ready.
+    - ``length_padding_parameters()``: the length padding in force (padded inputs, buckets,
+      outputs cut back) or why it is off; ``None`` before warm-up or with no unknown length.
     """
 
     @property
@@ -63,6 +65,8 @@ class ModelHandle(Protocol):
     def require_batcher(self) -> Batcher: ...
 
     def not_ready_reason(self) -> str | None: ...
+
+    def length_padding_parameters(self) -> dict[str, Any] | None: ...
 
 
 class ModelDirectory(Protocol):

@@ -59,6 +59,9 @@ class V2ModelMetadata(_Body):
     platform: str
     inputs: list[V2TensorMetadata]
     outputs: list[V2TensorMetadata]
+    # {"length_padding": {"inputs", "buckets", "outputs_cut_back"} or {"off": why}}, where the
+    # model takes an input of unknown length.
+    parameters: dict[str, Any] | None = None
 
 
 class V2ConfigTensor(_Body):

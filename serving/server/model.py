@@ -15,12 +15,14 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from serving.batching.batcher import Batcher, BatchSettings
 from serving.config import Settings
 from serving.errors import NotReadyError
+from serving.server.length_check import LengthPlan, plan_length_padding
 from serving.server.metrics import Metrics, memory_figures
 from serving.server.runner import ModelRunner, RunnerFactory
 from serving.server.stop_budget import StopBudget, drain_batcher
@@ -53,6 +55,7 @@ class ServedModel:
     load_waiting: str | None = None
     # Why new requests are refused although the model is loaded (its drain has begun).
     refusing: str | None = None
+    length_plan: LengthPlan | None = None  # the length padding in force, or why none (warm-up)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     loaded: asyncio.Event = field(default_factory=asyncio.Event)  # loaded or failed to
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
@@ -78,6 +81,11 @@ class ServedModel:
         if self.runner is None:
             raise NotReadyError("model is still loading; its signature is not known yet")
         return self.runner.signature
+
+    def length_padding_parameters(self) -> dict[str, Any] | None:
+        """The length padding in force, or why none, for the V2 metadata; ``None`` before
+        warm-up has planned it or for a model with no input of unknown length."""
+        return self.length_plan.parameters() if self.length_plan is not None else None
 
     def health(self) -> Health | None:
         """Its replicas' health, once its runner is made."""
@@ -172,6 +180,9 @@ class ServedModel:
         )
         metrics.bind_health(runner.health)
         await self.warm_up(runner, self.settings.max_sequence_length)
+        # Before any request is queued: the batcher keys its queues by the padding in force.
+        self.length_plan = await plan_length_padding(runner, self.settings)
+        batcher.set_length_padding(self.length_plan.padding)
         await self._log_memory(runner)
         self.batcher = batcher
         self.ready.set()

@@ -105,6 +105,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: _Context) -> Any:
         model = await self._model(context, request.name, request.version)
         metadata = await _answer(context, model_metadata, model)
+        metadata.pop("parameters", None)  # the message has no such field (HTTP's JSON has)
         return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: _Context) -> Any:

@@ -35,13 +35,17 @@ def server_metadata() -> dict[str, Any]:
 def model_metadata(model: ModelHandle) -> dict[str, Any]:
     """``NotReadyError`` while the model loads (its signature is not known yet)."""
     signature = model.signature
-    return {
+    metadata: dict[str, Any] = {
         "name": model.name,
         "versions": [model.version],
         "platform": PLATFORM,
         "inputs": [tensor_metadata(spec) for spec in signature.inputs],
         "outputs": [tensor_metadata(spec) for spec in signature.outputs],
     }
+    length_padding = model.length_padding_parameters()
+    if length_padding is not None:  # HTTP only: gRPC's ModelMetadataResponse has no parameters
+        metadata["parameters"] = {"length_padding": length_padding}
+    return metadata
 
 
 def model_config(model: ModelHandle) -> dict[str, Any]:

@@ -4,6 +4,7 @@ only at long paddings; the inputs that qualify and the errors naming the bad one
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,7 @@ from serving.config import ConfigError, load_settings
 from serving.server.length_check import plan_length_padding, probe_row
 from shards.signature import ModelSignature, TensorSpec
 from tests.fakes import FakeRunner
+from tests.serving.served_app import serve
 
 Fn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -200,3 +202,42 @@ def test_probe_rows_are_deterministic_with_the_pad_value_at_pad_positions() -> N
     assert set(np.unique(alone["segment_ids"])) <= {0, 1}
     assert alone["padding_mask"].all()
     np.testing.assert_array_equal(probe_row(signature, 7, pads)["dense"], alone["dense"])
+
+
+async def test_a_served_model_batches_mixed_lengths_and_its_metadata_says_so() -> None:
+    signature = ModelSignature(
+        "toy", (TensorSpec("ids", (None,), "int32", pad_value=0),), TAGS.outputs
+    )
+    runner = FnRunner(signature, tagger)
+    async with serve(runner, max_sequence_length=64, max_batch_size=2) as client:
+        meta = (await client.get("/v2/models/fake")).json()
+        assert meta["parameters"] == {
+            "length_padding": {
+                "inputs": ["ids"],
+                "buckets": [16, 32, 64],
+                "outputs_cut_back": ["tags"],
+            }
+        }
+        runner.batches.clear()
+        rows = [list(range(1, 4)), list(range(1, 21))]
+        answers = await asyncio.gather(
+            *(client.post("/v1/models/fake:predict", json={"instances": [r]}) for r in rows)
+        )
+    assert [b["ids"].shape for b in runner.batches] == [(2, 32)]
+    for ids, answer in zip(rows, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        want = tagger({"ids": np.array([ids], np.int32)})["tags"][0]
+        np.testing.assert_allclose(answer.json()["predictions"][0], want)
+
+
+async def test_a_served_model_that_padding_changes_says_why_it_is_off() -> None:
+    signature = ModelSignature(
+        "toy", (TensorSpec("ids", (None,), "int32", pad_value=0),), COUNT.outputs
+    )
+    runner = FnRunner(signature, position_count)
+    async with serve(runner, max_sequence_length=64) as client:
+        meta = (await client.get("/v2/models/fake")).json()
+        assert client.shardserve.model().batcher.length_padding is None
+    assert meta["parameters"]["length_padding"]["off"].startswith(
+        "padding changes this model's answers: output 'y' of a row of length 1 padded to 16"
+    )
