@@ -121,6 +121,16 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
+        self.positions = Counter(
+            "shardserve_padded_positions",
+            "Positions of length-padded batches: real (the rows' own lengths) or pad (added to "
+            "reach the batch's length bucket: the waste)",
+            ["kind"],
+            registry=r,
+        )
+        # Both series from the start: a rate of the waste reads 0, not absent, before padding.
+        self._real_positions = self.positions.labels("real")
+        self._pad_positions = self.positions.labels("pad")
         self.batch_close = Counter(
             "shardserve_batch_close_total", "Batches by close reason", ["reason"], registry=r
         )
@@ -178,6 +188,9 @@ class Metrics:
             self.rejects.labels("batch_failed").inc()
         if record.isolated:
             self.isolations.inc(record.isolated)
+        if record.positions:
+            self._real_positions.inc(record.positions)
+            self._pad_positions.inc(record.padded_positions)
 
     def bind_gauges(
         self,

@@ -223,7 +223,11 @@ async def test_a_served_model_batches_mixed_lengths_and_its_metadata_says_so() -
         answers = await asyncio.gather(
             *(client.post("/v1/models/fake:predict", json={"instances": [r]}) for r in rows)
         )
+        metrics = (await client.get("/metrics")).text
     assert [b["ids"].shape for b in runner.batches] == [(2, 32)]
+    # 3 + 20 real positions; 2 x 32 - 23 added
+    assert 'shardserve_padded_positions_total{kind="real"} 23.0' in metrics
+    assert 'shardserve_padded_positions_total{kind="pad"} 41.0' in metrics
     for ids, answer in zip(rows, answers, strict=True):
         assert answer.status_code == 200, answer.text
         want = tagger({"ids": np.array([ids], np.int32)})["tags"][0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from serving.batching.record import BatchRecord
 from serving.server.metrics import Metrics
 from shards.pipeline.health import Health
 
@@ -54,3 +55,14 @@ def test_every_exported_metric_is_in_the_readme_table_with_its_type() -> None:
     types = {k: v for k, v in exported(full_metrics()).items() if not k.endswith("_created")}
 
     assert rows == types
+
+
+def test_padded_positions_count_real_and_pad_positions_of_length_padded_batches() -> None:
+    metrics = Metrics()
+    batch = {"size": 2, "padded_size": 2, "reason": "full", "queue_wait_s": 0.0, "run_s": 0.0}
+    metrics.observe_batch(BatchRecord(**batch, ok=True, positions=23, padded_positions=41))
+    metrics.observe_batch(BatchRecord(**batch, ok=True))  # no length padding: counts nothing
+    text = metrics.render().decode()
+    assert 'shardserve_padded_positions_total{kind="real"} 23.0' in text
+    assert 'shardserve_padded_positions_total{kind="pad"} 41.0' in text
+    assert exported(metrics)["shardserve_padded_positions_total"] == "counter"
