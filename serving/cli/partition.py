@@ -229,7 +229,7 @@ def _plan_model(
             "whole, as one stage"
         )
     planned = plan_stages(
-        analyse(keras_model),
+        analyse(keras_model, max_sequence_length),
         stages=stages,
         max_stage_bytes=budgets,
         max_batch_size=max_batch_size,

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from shards.actor.compute_log import ComputeLog
 from shards.actor.heap_trim import release_free_heap, weights_read_in_place
 from shards.actor.measured_memory import MemoryMarks
 from shards.actor.precision import cut_casts, serve_weights_in, variable_bytes
@@ -29,7 +30,6 @@ from shards.pipeline.faults import INPUT_ERRORS
 from shards.signature import TensorSpec
 
 INTERVAL_LOG_SIZE = 256
-COMPUTE_EWMA_ALPHA = 0.2
 
 log = logging.getLogger(__name__)
 
@@ -102,15 +102,31 @@ class ShardActor:
         self._calls = 0
         self._compute_total_s = 0.0
         self._last_compute_ms = 0.0
-        # Per batch row count: [EWMA of compute ms, batches]; the server's batching policy
-        # predicts from it (serving.batching.cost.RunTimeModel.observe_compute).
-        self._compute_by_rows: dict[int, list[float]] = {}
+        # The server's batching policy predicts from it (serving.batching.cost.RunTimeModel).
+        self._compute = ComputeLog(stage_index, self._spec.inputs)
         self._intervals: deque[tuple[float, float]] = deque(maxlen=INTERVAL_LOG_SIZE)
+        # A dimension unknown in the graph is warmed at the longest a request may bring, as
+        # the memory plan counted it; a bundle with no plan (a SavedModel, served whole and
+        # never planned) at 1, since the server's --max-sequence-length may be below the default.
+        self._length = 1 if plan is None else plan.sequence_length
         for size in sizes:
-            self._run([_zeros(t, size) for t in self._spec.inputs])
+            self._warm_up(size)
         # Lean loading: what loading and tracing freed goes back to the system, not the heap.
         release_free_heap()
         self._memory.mark("loaded")
+
+    def _warm_up(self, rows: int) -> None:
+        try:
+            self._run([_zeros(t, rows, self._length) for t in self._spec.inputs])
+        except Exception as exc:
+            if all(d is not None for t in self._spec.inputs for d in t.shape):
+                raise
+            # A model whose positions stop short of the length (a fixed position embedding).
+            raise ValueError(
+                f"stage {self._spec.index} failed its warm-up batch of {rows} row(s) at length "
+                f"{self._length} (max_sequence_length): {one_line(exc)}; a model that takes "
+                "shorter inputs needs --max-sequence-length at most its longest"
+            ) from None
 
     def _build_step(self) -> Any:
         import tensorflow as tf
@@ -133,7 +149,8 @@ class ShardActor:
         if self._simulate_s is not None:
             time.sleep(self._simulate_s)
             rows = arrays[0].shape[0] if arrays else 1
-            return [_zeros(t, rows) for t in self._spec.outputs]
+            length = self._compute.length_of(arrays) or self._length
+            return [_zeros(t, rows, length) for t in self._spec.outputs]
         import tensorflow as tf
 
         with tf.device(self._device.name):
@@ -184,7 +201,7 @@ class ShardActor:
         self._calls += 1
         self._compute_total_s += elapsed
         self._last_compute_ms = elapsed * 1000.0
-        self._record_compute(int(np.shape(tensors[0])[0]) if tensors else 1, elapsed)
+        self._compute.record(tensors, elapsed)
         if self._cast_out:
             out = [
                 v.astype(self._cast_out[spec.name]) if spec.name in self._cast_out else v
@@ -192,15 +209,6 @@ class ShardActor:
             ]
         self._bytes_out += sum(v.nbytes for v in out)
         return out[0] if len(out) == 1 else tuple(out)
-
-    def _record_compute(self, rows: int, elapsed_s: float) -> None:
-        entry = self._compute_by_rows.get(rows)
-        ms = elapsed_s * 1000.0
-        if entry is None:
-            self._compute_by_rows[rows] = [ms, 1]
-        else:
-            entry[0] += COMPUTE_EWMA_ALPHA * (ms - entry[0])
-            entry[1] += 1
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -238,11 +246,8 @@ class ShardActor:
             "calls": self._calls,
             "compute_seconds_total": self._compute_total_s,
             "last_compute_ms": self._last_compute_ms,
-            # {rows: {"ewma_ms": ..., "count": ...}}: compute only, no queueing or transfer.
-            "compute_by_rows": {
-                rows: {"ewma_ms": ms, "count": int(count)}
-                for rows, (ms, count) in self._compute_by_rows.items()
-            },
+            # compute_by_rows, compute_by_shape, shapes_run (shards.actor.compute_log).
+            **self._compute.stats(),
             # What crossed into and out of this stage (each tensor once, as sent).
             "bytes_in_total": self._bytes_in,
             "bytes_out_total": self._bytes_out,
@@ -293,8 +298,9 @@ def _configure_tensorflow() -> _Device:
     return _Device("/CPU:0", threads, 0)
 
 
-def _zeros(spec: TensorSpec, rows: int) -> np.ndarray:
-    shape = (rows, *(1 if d is None else d for d in spec.shape))
+def _zeros(spec: TensorSpec, rows: int, length: int) -> np.ndarray:
+    """Zeros of ``spec``'s shape, an unknown dimension at ``length``."""
+    shape = (rows, *(length if d is None else d for d in spec.shape))
     return np.zeros(shape, dtype=spec.np_dtype)
 
 

@@ -199,7 +199,7 @@ def partition_to_bundle(
             error=PartitionError,
         )
     _prepare_out_dir(out)
-    graph = analyse(model)
+    graph = analyse(model, max_sequence_length)
     planned = plan_stages(
         graph,
         stages=stages,

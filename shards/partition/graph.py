@@ -29,6 +29,7 @@ from shards.errors import PartitionError
 from shards.partition.flatten import flatten_nested, runtime_masks, topological_nodes
 from shards.partition.length_masks import mark_masked_inputs
 from shards.partition.masking import CarryMask
+from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH
 from shards.partition.plan import NodeCost, estimate_flops, param_bytes
 from shards.signature import ModelSignature, TensorSpec
 
@@ -102,7 +103,9 @@ def as_functional(model: keras.Model) -> keras.Model:
     return model
 
 
-def analyse(model: keras.Model) -> Graph:
+def analyse(model: keras.Model, sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH) -> Graph:
+    """``model``'s layer calls, costed with a dimension unknown in the graph at
+    ``sequence_length`` (``--max-sequence-length``)."""
     model = as_functional(model)
     input_names = _named(model._inputs_struct, model.inputs, [t.name for t in model.inputs])
     output_names = _named(model._outputs_struct, model.outputs, model.output_names)
@@ -135,7 +138,8 @@ def analyse(model: keras.Model) -> Graph:
         inputs = tuple({id(t): t for t in node.input_tensors}.values())
         # A reused layer's weights are charged at every call: any stage that calls it holds
         # them (two calls in one stage over-count, never under-count).
-        cost = NodeCost(op.name, param_bytes(op), estimate_flops(op, inputs, outputs))
+        flops = estimate_flops(op, inputs, outputs, sequence_length)
+        cost = NodeCost(op.name, param_bytes(op), flops)
         nodes.append(GraphNode(op.name, node, inputs, outputs, cost))
 
     masks = runtime_masks(order)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shards.errors import PlanError
+from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH
 from shards.partition.memory_plan import format_size as format_bytes
 
 Plan = list[tuple[int, int]]
@@ -39,9 +40,10 @@ class NodeCost:
         return self.flops_per_row * REFERENCE_BATCH + self.param_bytes * FLOPS_PER_WEIGHT_BYTE
 
 
-def _row_size(tensor: Any) -> int:
-    # An unknown dimension (a sequence length) counts as 1: the estimate is per known unit.
-    return math.prod(1 if d is None else int(d) for d in tuple(tensor.shape)[1:])
+def _row_size(tensor: Any, sequence_length: int) -> int:
+    # An unknown dimension (a sequence length) counts at the longest a request may bring, as
+    # the memory plan counts it: at 1, a layer over positions would weigh like one after pooling.
+    return math.prod(sequence_length if d is None else int(d) for d in tuple(tensor.shape)[1:])
 
 
 def param_bytes(op: Any) -> int:
@@ -54,24 +56,32 @@ def _itemsize(dtype: str) -> int:
     return sizes.get(dtype, 1 if dtype in ("uint8", "bool") else 4)
 
 
-def estimate_flops(op: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> int:
-    """FLOPs per row of one layer call, from shapes: a multiply-add counts 2.
+def estimate_flops(
+    op: Any,
+    inputs: Sequence[Any],
+    outputs: Sequence[Any],
+    sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
+) -> int:
+    """FLOPs per row of one layer call, from shapes: a multiply-add counts 2; a dimension
+    unknown in the graph counts as ``sequence_length``.
 
     Layers with a ``kernel`` (Dense, Conv*, EinsumDense, depthwise) do one multiply-add per kernel
     entry per output position; attention adds the score and weighting products; anything else
     is charged one FLOP per output element plus two per weight (normalisation, activations).
     """
-    out_elems = sum(_row_size(t) for t in outputs)
+    out_elems = sum(_row_size(t, sequence_length) for t in outputs)
     weights = list(getattr(op, "weights", ()))
     kind = type(op).__name__
     if kind == "MultiHeadAttention" and inputs:
-        seq = max(1, _row_size(inputs[0]) // max(1, int(tuple(inputs[0].shape)[-1] or 1)))
+        width = int(tuple(inputs[0].shape)[-1] or 1)
+        seq = max(1, _row_size(inputs[0], sequence_length) // width)
         n_params = sum(math.prod(w.shape) for w in weights)
         heads, key_dim = int(op.num_heads), int(op.key_dim)
         return 2 * n_params * seq + 4 * seq * seq * heads * key_dim
     kernel = next((w for w in weights if str(w.path).endswith("kernel")), None)
     if kernel is not None and outputs and tuple(outputs[0].shape)[-1]:
-        positions = max(1, _row_size(outputs[0]) // int(tuple(outputs[0].shape)[-1]))
+        positions = _row_size(outputs[0], sequence_length) // int(tuple(outputs[0].shape)[-1])
+        positions = max(1, positions)
         return 2 * math.prod(kernel.shape) * positions
     return out_elems + 2 * sum(math.prod(w.shape) for w in weights)
 

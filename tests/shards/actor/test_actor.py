@@ -115,6 +115,9 @@ def test_stats_report_compute_per_batch_row_count(actors: list[Any], manifest: M
         assert by_rows[17]["count"] >= 2 and by_rows[5]["count"] >= 1
         assert 0 < by_rows[17]["ewma_ms"] < 60_000
         assert set(by_rows) <= set(range(1, 18))  # warm-up does not count: only batches
+        # Every dimension known: length 0.
+        assert stats["compute_by_shape"]["17,0"]["count"] == by_rows[17]["count"]
+        assert stats["shapes_run"] == len(stats["compute_by_shape"]) >= 2
 
 
 def test_forward_names_the_tensors_it_reads(actors: list[Any], manifest: Manifest) -> None:
@@ -270,3 +273,29 @@ def test_directory_digest_depends_on_names_not_only_bytes(tmp_path: Path) -> Non
 
     assert first.size == second.size == len(b"same bytes")
     assert first.sha256 != second.sha256
+
+
+def test_an_unknown_length_is_warmed_at_the_planned_sequence_length(
+    ray_address: str, tmp_path: Path
+) -> None:
+    """Positions stop at 16 (a fixed position embedding): planned at 40, the warm-up fails
+    there and says how to fix it; at length 1, as before, it would not have noticed."""
+    import keras_hub
+
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(20, 4, name="emb")(tokens)
+    x = x + keras_hub.layers.PositionEmbedding(16, name="positions")(x)
+    out = keras.layers.Dense(2, name="out")(keras.layers.GlobalAveragePooling1D(name="pool")(x))
+    bundle = tmp_path / "b"
+    partition_to_bundle(
+        keras.Model(tokens, out), bundle, stages=1, imports=["keras_hub"], max_sequence_length=40
+    )
+    remote: Any = ray.remote(ShardActor).options(num_cpus=1, max_concurrency=1)
+    actor = remote.remote(str(bundle), 0, [2])
+    try:
+        with pytest.raises(ray.exceptions.RayActorError) as failed:
+            ray.get(actor.info.remote())
+    finally:
+        ray.kill(actor)
+    assert "stage 0 failed its warm-up batch of 2 row(s) at length 40" in str(failed.value)
+    assert "--max-sequence-length at most its longest" in str(failed.value)

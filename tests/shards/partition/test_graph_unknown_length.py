@@ -87,5 +87,19 @@ async def test_unknown_length_crosses_shard_actors(ray_address: str, tmp_path: P
             out = await group.run(inputs)
             want = call_whole(model, inputs)["out"]
             np.testing.assert_allclose(out["out"], want, atol=TOLERANCE, rtol=0)
+        stats = await group.stats()
     finally:
         await group.close()
+    # Each stage keeps its compute per (rows, length) shape for the server's cost model.
+    for stage in stats:
+        assert {"3,5", "3,17"} <= set(stage["compute_by_shape"])
+        assert stage["shapes_run"] == len(stage["compute_by_shape"])
+
+
+def test_layers_over_positions_are_costed_at_the_sequence_length() -> None:
+    model = token_model()
+    short = {n.name: n.cost.flops_per_row for n in analyse(model, 8).nodes}
+    long = {n.name: n.cost.flops_per_row for n in analyse(model, 64).nodes}
+    # A Dense over every position: 8x the positions, 8x the work; after pooling, the same.
+    assert long["hidden"] == 8 * short["hidden"] > 0
+    assert long["out"] == short["out"]
