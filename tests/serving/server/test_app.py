@@ -55,7 +55,7 @@ async def test_named_route_and_columnar_form() -> None:
             400,
             "input 'x' has shape (1, 3); expected (n, 4) float32",
         ),
-        (b'{"instances": [[1, 2, 3, 4], [1, 2]]}', {}, 400, "ragged"),
+        (b'{"instances": [[1, 2, 3, 4], [1, 2]]}', {}, 400, "every row the same shape"),
         (b'{"instances": [["a", "b", "c", "d"]]}', {}, 400, "holds strings"),
         (b'{"instances": []}', {}, 400, '"instances" is empty'),
         (
