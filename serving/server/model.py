@@ -25,6 +25,7 @@ from serving.errors import NotReadyError
 from serving.server.length_check import LengthPlan, plan_length_padding
 from serving.server.metrics import Metrics, memory_figures
 from serving.server.runner import ModelRunner, RunnerFactory
+from serving.server.shape_log import ShapeLog
 from serving.server.stop_budget import StopBudget, drain_batcher
 from shards.errors import one_line
 from shards.partition.memory_plan import format_size
@@ -59,6 +60,7 @@ class ServedModel:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     loaded: asyncio.Event = field(default_factory=asyncio.Event)  # loaded or failed to
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
+    _shapes: ShapeLog = field(default_factory=ShapeLog, repr=False)
 
     @property
     def metric_labels(self) -> dict[str, str]:
@@ -248,6 +250,7 @@ class ServedModel:
                     async with asyncio.timeout(STATS_TIMEOUT_S):
                         stats = await runner.stats()
                     self.metrics.set_stage_stats(stats)
+                    self._shapes.observe(stats)
                     if self.batcher is not None:
                         self.batcher.observe_compute(stats)
             await asyncio.sleep(STATS_PERIOD_S)
