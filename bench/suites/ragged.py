@@ -1,23 +1,26 @@
 """``python -m bench ragged``: rows of different lengths batched together (issue 19).
 
-Per model (``--models``: the token model and a keras_hub BERT encoder, ``--stages`` each), two
+Per model (``--models``: the token model and a keras_hub BERT encoder, ``--stages`` each), three
 servers, one after the other, ``--max-sequence-length`` at ``--max-length`` and the default
 length buckets:
 
-1. **length padded** (the default): ``--clients`` closed-loop clients, each request one row,
-   uniform rows of ``--max-length`` tokens and mixed rows of lengths uniform in
-   ``--min-length``..``--max-length`` (seeded), in the same run, the order alternated each repeat;
-   then an exactness sample (``--sample`` rows of mixed lengths, sent together so that they share
-   batches, then one at a time) against the saved model's answer to each row alone; then the
-   mixed load again with ``--batch-timeout-ms auto`` (the cost model choosing batch sizes).
-2. **--no-pad-lengths**: one queue per length, exactly the behaviour before issue 19; the same
+1. **length padded** (the default), ``--batch-timeout-ms``: ``--clients`` closed-loop clients,
+   each request one row, uniform rows of ``--max-length`` tokens and mixed rows of lengths
+   uniform in ``--min-length``..``--max-length`` (seeded), in the same run, the order alternated
+   each repeat; then an exactness sample (``--sample`` rows of mixed lengths, sent together so
+   that they share batches, then one at a time) against the saved model's answer to each row
+   alone.
+2. **length padded, ``--batch-timeout-ms auto``** (the cost model choosing batch sizes): the
+   mixed load, on a server of its own started with the flag, as a user would run it.
+3. **--no-pad-lengths**: one queue per length, exactly the behaviour before issue 19; the same
    mixed load, and the sample sent together.
 
 The waste is the pad positions per real position of the batches, from ``/metrics``
 (``shardserve_padded_positions_total``). Then ``--unsafe-model`` (an unmasked Conv1D model,
-whose output changes under length padding): the server must find that at warm-up and serve it
-unpadded; what its V2 metadata and log say is kept, and its answers are checked. The servers
-and their Ray run on the first core, the load generator on the second (``--pin``).
+whose output changes under length padding), served as it is (no input has a pad value) and with
+``--pad-input NAME=0``, where the warm-up's check must find that padding changes its answers:
+both times it must be served unpadded, and exactly; what its V2 metadata and log say is kept.
+The servers and their Ray run on the first core, the load generator on the second (``--pin``).
 """
 
 from __future__ import annotations
@@ -44,13 +47,12 @@ from bench.models.ragged import (
 from bench.observe.quiet import other_benches
 from bench.observe.scrape import base_url, batches_and_rows, free_port, mean_batch_rows, scrape
 from bench.options import Progress
-from bench.suites.batching import TOKEN, set_policy
 from bench.suites.looplag import pin_argv, pinned
 from bench.suites.ragged_check import (
     ask,
     length_padding_lines,
     max_abs_diff,
-    model_parameters,
+    model_metadata,
     positions,
 )
 from bench.suites.ragged_report import render
@@ -112,17 +114,20 @@ def _mixed_lengths(plan: RaggedPlan, n: int, seed: int) -> list[int]:
 
 
 def _server(
-    plan: RaggedPlan, model: RaggedModel, path: Path, label: str, *, pad_lengths: bool = True
+    plan: RaggedPlan,
+    model: RaggedModel,
+    path: Path,
+    label: str,
+    *,
+    extra: tuple[str, ...] = (),
+    timeout: float | str | None = None,
 ) -> ServerProcess:
     port = free_port()
-    config = SystemConfig(path, port, plan.max_batch_size, plan.batch_timeout_ms)
-    flags = {
-        "--admin-token": TOKEN,
-        "--max-sequence-length": str(plan.max_length),
-        "--grpc-port": "0",
-    }
+    wait = plan.batch_timeout_ms if timeout is None else timeout
+    config = SystemConfig(path, port, plan.max_batch_size, wait)
+    flags = {"--max-sequence-length": str(plan.max_length), "--grpc-port": "0"}
     spec = shardserve_spec(config, plan.stages, plan.workdir / "cache", flags=flags)
-    argv = [*pin_argv(plan.pin), *spec.argv, *([] if pad_lengths else ["--no-pad-lengths"])]
+    argv = [*pin_argv(plan.pin), *spec.argv, *extra]
     ready = body(rows(model, [plan.min_length], plan.seed))
     return ServerProcess(replace(spec, argv=argv), port, ready, _log(plan, model, label))
 
@@ -194,7 +199,7 @@ def run_model(plan: RaggedPlan, model: RaggedModel, progress: Progress) -> dict[
         _say(progress, model.name, record)
         runs.append(record)
 
-    progress(f"[{model.name}] length padded, {plan.batch_timeout_ms:g} ms then auto")
+    progress(f"[{model.name}] length padded, {plan.batch_timeout_ms:g} ms")
     with _server(plan, model, path, "padded") as server, pinned(plan.pin):
         pyload.run(server.url, mixed, ["--concurrency", str(plan.clients)], plan.warmup_s)
         for repeat in range(plan.repeats):
@@ -202,12 +207,16 @@ def run_model(plan: RaggedPlan, model: RaggedModel, progress: Progress) -> dict[
                 measure(server, "padded", load, repeat)
         exactness["padded"] = _exactness(server, sample, expected, alone=True)
         progress(f"  [{model.name}] exactness, length padded: {exactness['padded']}")
-        set_policy(base_url(server.url), {"batch_timeout_ms": "auto"})
+    progress(f"[{model.name}] length padded, --batch-timeout-ms auto")
+    with _server(plan, model, path, "auto", timeout="auto") as server, pinned(plan.pin):
         pyload.run(server.url, mixed, ["--concurrency", str(plan.clients)], plan.warmup_s)
         for repeat in range(plan.repeats):
             measure(server, "auto", "mixed", repeat)
     progress(f"[{model.name}] --no-pad-lengths (one queue per length, as before issue 19)")
-    with _server(plan, model, path, "unpadded", pad_lengths=False) as server, pinned(plan.pin):
+    with (
+        _server(plan, model, path, "unpadded", extra=("--no-pad-lengths",)) as server,
+        pinned(plan.pin),
+    ):
         pyload.run(server.url, mixed, ["--concurrency", str(plan.clients)], plan.warmup_s)
         for repeat in range(plan.repeats):
             measure(server, "unpadded", "mixed", repeat)
@@ -222,28 +231,37 @@ def run_model(plan: RaggedPlan, model: RaggedModel, progress: Progress) -> dict[
 
 
 def run_unsafe(plan: RaggedPlan, model: RaggedModel, progress: Progress) -> dict[str, Any]:
-    """A model length padding would change: found at warm-up, served unpadded, still exact."""
+    """A model length padding would change, served twice: as it is (it masks nothing, so no
+    input has a pad value) and with ``--pad-input NAME=0`` for each input, where the warm-up's
+    check must find that padding changes the answers. Both times: unpadded, and exact."""
     progress(f"[{model.name}] a model whose output changes under length padding")
     path = save_model(model.name, plan.workdir)
     sample = rows(model, _mixed_lengths(plan, plan.sample, plan.seed + 3), plan.seed + 3)
     expected = expected_answers(path, sample, plan.workdir / "expected" / model.name)
-    with _server(plan, model, path, "default") as server:
-        base = base_url(server.url)
-        parameters = model_parameters(base, path.stem)
-        before = scrape(base)
-        exact = _exactness(server, sample, expected, alone=False)
-        counted = positions(scrape(base), before)
-    record = {
+    servers: dict[str, Any] = {}
+    extra: tuple[str, ...] = ()
+    for label in ("as is", "pad-input"):
+        with _server(plan, model, path, label.replace(" ", "-"), extra=extra) as server:
+            base = base_url(server.url)
+            metadata = model_metadata(base, model.name)
+            before = scrape(base)
+            exact = _exactness(server, sample, expected, alone=False)
+            counted = positions(scrape(base), before)
+        servers[label] = {
+            "flags": list(extra),
+            "parameters": metadata.get("parameters") or {},
+            "log_lines": length_padding_lines(_log(plan, model, label.replace(" ", "-"))),
+            "positions": counted,
+            "exactness": exact,
+        }
+        progress(f"  [{model.name}] {label}: {servers[label]}")
+        extra = tuple(f"--pad-input={spec['name']}=0" for spec in metadata.get("inputs", []))
+    return {
         "name": model.name,
         "about": model.about,
         "tolerance": model.tolerance,
-        "parameters": parameters,
-        "log_lines": length_padding_lines(_log(plan, model, "default")),
-        "positions": counted,
-        "exactness": exact,
+        "servers": servers,
     }
-    progress(f"  [{model.name}] {record}")
-    return record
 
 
 def add_parsers(sub: Any) -> None:

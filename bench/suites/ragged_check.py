@@ -89,12 +89,13 @@ def _post(url: str, one: bytes) -> Answer:
         raise CheckError(f"{exc.code} {exc.read()[:300]!r} to a row of the sample") from None
 
 
-def model_parameters(base: str, model: str) -> dict[str, Any]:
-    """The ``parameters`` of the model's V2 metadata (the length padding in force), or {}."""
+def model_metadata(base: str, model: str) -> dict[str, Any]:
+    """The model's V2 metadata: its inputs, and in ``parameters`` the length padding in force."""
     with urllib.request.urlopen(f"{base}/v2/models/{model}", timeout=10) as response:
         metadata: Any = orjson.loads(response.read())
-    parameters = metadata.get("parameters") if isinstance(metadata, dict) else None
-    return parameters if isinstance(parameters, dict) else {}
+    if not isinstance(metadata, dict):
+        raise CheckError(f"the V2 metadata of {model!r} is not an object: {metadata!r:.300}")
+    return metadata
 
 
 def length_padding_lines(log: Path, most: int = 5) -> list[str]:

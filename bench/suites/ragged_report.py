@@ -129,22 +129,25 @@ def render_model(name: str, model: dict[str, Any], plan: dict[str, Any]) -> list
 
 
 def render_unsafe(unsafe: dict[str, Any]) -> list[str]:
-    counted, exact = unsafe["positions"], unsafe["exactness"]
-    unpadded = counted["pad"] == 0 and counted["real"] == 0
-    said = "; ".join(unsafe["log_lines"]) or "(no log line about length padding)"
-    return [
+    lines = [
         f"**{unsafe['name']}** ({unsafe['about']}): a model length padding would change",
         "",
-        f"- V2 metadata parameters: `{unsafe['parameters'] or {}}`",
-        f"- server log: {said}",
-        f"- served {'unpadded' if unpadded else 'LENGTH PADDED'}: {exact['rows']} rows sent "
-        f"together ran in {exact['batches']:.0f} batches with {counted['pad']:.0f} pad "
-        f"positions",
-        f"- exactness: max |difference| from the model on the row alone "
-        f"{_diff(exact['batched_vs_model'], unsafe['tolerance'])}",
-        *[f"  - {problem}" for problem in exact.get("problems", [])],
-        "",
     ]
+    for label, server in unsafe["servers"].items():
+        counted, exact = server["positions"], server["exactness"]
+        unpadded = counted["pad"] == 0 and counted["real"] == 0
+        flags = " ".join(f"`{flag}`" for flag in server["flags"]) or "no flag"
+        said = "; ".join(server["log_lines"]) or "(no warning about length padding)"
+        lines += [
+            f"- served {label} ({flags}): V2 metadata parameters `{server['parameters']}`; "
+            f"server log: {said}",
+            f"  - {'unpadded' if unpadded else 'LENGTH PADDED'}: {exact['rows']} rows sent "
+            f"together ran in {exact['batches']:.0f} batches with {counted['pad']:.0f} pad "
+            f"positions; max |difference| from the model on the row alone "
+            f"{_diff(exact['batched_vs_model'], unsafe['tolerance'])}",
+            *[f"  - {problem}" for problem in exact.get("problems", [])],
+        ]
+    return [*lines, ""]
 
 
 def render(results: dict[str, Any]) -> str:

@@ -105,14 +105,19 @@ def _results(mixed_rps: float) -> dict[str, Any]:
             "unpadded": {**exact, "batched_vs_model": 0.0},
         },
     }
+    checked = {
+        "flags": ["--pad-input=tokens=0"],
+        "parameters": {"length_padding": {"off": "padding changes this model's answers"}},
+        "log_lines": ["length padding off: padding changes this model's answers at length 7"],
+        "positions": {"real": 0.0, "pad": 0.0},
+        "exactness": {**exact, "batched_vs_model": 1e-7},
+    }
+    padded = {**checked, "positions": {"real": 300.0, "pad": 100.0}, "log_lines": []}
     unsafe = {
         "name": "demo-conv1d",
         "about": "conv",
         "tolerance": 1e-5,
-        "parameters": {"length_padding": "off"},
-        "log_lines": ["length padding off for demo-conv1d: answers differ at length 7"],
-        "positions": {"real": 0.0, "pad": 0.0},
-        "exactness": {**exact, "batched_vs_model": 1e-7},
+        "servers": {"pad-input": checked, "wrongly": padded},
     }
     return {"plan": plan, "models": {"demo-tokens": model}, "unsafe": unsafe}
 
@@ -129,6 +134,8 @@ def test_the_table_judges_both_ratios_the_waste_and_the_exactness() -> None:
     assert "0.40 at 5 ms, 0.25 with the cost model" in table
     assert "through the server 2.00e-05 (NOT within 1e-05)" in table
     assert "exactly the behaviour before issue 19" in table
-    assert "served unpadded: 32 rows" in table and "answers differ at length 7" in table
+    assert "served pad-input (`--pad-input=tokens=0`)" in table
+    assert "answers at length 7" in table and "- unpadded: 32 rows sent together" in table
+    assert "- LENGTH PADDED: 32 rows" in table  # the server that padded it anyway
     slow = render(_results(mixed_rps=70.0))
     assert "0.70x (target >= 0.8x): NOT met" in slow and "1.75x (target >= 2x): NOT met" in slow
