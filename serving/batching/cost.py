@@ -139,10 +139,12 @@ class RunTimeModel:
 
         measured = self.lengths()
         longest = measured[-1] if measured else 0
-        view = {"from_compute": bool(self._latency), "hop": ms(self.hop_s), **per_size(longest)}
-        if longest:
-            view["by_length"] = {str(length): per_size(length) for length in measured}
-        return view
+        return {
+            "from_compute": bool(self._latency),
+            "hop": ms(self.hop_s),
+            **per_size(longest),
+            "by_length": {str(length): per_size(length) for length in measured if length},
+        }
 
     def is_stale(self, size: int, now: float, length: int = 0) -> bool:
         """The measurement ``predict(size, length)`` rests on (its own, or the nearest

@@ -126,13 +126,23 @@ class ModelMetadata(Body):
     max_batch_size: int
 
 
+class LengthRunTime(Body):
+    """The predictions at one length bucket (ms per batch size)."""
+
+    latency: dict[str, float | None]
+    bottleneck: dict[str, float | None]
+
+
 class RunTimeView(Body):
-    """What the batching policy predicts per batch size (ms; null: nothing measured yet)."""
+    """What the batching policy predicts per batch size (ms; null: nothing measured yet). For a
+    length-padded model: at the longest length bucket measured, and ``by_length`` per bucket
+    (empty for a model without a length)."""
 
     from_compute: bool
     hop: float | None
     latency: dict[str, float | None]
     bottleneck: dict[str, float | None]
+    by_length: dict[str, LengthRunTime] = {}
 
 
 class BatchingView(Body):

@@ -21,7 +21,10 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @contextlib.asynccontextmanager
-async def serve(runner: FakeRunner, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def serve(
+    runner: FakeRunner, *, seen: list[Any] | None = None, **overrides: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of an app over ``runner``; ``seen`` gets the served model."""
     settings = Settings(
         model="fake",
         **{"admin_token": TOKEN, "batch_timeout_ms": 1000.0, "max_batch_size": 4, **overrides},
@@ -33,6 +36,8 @@ async def serve(runner: FakeRunner, **overrides: Any) -> AsyncIterator[httpx.Asy
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
         await app.state.shardserve.model().ready.wait()
+        if seen is not None:
+            seen.append(app.state.shardserve.model())
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
@@ -94,8 +99,22 @@ async def test_get_shows_the_policy() -> None:
             "hop": 0.0,
             "latency": {"1": None, "2": None, "4": None},
             "bottleneck": {"1": None, "2": None, "4": None},
+            "by_length": {},  # a model without a length
         },
     }
+
+
+async def test_get_shows_the_cost_per_length_bucket_once_length_padded_batches_ran() -> None:
+    seen: list[Any] = []
+    async with serve(FakeRunner(), seen=seen) as client:
+        runtime = seen[0].batcher._runtime
+        runtime.observe(4, 0.020, length=16)  # as the batches of a length-padded model report
+        runtime.observe(4, 0.080, length=64)
+        r = await client.get("/admin/batching", headers=AUTH)
+    assert r.status_code == 200
+    view = r.json()["run_time_ms"]
+    assert view["latency"]["4"] == 80.0  # the longest bucket measured
+    assert view["by_length"]["16"]["latency"]["4"] == 20.0
 
 
 async def test_put_changes_the_policy_and_derived_limits() -> None:
