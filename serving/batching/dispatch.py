@@ -61,7 +61,7 @@ class Dispatcher:
         while self.inflight < policy.max_inflight_batches:
             ready: tuple[float, QueueKey, str, int] | None = None
             for key, oldest, rows in self._queues.heads():
-                length = self._head_length(key)
+                length = self._head_length(key, policy)
                 reason = self._close_reason(oldest, rows, now, policy, wait, draining, length)
                 if reason is not None and (ready is None or oldest < ready[0]):
                     ready = (oldest, key, reason, rows)  # oldest head first: served fairly
@@ -72,17 +72,19 @@ class Dispatcher:
             return None  # a finishing batch, a submit or a reconfigure wakes the loop
         return min(
             (
-                old + wait.wait_s(policy, n, self.inflight, self._head_length(key))
+                old + wait.wait_s(policy, n, self.inflight, self._head_length(key, policy))
                 for key, old, n in self._queues.heads()
             ),
             default=None,
         )
 
-    def _head_length(self, key: QueueKey) -> int:
+    def _head_length(self, key: QueueKey, policy: BatchSettings) -> int:
         """The bucket a batch from this queue would be length padded to, at most (0 without
-        length padding): what the cost model prices it at."""
+        length padding): what the cost model prices it at, which only an SLO asks for."""
         lengths = self.lengths
-        return lengths.bucket(self._queues.longest(key)) if lengths is not None else 0
+        if lengths is None or policy.slo_p99_ms is None:
+            return 0
+        return lengths.bucket(self._queues.longest(key))
 
     def _close_reason(
         self,
@@ -118,7 +120,8 @@ class Dispatcher:
         *,
         queued: int,
     ) -> None:
-        limit = wait.batch_limit(policy, now - oldest, now, queued, self._head_length(key))
+        length = self._head_length(key, policy)
+        limit = wait.batch_limit(policy, now - oldest, now, queued, length)
         segments = self._queues.take(key, limit)
         rows = sum(count for _, _, count in segments)
         alone = self.inflight == 0

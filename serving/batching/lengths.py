@@ -108,6 +108,29 @@ class LengthPadding:
         fill = np.array(self.pad_values[name], dtype=array.dtype)
         return np.pad(array, widths, constant_values=fill)
 
+    def stack(self, name: str, parts: list[np.ndarray], length: int, rows: int) -> np.ndarray:
+        """``parts`` of input ``name`` (rows first) stacked into ``rows`` rows, each length padded
+        to ``length``; rows past the parts repeat the last real row (the batch's row-count
+        padding). One array filled with the pad value and the parts copied in: ``np.pad`` per
+        part cost ~45 us each, most of a request's time in the batcher."""
+        axis = self.axes.get(name)
+        if axis is None:
+            raise KeyError(f"input {name!r} is not length padded")
+        first = parts[0]
+        shape = list(first.shape)
+        shape[0], shape[axis] = rows, length
+        batch = np.full(shape, self.pad_values[name], dtype=first.dtype)
+        index: list[slice] = [slice(None)] * first.ndim
+        offset = 0
+        for part in parts:
+            index[0] = slice(offset, offset + len(part))
+            index[axis] = slice(0, part.shape[axis])
+            batch[tuple(index)] = part
+            offset += len(part)
+        if offset < rows:
+            batch[offset:] = batch[offset - 1 : offset]
+        return batch
+
     def cut(self, outputs: Mapping[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
         """The outputs that follow the padded length cut back to ``length``; the rest as they
         are."""

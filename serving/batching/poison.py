@@ -103,8 +103,9 @@ def assemble(
     batch: dict[str, np.ndarray] = {}
     for name in segments[0][0].inputs:
         parts = [r.inputs[name][start : start + n] for r, start, n in segments]
-        if lengths is not None:
-            parts = [lengths.pad_one(name, part, length) for part in parts]
+        if lengths is not None and name in lengths.axes:
+            batch[name] = lengths.stack(name, parts, length, padded)
+            continue
         if padded > rows:
             parts.append(np.repeat(parts[-1][-1:], padded - rows, axis=0))
         batch[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)

@@ -113,9 +113,12 @@ def encode_rows(rows: list[dict[str, np.ndarray]], signature: ModelSignature) ->
 
 def _tolist(obj: Any) -> Any:
     # orjson writes C-contiguous arrays only: an output cut back to a row's length along a
-    # later axis is a strided view, and a scalar output's row a 0-d array.
-    if isinstance(obj, np.ndarray | np.generic):
-        return obj.tolist()
+    # later axis is a strided view (copied: orjson then writes it natively, several times
+    # faster than a list of Python floats), and a scalar output's row a 0-d array.
+    if isinstance(obj, np.ndarray):
+        return obj[()] if obj.ndim == 0 else np.ascontiguousarray(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
     raise TypeError(f"cannot write {type(obj).__name__} as JSON")
 
 

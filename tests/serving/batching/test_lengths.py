@@ -143,3 +143,11 @@ async def test_length_padding_changes_only_while_nothing_is_queued(make: Harness
         batcher.set_length_padding(None)
     await batcher.stop()
     assert (await pending)["tokens"].shape == (1, 3)
+
+
+def test_stack_pads_each_part_and_repeats_the_last_real_row_for_row_padding() -> None:
+    parts = [np.array([[1, 2]], np.int32), np.array([[3, 4, 5], [6, 7, 8]], np.int32)]
+    batch = LENGTHS.stack("ids", parts, 4, rows=4)
+    assert batch.tolist() == [[1, 2, 0, 0], [3, 4, 5, 0], [6, 7, 8, 0], [6, 7, 8, 0]]
+    with pytest.raises(KeyError, match="not length padded"):
+        LENGTHS.stack("x", parts, 4, rows=4)
