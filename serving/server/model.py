@@ -133,6 +133,11 @@ class ServedModel:
             asyncio.create_task(self._poll_stats()),
         ]
 
+    async def wait_load(self) -> None:
+        """Until the load ``start`` began has ended: ready, failed, or cancelled."""
+        if self._jobs:
+            await asyncio.wait(self._jobs[:1])
+
     async def load(self, factory: RunnerFactory, on_failure: Callable[[str], None] | None) -> None:
         """Load, start the batcher and warm up within ``load_timeout_s``; meanwhile keep
         ``load_waiting`` saying what the load waits for. Any failure, the timeout included,
@@ -188,7 +193,9 @@ class ServedModel:
         await self._log_memory(runner)
         self.batcher = batcher
         self.ready.set()
-        log.info("ready: serving %r (%d stage(s))", self.name, runner.num_stages)
+        log.info(
+            "ready: serving %r version %s (%d stage(s))", self.name, self.version, runner.num_stages
+        )
 
     @staticmethod
     async def warm_up(runner: ModelRunner, length: int = 1) -> None:
