@@ -46,6 +46,8 @@ ModelKind = Literal["keras", "savedmodel", "bundle"]
 MANIFEST_NAME = "manifest.json"
 _MODEL_NAME = re.compile(MODEL_NAME_PATTERN)
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")  # a positive int64, without leading zeros
+# The stage files of a bundle (shards.partition: stage_000.keras, stage_000.savedmodel).
+_BUNDLE_STAGE = re.compile(r"stage_[0-9]+\.(keras|savedmodel)")
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,11 @@ def _versions(model_dir: Path) -> dict[int, VersionDir]:
 
 def model_kind(version_dir: Path) -> ModelKind | None:
     """What the directory holds by its names alone (complete or not); None: nothing known."""
-    if (version_dir / MANIFEST_NAME).exists():
+    if (version_dir / MANIFEST_NAME).exists() or any(
+        _BUNDLE_STAGE.fullmatch(p.name) for p in _entries(version_dir)
+    ):
+        # A bundle's stage files come before its manifest: without it, a one-stage bundle's
+        # stage_000.keras must not pass for a whole .keras model.
         return "bundle"
     if (version_dir / "saved_model.pb").exists():
         return "savedmodel"
@@ -128,7 +134,9 @@ def incomplete(path: Path) -> str | None:
         if kind is None:
             return "no .keras file, SavedModel (saved_model.pb) or bundle (manifest.json) in it yet"
         if kind == "bundle":
-            return None if (path / MANIFEST_NAME).is_file() else f"{MANIFEST_NAME} is not a file"
+            if (path / MANIFEST_NAME).is_file():
+                return None
+            return f"a bundle without its {MANIFEST_NAME} yet (the partitioner writes it last)"
         if kind == "savedmodel":
             if not (path / "saved_model.pb").is_file():
                 return "saved_model.pb is not a file"

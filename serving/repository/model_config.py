@@ -129,11 +129,11 @@ def model_settings(
 ) -> Settings:
     """The settings one version is served with: the server's, the model's overrides on top,
     ``model`` = the version's model file or directory, ``model_name`` = ``name``."""
-    values: dict[str, Any] = {
-        key: getattr(base, key)
-        for key in base.model_fields_set
-        if key not in RepositorySettings.model_fields
-    }
+    # Every field given: the env vars (and a TOML file) are read by Settings() for each field
+    # left out, and they may have changed since the server started.
+    values: dict[str, Any] = {key: getattr(base, key) for key in Settings.model_fields}
+    # One version is one model: no repository of its own (given, or an env var would fill it).
+    values.update(model_repository=None, default_model=None, repository_poll_s=0.0)
     # A model that sets how it is cut replaces the server's way, of the two exclusive ones.
     for given, other in _EXCLUSIVE:
         if given in config.overrides and other not in config.overrides:
@@ -142,9 +142,7 @@ def model_settings(
     values["model"] = str(version_dir.model_path)
     values["model_name"] = name
     try:
-        # model_validate, not Settings(...): the values are complete, and env vars and the
-        # server's TOML file must not be read again over the model's own values.
-        return Settings.model_validate(values)
+        return Settings(**values)
     except ValidationError as exc:
         raise ConfigError(f"{name}/{CONFIG_FILE}: {_one_line(exc)}") from None
 
