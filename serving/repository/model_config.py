@@ -21,6 +21,7 @@ shows them to clients, and those never see the server's paths.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -108,8 +109,10 @@ def read_model_config(model_dir: Path) -> ModelConfig:
             unknown.append(given)
     if unknown:
         names = ", ".join(map(repr, unknown))
+        near = [m for k in unknown for m in difflib.get_close_matches(k, sorted(allowed), 1)]
+        hint = f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
         raise ConfigError(
-            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {names}; allowed: the "
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {names}{hint}; allowed: the "
             f"tables [versions] and [labels] and the settings {model_keys()}"
         )
     if refused:

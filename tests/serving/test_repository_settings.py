@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,7 +67,7 @@ def test_a_model_and_a_repository_are_refused_from_any_source(
         ({"default_model": "resnet"}, "with --model the one model ('demo-mlp') is the default"),
     ],
 )
-def test_bad_repository_settings_name_the_value(flags: dict[str, object], message: str) -> None:
+def test_bad_repository_settings_name_the_value(flags: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(**flags)
     assert message in str(caught.value)

@@ -73,7 +73,10 @@ def test_an_unknown_key_names_the_file_the_key_and_what_is_allowed(tmp_path: Pat
     with pytest.raises(ConfigError) as caught:
         read_model_config(path)
     message = str(caught.value)
-    assert message.startswith("resnet/config.toml: unknown keys 'max_batch', 'warmup'; allowed:")
+    assert message.startswith(
+        "resnet/config.toml: unknown keys 'max_batch', 'warmup' (did you mean 'max_batch_size'?);"
+        " allowed:"
+    )
     assert "[versions] and [labels]" in message and "'max_batch_size'" in message
     assert str(tmp_path) not in message and "\n" not in message
 
