@@ -70,6 +70,8 @@ class ServerState:
         labels = self.labels.get(name, {})
         for label in [label for label, v in labels.items() if v == version]:
             del labels[label]
+        if not labels:
+            self.labels.pop(name, None)
         return removed
 
     def served(self) -> list[ServedModel]:
