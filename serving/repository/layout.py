@@ -61,9 +61,15 @@ class VersionDir:
     @property
     def model_path(self) -> Path:
         """What the server loads: the one ``.keras`` file, or the directory itself."""
-        if self.kind == "keras":
-            return _keras_files(self.path)[0]
-        return self.path
+        if self.kind != "keras":
+            return self.path
+        files = _keras_files(self.path)
+        if len(files) != 1:
+            # Changed on disk since the scan; the next scan sees it as it is now.
+            raise FileNotFoundError(
+                f"{self.name}/{self.version} no longer holds one .keras file ({len(files)} now)"
+            )
+        return files[0]
 
 
 def is_model_name(name: str) -> bool:

@@ -158,3 +158,11 @@ def test_the_fingerprint_changes_with_a_files_size_or_mtime_only(tmp_path: Path)
     data.write_bytes(b"longer data")
     assert fingerprint(version) not in (first, second)
     assert isinstance(scan(tmp_path.parent)[tmp_path.name][1], VersionDir)
+
+
+def test_a_keras_file_gone_since_the_scan_is_named(tmp_path: Path) -> None:
+    keras_file(tmp_path / "m" / "1" / "m.keras")
+    found = scan(tmp_path)
+    (tmp_path / "m" / "1" / "m.keras").unlink()
+    with pytest.raises(FileNotFoundError, match=r"m/1 no longer holds one \.keras file"):
+        _ = found["m"][1].model_path
