@@ -131,7 +131,8 @@ def model_settings(
     base: Settings, name: str, version_dir: VersionDir, config: ModelConfig
 ) -> Settings:
     """The settings one version is served with: the server's, the model's overrides on top,
-    ``model`` = the version's model file or directory, ``model_name`` = ``name``."""
+    ``model`` = the version's model file or directory, ``model_name`` = ``name``. Every failure
+    is a one-line ``ConfigError``."""
     # Every field given: the env vars (and a TOML file) are read by Settings() for each field
     # left out, and they may have changed since the server started.
     values: dict[str, Any] = {key: getattr(base, key) for key in Settings.model_fields}
@@ -142,7 +143,10 @@ def model_settings(
         if given in config.overrides and other not in config.overrides:
             values.pop(other, None)
     values.update(config.overrides)
-    values["model"] = str(version_dir.model_path)
+    try:
+        values["model"] = str(version_dir.model_path)
+    except FileNotFoundError as exc:  # changed since the scan: one error type for the caller
+        raise ConfigError(str(exc)) from None
     values["model_name"] = name
     try:
         return Settings(**values)

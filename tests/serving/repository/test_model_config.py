@@ -184,3 +184,12 @@ def test_bad_values_are_one_line_naming_the_file_and_key(
     text = str(caught.value)
     assert text.startswith("resnet/config.toml: ") and message in text
     assert "\n" not in text
+
+
+def test_a_version_changed_since_the_scan_is_a_config_error(tmp_path: Path) -> None:
+    path = model_dir(tmp_path, None)
+    found = version(tmp_path)
+    (path / "3" / "resnet.keras").unlink()
+    base = load_settings(model_repository=tmp_path)
+    with pytest.raises(ConfigError, match=r"resnet/3 no longer holds one \.keras file"):
+        model_settings(base, "resnet", found, read_model_config(path))
