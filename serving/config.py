@@ -127,8 +127,9 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings):
         None,
         gt=0,
         le=256,
-        description="CPUs per shard actor (whole ones are its TensorFlow threads); unset = the "
-        "cores split between all stage actors on a private local Ray, 1 on a cluster.",
+        description="CPUs per shard actor (whole ones are its TensorFlow threads); unset = its "
+        "share of the cores among the model's stage actors, in whole threads (at least 1), on a "
+        "private local Ray, 1 on a cluster.",
     )
     placement_strategy: PlacementStrategy = Field(
         "PACK", description="Placement group strategy of a pipeline's shard actors."
