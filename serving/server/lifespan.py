@@ -42,7 +42,8 @@ def make_lifespan(
             state, settings, runner_factory, on_load_failure if single else None
         )
         app.state.shardserve = state
-        grpc_server = await start_grpc_server(state, settings)  # None when grpc_port is 0
+        # None when grpc_port is 0; its repository calls find the manager on the state.
+        grpc_server = await start_grpc_server(state, settings, lambda: state.repository)
         try:
             await repository.start()
             yield
