@@ -25,6 +25,7 @@ from serving.protocols.v2.http_repository import install_repository_routes
 from serving.server.admin import install_admin_routes
 from serving.server.error_handlers import install_error_handlers
 from serving.server.lifespan import make_lifespan
+from serving.server.repository import Repository
 from serving.server.routes import install_routes
 from serving.server.runner import RunnerFactory, build_runner
 from serving.server.state import ServerState
@@ -42,7 +43,9 @@ def create_app(
     *,
     on_load_failure: Callable[[str], None] | None = None,
 ) -> FastAPI:
-    lifespan = make_lifespan(settings, runner_factory, on_load_failure)
+    lifespan = make_lifespan(
+        settings, lambda state: Repository(state, settings, runner_factory, on_load_failure)
+    )
     app = ShardServeApp(title="shardserve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
     install_tfserving_routes(app, settings, predict_model)

@@ -15,12 +15,13 @@ from fastapi import FastAPI
 
 from serving.config import Settings
 from serving.protocols.v2.grpc_server import start_grpc_server, stop_grpc_server
-from serving.server.repository import Repository
-from serving.server.runner import RunnerFactory, release_cluster
+from serving.server.runner import release_cluster
 from serving.server.state import ServerState
 
 if TYPE_CHECKING:
     import grpc
+
+    from serving.server.repository import Repository
 
 log = logging.getLogger("shardserve")
 
@@ -28,19 +29,15 @@ Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 
 
 def make_lifespan(
-    settings: Settings,
-    runner_factory: RunnerFactory,
-    on_load_failure: Callable[[str], None] | None,
+    settings: Settings, repository_of: Callable[[ServerState], Repository]
 ) -> Lifespan:
+    """``repository_of`` makes the state's repository manager (``serving.server.repository``;
+    the app passes it, which keeps this module's imports short)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = ServerState(settings=settings)
-        # With --model, one model whose load failure ends the server (``on_load_failure``); in
-        # a repository a broken version is refused with its reason while the others serve.
-        single = settings.model_repository is None
-        repository = Repository(
-            state, settings, runner_factory, on_load_failure if single else None
-        )
+        repository = repository_of(state)
         app.state.shardserve = state
         # None when grpc_port is 0; its repository calls find the manager on the state.
         grpc_server = await start_grpc_server(state, settings, lambda: state.repository)

@@ -60,7 +60,10 @@ class Repository:
         self.state = state
         self.settings = settings
         self._factory = runner_factory
-        self._on_load_failure = on_load_failure
+        # With --model, one model whose load failure ends the server; in a repository a broken
+        # version is refused with its reason while the others serve.
+        single = settings.model_repository is None
+        self._on_load_failure = on_load_failure if single else None
         self._source = source if source is not None else source_for(settings)
         self._plans: dict[str, ModelPlan] = {}
         self._held: set[str] = set()  # unloaded through the API: polling leaves them be
