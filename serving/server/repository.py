@@ -27,7 +27,7 @@ from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.server.model import ServedModel
 from serving.server.readiness import version_state
 from serving.server.repository_source import ModelPlan, Source, source_for
-from serving.server.runner import RunnerFactory
+from serving.server.runner import RunnerFactory, plan_private_ray
 from serving.server.stop_budget import StopBudget
 
 if TYPE_CHECKING:
@@ -80,6 +80,8 @@ class Repository:
         """Read the repository and start loading what each model's policy selects; then poll
         every ``repository_poll_s`` (0: never)."""
         plans = await asyncio.to_thread(self._source.scan)
+        # Before the first load starts a private local Ray: its CPU count holds every version.
+        plan_private_ray(_selected_settings(plans))
         for name in sorted(plans):
             await self._reconcile(name, plans[name], retry=False)
         default = self.state.default_model
@@ -300,6 +302,11 @@ class Repository:
 
 def _entry(name: str, version: str, state: VersionState, reason: str) -> IndexEntry:
     return {"name": name, "version": version, "state": state, "reason": reason}
+
+
+def _selected_settings(plans: dict[str, ModelPlan]) -> list[Settings]:
+    selected = [plan.versions[v].settings for plan in plans.values() for v in plan.selected]
+    return [settings for settings in selected if settings is not None]
 
 
 def _not_in_repository(name: str, plans: dict[str, ModelPlan]) -> str:

@@ -76,7 +76,7 @@ def index(repository: Repository) -> dict[str, tuple[str, str]]:
 
 
 async def test_each_policy_serves_its_versions_and_the_index_says_why_others_are_not(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for v in (1, 2, 3):
         version(tmp_path, "latest", v)
@@ -91,8 +91,18 @@ async def test_each_policy_serves_its_versions_and_the_index_says_why_others_are
     (tmp_path / "empty").mkdir()
     runners = Runners()
     runners.failing[("latest", "3")] = RuntimeError("cannot read the weights")
+    planned: list[list[str]] = []
+
+    def plan(versions: list[Settings]) -> int:
+        assert not runners.made  # before any load could start a private Ray
+        planned.append(sorted(f"{s.model_name}/{Path(s.model).name}" for s in versions))
+        return 8
+
+    monkeypatch.setattr("serving.server.repository.plan_private_ray", plan)
     async with managed(tmp_path, runners) as repository:
         state = repository.state
+        # The private Ray's CPU count is planned for every version the policies select.
+        assert planned == [["every/1", "every/2", "every/3", "latest/3", "some/1", "some/3"]]
         assert {name: sorted(vs) for name, vs in state.models.items()} == {
             "every": ["1", "2", "3"],
             "latest": ["3"],
