@@ -245,9 +245,7 @@ class Repository:
         await model.close(budget.left())
         self.state.remove_model(model.name, model.version)
         self._failed.pop((model.name, model.version), None)
-        remove = getattr(self.state.metrics, "remove_model", None)
-        if remove is not None:  # per-model series (serving.server.metrics)
-            remove(model.name, model.version)
+        self.state.metrics.remove_model(model.name, model.version)
         log.info("model %r version %s unloaded: %s", model.name, model.version, reason)
         self._set_labels(model.name)
 
@@ -257,14 +255,13 @@ class Repository:
         labels: dict[str, str] = {}
         for label, v in (plan.labels if plan else {}).items():
             model = served.get(str(v))
-            if model is not None and version_state(model)[0] == "READY":
+            found, reason = version_state(model) if model is not None else ("", "")
+            if found == "READY":
                 labels[label] = str(v)
                 self._label_notes.pop((name, label), None)
                 continue
-            why = "is still loading" if model and not model.loaded.is_set() else "is not loaded"
-            if model is not None and model.load_error:
-                why = "failed to load"
-            if self._label_notes.get((name, label)) != why and why != "is still loading":
+            why = "is not loaded" if model is None else f"is {found} ({reason})"
+            if self._label_notes.get((name, label)) != why and found != "LOADING":
                 log.warning("model %r: label %r left unset: version %d %s", name, label, v, why)
             self._label_notes[(name, label)] = why
         if labels:
