@@ -250,13 +250,14 @@ async def test_the_poll_loop_loads_a_model_that_appears_and_unloads_one_removed(
         assert sorted(index(repository)) == ["b/1"]
 
 
-async def test_an_app_over_a_repository_of_two_models_asks_predict_to_name_one(
+async def test_an_app_over_two_models_asks_predict_to_name_one_and_its_stop_closes_both(
     tmp_path: Path,
 ) -> None:
     version(tmp_path, "a", 1)
     version(tmp_path, "b", 1)
     settings = Settings(model_repository=tmp_path, batch_timeout_ms=0.0)
-    app = create_app(settings, Runners())
+    runners = Runners()
+    app = create_app(settings, runners)
     async with LifespanManager(app) as manager:
         await settled(app.state.shardserve)
         transport = httpx.ASGITransport(app=manager.app)
@@ -268,6 +269,7 @@ async def test_an_app_over_a_repository_of_two_models_asks_predict_to_name_one(
     assert default.status_code == 400
     assert "several models ('a', 'b') and none is the default" in default.json()["error"]
     assert named.status_code == 200, named.text
+    assert all(r.closed for r in runners.made.values()) and len(runners.made) == 2  # the stop
 
 
 async def _until(condition: Callable[[], bool]) -> None:
