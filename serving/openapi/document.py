@@ -71,7 +71,8 @@ class Served:
 def document(base: Schema, served: Served) -> Schema:
     """``base`` (FastAPI's document, left unchanged) completed: the predict and V2 infer bodies
     for the served signature (generic while there is none), the served names, versions and
-    labels as the only values of ``{name}``, ``{version}`` and ``{label}``, a request of one row
+    labels as the only values of ``{name}``, ``{version}`` and ``{label}`` (no ``{label}`` path
+    where no label is set), a request of one row
     as the example of each predict and infer body, the admin token's scheme, and
     ``X-Request-Id`` on every response. ``max_rows`` is the most rows a request may hold: fixed
     at start-up, whatever the batching policy becomes, so the document depends on the served
@@ -79,6 +80,10 @@ def document(base: Schema, served: Served) -> Schema:
     signature, max_rows = served.signature, served.max_rows
     enums = served.enums()
     doc = copy.deepcopy(base)
+    if "label" not in enums:  # no label is set: a path naming one could only answer 404
+        paths = doc.get("paths", {})
+        for path in [path for path in paths if "{label}" in path]:
+            del paths[path]
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.update(predict_schemas(signature, max_rows))

@@ -94,6 +94,11 @@ class V2RepositoryEntry(_Body):
     reason: str
 
 
+class V2RepositoryDone(_Body):
+    """A load or unload done: an empty object (Triton's body is empty; clients read only the
+    status)."""
+
+
 class V2RequestInput(BaseModel):
     name: str
     shape: list[int]
@@ -218,7 +223,6 @@ _UNLOAD_PARAMETERS = {
     "properties": {"unload_dependents": {"type": "boolean"}},
     "additionalProperties": False,
 }
-_LOADED = {200: {"description": "Done (an empty body)", "content": {}}}
 # The repository extension's routes (``serving.protocols.v2.http_repository.REPOSITORY_KINDS``).
 REPOSITORY_DOCS: dict[str, dict[str, Any]] = {
     "repository_index": {
@@ -232,7 +236,8 @@ REPOSITORY_DOCS: dict[str, dict[str, Any]] = {
         "or UNAVAILABLE, with the reason.",
     },
     "repository_load": {
-        "responses": {**_LOADED, **{c: _ERROR for c in (400, 401, 403, 404, 413, 503)}},
+        "response_model": V2RepositoryDone,
+        "responses": {c: _ERROR for c in (400, 401, 403, 404, 413, 503)},
         "openapi_extra": {
             **_optional_body(
                 {"parameters": {"type": ["object", "null"], "additionalProperties": False}},
@@ -244,7 +249,8 @@ REPOSITORY_DOCS: dict[str, dict[str, Any]] = {
         "selects (and clear an unload's hold against polling); answers once they are loaded.",
     },
     "repository_unload": {
-        "responses": {**_LOADED, **{c: _ERROR for c in (400, 401, 403, 404, 413, 503)}},
+        "response_model": V2RepositoryDone,
+        "responses": {c: _ERROR for c in (400, 401, 403, 404, 413, 503)},
         "openapi_extra": {
             **_optional_body(
                 {"parameters": _UNLOAD_PARAMETERS},

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 
 from serving.errors import InvalidInputError, NotReadyError
 from serving.http.admin_token import check_admin_token
@@ -106,18 +106,19 @@ def install_repository_routes(
         # Triton's "version" is optional: left out for a model with no complete version.
         return [{k: v for k, v in entry.items() if k != "version" or v} for entry in entries]
 
-    async def load(name: str, request: Request) -> Response:
+    # Done: an empty object (Triton's body is empty; its clients read only the status).
+    async def load(name: str, request: Request) -> dict[str, Any]:
         check_admin_token(request.headers.get("authorization"), admin_token, _WHAT)
         _parameters(parse_body(await _body(request), _PARAMETERS), {}, "load")
         await _repository(request).load(name)
-        return Response(status_code=200)
+        return {}
 
-    async def unload(name: str, request: Request) -> Response:
+    async def unload(name: str, request: Request) -> dict[str, Any]:
         check_admin_token(request.headers.get("authorization"), admin_token, _WHAT)
         body = parse_body(await _body(request), _PARAMETERS)
         _parameters(body, _UNLOAD_PARAMETERS, "unload")
         await _repository(request).unload(name)
-        return Response(status_code=200)
+        return {}
 
     listed = admin_token is not None
     app.add_api_route(

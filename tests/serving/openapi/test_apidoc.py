@@ -177,6 +177,7 @@ async def test_statuses_headers_and_names_are_documented() -> None:
     assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     assert sorted(paths["/readyz"]["get"]["responses"]) == ["200", "503"]
     assert "/admin/batching" not in paths  # off without an admin token
+    assert not [path for path in paths if "{label}" in path]  # no label is set
 
 
 async def test_admin_routes_are_documented_with_their_token() -> None:

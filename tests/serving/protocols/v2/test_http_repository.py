@@ -47,7 +47,7 @@ async def test_unload_and_load_through_the_api(repository: Path) -> None:
         ("b", "1", "READY"),
     ]
     assert all(e["reason"] == "" for e in index.json() if e["state"] == "READY")
-    assert (unloaded.status_code, unloaded.content) == (200, b"")
+    assert (unloaded.status_code, unloaded.json()) == (200, {})
     assert runners.made[("b", "1")].closed
     assert gone.status_code == 404 and "'b'" in gone.json()["error"]
     b_entries = [e for e in after_unload if e["name"] == "b"]
