@@ -143,8 +143,9 @@ class Admin:
         text = self.client.get("/metrics").text
         values = {}
         for name in ("shardserve_batch_size_rows_sum", "shardserve_batch_size_rows_count"):
-            found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-            values[name] = float(found.group(1)) if found else 0.0
+            # Summed over the served versions' series (labels model, version).
+            found = re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+            values[name] = sum(float(v) for v in found)
         return values["shardserve_batch_size_rows_sum"], values["shardserve_batch_size_rows_count"]
 
     def _check(self, response: httpx.Response) -> dict[str, Any]:

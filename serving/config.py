@@ -22,6 +22,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from serving.length_settings import LengthSettings
+from serving.repository_settings import RepositorySettings
 from serving.settings_sources import ConfigError, TomlSource, format_validation_error, split_csv
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets, parse_bytes
 
@@ -36,7 +37,8 @@ _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 )
 
 
-class Settings(BaseSettings, LengthSettings):  # the length-padding fields: LengthSettings
+# The length-padding fields: LengthSettings; the model repository's: RepositorySettings.
+class Settings(BaseSettings, LengthSettings, RepositorySettings):
     model_config = SettingsConfigDict(
         env_prefix="SHARDSERVE_", extra="forbid", validate_default=True
     )
@@ -125,8 +127,9 @@ class Settings(BaseSettings, LengthSettings):  # the length-padding fields: Leng
         None,
         gt=0,
         le=256,
-        description="CPUs per shard actor (whole ones are its TensorFlow threads); unset = the "
-        "cores split between all stage actors on a private local Ray, 1 on a cluster.",
+        description="CPUs per shard actor (whole ones are its TensorFlow threads); unset = its "
+        "share of the cores among the model's stage actors, in whole threads (at least 1), on a "
+        "private local Ray, 1 on a cluster.",
     )
     placement_strategy: PlacementStrategy = Field(
         "PACK", description="Placement group strategy of a pipeline's shard actors."

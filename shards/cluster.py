@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 import os
 import signal
 import sysconfig
@@ -26,6 +25,7 @@ import ray
 
 from shards.actor import tflog
 from shards.errors import InsufficientResourcesError, scrub
+from shards.partition.memory_plan import format_size
 
 log = logging.getLogger(__name__)
 
@@ -196,13 +196,15 @@ def pending_placement() -> str | None:
     )
     keys = sorted({key for group in waiting for b in group["bundles"].values() for key in b})
     total, free = ray.cluster_resources(), ray.available_resources()
-    have = ", ".join(f"{k} {free.get(k, 0.0):g}/{total.get(k, 0.0):g} free" for k in keys)
+    have = ", ".join(
+        f"{k} {_amount(k, free.get(k, 0.0))}/{_amount(k, total.get(k, 0.0))} free" for k in keys
+    )
     return scrub(f"waiting for resources: {asked}; cluster has {have}")
 
 
 def _group_shape(group: dict[str, Any]) -> str:
     bundles = Counter(
-        "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(bundle.items())) + "}"
+        "{" + ", ".join(f"{k}: {_amount(k, v)}" for k, v in sorted(bundle.items())) + "}"
         for bundle in group["bundles"].values()
     )
     shape = " + ".join(f"{n} x {b}" if n > 1 else b for b, n in bundles.items())
@@ -224,12 +226,15 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strat
             need[key] = need.get(key, 0.0) + amount * replicas
     short = {k: v for k, v in need.items() if total.get(k, 0.0) + 1e-9 < v}
     if short:
-        wanted = ", ".join(f"{k}={v:g}" for k, v in sorted(short.items()))
-        have = ", ".join(f"{k}={total.get(k, 0.0):g}" for k in sorted(short))
+        wanted = ", ".join(f"{k}={_amount(k, v)}" for k, v in sorted(short.items()))
+        have = ", ".join(f"{k}={_amount(k, total.get(k, 0.0))}" for k in sorted(short))
+        free = ray.available_resources()
+        now = ", ".join(f"{k}={_amount(k, free.get(k, 0.0))}" for k in sorted(short))
+        per_stage = [{k: _amount(k, v) for k, v in b.items()} for b in bundles]
         raise InsufficientResourcesError(
             f"the pipeline needs {wanted} ({replicas} replica(s) x {len(bundles)} stage(s), "
-            f"per stage {list(bundles)}) but the cluster has only {have}; lower gpus_per_shard / "
-            "cpus_per_shard / replicas or add nodes"
+            f"per stage {per_stage}) but the cluster has only {have} ({now} free); "
+            f"{_fix(short)}"
         )
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     for index, bundle in enumerate(bundles):
@@ -256,9 +261,12 @@ def placement_resources(
     cpus: float,
     gpus: float,
     extra: tuple[dict[str, float], ...] = (),
+    memory: Sequence[int] = (),
 ) -> list[dict[str, float]]:
     """What each stage asks of its placement group (Ray calls each entry a bundle): its CPUs,
-    GPUs and custom resources."""
+    GPUs and custom resources, and ``memory[i]`` bytes of Ray's memory resource (stage i's
+    planned peak on a CPU stage: Ray then places a model only where its plan fits beside the
+    others', and ``pending_placement`` says so)."""
     if extra and len(extra) != num_stages:
         raise ValueError(
             f"stage_resources has {len(extra)} entries; the bundle has {num_stages} stages"
@@ -266,6 +274,8 @@ def placement_resources(
     bundles = []
     for index in range(num_stages):
         bundle = {"CPU": float(cpus), "GPU": float(gpus), **(extra[index] if extra else {})}
+        if memory:
+            bundle["memory"] = float(memory[index])
         bundle = {k: float(v) for k, v in bundle.items() if v > 0}
         if not bundle:
             raise ValueError(f"stage {index} asks for no resources; set cpus_per_shard > 0")
@@ -273,26 +283,20 @@ def placement_resources(
     return bundles
 
 
-def cpus_per_stage(
-    requested: float | None, *, private_ray: bool, actors: int, cluster_cpus: float
-) -> float:
-    """The CPUs each stage actor asks for. A value the user gave is kept. Unset on a private
-    local Ray, the machine's cores are split evenly between all ``actors`` (there CPUs are
-    only a scheduling count, so 4 stages start on 2 cores, each with one TensorFlow thread);
-    unset on a joined cluster, 1 each."""
-    if requested is not None:
-        return requested
-    if not private_ray or actors < 1:
-        return 1.0
-    # Ray counts resources in units of 1e-4; round down so that the shares always fit.
-    share = math.floor(cluster_cpus / actors * 10_000) / 10_000
-    return max(share, 0.0001)
+def _amount(key: str, value: float) -> str:
+    """A resource amount as people read it: bytes for Ray's memory resources."""
+    return format_size(int(value)) if "memory" in key else f"{value:g}"
 
 
-def intra_op_threads(cpus: float) -> int:
-    """TensorFlow threads for an actor granted ``cpus``: whole cores, at least one, so the
-    stages sharing a machine never run more threads than it has cores (when each has >= 1)."""
-    return max(1, math.floor(cpus + 1e-9))
+def _fix(short: dict[str, float]) -> str:
+    if "memory" in short:
+        return (
+            "the memory plan of its stages (weights + activations at max_batch_size + overhead) "
+            "is more than the cluster's memory: cut it into more stages (stages / "
+            "max_stage_bytes), lower max_batch_size or replicas, use --weight-dtype, or unload "
+            "another model"
+        )
+    return "lower gpus_per_shard / cpus_per_shard / replicas or add nodes"
 
 
 def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:

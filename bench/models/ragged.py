@@ -120,13 +120,10 @@ def build(name: str) -> keras.Model:
 
 
 def ensure_saved(name: str, directory: Path) -> Path:
-    path = Path(directory) / f"{name}.keras"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial.keras")
-        build(name).save(tmp)
-        tmp.rename(path)
-    return path
+    """The model's ``.keras`` file under ``directory``, built and saved on first use."""
+    from bench.models.workloads import ensure_saved as save_once
+
+    return save_once(name, directory, build)
 
 
 def _child(*args: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,13 +79,16 @@ def build(name: str) -> keras.Model:
     raise AssertionError(name)
 
 
-def ensure_saved(name: str, directory: Path) -> Path:
-    """The workload's ``.keras`` file under ``directory``, built and saved on first use."""
+def ensure_saved(
+    name: str, directory: Path, builder: Callable[[str], keras.Model] | None = None
+) -> Path:
+    """The workload's ``.keras`` file under ``directory``, built (by ``builder``, else
+    ``build``) and saved on first use; written aside and renamed, so it appears whole."""
     path = Path(directory) / f"{name}.keras"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".partial.keras")
-        build(name).save(tmp)
+        (builder or build)(name).save(tmp)
         tmp.rename(path)
     return path
 

@@ -10,23 +10,36 @@ Samples = dict[str, float]
 
 
 def scrape(base_url: str, timeout_s: float = 10.0) -> Samples:
-    """Each sample line's ``name{labels}`` -> value."""
+    """Each series' ``name{labels}`` -> value, summed over the served versions (``parse``)."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as response:
         text = response.read().decode()
     return parse(text)
 
 
 def parse(text: str) -> Samples:
+    """Sample lines by ``name{labels}``, the ``model`` and ``version`` labels left out and the
+    versions summed: a suite measures one model, read by the names it had before the labels."""
     out: Samples = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         key, _, value = line.rpartition(" ")
         try:
-            out[key] = float(value)
+            number = float(value)
         except ValueError:
             continue
+        key = _without_version(key)
+        out[key] = out.get(key, 0.0) + number
     return out
+
+
+def _without_version(key: str) -> str:
+    name, brace, labels = key.partition("{")
+    if not brace:
+        return key
+    # Label values here are names, reasons and numbers: no comma inside a value.
+    kept = [p for p in labels.rstrip("}").split(",") if not p.startswith(("model=", "version="))]
+    return f"{name}{{{','.join(kept)}}}" if kept else name
 
 
 def delta(after: Samples, before: Samples, key: str) -> float:

@@ -135,7 +135,9 @@ def run_server(settings: Settings) -> None:
     )
     server.run()
     state = getattr(api.state, "shardserve", None)
-    failed = [m.load_error for m in state.models.values() if m.load_error] if state else []
+    # With --model a load failure ends the server (exit 1); a repository serves on without it.
+    single = settings.model_repository is None
+    failed = [m.load_error for m in state.served() if m.load_error] if state and single else []
     if failed:
         err.print(f"[red]error:[/red] the model failed to load: {failed[0]}")
         raise typer.Exit(1)

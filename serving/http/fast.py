@@ -55,22 +55,35 @@ __all__ = [
     "FastPathLayer",
     "FastRequest",
     "FastRoutes",
+    "ModelRef",
     "RawAnswer",
     "RawHandler",
 ]
 
-FastHandler = Callable[[str, str | None, Request], Awaitable[Response]]
-"""``async (model name, model version or None, request) -> Response``"""
 
-RawHandler = Callable[[str, str | None, Scope, Receive, Send], Awaitable[None]]
-"""``async (model name, model version or None, scope, receive, send)``: answers on ``send``
-itself, maps its own errors, and writes the response's ``X-Request-Id``."""
+@dataclass(frozen=True, slots=True)
+class ModelRef:
+    """The model a request's path names: ``name`` (``None``: the default model, as for
+    ``/predict``), and at most one of ``version`` and ``label`` (``None``: the model's
+    default version). Made once per path (``FastRoutes`` keeps the paths it has seen)."""
+
+    name: str | None
+    version: str | None = None
+    label: str | None = None
+
+
+FastHandler = Callable[[ModelRef, Request], Awaitable[Response]]
+"""``async (the model the path names, request) -> Response``"""
+
+RawHandler = Callable[[ModelRef, Scope, Receive, Send], Awaitable[None]]
+"""``async (the model the path names, scope, receive, send)``: answers on ``send`` itself, maps
+its own errors, and writes the response's ``X-Request-Id``."""
 
 # The scope key of a list of callbacks the server calls when the client hangs up before the
 # answer is complete (set by serving.http.protocol; absent under another server).
 DISCONNECT_KEY = "shardserve.on_disconnect"
 T = TypeVar("T")
-_PARAM = re.compile(r"\{(name|version)\}")
+_PARAM = re.compile(r"\{(name|version|label)\}")
 _SEEN_PATHS = 256
 _UNSEEN = object()
 
@@ -80,21 +93,25 @@ class _FastRoute:
     template: str
     pattern: re.Pattern[str]
     handler: RawHandler
-    name: str  # the model name of a template without {name}
+    name: str | None  # the model of a template without {name} (None: the default model)
     exact: bool  # no parameters: compared as a string
+
+
+Hit = tuple[RawHandler, ModelRef]
 
 
 class FastRoutes:
     """The POST routes the fast path answers: a path template -> a handler.
 
-    A template may hold ``{name}`` and ``{version}``, each one path segment (no ``/``), as in
-    ``/v2/models/{name}/versions/{version}/infer``; a template without ``{name}`` (``/predict``)
-    passes the ``name`` it was added with.
+    A template may hold ``{name}`` and one of ``{version}`` and ``{label}``, each one path
+    segment (no ``/``), as in ``/v2/models/{name}/versions/{version}/infer``; a template without
+    ``{name}`` (``/predict``) names the model it was added with, by default the server's default
+    model.
     """
 
     def __init__(self) -> None:
         self._routes: list[_FastRoute] = []
-        self._seen: dict[str, tuple[RawHandler, str, str | None] | None] = {}
+        self._seen: dict[str, Hit | None] = {}
 
     def add(self, template: str, handler: FastHandler, *, name: str | None = None) -> None:
         """A route answered by a handler of Starlette requests and responses."""
@@ -103,8 +120,8 @@ class FastRoutes:
     def add_raw(self, template: str, handler: RawHandler, *, name: str | None = None) -> None:
         """A route answered on raw ASGI (the predict and infer routes: no Request, no
         Response objects on their path)."""
-        if "{name}" not in template and name is None:
-            raise ValueError(f"fast route {template!r} has no {{name}}; pass the model name")
+        if "{version}" in template and "{label}" in template:
+            raise ValueError(f"fast route {template!r} names both a version and a label")
         regex, last = [], 0
         for param in _PARAM.finditer(template):
             regex += [re.escape(template[last : param.start()]), f"(?P<{param[1]}>[^/]+)"]
@@ -112,23 +129,23 @@ class FastRoutes:
         regex.append(re.escape(template[last:]))
         pattern = re.compile("".join(regex))
         exact = last == 0
-        self._routes.append(_FastRoute(template, pattern, handler, name or "", exact))
+        self._routes.append(_FastRoute(template, pattern, handler, name, exact))
         self._seen.clear()
 
     @property
     def templates(self) -> list[str]:
         return [route.template for route in self._routes]
 
-    def match_scope(self, scope: Scope) -> tuple[RawHandler, str, str | None] | None:
+    def match_scope(self, scope: Scope) -> Hit | None:
         path: str = scope["path"]
         root = scope.get("root_path")
         if root and path.startswith(root):  # the router matches below the root path too
             path = path[len(root) :]
         return self.match(path)
 
-    def match(self, path: str) -> tuple[RawHandler, str, str | None] | None:
-        # The paths a server sees repeat (one served model); a regex per request was 3% of
-        # the front end's CPU on V2 infer (py-spy). Misses are kept too, a bounded number.
+    def match(self, path: str) -> Hit | None:
+        # The paths a server sees repeat (a few models and versions); a regex per request was
+        # 3% of the front end's CPU on V2 infer (py-spy). Misses are kept too, a bounded number.
         hit = self._seen.get(path, _UNSEEN)
         if hit is _UNSEEN:
             hit = self._match(path)
@@ -137,16 +154,19 @@ class FastRoutes:
             self._seen[path] = hit
         return hit  # type: ignore[return-value]
 
-    def _match(self, path: str) -> tuple[RawHandler, str, str | None] | None:
+    def _match(self, path: str) -> Hit | None:
         for route in self._routes:
             if route.exact:
                 if path == route.template:
-                    return route.handler, route.name, None
+                    return route.handler, ModelRef(route.name)
                 continue
             found = route.pattern.fullmatch(path)
             if found is not None:
                 groups = found.groupdict()
-                return route.handler, groups.get("name", route.name), groups.get("version")
+                ref = ModelRef(
+                    groups.get("name", route.name), groups.get("version"), groups.get("label")
+                )
+                return route.handler, ref
         return None
 
 
@@ -161,19 +181,17 @@ class FastPathLayer:
         if scope["type"] == "http" and scope["method"] == "POST":
             hit = self.routes.match_scope(scope)
             if hit is not None:
-                handler, name, version = hit
-                await handler(name, version, scope, receive, send)
+                handler, ref = hit
+                await handler(ref, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
 def _raw(handler: FastHandler) -> RawHandler:
-    async def answer(
-        name: str, version: str | None, scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def answer(ref: ModelRef, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
         try:
-            response = await handler(name, version, request)
+            response = await handler(ref, request)
         except ShardServeError as exc:
             response = as_response(error_reply(exc, request_id(scope)))
         except Exception as exc:
@@ -280,11 +298,10 @@ class RawAnswer(Response):
     routes, reached when the fast path does not answer first (a plain FastAPI app given these
     routes)."""
 
-    def __init__(self, handler: RawHandler, name: str, version: str | None) -> None:
+    def __init__(self, handler: RawHandler, ref: ModelRef) -> None:
         super().__init__()
         self.handler = handler
-        self.name = name
-        self.version = version
+        self.ref = ref
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.handler(self.name, self.version, scope, receive, send)
+        await self.handler(self.ref, scope, receive, send)

@@ -3,19 +3,32 @@
 The routes (``serving.http``, ``serving.protocols``) know a model only through these types, so
 that they import nothing of the server that holds it (``serving.server``, a layer above them)
 and a test can hand them a fake. The server's served model satisfies ``ModelHandle``; the
-server's state satisfies ``ModelDirectory``, kept on the app as ``app.state.shardserve``.
+server's state satisfies ``ModelDirectory``, kept on the app as ``app.state.shardserve``; its
+repository manager satisfies ``RepositoryControl`` (the repository API's load, unload, index).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
     from serving.config import Settings
     from shards.signature import ModelSignature
 
-__all__ = ["ModelDirectory", "ModelHandle", "RequestMetrics", "served_models"]
+__all__ = [
+    "IndexEntry",
+    "ModelDirectory",
+    "ModelHandle",
+    "RepositoryControl",
+    "RequestMetrics",
+    "VersionState",
+    "served_models",
+    "served_repository",
+]
+
+# A version's state in the repository index (Triton's strings).
+VersionState = Literal["READY", "LOADING", "UNAVAILABLE"]
 
 
 class RequestMetrics(Protocol):
@@ -32,8 +45,9 @@ class RequestMetrics(Protocol):
 class ModelHandle(Protocol):
     """One served model (name and version) as the routes use it.
 
-    - ``name``, ``version``: what it is served as (``version`` is ``"1"`` while one is served).
-    - ``settings``: the server's settings (body limit, request timeout, start-up batching).
+    - ``name``, ``version``: what it is served as (``version``: ``"1"`` under ``--model``).
+    - ``settings``: its own settings (the server's, with its ``config.toml`` over them in a
+      repository): body limit, request timeout, start-up batching.
     - ``metrics``: where its requests are counted.
     - ``batcher``: its batcher once loaded, else ``None``; its ``policy`` is the live one.
     - ``signature``: its inputs and outputs; ``NotReadyError`` while it loads.
@@ -70,15 +84,53 @@ class ModelHandle(Protocol):
 
 
 class ModelDirectory(Protocol):
-    """The models a server serves, by name."""
+    """The models a server serves, by name, version and label."""
 
-    def model(self, name: str, version: str | None = None) -> ModelHandle:
-        """The model served as ``name`` (and ``version``, when given), or ``NotFoundError``
-        naming what is served."""
+    def model(
+        self, name: str | None = None, version: str | None = None, label: str | None = None
+    ) -> ModelHandle:
+        """The version ``version`` (or the one ``label`` points at) of the model ``name``.
+
+        ``name=None``: the default model (``/predict``'s: ``--default-model``, else the only
+        one; with several and no default, ``InvalidInputError`` listing them). ``version=None``
+        and no label: the model's highest READY version, else its highest. An unknown model,
+        version or label: ``NotFoundError`` naming what exists."""
         ...
 
     def not_ready_reason(self) -> str | None:
-        """Why the server as a whole is not ready (V2's ``/v2/health/ready``), or ``None``."""
+        """Why the server as a whole is not ready (V2's ``/v2/health/ready``), or ``None``:
+        ready once no version is still loading and at least one is READY."""
+        ...
+
+
+class IndexEntry(TypedDict):
+    """One (model, version) of the repository index; ``version`` is ``""`` for a model with no
+    complete version on disk, ``reason`` one line (``""`` when READY)."""
+
+    name: str
+    version: str
+    state: VersionState
+    reason: str
+
+
+class RepositoryControl(Protocol):
+    """The repository API (V2's model repository extension) as the routes call it."""
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Every (model, version) known on disk or served, sorted by name then version."""
+        ...
+
+    async def load(self, name: str) -> None:
+        """Read the model's directory again and serve what its version policy selects (clearing
+        a hold left by ``unload``); returns once those versions are loaded. ``NotFoundError``
+        for a name not in the repository, ``InvalidInputError`` for a broken ``config.toml``,
+        ``NotReadyError`` naming a version that failed to load."""
+        ...
+
+    async def unload(self, name: str) -> None:
+        """Stop serving every version of the model: each answers what it holds, then its actors
+        end. Polling leaves the model unloaded until a ``load``. ``NotFoundError`` for a name
+        neither served nor in the repository."""
         ...
 
 
@@ -86,3 +138,9 @@ def served_models(app: Any) -> ModelDirectory:
     """The directory of an app the lifespan has started (``app.state.shardserve``)."""
     directory: ModelDirectory = app.state.shardserve
     return directory
+
+
+def served_repository(app: Any) -> RepositoryControl:
+    """The repository manager of an app the lifespan has started."""
+    control: RepositoryControl = app.state.shardserve.repository
+    return control

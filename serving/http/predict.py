@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError, ShardServeError
 from serving.http.admission import check_headroom, check_length, request_deadline
-from serving.http.fast import FastRequest
+from serving.http.fast import FastRequest, ModelRef
 from serving.http.model import ModelDirectory, ModelHandle
 from serving.http.replies import (
     ClientGone,
@@ -34,13 +34,13 @@ Work = Callable[[FastRequest, ModelHandle, "Batcher", float], Awaitable[Reply]]
 
 
 async def serve_prediction(
-    request: FastRequest, models: ModelDirectory, name: str, version: str | None, work: Work
+    request: FastRequest, models: ModelDirectory, ref: ModelRef, work: Work
 ) -> None:
-    """Answer one predict-like request for the model served as ``name`` (and ``version``)."""
+    """Answer one predict-like request for the model (version, or label) ``ref`` names."""
     started = time.perf_counter()
     rid = request.rid
     try:
-        model = models.model(name, version)
+        model = models.model(ref.name, ref.version, ref.label)
     except ShardServeError as exc:  # no such model: nothing of a model to count it in
         await send_reply(request.send, rid, *error_reply(exc, rid))
         return

@@ -101,7 +101,8 @@ class _Refuser:
         if hit is None:
             return None
         try:
-            model = models.model(hit[1], hit[2])
+            ref = hit[1]
+            model = models.model(ref.name, ref.version, ref.label)
         except ShardServeError:  # another model's name: the app says which are served
             return None
         batcher = model.batcher

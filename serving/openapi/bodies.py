@@ -36,7 +36,7 @@ _WHY = {
     "sent and what is expected).",
     401: "No bearer token.",
     403: "The bearer token is not the admin token.",
-    404: "No such model (the message names the one served).",
+    404: "No such model, version or label (the message names what is served).",
     413: "The body is over max_body_bytes.",
     422: "The model raised on this request's rows; its batch-mates got their answers.",
     500: "The model or its stage processes failed on the batch.",
@@ -89,18 +89,22 @@ class VersionState(Body):
     error_message: str
 
 
-class ModelVersion(Body):
-    version: str
-    state: Literal["AVAILABLE", "LOADING", "FAILED"]
-    status: VersionState
-
-
 class Replicas(Body):
     total: int
     healthy: int
 
 
+class ModelVersion(Body):
+    version: str
+    state: Literal["AVAILABLE", "LOADING", "UNLOADING", "FAILED"]
+    status: VersionState
+    replicas: Replicas | None = None
+
+
 class ModelStatus(Body):
+    """TF Serving's model status: every version of the model (or the one named), and the
+    replicas of the version a request that names none reaches."""
+
     model_version_status: list[ModelVersion]
     replicas: Replicas | None = None
 

@@ -10,13 +10,14 @@ fixed response bodies are the pydantic models the routes answer through (``bodie
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 from serving.openapi import v2 as apidoc_v2
 from serving.openapi.tfserving import REF, REQUEST, predict_example, predict_schemas
 from shards.signature import ModelSignature
 
-__all__ = ["ADMIN_SECURITY", "document"]
+__all__ = ["ADMIN_SECURITY", "Served", "document"]
 
 Schema = dict[str, Any]
 
@@ -46,19 +47,43 @@ def _v2_infer(operation: Schema, signature: ModelSignature, max_rows: int) -> No
     ]
 
 
-def document(
-    base: Schema,
-    signature: ModelSignature | None,
-    served: str,
-    max_rows: int | None,
-) -> Schema:
+@dataclass(frozen=True)
+class Served:
+    """What the document follows: every served (model, version), each model's labels, and the
+    signature every served version shares with the most rows a request may hold (``None``
+    while one loads, or where they differ: the bodies are then the protocols' generic ones)."""
+
+    versions: tuple[tuple[str, str], ...]
+    labels: dict[str, tuple[str, ...]]
+    signature: ModelSignature | None
+    max_rows: int | None
+
+    def enums(self) -> dict[str, list[str]]:
+        """The values of each path parameter (none where nothing is served)."""
+        values = {
+            "name": sorted({name for name, _ in self.versions}),
+            "version": sorted({v for _, v in self.versions}, key=lambda v: (len(v), v)),
+            "label": sorted({label for labels in self.labels.values() for label in labels}),
+        }
+        return {param: listed for param, listed in values.items() if listed}
+
+
+def document(base: Schema, served: Served) -> Schema:
     """``base`` (FastAPI's document, left unchanged) completed: the predict and V2 infer bodies
-    for ``signature`` (generic while it is None), the served model's name and version as the
-    only values of ``{name}`` and ``{version}``, a request of one row as the example of each
-    predict and infer body, the admin token's scheme, and ``X-Request-Id`` on every response.
-    ``max_rows`` is the most rows a request may hold: fixed at start-up, whatever the batching
-    policy becomes, so the document depends on the model alone."""
+    for the served signature (generic while there is none), the served names, versions and
+    labels as the only values of ``{name}``, ``{version}`` and ``{label}`` (no ``{label}`` path
+    where no label is set), a request of one row
+    as the example of each predict and infer body, the admin token's scheme, and
+    ``X-Request-Id`` on every response. ``max_rows`` is the most rows a request may hold: fixed
+    at start-up, whatever the batching policy becomes, so the document depends on the served
+    versions alone."""
+    signature, max_rows = served.signature, served.max_rows
+    enums = served.enums()
     doc = copy.deepcopy(base)
+    if "label" not in enums:  # no label is set: a path naming one could only answer 404
+        paths = doc.get("paths", {})
+        for path in [path for path in paths if "{label}" in path]:
+            del paths[path]
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.update(predict_schemas(signature, max_rows))
@@ -77,12 +102,9 @@ def document(
             if signature is not None and is_predict:
                 json_body["example"] = predict_example(signature)
             for parameter in operation.get("parameters", ()):
-                if parameter.get("in") != "path":
-                    continue
-                if parameter.get("name") == "name":
-                    parameter["schema"] = {"type": "string", "enum": [served]}
-                elif parameter.get("name") == "version":  # one version is served: "1"
-                    parameter["schema"] = {"type": "string", "enum": ["1"]}
+                listed = enums.get(parameter.get("name", ""))
+                if parameter.get("in") == "path" and listed:
+                    parameter["schema"] = {"type": "string", "enum": listed}
             for response in operation.get("responses", {}).values():
                 response.setdefault("headers", {})["X-Request-Id"] = {"$ref": _REQUEST_ID_REF}
     return doc

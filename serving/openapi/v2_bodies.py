@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from serving.protocols.v2.datatypes import DATATYPES
 
-__all__ = ["INFER", "INFER_REQUEST", "ROUTE_DOCS"]
+__all__ = ["INFER", "INFER_REQUEST", "REPOSITORY_DOCS", "ROUTE_DOCS"]
 
 Responses = dict[int | str, dict[str, Any]]
 Datatype = Literal[DATATYPES]  # type: ignore[valid-type]
@@ -82,6 +82,21 @@ class V2ModelConfig(_Body):
     input: list[V2ConfigTensor]
     output: list[V2ConfigTensor]
     dynamic_batching: V2DynamicBatching
+
+
+class V2RepositoryEntry(_Body):
+    """One (model, version) of the repository index: its state and why (one line, empty when
+    READY); no version for a model with no complete version on disk."""
+
+    name: str
+    version: str | None = None
+    state: Literal["READY", "LOADING", "UNAVAILABLE"]
+    reason: str
+
+
+class V2RepositoryDone(_Body):
+    """A load or unload done: an empty object (Triton's body is empty; clients read only the
+    status)."""
 
 
 class V2RequestInput(BaseModel):
@@ -194,4 +209,56 @@ ROUTE_DOCS: dict[str, dict[str, Any]] = {
     },
     "model_config": {"response_model": V2ModelConfig, "responses": {404: _ERROR, 503: _ERROR}},
     "infer": {"responses": INFER, "openapi_extra": INFER_REQUEST},
+}
+
+
+def _optional_body(properties: dict[str, Any], description: str) -> dict[str, Any]:
+    schema = {"type": "object", "properties": properties, "additionalProperties": False}
+    content = {"application/json": {"schema": schema}}
+    return {"requestBody": {"required": False, "description": description, "content": content}}
+
+
+_UNLOAD_PARAMETERS = {
+    "type": ["object", "null"],
+    "properties": {"unload_dependents": {"type": "boolean"}},
+    "additionalProperties": False,
+}
+# The repository extension's routes (``serving.protocols.v2.http_repository.REPOSITORY_KINDS``).
+REPOSITORY_DOCS: dict[str, dict[str, Any]] = {
+    "repository_index": {
+        "response_model": list[V2RepositoryEntry],
+        "responses": {400: _ERROR, 413: _ERROR, 503: _ERROR},
+        "openapi_extra": _optional_body(
+            {"ready": {"type": "boolean"}},
+            '{"ready": true}: only the versions ready for inference (default false)',
+        ),
+        "description": "Every model of the repository and each of its versions: READY, LOADING "
+        "or UNAVAILABLE, with the reason.",
+    },
+    "repository_load": {
+        "response_model": V2RepositoryDone,
+        "responses": {c: _ERROR for c in (400, 401, 403, 404, 413, 503)},
+        "openapi_extra": {
+            **_optional_body(
+                {"parameters": {"type": ["object", "null"], "additionalProperties": False}},
+                "No parameters are taken: a model's settings come from its config.toml",
+            ),
+            "security": [{"adminToken": []}],
+        },
+        "description": "Read the model's directory again and serve the versions its policy "
+        "selects (and clear an unload's hold against polling); answers once they are loaded.",
+    },
+    "repository_unload": {
+        "response_model": V2RepositoryDone,
+        "responses": {c: _ERROR for c in (400, 401, 403, 404, 413, 503)},
+        "openapi_extra": {
+            **_optional_body(
+                {"parameters": _UNLOAD_PARAMETERS},
+                "unload_dependents is taken and changes nothing: no model depends on another",
+            ),
+            "security": [{"adminToken": []}],
+        },
+        "description": "Stop serving every version of the model: each answers what it holds, "
+        "then its processes end. Polling leaves it unloaded until a load.",
+    },
 }

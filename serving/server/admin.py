@@ -1,9 +1,11 @@
-"""Admin routes: read and change the batching policy of a running server.
+"""Admin routes: read and change the batching policy of a served version.
 
-``GET /admin/batching`` shows the policy, ``PUT /admin/batching`` changes some of
-``max_batch_size``, ``batch_timeout_ms`` (ms or ``"auto"``), ``max_inflight_batches`` and
-``slo_p99_ms``. The change applies to the next batch; queued rows stay queued. The routes exist
-only when ``admin_token`` is set, and then want it as a bearer token.
+``GET /admin/models/{name}[/versions/{version}]/batching`` shows the policy of a model's default
+version (or of the version named), ``PUT`` changes some of ``max_batch_size``,
+``batch_timeout_ms`` (ms or ``"auto"``), ``max_inflight_batches`` and ``slo_p99_ms``;
+``/admin/batching`` is the default model's. The change applies to the next batch; queued rows
+stay queued. The routes exist only when ``admin_token`` is set, and then want it as a bearer
+token.
 
 A change is held to what the running server can take: the bounds of the same settings, a batch
 no larger than the one the memory plan was made for (``max_batch_size`` at start-up), a batch
@@ -13,7 +15,6 @@ naming the field, the value and the bounds) and changes nothing.
 
 from __future__ import annotations
 
-import hmac
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from annotated_types import Le
@@ -22,13 +23,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from serving.batching.batcher import Batcher
 from serving.config import Settings, default_queue_rows
-from serving.errors import (
-    ForbiddenError,
-    InvalidInputError,
-    NotFoundError,
-    NotReadyError,
-    UnauthorizedError,
-)
+from serving.errors import InvalidInputError, NotReadyError
+from serving.http.admin_token import check_admin_token
 from serving.http.admission import check_length
 from serving.http.replies import read_body
 from serving.openapi.bodies import BatchingView, RunTimeView, errors
@@ -53,18 +49,7 @@ _MAX_WAIT_MS = 60_000  # Settings' own ceiling of batch_timeout_ms
 
 
 def check_token(request: Request, settings: Settings) -> None:
-    expected = settings.admin_token
-    if expected is None:
-        raise NotFoundError("admin routes are off; start the server with --admin-token to use them")
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
-        raise UnauthorizedError(
-            "admin routes need the header 'Authorization: Bearer <admin token>'"
-        )
-    # Constant-time comparison so that the token cannot be guessed byte by byte from timings.
-    if not hmac.compare_digest(given.strip().encode(), expected.get_secret_value().encode()):
-        raise ForbiddenError("the bearer token does not match the server's admin token")
+    check_admin_token(request.headers.get("authorization"), settings.admin_token, "admin routes")
 
 
 def batching_view(batcher: Batcher) -> BatchingView:
@@ -196,24 +181,33 @@ def policy_changes(
 
 
 def install_admin_routes(app: FastAPI, settings: Settings) -> None:
-    change = change_model(settings)
-    allowed = _allowed(settings)
+    """``/admin/batching`` for the default model, ``/admin/models/{name}/batching`` for a model's
+    default version and ``/admin/models/{name}/versions/{version}/batching`` for a version; each
+    version's PUT body is held to that version's own settings (its ``config.toml``)."""
+    changes: dict[tuple[int, float], tuple[type[BaseModel], dict[str, str]]] = {}
 
-    def model_of(request: Request) -> ServedModel:
-        # The default model's batching: the one model served today.
+    def change_of(model: ServedModel) -> tuple[type[BaseModel], dict[str, str]]:
+        # What bounds a PUT body: the batch the version's memory plan was made for and its
+        # request deadline (``_allowed``); built once per pair of them.
+        key = (model.settings.max_batch_size, model.settings.request_timeout_ms)
+        if key not in changes:
+            changes[key] = (change_model(model.settings), _allowed(model.settings))
+        return changes[key]
+
+    def model_of(request: Request, name: str | None, version: str | None) -> ServedModel:
+        check_token(request, settings)
         state: ServerState = request.app.state.shardserve
-        return state.model()
+        return state.model(name, version)
 
-    async def get_batching(request: Request) -> BatchingView:
-        check_token(request, settings)
-        return batching_view(model_of(request).require_batcher())
+    async def get_batching(request: Request, name: str | None, version: str | None) -> BatchingView:
+        return batching_view(model_of(request, name, version).require_batcher())
 
-    async def put_batching(request: Request) -> BatchingView:
-        check_token(request, settings)
-        model = model_of(request)
+    async def put_batching(request: Request, name: str | None, version: str | None) -> BatchingView:
+        model = model_of(request, name, version)
         batcher = model.require_batcher()
         check_length(request.headers.get("content-length"), _BODY_LIMIT)
         raw = await read_body(request.receive, _BODY_LIMIT)
+        change, allowed = change_of(model)
         try:
             body = change.model_validate_json(raw)
         except ValidationError as exc:
@@ -226,30 +220,56 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
         if runner is None:  # never once the batcher is: it is made from the runner
             raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
         try:
-            batcher.reconfigure(**policy_changes(body, batcher, settings, runner))
+            batcher.reconfigure(**policy_changes(body, batcher, model.settings, runner))
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         return batching_view(batcher)
 
-    # Documented only where they are on; 404 (not listed) where they are off.
+    # FastAPI reads each route's path parameters off its endpoint's signature.
+    async def get_default(request: Request) -> BatchingView:
+        return await get_batching(request, None, None)
+
+    async def put_default(request: Request) -> BatchingView:
+        return await put_batching(request, None, None)
+
+    async def get_named(name: str, request: Request) -> BatchingView:
+        return await get_batching(request, name, None)
+
+    async def put_named(name: str, request: Request) -> BatchingView:
+        return await put_batching(request, name, None)
+
+    async def get_version(name: str, version: str, request: Request) -> BatchingView:
+        return await get_batching(request, name, version)
+
+    async def put_version(name: str, version: str, request: Request) -> BatchingView:
+        return await put_batching(request, name, version)
+
+    # Documented only where they are on; 404 (not listed) where they are off. The document
+    # holds the PUT body to the server's settings: a version whose config.toml sets a smaller
+    # max_batch_size or request_timeout_ms refuses more, naming its own bound.
     listed = settings.admin_token is not None
-    app.add_api_route(
-        "/admin/batching",
-        get_batching,
-        methods=["GET"],
-        include_in_schema=listed,
-        response_model=BatchingView,
-        responses=errors(401, 403, 503),
-        openapi_extra=ADMIN_SECURITY,
-    )
-    schema = change.model_json_schema()
+    schema = change_model(settings).model_json_schema()
     body_doc = {"required": True, "content": {"application/json": {"schema": schema}}}
-    app.add_api_route(
-        "/admin/batching",
-        put_batching,
-        methods=["PUT"],
-        include_in_schema=listed,
-        response_model=BatchingView,
-        responses=errors(400, 401, 403, 413, 503),
-        openapi_extra={"requestBody": body_doc, **ADMIN_SECURITY},
-    )
+    for path, get, put, found in (
+        ("/admin/batching", get_default, put_default, ()),
+        ("/admin/models/{name}/batching", get_named, put_named, (404,)),
+        ("/admin/models/{name}/versions/{version}/batching", get_version, put_version, (404,)),
+    ):
+        app.add_api_route(
+            path,
+            get,
+            methods=["GET"],
+            include_in_schema=listed,
+            response_model=BatchingView,
+            responses=errors(401, 403, *found, 503),
+            openapi_extra=ADMIN_SECURITY,
+        )
+        app.add_api_route(
+            path,
+            put,
+            methods=["PUT"],
+            include_in_schema=listed,
+            response_model=BatchingView,
+            responses=errors(400, 401, 403, *found, 413, 503),
+            openapi_extra={"requestBody": body_doc, **ADMIN_SECURITY},
+        )

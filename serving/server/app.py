@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.middleware import Middleware
@@ -16,16 +16,23 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from serving.config import Settings
 from serving.http.fast import FastPathLayer, FastRoutes
 from serving.http.replies import REQUEST_ID_KEY, request_id_from, send_with_request_id
-from serving.openapi.document import document
+from serving.openapi.document import Served, document
+from serving.openapi.v2_bodies import REPOSITORY_DOCS
 from serving.openapi.v2_bodies import ROUTE_DOCS as V2_ROUTE_DOCS
 from serving.protocols.tfserving.predict import predict as predict_model
 from serving.protocols.v2.http import install_v2_routes, v2_infer
+from serving.protocols.v2.http_repository import install_repository_routes
 from serving.server.admin import install_admin_routes
 from serving.server.error_handlers import install_error_handlers
 from serving.server.lifespan import make_lifespan
+from serving.server.repository import Repository
 from serving.server.routes import install_routes
 from serving.server.runner import RunnerFactory, build_runner
 from serving.server.state import ServerState
+from serving.server.tfserving_routes import install_tfserving_routes
+
+if TYPE_CHECKING:
+    from shards.signature import ModelSignature
 
 log = logging.getLogger("shardserve")
 
@@ -36,22 +43,27 @@ def create_app(
     *,
     on_load_failure: Callable[[str], None] | None = None,
 ) -> FastAPI:
-    lifespan = make_lifespan(settings, runner_factory, on_load_failure)
+    lifespan = make_lifespan(
+        settings, lambda state: Repository(state, settings, runner_factory, on_load_failure)
+    )
     app = ShardServeApp(title="shardserve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
-    app.served_name = settings.served_name()
     install_error_handlers(app)
-    install_routes(app, settings, predict_model)
-    _install_fast_routes(app.fast_routes, app.served_name)
+    install_tfserving_routes(app, settings, predict_model)
+    install_routes(app)
+    _install_fast_routes(app.fast_routes)
     install_admin_routes(app, settings)
     install_v2_routes(app, V2_ROUTE_DOCS)
+    install_repository_routes(app, settings.admin_token, REPOSITORY_DOCS)
     return app
 
 
-def _install_fast_routes(routes: FastRoutes, served: str) -> None:
+def _install_fast_routes(routes: FastRoutes) -> None:
     """The routes the fast path answers (``serving.http.fast``); ``/predict`` is the default
-    model's, ``served``."""
-    routes.add_raw("/predict", predict_model, name=served)
+    model's (``ServerState.model()``)."""
+    routes.add_raw("/predict", predict_model)
     routes.add_raw("/v1/models/{name}:predict", predict_model)
+    routes.add_raw("/v1/models/{name}/versions/{version}:predict", predict_model)
+    routes.add_raw("/v1/models/{name}/labels/{label}:predict", predict_model)
     routes.add_raw("/v2/models/{name}/infer", v2_infer)
     routes.add_raw("/v2/models/{name}/versions/{version}/infer", v2_infer)
 
@@ -67,8 +79,7 @@ class ShardServeApp(FastAPI):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fast_routes = FastRoutes()
-        self.served_name = ""
-        self._doc_key: tuple[object, ...] | None = None
+        self._doc_key: Served | None = None
         self._doc: dict[str, Any] = {}
         self._untraced: bool | None = None
         self._bare = False
@@ -88,9 +99,9 @@ class ShardServeApp(FastAPI):
             # the request id and map every error themselves.
             hit = self.fast_routes.match_scope(scope)
             if hit is not None:
-                handler, name, version = hit
+                handler, ref = hit
                 scope["app"] = self
-                await handler(name, version, scope, receive, send)
+                await handler(ref, scope, receive, send)
                 return
         # Outside every middleware, so that their own answers (a CORS preflight, a 500 from
         # ServerErrorMiddleware) carry the id too.
@@ -124,21 +135,33 @@ class ShardServeApp(FastAPI):
             self.user_middleware = user
 
     def openapi(self) -> dict[str, Any]:
-        # Built once per model, not per request nor per batching policy (an admin PUT changes
-        # that): the rows a request may hold are the start-up queue's, which a PUT keeps.
+        # Built once per set of served versions, not per request nor per batching policy (an
+        # admin PUT changes that): the rows a request may hold are the start-up queue's, which
+        # a PUT keeps.
         state: ServerState | None = getattr(self.state, "shardserve", None)
-        model = state.models.get(self.served_name) if state is not None else None
-        runner = model.runner if model is not None else None
-        signature = runner.signature if runner is not None else None
-        max_rows = None
-        if model is not None and runner is not None:
-            max_rows = model.settings.queue_rows(runner.num_stages, runner.replicas)
-        key = (signature, max_rows)
-        if key != self._doc_key:
-            base = super().openapi()
-            self._doc = document(base, signature, self.served_name, max_rows)
-            self._doc_key = key
+        served = _served(state) if state is not None else Served((), {}, None, None)
+        if served != self._doc_key:
+            self._doc = document(super().openapi(), served)
+            self._doc_key = served
         return self._doc
+
+
+def _served(state: ServerState) -> Served:
+    """What the document follows: the names, versions and labels served, and the one signature
+    (and the rows a request may hold) every served version shares, else none."""
+    versions = []
+    shapes: set[tuple[ModelSignature | None, int | None]] = set()
+    for model in state.served():
+        versions.append((model.name, model.version))
+        runner = model.runner
+        if runner is None:  # loading: its signature is not known yet
+            shapes.add((None, None))
+            continue
+        rows = model.settings.queue_rows(runner.num_stages, runner.replicas)
+        shapes.add((runner.signature, rows))
+    labels = {name: tuple(sorted(by_label)) for name, by_label in state.labels.items()}
+    signature, max_rows = shapes.pop() if len(shapes) == 1 else (None, None)
+    return Served(tuple(versions), labels, signature, max_rows)
 
 
 def _untraced(app: FastAPI) -> bool:

@@ -58,9 +58,7 @@ class GracefulServer(uvicorn.Server):
         if state is not None:
             budget = state.begin_stop()
             serving = [
-                m.batcher
-                for m in state.models.values()
-                if m.batcher is not None and m.ready.is_set()
+                m.batcher for m in state.served() if m.batcher is not None and m.ready.is_set()
             ]
             if serving:
                 log.info(

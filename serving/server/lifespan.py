@@ -1,5 +1,7 @@
-"""The app's lifespan, which owns every resource: it makes the server's state and its served
-model, starts gRPC and the model's load, and at the end stops them within the stop budget."""
+"""The app's lifespan, which owns every resource: it makes the server's state and its repository
+manager, starts gRPC and the repository (every version its policies select loads in the
+background), and at the end stops them within the stop budget: the polling first, then every
+served version drained and closed."""
 
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ from fastapi import FastAPI
 
 from serving.config import Settings
 from serving.protocols.v2.grpc_server import start_grpc_server, stop_grpc_server
-from serving.server.model import ServedModel
-from serving.server.runner import RunnerFactory, release_cluster
+from serving.server.runner import release_cluster
 from serving.server.state import ServerState
 
 if TYPE_CHECKING:
     import grpc
+
+    from serving.server.repository import Repository
 
 log = logging.getLogger("shardserve")
 
@@ -26,32 +29,36 @@ Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 
 
 def make_lifespan(
-    settings: Settings,
-    runner_factory: RunnerFactory,
-    on_load_failure: Callable[[str], None] | None,
+    settings: Settings, repository_of: Callable[[ServerState], Repository]
 ) -> Lifespan:
+    """``repository_of`` makes the state's repository manager (``serving.server.repository``;
+    the app passes it, which keeps this module's imports short)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = ServerState(settings=settings)
-        # One model today; the model repository will add one per (model, version).
-        model = ServedModel(settings.served_name(), settings, state.metrics)
-        state.add_model(model)
+        repository = repository_of(state)
         app.state.shardserve = state
-        grpc_server = await start_grpc_server(state, settings)  # None when grpc_port is 0
-        model.start(runner_factory, on_load_failure)
+        # None when grpc_port is 0; its repository calls find the manager on the state.
+        grpc_server = await start_grpc_server(state, settings, lambda: state.repository)
         try:
+            await repository.start()
             yield
         finally:
-            await _shut_down(state, grpc_server)
+            await _shut_down(state, repository, grpc_server)
 
     return lifespan
 
 
-async def _shut_down(state: ServerState, grpc_server: grpc.aio.Server | None) -> None:
+async def _shut_down(
+    state: ServerState, repository: Repository, grpc_server: grpc.aio.Server | None
+) -> None:
     """Every step within what is left of the stop budget (``serving.server.stop_budget``): after
-    a SIGTERM the graceful server has drained the models already, out of the same budget."""
+    a SIGTERM the graceful server has drained the served versions already, out of the same
+    budget."""
     budget = state.begin_stop()
-    models = list(state.models.values())
+    await repository.stop(budget.answer_left())  # no poll starts or unloads a version now
+    models = state.served()
     await asyncio.gather(*(model.stop_jobs(budget.answer_left()) for model in models))
     # gRPC keeps serving meanwhile: its calls held in the batchers get their answers.
     await state.drain(budget)

@@ -1,4 +1,8 @@
-"""Prometheus metrics of one server. Each app gets its own registry (tests build many apps)."""
+"""Prometheus metrics of one server. Each app gets its own registry (tests build many apps).
+
+Every series is one served version's (labels ``model``, ``version``): ``Metrics.for_model``
+hands a ``ServedModel`` its ``ModelMetrics``, and ``Metrics.remove_model`` drops them on unload.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +17,16 @@ from shards.pipeline.health import Health
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Every series is one served version's: these two labels first, then the series' own.
+MODEL_LABELS = ("model", "version")
+ModelKey = tuple[str, str]  # (name, version)
 
 
 class _StageCollector:
-    """Per-stage figures reported by the shard actors, refreshed by the app's poller."""
+    """Per-stage figures reported by the shard actors, refreshed by each model's poller."""
 
     def __init__(self) -> None:
-        self.snapshot: list[dict[str, Any]] = []
+        self.snapshots: dict[ModelKey, list[dict[str, Any]]] = {}
 
     def collect(self) -> Iterator[Metric]:
         # Counters (exported with ``_total``) so that rate() works; an actor Ray restarts starts
@@ -27,25 +34,27 @@ class _StageCollector:
         calls = CounterMetricFamily(
             "shardserve_stage_calls",
             "Batches computed by a shard actor",
-            labels=["replica", "stage"],
+            labels=[*MODEL_LABELS, "replica", "stage"],
         )
         compute = CounterMetricFamily(
             "shardserve_stage_compute_seconds",
             "Total compute time of a shard actor",
-            labels=["replica", "stage"],
+            labels=[*MODEL_LABELS, "replica", "stage"],
         )
         memory = GaugeMetricFamily(
             "shardserve_stage_memory_bytes",
             "A shard actor's memory: planned peak (weights + activations + device overhead), "
             "measured RSS now and at its peak, and on a GPU TensorFlow's current and peak bytes",
-            labels=["replica", "stage", "kind"],
+            labels=[*MODEL_LABELS, "replica", "stage", "kind"],
         )
-        for row in self.snapshot:
-            labels = [str(row.get("replica", 0)), str(row.get("stage_index", 0))]
-            calls.add_metric(labels, float(row.get("calls", 0)))
-            compute.add_metric(labels, float(row.get("compute_seconds_total", 0.0)))
-            for kind, value in memory_figures(row.get("memory")).items():
-                memory.add_metric([*labels, kind], float(value))
+        # A copy: a model's poller or unload may change the dict while a scrape reads it.
+        for key, rows in list(self.snapshots.items()):
+            for row in rows:
+                labels = [*key, str(row.get("replica", 0)), str(row.get("stage_index", 0))]
+                calls.add_metric(labels, float(row.get("calls", 0)))
+                compute.add_metric(labels, float(row.get("compute_seconds_total", 0.0)))
+                for kind, value in memory_figures(row.get("memory")).items():
+                    memory.add_metric([*labels, kind], float(value))
         yield calls
         yield compute
         yield memory
@@ -68,56 +77,67 @@ def memory_figures(report: Any) -> dict[str, int]:
 
 
 class _HealthCollector:
-    """Replica health read from the runner at scrape time."""
+    """Replica health read from each model's runner at scrape time."""
 
     def __init__(self) -> None:
-        self.source: Callable[[], Health] | None = None
+        self.sources: dict[ModelKey, Callable[[], Health]] = {}
 
     def collect(self) -> Iterator[Metric]:
-        if self.source is None:
-            return
-        health = self.source()
         replicas = GaugeMetricFamily(
-            "shardserve_replicas", "Replicas of the model, by state", labels=["state"]
+            "shardserve_replicas",
+            "Replicas of the model, by state",
+            labels=[*MODEL_LABELS, "state"],
         )
-        for name in ("healthy", "suspect", "dead"):
-            replicas.add_metric([name], float(health.states.count(name)))
-        yield replicas
-        yield CounterMetricFamily(
+        rebuilds = CounterMetricFamily(
             "shardserve_replica_rebuilds",
             "Replicas rebuilt (new placement group and actors) after their actors were lost",
-            value=health.rebuilds,
+            labels=list(MODEL_LABELS),
         )
-        yield CounterMetricFamily(
+        recoveries = CounterMetricFamily(
             "shardserve_replica_recoveries",
             "Replicas back in the rotation after Ray restarted their stage actors",
-            value=health.recoveries,
+            labels=list(MODEL_LABELS),
         )
+        for key, source in list(self.sources.items()):
+            health = source()
+            for name in ("healthy", "suspect", "dead"):
+                replicas.add_metric([*key, name], float(health.states.count(name)))
+            rebuilds.add_metric(list(key), health.rebuilds)
+            recoveries.add_metric(list(key), health.recoveries)
+        yield replicas
+        yield rebuilds
+        yield recoveries
 
 
-class Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
+class _Families:
+    """The server's labelled series; each served version owns the children of its labels."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        labels = MODEL_LABELS
         self.request_latency = Histogram(
             "shardserve_request_latency_seconds",
             "Time from request received to response ready",
-            ["status"],
+            [*labels, "status"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.rejects = Counter(
             "shardserve_rejects_total",
             "Requests refused or failed, by reason",
-            ["reason"],
+            [*labels, "reason"],
             registry=r,
         )
         self.batch_size = Histogram(
-            "shardserve_batch_size_rows", "Real rows per batch", buckets=_BATCH_BUCKETS, registry=r
+            "shardserve_batch_size_rows",
+            "Real rows per batch",
+            labels,
+            buckets=_BATCH_BUCKETS,
+            registry=r,
         )
         self.batch_padded = Histogram(
             "shardserve_batch_padded_size_rows",
             "Rows per batch after padding",
+            labels,
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
@@ -125,69 +145,118 @@ class Metrics:
             "shardserve_padded_positions",
             "Positions of length-padded batches: real (the rows' own lengths) or pad (added to "
             "reach the batch's length bucket: the waste)",
-            ["kind"],
+            [*labels, "kind"],
             registry=r,
         )
-        # Both series from the start: a rate of the waste reads 0, not absent, before padding.
-        self._real_positions = self.positions.labels("real")
-        self._pad_positions = self.positions.labels("pad")
         self.batch_close = Counter(
-            "shardserve_batch_close_total", "Batches by close reason", ["reason"], registry=r
+            "shardserve_batch_close_total",
+            "Batches by close reason",
+            [*labels, "reason"],
+            registry=r,
         )
         self.queue_wait = Histogram(
             "shardserve_queue_wait_seconds",
             "Wait of a batch's oldest row before dispatch",
+            labels,
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.batch_run = Histogram(
             "shardserve_batch_run_seconds",
             "Time of a batch through the pipeline",
+            labels,
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.queue_rows = Gauge("shardserve_queue_rows", "Rows waiting in the queue", registry=r)
-        self.inflight = Gauge("shardserve_inflight_batches", "Batches in the pipeline", registry=r)
+        self.queue_rows = Gauge(
+            "shardserve_queue_rows", "Rows waiting in the queue", labels, registry=r
+        )
+        self.inflight = Gauge(
+            "shardserve_inflight_batches", "Batches in the pipeline", labels, registry=r
+        )
         self.effective_wait = Gauge(
-            "shardserve_batch_wait_ms", "Current wait of the batching policy", registry=r
+            "shardserve_batch_wait_ms", "Current wait of the batching policy", labels, registry=r
         )
         self.isolations = Counter(
             "shardserve_poison_isolations_total",
             "Requests failed alone after their batch was split to find the rows the model "
             "raises on (their batch-mates were answered)",
+            labels,
             registry=r,
         )
+
+    def all(self) -> tuple[Counter | Gauge | Histogram, ...]:
+        return tuple(v for v in vars(self).values() if isinstance(v, Counter | Gauge | Histogram))
+
+
+class ModelMetrics:
+    """One served version's series (labels ``model``, ``version``): what its ``ServedModel``,
+    batcher and routes count. After ``Metrics.remove_model`` it counts nothing: a request still
+    draining must not bring the version's series back."""
+
+    def __init__(
+        self, families: _Families, stages: _StageCollector, health: _HealthCollector, key: ModelKey
+    ) -> None:
+        self.key = key
+        self.removed = False
+        self._f = families
+        self._stages = stages
+        self._health = health
         # Children by label, taken once: ``labels()`` costs a lock and a dict of label values
-        # on every call, and these two are on every request's path.
+        # on every call, and latency and rejects are on every request's path.
         self._latency_by_status: dict[int, Any] = {}
         self._rejects_by_reason: dict[str, Any] = {}
-        self.stages = _StageCollector()
-        r.register(self.stages)  # type: ignore[arg-type]
-        self.health = _HealthCollector()
-        r.register(self.health)  # type: ignore[arg-type]
+        self._close_by_reason: dict[str, Any] = {}
+        # Every series without a label of its own exists from the start: a rate reads 0, not
+        # absent, before the first batch (and before any length-padded one).
+        self._batch_size = families.batch_size.labels(*key)
+        self._batch_padded = families.batch_padded.labels(*key)
+        self._queue_wait = families.queue_wait.labels(*key)
+        self._batch_run = families.batch_run.labels(*key)
+        self._isolations = families.isolations.labels(*key)
+        self._real_positions = families.positions.labels(*key, "real")
+        self._pad_positions = families.positions.labels(*key, "pad")
+        self._gauges = (
+            families.queue_rows.labels(*key),
+            families.inflight.labels(*key),
+            families.effective_wait.labels(*key),
+        )
 
     def observe_latency(self, status: int, seconds: float) -> None:
         child = self._latency_by_status.get(status)
         if child is None:
-            child = self._latency_by_status[status] = self.request_latency.labels(str(status))
+            if self.removed:
+                return
+            child = self._latency_by_status[status] = self._f.request_latency.labels(
+                *self.key, str(status)
+            )
         child.observe(seconds)
 
     def reject(self, reason: str) -> None:
         child = self._rejects_by_reason.get(reason)
         if child is None:
-            child = self._rejects_by_reason[reason] = self.rejects.labels(reason)
+            if self.removed:
+                return
+            child = self._rejects_by_reason[reason] = self._f.rejects.labels(*self.key, reason)
         child.inc()
 
     def observe_batch(self, record: BatchRecord) -> None:
-        self.batch_size.observe(record.size)
-        self.batch_padded.observe(record.padded_size)
-        self.batch_close.labels(record.reason).inc()
-        self.queue_wait.observe(record.queue_wait_s)
-        self.batch_run.observe(record.run_s)
+        if self.removed:
+            return
+        self._batch_size.observe(record.size)
+        self._batch_padded.observe(record.padded_size)
+        close = self._close_by_reason.get(record.reason)
+        if close is None:
+            close = self._close_by_reason[record.reason] = self._f.batch_close.labels(
+                *self.key, record.reason
+            )
+        close.inc()
+        self._queue_wait.observe(record.queue_wait_s)
+        self._batch_run.observe(record.run_s)
         if not record.ok:
-            self.rejects.labels("batch_failed").inc()
+            self.reject("batch_failed")
         if record.isolated:
-            self.isolations.inc(record.isolated)
+            self._isolations.inc(record.isolated)
         if record.positions:
             self._real_positions.inc(record.positions)
             self._pad_positions.inc(record.padded_positions)
@@ -198,15 +267,52 @@ class Metrics:
         inflight: Callable[[], float],
         effective_wait: Callable[[], float],
     ) -> None:
-        self.queue_rows.set_function(queue_rows)
-        self.inflight.set_function(inflight)
-        self.effective_wait.set_function(effective_wait)
+        for gauge, source in zip(self._gauges, (queue_rows, inflight, effective_wait), strict=True):
+            gauge.set_function(source)
 
     def bind_health(self, source: Callable[[], Health]) -> None:
-        self.health.source = source
+        if not self.removed:
+            self._health.sources[self.key] = source
 
     def set_stage_stats(self, rows: Iterable[dict[str, Any]]) -> None:
-        self.stages.snapshot = list(rows)
+        if not self.removed:
+            self._stages.snapshots[self.key] = list(rows)
+
+
+class Metrics:
+    """The server's registry: one ``ModelMetrics`` per served version (``for_model``), whose
+    series go with it on unload (``remove_model``)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._families = _Families(self.registry)
+        self._stages = _StageCollector()
+        self.registry.register(self._stages)  # type: ignore[arg-type]
+        self._health = _HealthCollector()
+        self.registry.register(self._health)  # type: ignore[arg-type]
+        self._models: dict[ModelKey, ModelMetrics] = {}
+
+    def for_model(self, name: str, version: str) -> ModelMetrics:
+        """The series of ``name`` at ``version`` (the same object on every call until removed)."""
+        key = (name, str(version))
+        found = self._models.get(key)
+        if found is None:
+            found = self._models[key] = ModelMetrics(
+                self._families, self._stages, self._health, key
+            )
+        return found
+
+    def remove_model(self, name: str, version: str) -> None:
+        """Drop every series of ``name`` at ``version`` (its unload): a scrape no longer shows
+        it, and its gauges no longer hold its batcher or runner."""
+        key = (name, str(version))
+        model = self._models.pop(key, None)
+        if model is not None:
+            model.removed = True
+        for family in self._families.all():
+            family.remove_by_labels(dict(zip(MODEL_LABELS, key, strict=True)))
+        self._stages.snapshots.pop(key, None)
+        self._health.sources.pop(key, None)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -23,7 +23,7 @@ from serving.batching.batcher import Batcher, BatchSettings
 from serving.config import Settings
 from serving.errors import NotReadyError
 from serving.server.length_check import LengthPlan, plan_length_padding
-from serving.server.metrics import Metrics, memory_figures
+from serving.server.metrics import Metrics, ModelMetrics, memory_figures
 from serving.server.runner import ModelRunner, RunnerFactory
 from serving.server.shape_log import ShapeLog
 from serving.server.stop_budget import StopBudget, drain_batcher
@@ -47,7 +47,8 @@ WAITS_PERIOD_S = 1.0
 class ServedModel:
     name: str
     settings: Settings
-    metrics: Metrics  # the server's registry: the model binds its gauges and batch records to it
+    # The server's registry; this version's own series are ``metrics`` (labels model, version).
+    server_metrics: Metrics
     version: str = "1"  # as the protocols' paths and messages carry it
     runner: ModelRunner | None = None
     batcher: Batcher | None = None  # set once the model is warm: from then on it is ready
@@ -61,11 +62,14 @@ class ServedModel:
     loaded: asyncio.Event = field(default_factory=asyncio.Event)  # loaded or failed to
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
     _shapes: ShapeLog = field(default_factory=ShapeLog, repr=False)
+    metrics: ModelMetrics = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = self.server_metrics.for_model(self.name, self.version)
 
     @property
     def metric_labels(self) -> dict[str, str]:
-        """The labels that tell this model's series from another's. With one model the series
-        carry none (as they always have); the model repository adds them to its metrics."""
+        """The labels that tell this version's series from another's."""
         return {"model": self.name, "version": self.version}
 
     @property
@@ -133,6 +137,11 @@ class ServedModel:
             asyncio.create_task(self._poll_stats()),
         ]
 
+    async def wait_load(self) -> None:
+        """Until the load ``start`` began has ended: ready, failed, or cancelled."""
+        if self._jobs:
+            await asyncio.wait(self._jobs[:1])
+
     async def load(self, factory: RunnerFactory, on_failure: Callable[[str], None] | None) -> None:
         """Load, start the batcher and warm up within ``load_timeout_s``; meanwhile keep
         ``load_waiting`` saying what the load waits for. Any failure, the timeout included,
@@ -171,7 +180,7 @@ class ServedModel:
             runner.run_batch,
             batch_settings(self.settings, runner),
             on_batch=metrics.observe_batch,
-            on_reject=lambda reason: metrics.rejects.labels(reason).inc(),
+            on_reject=metrics.reject,
         )
         await batcher.start()
         started.append(batcher)
@@ -188,7 +197,9 @@ class ServedModel:
         await self._log_memory(runner)
         self.batcher = batcher
         self.ready.set()
-        log.info("ready: serving %r (%d stage(s))", self.name, runner.num_stages)
+        log.info(
+            "ready: serving %r version %s (%d stage(s))", self.name, self.version, runner.num_stages
+        )
 
     @staticmethod
     async def warm_up(runner: ModelRunner, length: int = 1) -> None:

@@ -9,16 +9,20 @@ inside a Ray task, and the signature comes from the bundle manifest.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from serving.config import Settings
+from shards.cpu_plan import Pipeline, scheduling_cpus
 from shards.pipeline.health import Health
 from shards.signature import ModelSignature
 
@@ -26,6 +30,12 @@ if TYPE_CHECKING:
     from shards.pipeline.options import PipelineOptions
 
 log = logging.getLogger("shardserve")
+# The logical CPUs of the private local Ray this process starts (``plan_private_ray``); None:
+# sized to the first model loaded.
+_private_ray_cpus: int | None = None
+# Versions load side by side, each starting Ray on its own thread: one starts it, the others
+# join it (two ``ray.init`` at once would both try to start one).
+_connect_lock = threading.Lock()
 
 
 @runtime_checkable
@@ -91,9 +101,54 @@ def _start_ray(settings: Settings) -> int:
     from shards import cluster as runtime
 
     logging.getLogger("ray._private.worker").addFilter(_not_main_thread_note)
-    address = runtime.connect(settings.ray_address, imports=tuple(settings.imports))
+    cpus = None
+    if settings.ray_address is None:
+        cpus = _private_ray_cpus or private_ray_cpus([settings])
+    with _connect_lock:
+        address = runtime.connect(
+            settings.ray_address, num_cpus=cpus, imports=tuple(settings.imports)
+        )
     log.info("ray: %s %s", address, runtime.cluster_summary())
     return device_overhead(settings)
+
+
+def plan_private_ray(versions: Iterable[Settings]) -> int:
+    """Size the private local Ray this process will start for every model version it is to
+    serve (their settings), before the first load starts it: see ``private_ray_cpus``. Nothing
+    changes for a server that joins a cluster (``ray_address``) or a Ray already running."""
+    global _private_ray_cpus
+    _private_ray_cpus = private_ray_cpus(versions)
+    return _private_ray_cpus
+
+
+def private_ray_cpus(versions: Iterable[Settings]) -> int:
+    """The logical CPUs a private local Ray needs so that every version's stage actors get
+    their CPUs at once, with room for one more (``shards.cpu_plan.scheduling_cpus``): Ray's
+    count is a scheduling count there, and the actors' TensorFlow threads share the real cores."""
+    return scheduling_cpus(_pipeline(settings) for settings in versions)
+
+
+def _pipeline(settings: Settings) -> Pipeline:
+    return (estimated_stages(settings), settings.replicas, settings.cpus_per_shard)
+
+
+def estimated_stages(settings: Settings) -> int:
+    """How many stages the model will be cut into, before it is: ``stages``, one per device
+    budget, a bundle's own, else the model file over a single budget (its weights), else 1."""
+    if settings.stages is not None:
+        return settings.stages
+    budgets = settings.max_stage_bytes or []
+    if len(budgets) > 1:
+        return len(budgets)
+    path = Path(settings.model)
+    try:
+        if (path / "manifest.json").is_file():
+            return max(1, len(json.loads((path / "manifest.json").read_text())["stages"]))
+        if budgets and path.is_file():
+            return max(1, math.ceil(path.stat().st_size / budgets[0]))
+    except (OSError, ValueError, KeyError, TypeError):
+        log.debug("could not estimate the stages of %s", path, exc_info=True)
+    return 1
 
 
 def _signal_handlers() -> dict[int, Any]:

@@ -1,5 +1,7 @@
 """What one server holds while it runs: its settings, metrics, whether it takes requests, the
-stop's budget, and the models it serves (``serving.server.model``), by name."""
+stop's budget, its repository manager (``serving.server.repository``), and the versions it
+serves (``serving.server.model``) by model name and version, with the labels that point at them.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +9,19 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from serving.batching.dispatch import SHUTTING_DOWN
 from serving.config import Settings
-from serving.errors import NotFoundError, NotReadyError
+from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.server.metrics import Metrics
+from serving.server.readiness import readiness
 from serving.server.stop_budget import StopBudget
 
 if TYPE_CHECKING:
     from serving.server.model import ServedModel
+    from serving.server.repository import Repository
 
-SHUTTING_DOWN = "server is shutting down"
+__all__ = ["NO_MODEL", "SHUTTING_DOWN", "ServerState"]
+
 NO_MODEL = "no model is served yet; retry when GET /readyz answers 200"
 
 
@@ -23,10 +29,20 @@ NO_MODEL = "no model is served yet; retry when GET /readyz answers 200"
 class ServerState:
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
-    # By name, the default (the one /predict serves) first.
-    models: dict[str, ServedModel] = field(default_factory=dict)
+    # name -> version -> the served version (a failed load stays, with its reason, until unload)
+    models: dict[str, dict[str, ServedModel]] = field(default_factory=dict)
+    # name -> label -> version; a label points only at a READY version (the manager sees to it)
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    default_model: str | None = None  # /predict's model; None: the only one served
+    repository: Repository | None = None
+    # Why a model the repository knows is not served (unloaded through the API): the 404 says it.
+    unserved: dict[str, str] = field(default_factory=dict)
     # Set when the server starts stopping: every phase of the stop shares this one deadline.
     stop_budget: StopBudget | None = None
+
+    def __post_init__(self) -> None:
+        if self.default_model is None:
+            self.default_model = self.settings.default_model
 
     @property
     def accepting(self) -> bool:
@@ -34,51 +50,123 @@ class ServerState:
         return self.stop_budget is None
 
     def add_model(self, model: ServedModel) -> None:
-        if model.name in self.models:
-            raise ValueError(f"model {model.name!r} is served already; give each a unique name")
+        versions = self.models.setdefault(model.name, {})
+        if model.version in versions:
+            raise ValueError(
+                f"model {model.name!r} version {model.version!r} is served already; "
+                "give each a unique name and version"
+            )
         if not self.accepting:
             model.stop_accepting(SHUTTING_DOWN)
-        self.models[model.name] = model
+        versions[model.version] = model
+        self.unserved.pop(model.name, None)
 
-    def model(self, name: str | None = None, version: str | None = None) -> ServedModel:
-        """The model served as ``name`` (and ``version``, when given); without a name the
-        default one (``/predict``'s)."""
-        if name is None:
-            for default in self.models.values():
-                return default
-            raise NotReadyError(NO_MODEL)
-        found = self.models.get(name)
-        if found is None:
-            served = ", ".join(repr(n) for n in self.models)
-            raise NotFoundError(f"model {name!r} not found; this server serves {served}")
-        if version is not None and version != found.version:
-            raise NotFoundError(
-                f"model {name!r} has no version {version!r}; its versions: {[found.version]}"
+    def remove_model(self, name: str, version: str) -> ServedModel | None:
+        """Stop routing to that version (the caller has drained and closed it)."""
+        versions = self.models.get(name, {})
+        removed = versions.pop(version, None)
+        if not versions:
+            self.models.pop(name, None)
+        labels = self.labels.get(name, {})
+        for label in [label for label, v in labels.items() if v == version]:
+            del labels[label]
+        if not labels:
+            self.labels.pop(name, None)
+        return removed
+
+    def served(self) -> list[ServedModel]:
+        """Every served version, by model name then version."""
+        return [
+            versions[v]
+            for name, versions in sorted(self.models.items())
+            for v in sorted(versions, key=_version_key)
+        ]
+
+    def model(
+        self, name: str | None = None, version: str | None = None, label: str | None = None
+    ) -> ServedModel:
+        """The version ``version`` (or the one ``label`` points at) of the model ``name``;
+        without a name the default model (``/predict``'s), without a version or label its
+        highest READY version, else its highest."""
+        if version is not None and label is not None:
+            raise InvalidInputError(
+                f"name a version ({version!r}) or a label ({label!r}) of the model, not both"
             )
-        return found
+        found_name = self._name(name)
+        versions = self.models.get(found_name)
+        if versions is None:
+            raise NotFoundError(self._no_model(found_name, default=name is None))
+        if label is not None:
+            version = self._labelled(found_name, label)
+        if version is not None:
+            found = versions.get(version)
+            if found is None:
+                listed = sorted(versions, key=_version_key)
+                raise NotFoundError(
+                    f"model {found_name!r} has no version {version!r}; its versions: {listed}"
+                )
+            return found
+        ordered = sorted(versions.values(), key=lambda m: _version_key(m.version))
+        ready = [m for m in ordered if m.not_ready_reason() is None]
+        return (ready or ordered)[-1]
+
+    def _name(self, name: str | None) -> str:
+        if name is not None:
+            return name
+        if self.default_model is not None:
+            return self.default_model
+        if len(self.models) == 1:
+            return next(iter(self.models))
+        if not self.models:
+            raise NotReadyError(NO_MODEL)
+        raise InvalidInputError(
+            f"this server serves several models ({_names(self.models)}) and none is the "
+            "default; name one in the path (/v1/models/{name}:predict, /v2/models/{name}/infer) "
+            "or start the server with --default-model NAME"
+        )
+
+    def _no_model(self, name: str, *, default: bool) -> str:
+        what = f"the default model {name!r}" if default else f"model {name!r}"
+        why = self.unserved.get(name)
+        served = f"this server serves {_names(self.models)}" if self.models else "none is served"
+        if why is not None:
+            return f"{what} is not served ({why}); {served}"
+        return f"{what} not found; {served}"
+
+    def _labelled(self, name: str, label: str) -> str:
+        labels = self.labels.get(name, {})
+        version = labels.get(label)
+        if version is None:
+            known = f"its labels: {sorted(labels)}" if labels else "it has no label set"
+            raise NotFoundError(f"model {name!r} has no label {label!r}; {known}")
+        return version
 
     def not_ready_reason(self) -> str | None:
-        """Why the server as a whole is not ready (one of its models is not), or ``None``."""
-        if not self.models:
-            return NO_MODEL
-        for model in self.models.values():
-            reason = model.not_ready_reason()
-            if reason is not None:
-                return reason
-        return None
+        """Why the server as a whole is not ready, or ``None``: ready once no version is still
+        loading and at least one is ready (``serving.server.readiness``)."""
+        return readiness(self).reason
 
     def begin_stop(self) -> StopBudget:
         """Refuse new requests from now on; the stop's budget (``stop_timeout_s``), started by
         the first caller and shared by the later ones."""
-        for model in self.models.values():
+        for model in self.served():
             model.stop_accepting(SHUTTING_DOWN)
         if self.stop_budget is None:
             self.stop_budget = StopBudget.start(self.settings.stop_timeout_s)
         return self.stop_budget
 
     async def drain(self, budget: StopBudget) -> None:
-        """Every model answers what it holds, until the budget's drain mark."""
-        await asyncio.gather(*(model.drain(budget) for model in self.models.values()))
+        """Every served version answers what it holds, until the budget's drain mark."""
+        await asyncio.gather(*(model.drain(budget) for model in self.served()))
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    # Versions are positive integers as strings: "10" after "9".
+    return (int(version), "") if version.isdigit() else (0, version)
+
+
+def _names(models: dict[str, dict[str, ServedModel]]) -> str:
+    return ", ".join(repr(n) for n in sorted(models))
 
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from shards.actor.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.actor.tflog import import_tensorflow
 from shards.bundle.format import Manifest, load_stage, read_manifest
 from shards.bundle.shipping import ShippedStage, default_cache_dir, stage_dir_for
-from shards.cluster import intra_op_threads
+from shards.cpu_plan import intra_op_threads
 from shards.errors import ModelError, one_line
 from shards.pipeline.faults import INPUT_ERRORS
 from shards.signature import TensorSpec

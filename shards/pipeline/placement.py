@@ -22,13 +22,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from shards.actor.stage_actor import ShardActor
 from shards.bundle.format import Manifest
 from shards.bundle.shipping import ShippedStage, ship_bundle, stages_off_node
-from shards.cluster import (
-    check_cluster_fits,
-    cluster_has_gpus,
-    cpus_per_stage,
-    intra_op_threads,
-    placement_resources,
-)
+from shards.cluster import check_cluster_fits, cluster_has_gpus, placement_resources
+from shards.cpu_plan import cpus_per_stage, intra_op_threads, machine_cores
 from shards.errors import PipelineStartError, one_line
 from shards.pipeline.options import PipelineOptions
 from shards.pipeline.replica import Replica
@@ -77,10 +72,12 @@ def spawn_actors(
 ) -> list[Any]:
     actors = []
     for index, bundle in enumerate(bundles):
-        extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
         actor = _RemoteShard.options(
             num_cpus=spec.cpus,
             num_gpus=spec.gpus,
+            # Ray takes its memory resource as its own argument, never among ``resources``.
+            memory=bundle.get("memory"),
             resources=extra or None,
             max_restarts=spec.max_restarts,
             # No transparent retries: a batch that killed a stage would kill it again on each
@@ -160,7 +157,7 @@ async def start_replicas(
         options.cpus_per_shard,
         private_ray=options.private_ray,
         actors=len(manifest.stages) * options.replicas,
-        cluster_cpus=float(ray.cluster_resources().get("CPU", 0.0)),
+        cores=machine_cores(),
     )
     if options.cpus_per_shard is None:
         log.info(
@@ -169,7 +166,10 @@ async def start_replicas(
             cpus,
             intra_op_threads(cpus),
         )
-    bundles = placement_resources(len(manifest.stages), cpus, gpus, options.stage_resources)
+    # A CPU stage's memory plan is host memory: asked of Ray, so that models share the machine
+    # by their plans (a GPU stage's plan is the device's, which Ray does not count).
+    memory = [spec.planned_peak_bytes for spec in manifest.stages] if not gpus else []
+    bundles = placement_resources(len(manifest.stages), cpus, gpus, options.stage_resources, memory)
     check_cluster_fits(bundles, options.replicas, options.placement_strategy)
     replicas: list[Replica] = []
     try:

@@ -1,4 +1,4 @@
-"""The observers: a process's CPU seconds from /proc, and other benches seen running."""
+"""The observers: a process's CPU seconds from /proc, other benches seen running, a scrape."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from bench.observe.cpusplit import process_cpu_seconds
 from bench.observe.quiet import other_benches
+from bench.observe.scrape import parse
 
 
 def test_cpu_seconds_of_this_process_grow_with_its_work() -> None:
@@ -40,3 +41,21 @@ def test_other_benches_lists_a_running_bench_process_until_it_ends() -> None:
         fake.kill()
         fake.wait()
     assert not any(line.endswith("protocols marker") for line in other_benches())
+
+
+def test_a_scrape_sums_the_served_versions_under_the_series_plain_names() -> None:
+    text = "\n".join(
+        [
+            "# TYPE shardserve_batch_size_rows histogram",
+            'shardserve_batch_size_rows_count{model="a",version="1"} 3.0',
+            'shardserve_batch_size_rows_count{model="a",version="2"} 4.0',
+            'shardserve_stage_calls_total{model="a",replica="0",stage="1",version="1"} 5.0',
+            'shardserve_padded_positions_total{kind="pad",model="a",version="1"} 2.0',
+        ]
+    )
+
+    assert parse(text) == {
+        "shardserve_batch_size_rows_count": 7.0,
+        'shardserve_stage_calls_total{replica="0",stage="1"}': 5.0,
+        'shardserve_padded_positions_total{kind="pad"}': 2.0,
+    }

@@ -19,6 +19,7 @@ import pytest
 
 from shards.signature import ModelSignature, TensorSpec
 from tests.fakes import FakeRunner
+from tests.metrics_text import metric
 from tests.serverproc import Server, running_server
 from tests.serving.served_app import serve
 
@@ -68,18 +69,12 @@ def _predict_concurrently(server: Server, model: str, rows: list[np.ndarray]) ->
 
 def _metrics(server: Server) -> dict[str, float]:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
-    wanted = {
-        "shardserve_batch_size_rows_count": "batches",
-        "shardserve_batch_size_rows_sum": "rows",
-        'shardserve_padded_positions_total{kind="real"}': "real",
-        'shardserve_padded_positions_total{kind="pad"}': "pad",
+    return {
+        "batches": metric(text, "shardserve_batch_size_rows_count"),
+        "rows": metric(text, "shardserve_batch_size_rows_sum"),
+        "real": metric(text, "shardserve_padded_positions_total", kind="real"),
+        "pad": metric(text, "shardserve_padded_positions_total", kind="pad"),
     }
-    values = {}
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name in wanted:
-            values[wanted[name]] = float(value)
-    return values
 
 
 def _length_padding(server: Server, model: str) -> Any:

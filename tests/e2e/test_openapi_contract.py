@@ -4,7 +4,9 @@ user would run it, finds nothing against a real server at its default settings, 
 documented, every body fitting its schema, schema-valid requests accepted and invalid ones
 refused, 405 with ``Allow``. The GETs run again after the admin PUTs, and in the same stateful
 run as them: no change a PUT accepts may break a route that shows the policy, or make a request
-the document allows a refused one.
+the document allows a refused one. The repository API's unload runs last, on its own: it takes
+the model away from every route after it (and a load after it would start the model's actors
+again, seconds each time); a load of the served model, in the first run, changes nothing.
 """
 
 from __future__ import annotations
@@ -69,13 +71,17 @@ def test_schemathesis_finds_no_contract_failure(server: Server, tmp_path: Path) 
     doc = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
     paths = doc["paths"]
     assert {"/predict", "/v2/models/{name}/infer", "/admin/batching", "/metrics"} <= set(paths)
+    assert {"/v2/repository/index", "/v2/repository/models/{name}/unload"} <= set(paths)
     puts, gets = operations(doc, method="put"), operations(doc, method="get")
-    assert puts == 1  # PUT /admin/batching
+    assert puts == 3  # PUT /admin/batching, /admin/models/{name}[/versions/{version}]/batching
 
     # A PUT may set a batch wait of up to the request timeout (30 s), which every later predict
-    # of a few rows would wait out: the predicts run before the PUTs.
-    everything_else = run_schemathesis(server, tmp_path, "--exclude-method", "PUT")
-    assert f"Tested: {operations(doc) - puts}" in everything_else, everything_else[-3000:]
+    # of a few rows would wait out: the predicts run before the PUTs. An unload would take the
+    # model from every route after it: it runs last (a load of a served model changes nothing).
+    everything_else = run_schemathesis(
+        server, tmp_path, "--exclude-method", "PUT", "--exclude-path-regex", "/unload$"
+    )
+    assert f"Tested: {operations(doc) - puts - 1}" in everything_else, everything_else[-3000:]
 
     def policy() -> dict[str, object]:
         view = httpx.get(f"{server.url}/admin/batching", headers=AUTH, timeout=10).json()
@@ -88,3 +94,5 @@ def test_schemathesis_finds_no_contract_failure(server: Server, tmp_path: Path) 
     # The GETs again, under whatever policy the last PUT left.
     again = run_schemathesis(server, tmp_path, "--include-method", "GET")
     assert f"Tested: {gets}" in again, again[-3000:]
+    unload = run_schemathesis(server, tmp_path, "--include-path-regex", "/unload$")
+    assert "Tested: 1" in unload, unload[-3000:]

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.errorcheck import assert_clean_error
+from tests.metrics_text import metric
 from tests.serverproc import Server, running_server
 
 ROW = [0.5] * 8  # demo-tiny: 8 features -> 4 logits
@@ -113,7 +114,7 @@ async def test_flood_past_the_queue_gets_answers_or_quick_503s(server: Server) -
         else:
             _check_refusal(r)
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
-    assert f'shardserve_rejects_total{{reason="queue_full"}} {statuses.count(503)}.0' in metrics
+    assert metric(metrics, "shardserve_rejects_total", reason="queue_full") == statuses.count(503)
 
 
 async def test_sigterm_under_load_loses_no_accepted_request(
@@ -176,8 +177,7 @@ async def test_sigterm_under_load_loses_no_accepted_request(
 async def _until_queued(client: httpx.AsyncClient) -> None:
     while True:
         text = (await client.get("/metrics")).text
-        line = next(x for x in text.splitlines() if x.startswith("shardserve_queue_rows "))
-        if float(line.split()[1]) >= 1:
+        if metric(text, "shardserve_queue_rows") >= 1:
             return
         await asyncio.sleep(0.01)
 
@@ -256,10 +256,9 @@ async def _until_held(client: httpx.AsyncClient, *, batches: int, rows: int) -> 
     """Until the server holds ``batches`` batches in flight and ``rows`` rows queued."""
     while True:
         text = (await client.get("/metrics")).text
-        values = dict(x.rsplit(" ", 1) for x in text.splitlines() if x.startswith("shardserve_"))
         if (
-            float(values.get("shardserve_inflight_batches", 0)) >= batches
-            and float(values.get("shardserve_queue_rows", 0)) >= rows
+            metric(text, "shardserve_inflight_batches") >= batches
+            and metric(text, "shardserve_queue_rows") >= rows
         ):
             return
         await asyncio.sleep(0.01)

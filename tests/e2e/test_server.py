@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.metrics_text import has_series, metric
 from tests.serverproc import Server, running_server
 
 
@@ -116,7 +117,5 @@ def test_load_failure_exits_non_zero_with_the_reason(ray_address: str, tmp_path:
 
 
 def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
+    assert has_series(text, name), f"{name} not in /metrics"
+    return metric(text, name)

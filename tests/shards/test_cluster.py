@@ -1,5 +1,6 @@
 """The Ray connection helpers (``shards.cluster``): reuse, summary, the local modules uploaded to
-a cluster, calls bounded in time, what each stage asks for."""
+a cluster, calls bounded in time, a pipeline the cluster cannot hold refused with what it
+needs and what is free."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from shards.cluster import (
+    check_cluster_fits,
     cluster_summary,
     connect,
-    cpus_per_stage,
-    intra_op_threads,
     local_py_modules,
     run_bounded,
 )
+from shards.errors import InsufficientResourcesError
 
 
 def test_connect_reuses_the_ray_of_this_process(ray_address: str) -> None:
@@ -59,25 +60,20 @@ def test_run_bounded_logs_an_error_instead_of_raising(caplog: pytest.LogCaptureF
     assert "GCS unreachable at 10.0.0.1:6379" in caplog.text
 
 
-@pytest.mark.parametrize(
-    ("requested", "private", "actors", "cpus", "expected"),
-    [
-        (None, True, 4, 2.0, 0.5),  # 4 stages on 2 cores: half a core each
-        (None, True, 3, 2.0, 0.6666),  # rounded down to Ray's 1e-4 unit so all three fit
-        (None, True, 2, 8.0, 4.0),  # spare cores become threads
-        (None, False, 4, 2.0, 1.0),  # a cluster's CPUs are real: one each
-        (2.0, True, 4, 2.0, 2.0),  # what the user asked for is kept
-    ],
-)
-def test_cpus_per_stage_splits_a_private_rays_cores(
-    requested: float | None, private: bool, actors: int, cpus: float, expected: float
+def test_a_memory_plan_over_the_cluster_is_refused_naming_what_it_needs_and_what_is_free(
+    ray_address: str,
 ) -> None:
-    share = cpus_per_stage(requested, private_ray=private, actors=actors, cluster_cpus=cpus)
-    assert share == expected
-    if requested is None and private:
-        assert share * actors <= cpus
+    bundles = [{"CPU": 1.0, "memory": 3.0 * 2**50}, {"CPU": 1.0, "memory": 1.0 * 2**50}]
 
+    with pytest.raises(InsufficientResourcesError) as refused:
+        check_cluster_fits(bundles, 1, "PACK")
 
-@pytest.mark.parametrize(("cpus", "threads"), [(0.25, 1), (0.5, 1), (1.0, 1), (1.5, 1), (4.0, 4)])
-def test_intra_op_threads_are_whole_cores_at_least_one(cpus: float, threads: int) -> None:
-    assert intra_op_threads(cpus) == threads
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "the pipeline needs memory=4096.0 TiB (1 replica(s) x 2 stage(s), per stage "
+        "[{'CPU': '1', 'memory': '3072.0 TiB'}, {'CPU': '1', 'memory': '1024.0 TiB'}]) but "
+        "the cluster has only memory="
+    )
+    assert " GiB free); the memory plan of its stages" in message
+    assert "cut it into more stages" in message

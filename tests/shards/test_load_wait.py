@@ -5,6 +5,7 @@ cluster has free, and ``load_timeout_s`` ends the wait with that reason (issue 1
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,8 +77,10 @@ async def test_a_load_waiting_for_cpus_says_so_on_readyz_then_fails_at_the_timeo
             await asyncio.wait_for(model.loaded.wait(), LOAD_TIMEOUT_S + 10)
             failed = await client.get("/readyz")
 
-    free_now = f"cluster has CPU 0/{every_cpu_held:g} free"
-    assert waiting == f"waiting for resources: placement group of {{CPU: 1}}; {free_now}"
+    # What it asks (its CPU and its memory plan) beside what is free of each, in one line.
+    asked = r"placement group of \{CPU: 1, memory: [0-9.]+ MiB\}"
+    free_now = rf"cluster has CPU 0/{every_cpu_held:g} free, memory [0-9.]+ GiB/[0-9.]+ GiB free"
+    assert re.fullmatch(f"waiting for resources: {asked}; {free_now}", waiting), waiting
     assert refused.status_code == 503
     assert refused.json()["error"].startswith(f"model is still loading ({waiting})")
     assert failed.status_code == 503 and failed.json()["status"] == "failed"

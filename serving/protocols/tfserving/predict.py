@@ -1,5 +1,6 @@
-"""TF-Serving's predict routes, ``POST /predict`` and ``POST /v1/models/{name}:predict``: the
-JSON body of ``codec`` on the shared predict path (``serving.http.predict``)."""
+"""TF-Serving's predict routes, ``POST /predict`` and ``POST /v1/models/{name}[/versions/{v} or
+/labels/{l}]:predict``: the JSON body of ``codec`` on the shared predict path
+(``serving.http.predict``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import Receive, Scope, Send
 
-from serving.http.fast import FastRequest
+from serving.http.fast import FastRequest, ModelRef
 from serving.http.model import ModelHandle, served_models
 from serving.http.predict import check_sequence_length, serve_prediction
 from serving.http.replies import JSON, Reply
@@ -19,13 +20,11 @@ if TYPE_CHECKING:
 __all__ = ["predict"]
 
 
-async def predict(
-    name: str, version: str | None, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """A predict request for the model served as ``name``; maps its own errors (a fast
-    route's ``RawHandler``)."""
+async def predict(ref: ModelRef, scope: Scope, receive: Receive, send: Send) -> None:
+    """A predict request for the model (version, label) ``ref`` names; maps its own errors (a
+    fast route's ``RawHandler``)."""
     request = FastRequest(scope, receive, send)
-    await serve_prediction(request, served_models(scope["app"]), name, version, _predict)
+    await serve_prediction(request, served_models(scope["app"]), ref, _predict)
 
 
 async def _predict(

@@ -2,9 +2,13 @@
 
 Served by ``grpc.aio`` in the HTTP server's process and event loop (the lifespan starts and stops
 it), on the same batcher, admission, tensor checks and metrics as ``/v2/.../infer``; messages to
-arrays and back in ``grpc_codec``. Errors are the call's status:
+arrays and back in ``grpc_codec``. A call's ``model_version`` (``version``) picks the version of
+the model it names; empty, the server's choice (its highest ready version). The model
+repository's calls (index, load, unload) are in ``grpc_repository``. Errors are the call's status:
 
     InvalidInputError, ModelInputError    INVALID_ARGUMENT
+    UnauthorizedError                     UNAUTHENTICATED (load/unload without the admin token)
+    ForbiddenError                        PERMISSION_DENIED (a wrong admin token)
     NotFoundError                         NOT_FOUND
     QueueFullError, NotReadyError         UNAVAILABLE
     DeadlineExceededError                 DEADLINE_EXCEEDED (the client's deadline is the batcher's)
@@ -16,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -45,6 +49,7 @@ from serving.protocols.v2.grpc_codec import (
     request_timeout_s,
     requested_outputs,
 )
+from serving.protocols.v2.grpc_repository import Metadata, RepositoryRpcs, RepositorySource
 from serving.protocols.v2.metadata import model_config, model_metadata, server_metadata
 from serving.protocols.v2.proto import grpc_service_pb2 as pb
 from serving.protocols.v2.proto import grpc_service_pb2_grpc as pb_grpc
@@ -54,6 +59,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardserve")
 _Context: TypeAlias = grpc.aio.ServicerContext
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
 
 _CODES: dict[type[ShardServeError], grpc.StatusCode] = {
     InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -85,9 +92,14 @@ def rpc_deadline(time_remaining: float | None, request_timeout_ms: float) -> flo
     return time.monotonic() + timeout_s
 
 
+def _no_repository() -> None:
+    return None
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, models: ModelDirectory) -> None:
+    def __init__(self, models: ModelDirectory, repository: RepositoryRpcs) -> None:
         self._models = models
+        self._repository = repository
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: _Context) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -161,10 +173,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             metrics.observe_latency(status, time.perf_counter() - started)
         await _abort(context, error, rid)
 
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: _Context) -> Any:
+        return await _repository_call(context, self._repository.index, request)
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: _Context
+    ) -> Any:
+        return await _repository_call(context, self._repository.load, request)
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: _Context
+    ) -> Any:
+        return await _repository_call(context, self._repository.unload, request)
+
     async def _model(
         self, context: _Context, name: str, version: str, rid: str = "-"
     ) -> ModelHandle:
-        """The model served as ``name``; else the call ends with NOT_FOUND."""
+        """The model served as ``name`` at ``version`` (empty: the server's choice); else the
+        call ends with NOT_FOUND naming the models or versions there are."""
         try:
             return self._models.model(name, version or None)
         except ShardServeError as exc:
@@ -179,6 +205,23 @@ async def _answer(
         return body(model)
     except ShardServeError as exc:
         await _abort(context, exc, "-")
+
+
+async def _repository_call(
+    context: _Context,
+    call: Callable[[_Request, Metadata], Awaitable[_Response]],
+    request: _Request,
+) -> _Response:
+    """``call``'s answer; its refusal (or an unexpected error, logged) ends the call."""
+    rid = _request_id(context)
+    error: ShardServeError | None = None
+    try:
+        return await call(request, context.invocation_metadata() or ())
+    except ShardServeError as exc:
+        error = exc
+    except Exception:
+        log.exception("request %s: unexpected error in %s", rid, type(request).__name__)
+    await _abort(context, error, rid)
 
 
 def _request_id(context: _Context) -> str:
@@ -199,8 +242,11 @@ async def _abort(context: _Context, error: ShardServeError | None, rid: str) -> 
     raise AssertionError("context.abort returns only by raising")
 
 
-async def start_grpc_server(models: ModelDirectory, settings: Settings) -> grpc.aio.Server | None:
-    """Serve gRPC on ``settings.grpc_port`` in the running event loop (``None`` when it is 0)."""
+async def start_grpc_server(
+    models: ModelDirectory, settings: Settings, repository: RepositorySource = _no_repository
+) -> grpc.aio.Server | None:
+    """Serve gRPC on ``settings.grpc_port`` in the running event loop (``None`` when it is 0);
+    ``repository`` gives the repository control the repository calls use, once there is one."""
     if not settings.grpc_port:
         return None
     server = grpc.aio.server(
@@ -212,7 +258,8 @@ async def start_grpc_server(models: ModelDirectory, settings: Settings) -> grpc.
             ("grpc.so_reuseport", 0),
         ]
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(models), server)
+    servicer = InferenceServicer(models, RepositoryRpcs(repository, settings.admin_token))
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.grpc_port}"
     try:

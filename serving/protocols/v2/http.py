@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.types import Receive, Scope, Send
 
 from serving.errors import InvalidInputError
-from serving.http.fast import FastRequest, RawAnswer
+from serving.http.fast import FastRequest, ModelRef, RawAnswer
 from serving.http.model import ModelHandle, served_models
 from serving.http.predict import check_sequence_length, serve_prediction
 from serving.http.replies import Reply
@@ -49,13 +49,11 @@ ROUTE_KINDS = (
 )
 
 
-async def v2_infer(
-    name: str, version: str | None, scope: Scope, receive: Receive, send: Send
-) -> None:
+async def v2_infer(ref: ModelRef, scope: Scope, receive: Receive, send: Send) -> None:
     """``POST /v2/models/{name}[/versions/{version}]/infer``; maps its own errors (a fast
     route's ``RawHandler``)."""
     request = FastRequest(scope, receive, send)
-    await serve_prediction(request, served_models(scope["app"]), name, version, _infer)
+    await serve_prediction(request, served_models(scope["app"]), ref, _infer)
 
 
 async def _infer(
@@ -103,7 +101,7 @@ async def _config(name: str, request: Request, version: str | None = None) -> di
 
 
 async def _infer_route(name: str, request: Request) -> Response:
-    return RawAnswer(v2_infer, name, None)
+    return RawAnswer(v2_infer, ModelRef(name))
 
 
 # The same handlers under /versions/{version}: FastAPI reads path parameters off the signature.
@@ -122,7 +120,7 @@ async def _config_v(name: str, version: str, request: Request) -> dict[str, Any]
 
 
 async def _infer_route_v(name: str, version: str, request: Request) -> Response:
-    return RawAnswer(v2_infer, name, version)
+    return RawAnswer(v2_infer, ModelRef(name, version))
 
 
 async def _server_metadata() -> dict[str, Any]:

@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 SERVER_NAME = "shardserve"
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
 PLATFORM = "tensorflow_keras"
 
 

@@ -3,6 +3,8 @@ with its ``--no-`` form, and a flag not given leaves the env var's value."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -37,4 +39,27 @@ def test_a_bad_pad_input_is_refused_naming_it(served: list[Settings]) -> None:
     result = CliRunner().invoke(app, ["serve", "--pad-input", "mask"])
     assert result.exit_code == 2
     assert "expected NAME=VALUE" in result.output and "'mask'" in result.output
+    assert not served
+
+
+def test_repository_flags(served: list[Settings], tmp_path: Path) -> None:
+    args = ["serve", "--model-repository", str(tmp_path), "--default-model", "resnet"]
+    result = CliRunner().invoke(app, [*args, "--repository-poll-s", "2.5"])
+    assert result.exit_code == 0, result.output
+    settings = served[0]
+    assert (settings.model_repository, settings.default_model, settings.repository_poll_s) == (
+        tmp_path,
+        "resnet",
+        2.5,
+    )
+
+
+def test_a_model_and_a_repository_together_are_refused(
+    served: list[Settings], tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        app, ["serve", "--model", "demo-tiny", "--model-repository", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert "give either model ('demo-tiny') or model_repository" in result.output
     assert not served

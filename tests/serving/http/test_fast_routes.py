@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.config import Settings
 from serving.errors import NotReadyError
-from serving.http.fast import FastRoutes
+from serving.http.fast import FastRoutes, ModelRef
 from serving.server.app import ShardServeApp, create_app
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, expected_outputs
@@ -174,10 +174,10 @@ async def test_405_names_every_method_of_the_path() -> None:
 
 
 async def test_an_error_escaping_a_fast_handler_is_mapped() -> None:
-    async def loading(name: str, version: str | None, request: Request) -> Response:
-        raise NotReadyError(f"{name} is warming up")
+    async def loading(ref: ModelRef, request: Request) -> Response:
+        raise NotReadyError(f"{ref.name} is warming up")
 
-    async def broken(name: str, version: str | None, request: Request) -> Response:
+    async def broken(ref: ModelRef, request: Request) -> Response:
         raise RuntimeError("0xdeadbeef at pid=7")
 
     runner = FakeRunner()
@@ -201,25 +201,33 @@ async def test_an_error_escaping_a_fast_handler_is_mapped() -> None:
 
 
 def test_fast_routes_match_templates() -> None:
-    async def handler(name: str, version: str | None, request: Request) -> Response:
+    async def handler(ref: ModelRef, request: Request) -> Response:
         return Response()
 
     routes = FastRoutes()
-    routes.add("/predict", handler, name="served")
+    routes.add("/predict", handler)
+    routes.add("/served", handler, name="served")
     routes.add("/v1/models/{name}:predict", handler)
+    routes.add("/v1/models/{name}/versions/{version}:predict", handler)
+    routes.add("/v1/models/{name}/labels/{label}:predict", handler)
     routes.add("/v2/models/{name}/versions/{version}/infer", handler)
 
-    def match(path: str) -> tuple[str, str | None] | None:
+    def match(path: str) -> ModelRef | None:
         hit = routes.match(path)
-        return None if hit is None else hit[1:]
+        return None if hit is None else hit[1]
 
-    assert match("/predict") == ("served", None)
-    assert match("/v1/models/m-1.a:predict") == ("m-1.a", None)
-    assert match("/v2/models/m/versions/7/infer") == ("m", "7")
+    assert match("/predict") == ModelRef(None)  # the default model, found per request
+    assert match("/served") == ModelRef("served")
+    assert match("/v1/models/m-1.a:predict") == ModelRef("m-1.a")
+    assert match("/v1/models/m/versions/3:predict") == ModelRef("m", "3")
+    assert match("/v1/models/m/labels/stable:predict") == ModelRef("m", label="stable")
+    assert match("/v2/models/m/versions/7/infer") == ModelRef("m", "7")
     assert match("/v1/models/a/b:predict") is None  # a name is one path segment
     assert match("/v1/models/:predict") is None
+    assert match("/v1/models/m/labels/:predict") is None
     assert match("/predict/") is None
     assert match("/v2/models/m/infer") is None
     assert match("/v1/models/m:predictx") is None
-    with pytest.raises(ValueError, match="has no \\{name\\}; pass the model name"):
-        routes.add("/infer", handler)
+    assert match("/v1/models/m/versions/3:predict") is match("/v1/models/m/versions/3:predict")
+    with pytest.raises(ValueError, match="names both a version and a label"):
+        routes.add("/m/{name}/{version}/{label}", handler)

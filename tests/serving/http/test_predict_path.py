@@ -13,7 +13,7 @@ import pytest
 
 from serving.config import Settings
 from serving.errors import NotFoundError, NotReadyError
-from serving.http.fast import FastRequest
+from serving.http.fast import FastRequest, ModelRef
 from serving.http.predict import serve_prediction
 from serving.http.replies import JSON, Reply
 from shards.signature import ModelSignature
@@ -65,9 +65,13 @@ class Model:
 @dataclass
 class Directory:
     served: Model
+    asked: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
 
-    def model(self, name: str, version: str | None = None) -> Model:
-        if name != self.served.name:
+    def model(
+        self, name: str | None = None, version: str | None = None, label: str | None = None
+    ) -> Model:
+        self.asked.append((name, version, label))
+        if name not in (None, self.served.name):
             raise NotFoundError(f"model {name!r} not found; this server serves 'm'")
         return self.served
 
@@ -75,8 +79,11 @@ class Directory:
         return self.served.not_ready_reason()
 
 
+M = ModelRef("m")
+
+
 async def call(
-    model: Model, name: str = "m", **headers: str
+    model: Model, ref: ModelRef = M, directory: Directory | None = None, **headers: str
 ) -> tuple[int, dict[bytes, bytes], Any]:
     """POST a small body to a predict route of ``model`` whose work echoes the body."""
     sent: list[dict[str, Any]] = []
@@ -94,7 +101,8 @@ async def call(
 
     raw = [(k.replace("_", "-").lower().encode(), v.encode()) for k, v in headers.items()]
     scope = {"type": "http", "method": "POST", "path": "/p", "headers": raw}
-    await serve_prediction(FastRequest(scope, receive, send), Directory(model), name, None, work)
+    models = directory or Directory(model)
+    await serve_prediction(FastRequest(scope, receive, send), models, ref, work)
     start, body = sent
     got = dict(start["headers"])
     return start["status"], got, (orjson.loads(body["body"]) if body["body"] else None)
@@ -131,6 +139,17 @@ async def test_admission_refuses_from_the_headers(
 
 async def test_an_unknown_model_is_404_and_counted_on_none() -> None:
     model = Model()
-    status, _, body = await call(model, name="nope")
+    status, _, body = await call(model, ModelRef("nope"))
     assert (status, body) == (404, {"error": "model 'nope' not found; this server serves 'm'"})
     assert model.metrics.statuses == []
+
+
+@pytest.mark.parametrize(
+    "ref", [ModelRef(None), ModelRef("m", "2"), ModelRef("m", label="stable")], ids=str
+)
+async def test_the_version_or_label_a_path_names_reaches_the_directory(ref: ModelRef) -> None:
+    model = Model()
+    directory = Directory(model)
+    status, _, _ = await call(model, ref, directory)
+    assert status == 200
+    assert directory.asked == [(ref.name, ref.version, ref.label)]

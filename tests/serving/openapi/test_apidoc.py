@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ from serving.openapi.tfserving import predict_schemas
 from serving.server.app import create_app
 from shards.signature import ModelSignature, TensorSpec
 from tests.fakes import FakeRunner
+from tests.serving.served_repository import Runners, serve_repository, write_repository
 
 TWO_INPUTS = ModelSignature(
     "two",
@@ -175,6 +177,7 @@ async def test_statuses_headers_and_names_are_documented() -> None:
     assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     assert sorted(paths["/readyz"]["get"]["responses"]) == ["200", "503"]
     assert "/admin/batching" not in paths  # off without an admin token
+    assert not [path for path in paths if "{label}" in path]  # no label is set
 
 
 async def test_admin_routes_are_documented_with_their_token() -> None:
@@ -313,3 +316,37 @@ def test_ragged_instances_are_documented_where_the_model_takes_any_length() -> N
     assert schema_accepts(schema, {"instances": [[1, 2, 3], [4]]})
     fixed = predict_schemas(TWO_INPUTS, None)["PredictRequest"]
     assert "differ in length" not in fixed["description"]
+
+
+async def test_the_document_lists_the_served_models_versions_and_labels(tmp_path: Path) -> None:
+    config = '[versions]\npolicy = "all"\n[labels]\nstable = 1\n'
+    root = write_repository(tmp_path / "repo", {"a": ([1, 2], config), "b": ([1], "")})
+    auth = {"Authorization": "Bearer tok"}
+    async with serve_repository(root, Runners(), admin_token="tok") as client:
+        doc = (await client.get("/openapi.json")).json()
+        await client.post("/v2/repository/models/b/unload", headers=auth)
+        after = (await client.get("/openapi.json")).json()
+    paths = doc["paths"]
+
+    def enums(path: str, method: str, document: dict[str, Any] = doc) -> dict[str, list[str]]:
+        parameters = document["paths"][path][method]["parameters"]
+        return {p["name"]: p["schema"]["enum"] for p in parameters if p["in"] == "path"}
+
+    assert enums("/v1/models/{name}/labels/{label}:predict", "post") == {
+        "name": ["a", "b"],
+        "label": ["stable"],
+    }
+    assert enums("/v2/models/{name}/versions/{version}/infer", "post")["version"] == ["1", "2"]
+    assert enums("/admin/models/{name}/batching", "put") == {"name": ["a", "b"]}
+    assert enums("/v1/models/{name}", "get", after) == {"name": ["a"]}  # b unloaded
+    # Every version shares the fake's signature: the bodies are its, not the generic ones.
+    assert "still loading" not in doc["components"]["schemas"]["PredictRequest"]["description"]
+    index = paths["/v2/repository/index"]["post"]
+    assert index["requestBody"]["required"] is False
+    entry = index["responses"]["200"]["content"]["application/json"]["schema"]["items"]
+    assert entry == {"$ref": "#/components/schemas/V2RepositoryEntry"}
+    for action in ("load", "unload"):
+        operation = paths[f"/v2/repository/models/{{name}}/{action}"]["post"]
+        assert operation["security"] == [{"adminToken": []}]
+        statuses = ["200", "400", "401", "403", "404", "413", "422", "503"]  # FastAPI's 422
+        assert sorted(operation["responses"]) == statuses

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ from asgi_lifespan import LifespanManager
 from serving.config import Settings
 from serving.server.app import create_app
 from tests.fakes import FakeRunner, expected_outputs, make_rows
+from tests.serving.served_repository import Runners, serve_repository, write_repository
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -246,3 +248,36 @@ async def test_the_put_schema_and_the_server_agree_on_the_bounds() -> None:
             r = await client.put("/admin/batching", headers=AUTH, json=body)
             assert r.status_code in (200, 400), r.text
             assert validator.is_valid(body) == (r.status_code == 200), (body, r.text)
+
+
+async def test_batching_per_model_and_version_held_to_its_own_settings(tmp_path: Path) -> None:
+    root = write_repository(
+        tmp_path / "repo",
+        {"a": ([1, 2], 'max_batch_size = 2\n[versions]\npolicy = "all"\n'), "b": ([1], "")},
+    )
+    async with serve_repository(root, Runners(), admin_token=TOKEN) as client:
+        state = client.shardserve  # type: ignore[attr-defined]
+        too_big = await client.put(
+            "/admin/models/a/batching", json={"max_batch_size": 3}, headers=AUTH
+        )
+        b_put = await client.put(
+            "/admin/models/b/batching", json={"max_batch_size": 3}, headers=AUTH
+        )
+        a1_put = await client.put(
+            "/admin/models/a/versions/1/batching", json={"max_inflight_batches": 1}, headers=AUTH
+        )
+        a2 = await client.get("/admin/models/a/batching", headers=AUTH)
+        unknown = await client.get("/admin/models/zz/batching", headers=AUTH)
+        no_default = await client.get("/admin/batching", headers=AUTH)
+        bare = await client.get("/admin/models/a/batching")
+    assert too_big.status_code == 400
+    assert "max_batch_size must be an integer from 1 to 2" in too_big.json()["error"]
+    assert (b_put.status_code, b_put.json()["max_batch_size"]) == (200, 3)
+    assert state.model("b").batcher.policy.max_batch_size == 3
+    assert a1_put.json()["max_inflight_batches"] == 1
+    a_versions = [state.model("a", v).batcher.policy.max_inflight_batches for v in ("1", "2")]
+    assert a_versions[0] == 1 and a_versions[1] != 1  # version 2 untouched
+    assert a2.json()["max_batch_size"] == 2  # a's own plan, not the server's 4
+    assert unknown.status_code == 404 and "'a', 'b'" in unknown.json()["error"]
+    assert no_default.status_code == 400  # two models, no --default-model
+    assert bare.status_code == 401

@@ -19,6 +19,7 @@ from shards.errors import NoHealthyReplicaError, StageTimeoutError
 from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, expected_outputs
+from tests.metrics_text import metric
 from tests.serving.served_app import expected_row, row, serve
 
 
@@ -232,10 +233,10 @@ async def test_metadata_status_and_metrics() -> None:
         assert r.status_code == 200
         assert r.json()["predictions"][0] == [15.0, 5.0]
         text = (await client.get("/metrics")).text
-    assert 'shardserve_request_latency_seconds_count{status="200"} 1.0' in text
+    assert metric(text, "shardserve_request_latency_seconds_count", status="200") == 1.0
     assert "shardserve_batch_size_rows_bucket" in text
     # One lone row under a 1 s timeout: its batch closed on the timer, and on nothing else.
-    assert 'shardserve_batch_close_total{reason="timeout"} 1.0' in text
+    assert metric(text, "shardserve_batch_close_total", reason="timeout") == 1.0
     assert text.count("shardserve_batch_close_total{") == 1
     assert "shardserve_queue_rows" in text
 
@@ -400,7 +401,7 @@ async def test_queue_full_is_refused_before_the_body_is_read() -> None:
     assert (status, asked) == (503, 0)
     assert headers[b"retry-after"] == b"1"
     assert assert_clean_error(body) == "queue full: 2 rows queued, max_queue_rows=2"
-    assert 'shardserve_rejects_total{reason="queue_full"} 1.0' in metrics
+    assert metric(metrics, "shardserve_rejects_total", reason="queue_full") == 1.0
 
 
 async def test_large_body_is_answered() -> None:

@@ -16,6 +16,7 @@ from serving.config import ConfigError, load_settings
 from serving.server.length_check import plan_length_padding, probe_row
 from shards.signature import ModelSignature, TensorSpec
 from tests.fakes import FakeRunner
+from tests.metrics_text import metric
 from tests.serving.served_app import serve
 
 Fn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -226,8 +227,8 @@ async def test_a_served_model_batches_mixed_lengths_and_its_metadata_says_so() -
         metrics = (await client.get("/metrics")).text
     assert [b["ids"].shape for b in runner.batches] == [(2, 32)]
     # 3 + 20 real positions; 2 x 32 - 23 added
-    assert 'shardserve_padded_positions_total{kind="real"} 23.0' in metrics
-    assert 'shardserve_padded_positions_total{kind="pad"} 41.0' in metrics
+    assert metric(metrics, "shardserve_padded_positions_total", kind="real") == 23.0
+    assert metric(metrics, "shardserve_padded_positions_total", kind="pad") == 41.0
     for ids, answer in zip(rows, answers, strict=True):
         assert answer.status_code == 200, answer.text
         want = tagger({"ids": np.array([ids], np.int32)})["tags"][0]

@@ -51,7 +51,7 @@ def memory_gauges(metrics: Metrics) -> dict[tuple[str, str, str], float]:
 
 def test_metrics_expose_planned_and_measured_per_stage() -> None:
     metrics = Metrics()
-    metrics.set_stage_stats(
+    metrics.for_model("m", "1").set_stage_stats(
         [{"replica": 1, "stage_index": 2, "memory": memory(3 * MiB, 4 * MiB)}, {"stage_index": 3}]
     )
     # A row without a memory report (an older actor) gives no gauge.
@@ -78,7 +78,7 @@ async def test_start_up_logs_plan_vs_measured_per_stage(caplog: pytest.LogCaptur
         "stage 1 (replica 0) memory: planned peak 1000.0 MiB, measured RSS 500.0 MiB (0.50x the "
         "plan; process peak 501.0 MiB), GPU peak 9.0 MiB",
     ]
-    gauges = memory_gauges(model.metrics)
+    gauges = memory_gauges(model.server_metrics)
     assert gauges[("0", "1", "gpu_measured_peak")] == 9 * MiB
     assert gauges[("0", "0", "planned")] == 800 * MiB
     if model.batcher is not None:

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from serving.config import Settings
-from serving.errors import NotFoundError, NotReadyError
+from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.server.metrics import Metrics
 from serving.server.model import ServedModel
 from serving.server.state import ServerState
@@ -36,13 +36,14 @@ async def _load(model: ServedModel, runner: FakeRunner) -> None:
 async def test_models_are_found_by_name_and_version_and_a_miss_names_what_is_served() -> None:
     state = _state("a", "b")
     assert state.model("b").name == "b"
-    assert state.model() is state.model("a")  # the default: the first, /predict's
+    with pytest.raises(InvalidInputError, match=r"several models \('a', 'b'\) and none is"):
+        state.model()  # /predict's: no default among several (tests/serving/server/test_state.py)
     assert state.model("a", "1") is state.model("a")
     with pytest.raises(NotFoundError, match=r"model 'c' not found; this server serves 'a', 'b'"):
         state.model("c")
     with pytest.raises(NotFoundError, match=r"model 'a' has no version '2'; its versions: \['1'\]"):
         state.model("a", "2")
-    with pytest.raises(ValueError, match="model 'a' is served already"):
+    with pytest.raises(ValueError, match="model 'a' version '1' is served already"):
         state.add_model(ServedModel("a", state.settings, Metrics()))
 
 
@@ -63,7 +64,7 @@ async def test_two_models_keep_their_own_runner_and_batcher_and_a_stop_reaches_b
         with pytest.raises(NotReadyError, match="server is shutting down"):
             state.model(name).require_batcher()
     await state.drain(budget)
-    await asyncio.gather(*(m.close(budget.left()) for m in state.models.values()))
+    await asyncio.gather(*(m.close(budget.left()) for m in state.served()))
     assert a.closed and b.closed
 
 

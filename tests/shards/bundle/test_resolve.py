@@ -196,3 +196,28 @@ def test_failed_partition_leaves_no_cache_entry(tmp_path: Path) -> None:
         resolve_bundle("demo-tiny", stages=7, max_stage_bytes=None, cache_dir=tmp_path)
     assert cache.entries(tmp_path) == []
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # nor a partial or its lock
+
+
+def test_what_the_repository_reads_as_complete_is_what_keras_and_the_partitioner_write(
+    tmp_path: Path,
+) -> None:
+    """serving.repository.layout checks names and a zip's directory only; here against a real
+    .keras file (cut short while copied: not read), a one-stage bundle and its manifest."""
+    from serving.repository.layout import MANIFEST_NAME, incomplete, model_kind, scan
+    from shards.bundle.format import MANIFEST_NAME as BUNDLE_MANIFEST
+
+    assert MANIFEST_NAME == BUNDLE_MANIFEST
+    model = build_demo("demo-tiny")
+    keras_dir = tmp_path / "repo" / "tiny" / "1"
+    keras_dir.mkdir(parents=True)
+    model.save(keras_dir / "tiny.keras")
+    assert incomplete(keras_dir) is None and model_kind(keras_dir) == "keras"
+    whole = (keras_dir / "tiny.keras").read_bytes()
+    (keras_dir / "tiny.keras").write_bytes(whole[: len(whole) - 100])
+    assert "tiny.keras is not a complete zip yet" in (incomplete(keras_dir) or "")
+    bundle_dir = tmp_path / "repo" / "tiny" / "2"
+    partition_to_bundle(model, bundle_dir, stages=1)
+    assert incomplete(bundle_dir) is None and model_kind(bundle_dir) == "bundle"
+    (bundle_dir / MANIFEST_NAME).unlink()  # a copy whose manifest has not arrived yet
+    assert "without its manifest.json yet" in (incomplete(bundle_dir) or "")
+    assert scan(tmp_path / "repo") == {"tiny": {}}

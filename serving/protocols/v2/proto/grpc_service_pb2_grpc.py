@@ -69,6 +69,21 @@ class GRPCInferenceServiceStub:
                 request_serializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
                 response_deserializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.ModelConfigResponse.FromString,
                 _registered_method=True)
+        self.RepositoryIndex = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryIndex',
+                request_serializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelLoad = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelLoad',
+                request_serializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+                response_deserializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelUnload = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelUnload',
+                request_serializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+                response_deserializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -123,6 +138,29 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RepositoryIndex(self, request, context):
+        """Every (model, version) of the repository with its state (READY, LOADING, UNAVAILABLE) and
+        why it is in it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelLoad(self, request, context):
+        """Load a model of the repository (the versions its policy picks); needs the admin token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelUnload(self, request, context):
+        """Drain and unload every version of a model, held against polling until a load; needs the
+        admin token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +198,21 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelConfig,
                     request_deserializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.ModelConfigRequest.FromString,
                     response_serializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryIndex,
+                    request_deserializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+            'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelLoad,
+                    request_deserializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadRequest.FromString,
+                    response_serializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadResponse.SerializeToString,
+            ),
+            'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelUnload,
+                    request_deserializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.FromString,
+                    response_serializer=serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +404,87 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelConfig',
             serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
             serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryIndex',
+            serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
+            serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelLoad',
+            serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+            serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelUnload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelUnload',
+            serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+            serving_dot_protocols_dot_v2_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

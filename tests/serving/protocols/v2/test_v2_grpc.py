@@ -97,7 +97,8 @@ async def failure(call: Any) -> tuple[grpc.StatusCode, str]:
 
 
 def rejects(state: ServerState, reason: str) -> float:
-    value = state.metrics.registry.get_sample_value("shardserve_rejects_total", {"reason": reason})
+    labels = {"model": "fake", "version": "1", "reason": reason}
+    value = state.metrics.registry.get_sample_value("shardserve_rejects_total", labels)
     return value or 0.0
 
 

@@ -1,0 +1,318 @@
+"""The repository manager: which versions the server serves, kept in step with the repository.
+
+At start it reads the repository (``serving.server.repository_source``) and starts, per model,
+the versions its policy selects: each a ``ServedModel`` loading in the background (LOADING, READY
+once warm, UNAVAILABLE with a one-line reason when its load fails). Then, on the repository API
+(``load``, ``unload``) and every ``repository_poll_s``, it compares the repository with what it
+serves, per model: what is newly selected loads; what is no longer selected, or gone from disk,
+is unloaded. An unload refuses new requests (503 saying why), answers what the version holds,
+ends its actors and only then stops routing to it. An unload through the API holds: polling
+leaves that model unloaded until a load through the API.
+
+A failed version keeps its reason in the index and its actors end at once; polling retries it
+only once its files change (their fingerprint), a load through the API always. Labels from
+``config.toml`` point only at READY versions; one that cannot is left unset and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from serving.config import Settings
+from serving.errors import InvalidInputError, NotFoundError, NotReadyError
+from serving.server.model import ServedModel
+from serving.server.readiness import version_state
+from serving.server.repository_source import ModelPlan, Source, source_for
+from serving.server.runner import RunnerFactory, plan_private_ray
+from serving.server.stop_budget import StopBudget
+
+if TYPE_CHECKING:
+    from serving.http.model import IndexEntry, RepositoryControl, VersionState
+    from serving.server.state import ServerState
+
+__all__ = ["UNLOADED", "Repository"]
+
+log = logging.getLogger("shardserve")
+
+UNLOADED = "unloaded through the repository API"
+REMOVED = "removed from the model repository"
+_THROUGH_API = "through the repository API"
+_RETRIED = "to load it again: its files changed since its load failed"
+# Ending a failed version's actors: milliseconds on a live cluster; a Ray that is gone is not
+# waited for longer than this.
+_CLOSE_FAILED_S = 10.0
+
+
+class Repository:
+    def __init__(
+        self,
+        state: ServerState,
+        settings: Settings,
+        runner_factory: RunnerFactory,
+        on_load_failure: Callable[[str], None] | None = None,
+        *,
+        source: Source | None = None,
+    ) -> None:
+        self.state = state
+        self.settings = settings
+        self._factory = runner_factory
+        # With --model, one model whose load failure ends the server; in a repository a broken
+        # version is refused with its reason while the others serve.
+        single = settings.model_repository is None
+        self._on_load_failure = on_load_failure if single else None
+        self._source = source if source is not None else source_for(settings)
+        self._plans: dict[str, ModelPlan] = {}
+        self._held: set[str] = set()  # unloaded through the API: polling leaves them be
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # (name, version) -> the fingerprint its files had when its load failed
+        self._failed: dict[tuple[str, str], str] = {}
+        self._label_notes: dict[tuple[str, str], str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        state.repository = self
+
+    # ---- life
+
+    async def start(self) -> None:
+        """Read the repository and start loading what each model's policy selects; then poll
+        every ``repository_poll_s`` (0: never)."""
+        plans = await asyncio.to_thread(self._source.scan)
+        # Before the first load starts a private local Ray: its CPU count holds every version.
+        plan_private_ray(_selected_settings(plans))
+        for name in sorted(plans):
+            await self._reconcile(name, plans[name], retry=False)
+        default = self.state.default_model
+        if default is not None and default not in plans:
+            log.warning(
+                "the default model %r is not in the model repository (it holds %s); /predict "
+                "answers 404 until it is",
+                default,
+                ", ".join(repr(n) for n in sorted(plans)) or "nothing",
+            )
+        if self.settings.repository_poll_s > 0:
+            self._spawn(self._poll_forever())
+
+    async def stop(self, timeout_s: float) -> None:
+        """End the polling and the watch on loads (the server's stop drains and closes what is
+        served)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(timeout_s, 0.01))
+
+    async def poll_once(self) -> None:
+        """Bring every model in step with the repository as it is on disk now."""
+        try:
+            plans = await asyncio.to_thread(self._source.scan)
+        except OSError as exc:  # the repository's mount gone for a moment: keep serving
+            log.warning("could not read the model repository (%s); serving what is loaded", exc)
+            return
+        for name in sorted(set(plans) | set(self._plans) | set(self.state.models)):
+            await self._reconcile(name, plans.get(name), retry=False)
+
+    # ---- the repository API
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        entries: list[IndexEntry] = []
+        for name in sorted(set(self._plans) | set(self.state.models)):
+            plan = self._plans.get(name)
+            served = self.state.models.get(name, {})
+            versions = {int(v) for v in served} | set(plan.versions if plan else ())
+            if not versions:
+                why = (plan.error if plan else None) or "no complete version in the repository"
+                entries.append(_entry(name, "", "UNAVAILABLE", why))
+            for v in sorted(versions):
+                model = served.get(str(v))
+                if model is not None:
+                    state, reason = version_state(model)
+                    entries.append(_entry(name, str(v), state, reason))
+                else:
+                    entries.append(_entry(name, str(v), "UNAVAILABLE", self._why_not(name, v)))
+        return [e for e in entries if e["state"] == "READY"] if ready_only else entries
+
+    async def load(self, name: str) -> None:
+        plans = await asyncio.to_thread(self._source.scan)
+        plan = plans.get(name)
+        if plan is None:
+            raise NotFoundError(_not_in_repository(name, plans))
+        if plan.error is not None:
+            self._plans[name] = plan
+            raise InvalidInputError(plan.error)
+        if not plan.selected:
+            self._plans[name] = plan
+            on_disk = sorted(plan.versions)
+            raise InvalidInputError(
+                f"model {name!r} has no version to load: its version policy ({plan.policy}) "
+                f"selects none of the complete versions in the repository {on_disk}"
+            )
+        self._held.discard(name)
+        await self._reconcile(name, plan, retry=True)
+        chosen = [self.state.models.get(name, {}).get(str(v)) for v in plan.selected]
+        loading = [m for m in chosen if m is not None]
+        await asyncio.gather(*(m.wait_load() for m in loading))
+        failed = [m for m in loading if m.load_error]
+        if failed:
+            raise NotReadyError(
+                "; ".join(
+                    f"model {name!r} version {m.version} failed to load: {m.load_error}"
+                    for m in failed
+                )
+            )
+
+    async def unload(self, name: str) -> None:
+        if name not in self._plans and name not in self.state.models:
+            raise NotFoundError(_not_in_repository(name, self._plans))
+        self._held.add(name)
+        async with self._locks[name]:
+            await self._retire(list(self.state.models.get(name, {}).values()), _THROUGH_API)
+            self.state.unserved[name] = UNLOADED
+        log.info("model %r %s", name, UNLOADED)
+
+    # ---- in step with a plan
+
+    async def _reconcile(self, name: str, plan: ModelPlan | None, *, retry: bool) -> None:
+        async with self._locks[name]:
+            served = dict(self.state.models.get(name, {}))
+            if plan is None:
+                self._plans.pop(name, None)
+                await self._retire(list(served.values()), REMOVED)
+                return
+            before = self._plans.get(name)
+            if plan.error is not None and (before is None or before.error != plan.error):
+                log.error("model %r: %s; serving what is loaded of it", name, plan.error)
+            self._plans[name] = plan
+            if name in self._held or plan.error is not None:
+                return
+            wanted = set(plan.selected)
+            gone = [m for v, m in served.items() if int(v) not in plan.versions]
+            dropped = [m for v, m in served.items() if int(v) in plan.versions.keys() - wanted]
+            again = [
+                m
+                for v, m in served.items()
+                if int(v) in wanted and m.load_error and (retry or self._changed(m, plan))
+            ]
+            for v in sorted(wanted - {int(v) for v in served}):
+                self._load(name, v, plan)
+            await asyncio.gather(
+                self._retire(gone, REMOVED),
+                self._retire(dropped, f"no longer selected by its version policy ({plan.policy})"),
+                self._retire(again, "through the repository API" if retry else _RETRIED),
+            )
+            for model in again:
+                self._load(name, int(model.version), plan)
+            self._set_labels(name)
+
+    def _changed(self, model: ServedModel, plan: ModelPlan) -> bool:
+        key = (model.name, model.version)
+        return self._failed.get(key) != plan.versions[int(model.version)].fingerprint
+
+    def _load(self, name: str, version: int, plan: ModelPlan) -> None:
+        found = plan.versions[version]
+        assert found.settings is not None  # selected versions have their settings
+        model = ServedModel(name, found.settings, self.state.metrics, version=str(version))
+        self.state.add_model(model)
+        model.start(self._factory, self._on_load_failure)
+        log.info("model %r version %d: loading", name, version)
+        self._spawn(self._settle(model, found.fingerprint))
+
+    async def _settle(self, model: ServedModel, fingerprint: str) -> None:
+        """Once its load ends: a failed version's actors end (its reason stays in the index)."""
+        await model.wait_load()
+        key = (model.name, model.version)
+        if model.load_error:
+            self._failed[key] = fingerprint
+            await model.stop_jobs(_CLOSE_FAILED_S)
+            await model.close(_CLOSE_FAILED_S)
+        else:
+            self._failed.pop(key, None)
+        self._set_labels(model.name)
+
+    async def _retire(self, models: list[ServedModel], reason: str) -> None:
+        await asyncio.gather(*(self._retire_one(m, reason) for m in models))
+
+    async def _retire_one(self, model: ServedModel, reason: str) -> None:
+        """Refuse new requests, answer those held, end the actors, then stop routing to it."""
+        model.stop_accepting(
+            f"model {model.name!r} version {model.version} is being unloaded ({reason})"
+        )
+        budget = StopBudget.start(model.settings.stop_timeout_s)
+        await model.stop_jobs(budget.answer_left())
+        await model.drain(budget)
+        await model.close(budget.left())
+        self.state.remove_model(model.name, model.version)
+        self._failed.pop((model.name, model.version), None)
+        self.state.metrics.remove_model(model.name, model.version)
+        log.info("model %r version %s unloaded: %s", model.name, model.version, reason)
+        self._set_labels(model.name)
+
+    def _set_labels(self, name: str) -> None:
+        plan = self._plans.get(name)
+        served = self.state.models.get(name, {})
+        labels: dict[str, str] = {}
+        for label, v in (plan.labels if plan else {}).items():
+            model = served.get(str(v))
+            found, reason = version_state(model) if model is not None else ("", "")
+            if found == "READY":
+                labels[label] = str(v)
+                self._label_notes.pop((name, label), None)
+                continue
+            why = "is not loaded" if model is None else f"is {found} ({reason})"
+            if self._label_notes.get((name, label)) != why and found != "LOADING":
+                log.warning("model %r: label %r left unset: version %d %s", name, label, v, why)
+            self._label_notes[(name, label)] = why
+        if labels:
+            self.state.labels[name] = labels
+        else:
+            self.state.labels.pop(name, None)
+
+    def _why_not(self, name: str, version: int) -> str:
+        plan = self._plans.get(name)
+        if name in self._held:
+            return UNLOADED
+        found = plan.versions.get(version) if plan else None
+        if plan is None or found is None:
+            return REMOVED
+        if found.error is not None:
+            return found.error
+        if version not in plan.selected:
+            return f"not selected by its version policy ({plan.policy})"
+        return "not loaded yet"
+
+    async def _poll_forever(self) -> None:
+        every = self.settings.repository_poll_s
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.poll_once()
+            except Exception:  # one bad poll must not end the polling
+                log.exception("model repository poll failed; trying again in %g s", every)
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _entry(name: str, version: str, state: VersionState, reason: str) -> IndexEntry:
+    return {"name": name, "version": version, "state": state, "reason": reason}
+
+
+def _selected_settings(plans: dict[str, ModelPlan]) -> list[Settings]:
+    selected = [plan.versions[v].settings for plan in plans.values() for v in plan.selected]
+    return [settings for settings in selected if settings is not None]
+
+
+def _not_in_repository(name: str, plans: dict[str, ModelPlan]) -> str:
+    held = ", ".join(repr(n) for n in sorted(plans)) or "no model"
+    return f"model {name!r} is not in the model repository; it holds {held}"
+
+
+if TYPE_CHECKING:
+
+    def _what_the_routes_see(repository: Repository) -> RepositoryControl:
+        # For mypy only: the manager is the repository API's control.
+        return repository

@@ -1,0 +1,102 @@
+"""What a server's repository holds and what of it is to be served: a ``ModelPlan`` per model.
+
+``--model-repository DIR`` reads the directory (``serving.repository``: its complete versions,
+each model's ``config.toml``, its version policy, each version's own settings); ``--model PATH``
+is a repository of one model, version 1, served with the server's settings. The manager
+(``serving.server.repository``) compares a fresh plan with what it serves, the same way for both.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from serving.config import ConfigError, Settings
+from serving.repository.layout import VersionDir, scan
+from serving.repository.model_config import model_settings, read_model_config
+
+__all__ = ["Directory", "ModelPlan", "OneModel", "Source", "VersionPlan", "source_for"]
+
+log = logging.getLogger("shardserve")
+
+
+@dataclass(frozen=True)
+class VersionPlan:
+    version: int
+    settings: Settings | None  # None when it cannot be served: ``error`` says why
+    fingerprint: str = ""  # its files' sizes and mtimes: a failed version is retried on change
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    name: str
+    versions: dict[int, VersionPlan]  # every complete version on disk
+    selected: tuple[int, ...] = ()  # what its version policy serves (those without an error)
+    labels: dict[str, int] = field(default_factory=dict)
+    policy: str = "latest 1"  # the version policy, in words (the index says it)
+    error: str | None = None  # its config.toml is broken: nothing new of it loads
+
+
+class Source(Protocol):
+    def scan(self) -> dict[str, ModelPlan]:
+        """Every model and its plan, read now (blocking: file system)."""
+        ...
+
+
+class OneModel:
+    """``--model``: one model, version 1, the server's own settings."""
+
+    def __init__(self, settings: Settings) -> None:
+        name = settings.served_name()
+        self._plan = ModelPlan(name, {1: VersionPlan(1, settings)}, selected=(1,))
+
+    def scan(self) -> dict[str, ModelPlan]:
+        return {self._plan.name: self._plan}
+
+
+class Directory:
+    """``--model-repository``: ``root/<name>/<version>/`` and ``root/<name>/config.toml``."""
+
+    def __init__(self, root: Path, settings: Settings) -> None:
+        self.root = root
+        self.settings = settings
+
+    def scan(self) -> dict[str, ModelPlan]:
+        return {name: self._plan(name, found) for name, found in scan(self.root).items()}
+
+    def _plan(self, name: str, found: dict[int, VersionDir]) -> ModelPlan:
+        try:
+            config = read_model_config(self.root / name)
+        except ConfigError as exc:
+            error = str(exc)
+            return ModelPlan(name, _unservable(found, error), error=error)
+        policy = config.policy
+        missing = policy.missing(found)
+        if missing:
+            log.debug(
+                "model %r: versions %s of its policy are not in the repository", name, missing
+            )
+        versions = {v: VersionPlan(v, None, d.fingerprint) for v, d in found.items()}
+        selected = []
+        for v in policy.select(found):
+            try:
+                settings = model_settings(self.settings, name, found[v], config)
+            except ConfigError as exc:
+                versions[v] = VersionPlan(v, None, found[v].fingerprint, str(exc))
+                continue
+            versions[v] = VersionPlan(v, settings, found[v].fingerprint)
+            selected.append(v)
+        return ModelPlan(name, versions, tuple(selected), config.labels, policy.describe())
+
+
+def _unservable(found: dict[int, VersionDir], error: str) -> dict[int, VersionPlan]:
+    return {v: VersionPlan(v, None, d.fingerprint, error) for v, d in found.items()}
+
+
+def source_for(settings: Settings) -> Source:
+    if settings.model_repository is not None:
+        return Directory(settings.model_repository, settings)
+    return OneModel(settings)

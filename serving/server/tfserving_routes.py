@@ -1,0 +1,205 @@
+"""TF Serving's REST routes for every served model: predict (declared here, answered by the fast
+path), model status and metadata, each for the model's default version, a version
+(``/versions/{v}``) or a label (``/labels/{l}``).
+
+    POST /predict                                          the default model
+    POST /v1/models/{m}[/versions/{v}|/labels/{l}]:predict
+    GET  /v1/models/{m}[/versions/{v}|/labels/{l}]          model_version_status
+    GET  /v1/models/{m}[/versions/{v}|/labels/{l}]/metadata
+
+``GET /v1/models/{m}`` lists every version of the model, as TF Serving does; a version or label
+lists that one. An unknown model, version or label is a 404 naming what is served
+(``ServerState.model``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request, Response
+from starlette.convertors import Convertor, register_url_convertor
+
+from serving.config import Settings
+from serving.errors import NotReadyError
+from serving.http.fast import ModelRef, RawAnswer, RawHandler
+from serving.openapi.bodies import ModelMetadata, ModelStatus, errors, ok
+from serving.openapi.tfserving import PREDICT_REQUEST, PREDICT_RESPONSE
+
+if TYPE_CHECKING:
+    from serving.server.model import ServedModel
+    from serving.server.state import ServerState
+
+__all__ = ["install_tfserving_routes", "version_status"]
+
+
+class _Segment(Convertor[str]):
+    """A {name}, {version} or {label} of a GET route: not one that ends in ``:predict``, which
+    is the POST route's (so that its 405 names only POST)."""
+
+    regex = r"[^/]+(?<!:predict)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("model_status", _Segment())
+
+# The three ways a path names a version: (path suffix, its ModelRef's fields).
+_SELECTORS = ("", "/versions/{version:model_status}", "/labels/{label:model_status}")
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.shardserve
+    return state
+
+
+def _served(request: Request, ref: ModelRef) -> ServedModel:
+    return _state(request).model(ref.name, ref.version, ref.label)
+
+
+def version_status(model: ServedModel) -> dict[str, Any]:
+    """One entry of ``model_version_status``: TF Serving's state of one served version."""
+    health = model.health()
+    failure = model.load_error or model.batcher_failure
+    ready = model.ready.is_set() and not failure and (health is None or health.ok)
+    if ready and model.refusing is not None:
+        state, ready = "UNLOADING", False
+    elif ready:
+        state = "AVAILABLE"
+    else:
+        state = "FAILED" if failure else "LOADING"
+    entry: dict[str, Any] = {
+        "version": model.version,
+        "state": state,
+        "status": {
+            "error_code": "OK" if ready else "UNAVAILABLE",
+            "error_message": failure or (model.refusing if state == "UNLOADING" else "") or "",
+        },
+    }
+    if health is not None:
+        entry["replicas"] = {"total": health.replicas, "healthy": health.healthy}
+    return entry
+
+
+def install_tfserving_routes(app: FastAPI, settings: Settings, predict_model: RawHandler) -> None:
+    """The routes above; ``predict_model`` answers predict (the fast path answers it before the
+    router where it can: these declare it for the OpenAPI document)."""
+
+    predict_doc: dict[str, Any] = {
+        "openapi_extra": PREDICT_REQUEST,
+        "responses": {**ok(PREDICT_RESPONSE), **errors(400, 413, 422, 500, 503, 504)},
+        "description": _PREDICT_DESCRIPTION,
+    }
+
+    async def predict(request: Request) -> Response:
+        return RawAnswer(predict_model, ModelRef(None))
+
+    async def predict_named(name: str, request: Request) -> Response:
+        return RawAnswer(predict_model, ModelRef(name))
+
+    async def predict_version(name: str, version: str, request: Request) -> Response:
+        return RawAnswer(predict_model, ModelRef(name, version))
+
+    async def predict_label(name: str, label: str, request: Request) -> Response:
+        return RawAnswer(predict_model, ModelRef(name, label=label))
+
+    app.add_api_route("/predict", predict, methods=["POST"], **predict_doc)
+    named = {**predict_doc, "responses": {**predict_doc["responses"], **errors(404)}}
+    for suffix, endpoint in (
+        ("", predict_named),
+        ("/versions/{version}", predict_version),
+        ("/labels/{label}", predict_label),
+    ):
+        path = f"/v1/models/{{name}}{suffix}:predict"
+        app.add_api_route(path, endpoint, methods=["POST"], **named)
+
+    # Each GET returns its declared model (response_model), so that the document cannot drift
+    # from the bodies: a key the model lacks fails the route (extra="forbid"). Unset keys are
+    # left out, as optional ones were before.
+    async def model_status(
+        name: str, request: Request, version: str | None = None, label: str | None = None
+    ) -> dict[str, Any]:
+        state = _state(request)
+        default = _served(request, ModelRef(name, version, label))
+        if version is None and label is None:  # TF Serving lists every version of the model
+            versions = [served for served in state.served() if served.name == name]
+        else:
+            versions = [default]
+        body: dict[str, Any] = {"model_version_status": [version_status(v) for v in versions]}
+        health = default.health()
+        if health is not None:  # the version a request without one reaches
+            body["replicas"] = {"total": health.replicas, "healthy": health.healthy}
+        return body
+
+    async def model_metadata(
+        name: str, request: Request, version: str | None = None, label: str | None = None
+    ) -> dict[str, Any]:
+        model = _served(request, ModelRef(name, version, label))
+        runner = model.runner
+        if runner is None:
+            raise NotReadyError(
+                f"model {model.name!r} version {model.version} is still loading; its signature "
+                "is not known yet"
+            )
+        batching = model.batch_settings
+        max_batch = batching.max_batch_size if batching else model.settings.max_batch_size
+        return {
+            "model_spec": {"name": model.name, "version": model.version},
+            **runner.signature.to_json(),
+            "name": model.name,
+            "num_stages": runner.num_stages,
+            "replicas": runner.replicas,
+            "max_batch_size": max_batch,
+        }
+
+    for suffix in _SELECTORS:
+        app.add_api_route(
+            f"/v1/models/{{name:model_status}}{suffix}",
+            _selected(model_status, suffix),
+            methods=["GET"],
+            response_model=ModelStatus,
+            response_model_exclude_unset=True,
+            responses=errors(404),
+        )
+        app.add_api_route(
+            f"/v1/models/{{name}}{suffix}/metadata",
+            _selected(model_metadata, suffix),
+            methods=["GET"],
+            response_model=ModelMetadata,
+            responses=errors(404, 503),
+        )
+
+
+def _selected(endpoint: Any, suffix: str) -> Any:
+    """``endpoint`` with the path parameters of ``suffix`` in its signature (FastAPI reads
+    them off it)."""
+    if "{version" in suffix:
+
+        async def by_version(name: str, version: str, request: Request) -> dict[str, Any]:
+            result: dict[str, Any] = await endpoint(name, request, version=version)
+            return result
+
+        return by_version
+    if "{label" in suffix:
+
+        async def by_label(name: str, label: str, request: Request) -> dict[str, Any]:
+            result: dict[str, Any] = await endpoint(name, request, label=label)
+            return result
+
+        return by_label
+
+    async def by_name(name: str, request: Request) -> dict[str, Any]:
+        result: dict[str, Any] = await endpoint(name, request)
+        return result
+
+    return by_name
+
+
+_PREDICT_DESCRIPTION = (
+    "TF-Serving JSON. Header X-Request-Timeout-Ms (a positive number of ms) shortens the "
+    "request's deadline. A request is refused from its headers before its body is read when its "
+    "Content-Length is over max_body_bytes (413) or the queue is full (503)."
+)
