@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
     from serving.config import Settings
+    from serving.http.admission import Admitted
     from shards.signature import ModelSignature
 
 __all__ = [
@@ -51,6 +52,7 @@ class ModelHandle(Protocol):
     - ``metrics``: where its requests are counted.
     - ``batcher``: its batcher once loaded, else ``None``; its ``policy`` is the live one.
     - ``signature``: its inputs and outputs; ``NotReadyError`` while it loads.
+    - ``admitted``: the requests it admitted and has not answered (its drain waits for them).
     - ``require_batcher()``: its batcher if it takes requests now, else ``NotReadyError``
       saying why (loading, failed to load, stopping, its batch loop failed).
     - ``not_ready_reason()``: why it would refuse a request now, or ``None`` when ready.
@@ -75,6 +77,9 @@ class ModelHandle(Protocol):
 
     @property
     def signature(self) -> ModelSignature: ...
+
+    @property
+    def admitted(self) -> Admitted: ...
 
     def require_batcher(self) -> Batcher: ...
 

@@ -56,7 +56,8 @@ async def serve_prediction(
             metrics.reject("queue_full")
             raise
         deadline = request_deadline(request.timeout_ms, settings)
-        reply = await work(request, model, batcher, deadline)
+        with model.admitted.hold():  # the model's drain waits for it (``Admitted``)
+            reply = await work(request, model, batcher, deadline)
     except ClientGone:
         metrics.reject("client_gone")
         log_failure(rid.decode(), 499, "the client went away before its answer was ready")

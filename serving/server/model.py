@@ -22,6 +22,7 @@ import numpy as np
 from serving.batching.batcher import Batcher, BatchSettings
 from serving.config import Settings
 from serving.errors import NotReadyError
+from serving.http.admission import Admitted
 from serving.server.length_check import LengthPlan, plan_length_padding
 from serving.server.metrics import Metrics, ModelMetrics, memory_figures
 from serving.server.runner import ModelRunner, RunnerFactory
@@ -62,6 +63,7 @@ class ServedModel:
     loaded: asyncio.Event = field(default_factory=asyncio.Event)  # loaded or failed to
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
     _shapes: ShapeLog = field(default_factory=ShapeLog, repr=False)
+    admitted: Admitted = field(default_factory=Admitted, repr=False)
     metrics: ModelMetrics = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -280,7 +282,9 @@ class ServedModel:
 
     async def drain(self, budget: StopBudget) -> None:
         """Answer what the batcher holds until the budget's drain mark, then fail the rest
-        (``serving.server.stop_budget``)."""
+        (``serving.server.stop_budget``): first the requests it admitted before it began to
+        refuse, some of which may not have queued their rows yet."""
+        await self.admitted.wait_idle(budget.drain_left())
         if self.batcher is not None:
             await drain_batcher(self.batcher, budget)
 

@@ -5,9 +5,11 @@ the versions its policy selects: each a ``ServedModel`` loading in the backgroun
 once warm, UNAVAILABLE with a one-line reason when its load fails). Then, on the repository API
 (``load``, ``unload``) and every ``repository_poll_s``, it compares the repository with what it
 serves, per model: what is newly selected loads; what is no longer selected, or gone from disk,
-is unloaded. An unload refuses new requests (503 saying why), answers what the version holds,
-ends its actors and only then stops routing to it. An unload through the API holds: polling
-leaves that model unloaded until a load through the API.
+is unloaded; a version that serves, only once what replaces it is READY (load before retire:
+the new version loads and warms up while the old one serves; one that fails leaves the old one
+serving). An unload refuses new requests (503 saying why), answers what the
+version holds, ends its actors and only then stops routing to it. An unload through the API
+holds: polling leaves that model unloaded until a load through the API.
 
 A failed version keeps its reason in the index and its actors end at once; polling retries it
 only once its files change (their fingerprint), a load through the API always. Labels from
@@ -188,8 +190,6 @@ class Repository:
             if name in self._held or plan.error is not None:
                 return
             wanted = set(plan.selected)
-            gone = [m for v, m in served.items() if int(v) not in plan.versions]
-            dropped = [m for v, m in served.items() if int(v) in plan.versions.keys() - wanted]
             again = [
                 m
                 for v, m in served.items()
@@ -197,14 +197,33 @@ class Repository:
             ]
             for v in sorted(wanted - {int(v) for v in served}):
                 self._load(name, v, plan)
-            await asyncio.gather(
-                self._retire(gone, REMOVED),
-                self._retire(dropped, f"no longer selected by its version policy ({plan.policy})"),
-                self._retire(again, "through the repository API" if retry else _RETRIED),
-            )
+            # A failed version serves nothing: it goes at once, and loads again.
+            await self._retire(again, _THROUGH_API if retry else _RETRIED)
             for model in again:
                 self._load(name, int(model.version), plan)
-            self._set_labels(name)
+            await self._hand_over(name)
+
+    async def _hand_over(self, name: str) -> None:
+        """Retire the versions the plan no longer holds or selects (the model's lock held).
+
+        One that serves stays while a selected version still loads or none is READY (a new one
+        that failed keeps the old); its turn comes when a selected version's load ends
+        (``_settle``). Requests that name no version reach the highest READY version."""
+        plan = self._plans.get(name)
+        if plan is None or plan.error is not None or name in self._held:
+            return
+        served = self.state.models.get(name, {})
+        wanted = [version_state(served[str(v)])[0] for v in plan.selected if str(v) in served]
+        settled = not plan.selected or ("LOADING" not in wanted and "READY" in wanted)
+        retiring = [
+            m
+            for v, m in served.items()
+            if int(v) not in plan.selected and (settled or version_state(m)[0] != "READY")
+        ]
+        for model in retiring:  # at once: the next request that names no version goes on
+            _refuse(model, _why_retired(plan, model))
+        await asyncio.gather(*(self._retire_one(m, _why_retired(plan, m)) for m in retiring))
+        self._set_labels(name)
 
     def _changed(self, model: ServedModel, plan: ModelPlan) -> bool:
         key = (model.name, model.version)
@@ -220,7 +239,8 @@ class Repository:
         self._spawn(self._settle(model, found.fingerprint))
 
     async def _settle(self, model: ServedModel, fingerprint: str) -> None:
-        """Once its load ends: a failed version's actors end (its reason stays in the index)."""
+        """Once its load ends: a failed version's actors end (its reason stays in the index);
+        then what it was to replace is retired, or kept if it failed."""
         await model.wait_load()
         key = (model.name, model.version)
         if model.load_error:
@@ -229,16 +249,15 @@ class Repository:
             await model.close(_CLOSE_FAILED_S)
         else:
             self._failed.pop(key, None)
-        self._set_labels(model.name)
+        async with self._locks[model.name]:
+            await self._hand_over(model.name)
 
     async def _retire(self, models: list[ServedModel], reason: str) -> None:
         await asyncio.gather(*(self._retire_one(m, reason) for m in models))
 
     async def _retire_one(self, model: ServedModel, reason: str) -> None:
         """Refuse new requests, answer those held, end the actors, then stop routing to it."""
-        model.stop_accepting(
-            f"model {model.name!r} version {model.version} is being unloaded ({reason})"
-        )
+        _refuse(model, reason)
         budget = StopBudget.start(model.settings.stop_timeout_s)
         await model.stop_jobs(budget.answer_left())
         await model.drain(budget)
@@ -299,6 +318,18 @@ class Repository:
 
 def _entry(name: str, version: str, state: VersionState, reason: str) -> IndexEntry:
     return {"name": name, "version": version, "state": state, "reason": reason}
+
+
+def _refuse(model: ServedModel, reason: str) -> None:
+    model.stop_accepting(
+        f"model {model.name!r} version {model.version} is being unloaded ({reason})"
+    )
+
+
+def _why_retired(plan: ModelPlan, model: ServedModel) -> str:
+    if int(model.version) not in plan.versions:
+        return REMOVED
+    return f"no longer selected by its version policy ({plan.policy})"
 
 
 def _selected_settings(plans: dict[str, ModelPlan]) -> list[Settings]:

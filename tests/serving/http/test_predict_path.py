@@ -5,6 +5,7 @@ on the model it was for."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from serving.config import Settings
 from serving.errors import NotFoundError, NotReadyError
+from serving.http.admission import Admitted
 from serving.http.fast import FastRequest, ModelRef
 from serving.http.predict import serve_prediction
 from serving.http.replies import JSON, Reply
@@ -52,6 +54,7 @@ class Model:
     signature: ModelSignature = field(default_factory=lambda: ModelSignature("m", (), ()))
     loading: bool = False
     body_reads: int = 0
+    admitted: Admitted = field(default_factory=Admitted)
 
     def require_batcher(self) -> Any:
         if self.loading:
@@ -153,3 +156,37 @@ async def test_the_version_or_label_a_path_names_reaches_the_directory(ref: Mode
     status, _, _ = await call(model, ref, directory)
     assert status == 200
     assert directory.asked == [(ref.name, ref.version, ref.label)]
+
+
+async def test_a_request_admitted_before_its_body_arrived_holds_the_models_drain() -> None:
+    model = Model()
+    rest = asyncio.Event()
+    chunks = [(b'{"a": ', True), (b"1.0}", False)]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if len(chunks) == 1:
+            await rest.wait()  # the body's second half is slow to come
+        body, more = chunks.pop(0)
+        return {"type": "http.request", "body": body, "more_body": more}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def work(request: FastRequest, handle: Any, batcher: Any, deadline: float) -> Reply:
+        return 200, await request.body(handle.settings.max_body_bytes), JSON, []
+
+    scope = {"type": "http", "method": "POST", "path": "/p", "headers": []}
+    request = asyncio.create_task(
+        serve_prediction(FastRequest(scope, receive, send), Directory(model), M, work)
+    )
+    while model.admitted.count == 0:
+        await asyncio.sleep(0)
+    drained = asyncio.create_task(model.admitted.wait_idle(30))
+    await asyncio.sleep(0.01)
+    assert not drained.done()  # a drain now would refuse a request already admitted
+    rest.set()
+    await request
+    assert await drained is True
+    assert sent[0]["status"] == 200 and orjson.loads(sent[1]["body"]) == {"a": 1.0}
+    assert await Admitted().wait_idle(0) is True  # none held: at once

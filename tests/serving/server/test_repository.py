@@ -1,7 +1,8 @@
 """The repository manager over a repository on disk, every version on a fake runner: what each
 version policy serves, labels, load and unload through the API (an unload holds against
 polling), polling that adds and removes versions (a version removed answers what it holds
-first), a broken version refused with its reason while the others serve."""
+first, once what replaces it is READY), a broken version refused with its reason while the
+others serve."""
 
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ async def test_each_policy_serves_its_versions_and_the_index_says_why_others_are
         assert state.model("some", label="stable").version == "1"
         assert state.model("some").version == "3"
         # The failed version's actors end at once; the server is ready with the others.
-        assert runners.made[("latest", "3")].closed
+        await _until(lambda: runners.made[("latest", "3")].closed)
         assert state.not_ready_reason() is None
 
 
@@ -221,15 +222,15 @@ async def test_polling_loads_a_new_version_and_the_removed_one_answers_what_it_h
         answer = await asyncio.wait_for(held, WAIT_S)  # answered before its actors end
         assert answer["y"].shape == (1, 2)
         await asyncio.wait_for(poll, WAIT_S)
+        await _until(lambda: list(state.models["m"]) == ["2"])  # once drained and closed
         assert runners.made[("m", "1")].closed
-        await settled(state)
-        assert list(state.models["m"]) == ["2"]
         assert state.model("m").not_ready_reason() is None
 
         (tmp_path / "m" / "2" / "manifest.json").unlink()  # incomplete now: gone from the disk
         await repository.poll_once()
+        # Version 1 is the latest again; version 2 serves until it is READY, then goes.
+        await _until(lambda: list(state.models["m"]) == ["1"])
         assert runners.made[("m", "2")].closed
-        await settled(state)  # version 1 is the latest again
         assert index(repository) == {"m/1": ("READY", "")}
 
 
