@@ -102,6 +102,11 @@ class ModelDirectory(Protocol):
         version or label: ``NotFoundError`` naming what exists."""
         ...
 
+    def versions(self, name: str) -> list[str]:
+        """The versions of the model ``name`` served now, oldest first (V2 metadata's
+        ``versions``); empty for a model not served."""
+        ...
+
     def not_ready_reason(self) -> str | None:
         """Why the server as a whole is not ready (V2's ``/v2/health/ready``), or ``None``:
         ready once no version is still loading and at least one is READY."""

@@ -74,6 +74,10 @@ class ServerState:
             self.labels.pop(name, None)
         return removed
 
+    def versions(self, name: str) -> list[str]:
+        """The versions of ``name`` served now, oldest first."""
+        return sorted(self.models.get(name, {}), key=int)
+
     def served(self) -> list[ServedModel]:
         """Every served version, by model name then version."""
         return [

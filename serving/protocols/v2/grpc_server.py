@@ -116,7 +116,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: _Context) -> Any:
         model = await self._model(context, request.name, request.version)
-        metadata = await _answer(context, model_metadata, model)
+        versions = self._models.versions(model.name)
+        metadata = await _answer(context, lambda m: model_metadata(m, versions), model)
         metadata.pop("parameters", None)  # the message has no such field (HTTP's JSON has)
         return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
 

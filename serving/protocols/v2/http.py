@@ -85,7 +85,8 @@ def _model(request: Request, name: str, version: str | None) -> ModelHandle:
 # The GET handlers return their bodies as dicts, checked and sent by FastAPI against the
 # route's response_model (given in ``docs``), so that the document cannot drift from them.
 async def _metadata(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
-    return model_metadata(_model(request, name, version))
+    model = _model(request, name, version)
+    return model_metadata(model, served_models(request.app).versions(model.name))
 
 
 async def _model_ready(

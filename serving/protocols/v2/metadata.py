@@ -32,12 +32,13 @@ def server_metadata() -> dict[str, Any]:
     }
 
 
-def model_metadata(model: ModelHandle) -> dict[str, Any]:
-    """``NotReadyError`` while the model loads (its signature is not known yet)."""
+def model_metadata(model: ModelHandle, versions: list[str] | None = None) -> dict[str, Any]:
+    """``NotReadyError`` while the model loads (its signature is not known yet). ``versions``:
+    every version of the model served (the one answering, when not given)."""
     signature = model.signature
     metadata: dict[str, Any] = {
         "name": model.name,
-        "versions": [model.version],
+        "versions": versions or [model.version],
         "platform": PLATFORM,
         "inputs": [tensor_metadata(spec) for spec in signature.inputs],
         "outputs": [tensor_metadata(spec) for spec in signature.outputs],

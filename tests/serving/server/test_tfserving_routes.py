@@ -94,6 +94,8 @@ async def test_status_lists_every_version_and_metadata_names_the_one_served(
         latest = (await client.get("/v1/models/a/metadata")).json()
         first = (await client.get("/v1/models/a/versions/1/metadata")).json()
         by_label = (await client.get("/v1/models/a/labels/stable/metadata")).json()
+        v2 = (await client.get("/v2/models/a")).json()
+        v2_first = (await client.get("/v2/models/a/versions/1")).json()
         default = await client.post("/predict", json=BODY)
     assert [(v["version"], v["state"]) for v in every["model_version_status"]] == [
         ("1", "AVAILABLE"),
@@ -105,3 +107,4 @@ async def test_status_lists_every_version_and_metadata_names_the_one_served(
     assert latest["model_spec"] == {"name": "a", "version": "2"}
     assert first["model_spec"] == by_label["model_spec"] == {"name": "a", "version": "1"}
     assert default.status_code == 200  # --default-model b
+    assert v2["versions"] == v2_first["versions"] == ["1", "2"]  # V2: every version served

@@ -291,7 +291,7 @@ async def test_model_version_picks_the_version_and_a_missing_one_names_those_the
     # Each version's rows ran on its own runner: 1 once, 2 twice (named and unnamed).
     assert [len(runners[v].batches) for v in ("1", "2")] == [1, 2]
     np.testing.assert_array_equal(two.as_numpy("y"), expected_outputs({"x": rows})["y"])
-    assert (meta["name"], meta["versions"]) == ("fake", ["2"])
+    assert (meta["name"], meta["versions"]) == ("fake", ["1", "2"])  # every version served
     assert (
         missing
         == [
