@@ -169,7 +169,9 @@ async def test_unloading_a_1gib_model_ends_its_actors_and_gives_the_memory_back(
             await repository.unload("big")
     await until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 30.0)
     os.sync()
-    await until(lambda: used_bytes() - before <= TOLERANCE, 10.0)
+    # The failing suite runs waited 10 s and stayed over; give the kernel's accounting longer
+    # before the figure is read (this costs time only when memory is slow to come back).
+    await until(lambda: used_bytes() - before <= TOLERANCE, 30.0)
     after = used_bytes()
     took = time.monotonic() - started
 
