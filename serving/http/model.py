@@ -92,14 +92,20 @@ class ModelDirectory(Protocol):
     """The models a server serves, by name, version and label."""
 
     def model(
-        self, name: str | None = None, version: str | None = None, label: str | None = None
+        self,
+        name: str | None = None,
+        version: str | None = None,
+        label: str | None = None,
+        *,
+        split: bool = True,
     ) -> ModelHandle:
         """The version ``version`` (or the one ``label`` points at) of the model ``name``.
 
         ``name=None``: the default model (``/predict``'s: ``--default-model``, else the only
         one; with several and no default, ``InvalidInputError`` listing them). ``version=None``
-        and no label: the model's highest READY version, else its highest. An unknown model,
-        version or label: ``NotFoundError`` naming what exists."""
+        and no label: its rollout's pick (stable or canary, by weight; ``split=False``: a look
+        that takes no turn of the split), else the model's highest READY version, else its
+        highest. An unknown model, version or label: ``NotFoundError`` naming what exists."""
         ...
 
     def versions(self, name: str) -> list[str]:

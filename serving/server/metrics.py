@@ -184,6 +184,12 @@ class _Families:
             labels,
             registry=r,
         )
+        self.rollbacks = Counter(
+            "shardserve_rollbacks_total",
+            "Canaries rolled back, by reason: errors, latency (the judge) or manual (the API)",
+            [*labels, "reason"],
+            registry=r,
+        )
 
     def all(self) -> tuple[Counter | Gauge | Histogram, ...]:
         return tuple(v for v in vars(self).values() if isinstance(v, Counter | Gauge | Histogram))
@@ -207,6 +213,8 @@ class ModelMetrics:
         self._latency_by_status: dict[int, Any] = {}
         self._rejects_by_reason: dict[str, Any] = {}
         self._close_by_reason: dict[str, Any] = {}
+        # Called with every answered request's status and seconds (a canary's judge).
+        self._listeners: list[Callable[[int, float], None]] = []
         # Every series without a label of its own exists from the start: a rate reads 0, not
         # absent, before the first batch (and before any length-padded one).
         self._batch_size = families.batch_size.labels(*key)
@@ -222,7 +230,13 @@ class ModelMetrics:
             families.effective_wait.labels(*key),
         )
 
+    def add_listener(self, listener: Callable[[int, float], None]) -> None:
+        """``listener(status, seconds)`` after every answered request, whatever the protocol."""
+        self._listeners.append(listener)
+
     def observe_latency(self, status: int, seconds: float) -> None:
+        for listener in self._listeners:
+            listener(status, seconds)
         child = self._latency_by_status.get(status)
         if child is None:
             if self.removed:
@@ -231,6 +245,10 @@ class ModelMetrics:
                 *self.key, str(status)
             )
         child.observe(seconds)
+
+    def rollback(self, reason: str) -> None:
+        if not self.removed:
+            self._f.rollbacks.labels(*self.key, reason).inc()
 
     def reject(self, reason: str) -> None:
         child = self._rejects_by_reason.get(reason)

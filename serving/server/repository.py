@@ -13,7 +13,10 @@ holds: polling leaves that model unloaded until a load through the API.
 
 A failed version keeps its reason in the index and its actors end at once; polling retries it
 only once its files change (their fingerprint), a load through the API always. Labels from
-``config.toml`` point only at READY versions; one that cannot is left unset and logged.
+``config.toml`` point only at READY versions; one that cannot is left unset and logged
+(``serving.server.labels``).
+With ``[traffic]`` in its ``config.toml`` a new READY version is a canary beside the stable one
+instead (``serving.server.rollout``); the old stable is retired once the canary is promoted.
 """
 
 from __future__ import annotations
@@ -26,9 +29,17 @@ from typing import TYPE_CHECKING, Any
 
 from serving.config import Settings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
+from serving.server.labels import Labels
 from serving.server.model import ServedModel
 from serving.server.readiness import version_state
-from serving.server.repository_source import ModelPlan, Source, source_for
+from serving.server.repository_source import (
+    ModelPlan,
+    Source,
+    not_in_repository,
+    selected_settings,
+    source_for,
+)
+from serving.server.rollout import Rollouts
 from serving.server.runner import RunnerFactory, plan_private_ray
 from serving.server.stop_budget import StopBudget
 
@@ -72,7 +83,8 @@ class Repository:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # (name, version) -> the fingerprint its files had when its load failed
         self._failed: dict[tuple[str, str], str] = {}
-        self._label_notes: dict[tuple[str, str], str] = {}
+        self._labels = Labels(state)
+        self.rollouts = Rollouts(state, self._roles_changed)
         self._tasks: set[asyncio.Task[None]] = set()
         state.repository = self
 
@@ -83,7 +95,7 @@ class Repository:
         every ``repository_poll_s`` (0: never)."""
         plans = await asyncio.to_thread(self._source.scan)
         # Before the first load starts a private local Ray: its CPU count holds every version.
-        plan_private_ray(_selected_settings(plans))
+        plan_private_ray(selected_settings(plans))
         for name in sorted(plans):
             await self._reconcile(name, plans[name], retry=False)
         default = self.state.default_model
@@ -96,6 +108,7 @@ class Repository:
             )
         if self.settings.repository_poll_s > 0:
             self._spawn(self._poll_forever())
+        self._spawn(self.rollouts.watch())
 
     async def stop(self, timeout_s: float) -> None:
         """End the polling and the watch on loads (the server's stop drains and closes what is
@@ -131,6 +144,7 @@ class Repository:
                 model = served.get(str(v))
                 if model is not None:
                     state, reason = version_state(model)
+                    reason = reason or self.rollouts.note(name, str(v))
                     entries.append(_entry(name, str(v), state, reason))
                 else:
                     entries.append(_entry(name, str(v), "UNAVAILABLE", self._why_not(name, v)))
@@ -140,7 +154,7 @@ class Repository:
         plans = await asyncio.to_thread(self._source.scan)
         plan = plans.get(name)
         if plan is None:
-            raise NotFoundError(_not_in_repository(name, plans))
+            raise NotFoundError(not_in_repository(name, plans))
         if plan.error is not None:
             self._plans[name] = plan
             raise InvalidInputError(plan.error)
@@ -167,7 +181,7 @@ class Repository:
 
     async def unload(self, name: str) -> None:
         if name not in self._plans and name not in self.state.models:
-            raise NotFoundError(_not_in_repository(name, self._plans))
+            raise NotFoundError(not_in_repository(name, self._plans))
         self._held.add(name)
         async with self._locks[name]:
             await self._retire(list(self.state.models.get(name, {}).values()), _THROUGH_API)
@@ -212,13 +226,16 @@ class Repository:
         plan = self._plans.get(name)
         if plan is None or plan.error is not None or name in self._held:
             return
+        keep = self.rollouts.arrange(name, plan)  # with [traffic]: its stable and canary
         served = self.state.models.get(name, {})
         wanted = [version_state(served[str(v)])[0] for v in plan.selected if str(v) in served]
         settled = not plan.selected or ("LOADING" not in wanted and "READY" in wanted)
         retiring = [
             m
             for v, m in served.items()
-            if int(v) not in plan.selected and (settled or version_state(m)[0] != "READY")
+            if int(v) not in plan.selected
+            and v not in keep
+            and (settled or version_state(m)[0] != "READY")
         ]
         for model in retiring:  # at once: the next request that names no version goes on
             _refuse(model, _why_retired(plan, model))
@@ -234,6 +251,7 @@ class Repository:
         assert found.settings is not None  # selected versions have their settings
         model = ServedModel(name, found.settings, self.state.metrics, version=str(version))
         self.state.add_model(model)
+        self.rollouts.listen(model)
         model.start(self._factory, self._on_load_failure)
         log.info("model %r version %d: loading", name, version)
         self._spawn(self._settle(model, found.fingerprint))
@@ -249,8 +267,16 @@ class Repository:
             await model.close(_CLOSE_FAILED_S)
         else:
             self._failed.pop(key, None)
-        async with self._locks[model.name]:
-            await self._hand_over(model.name)
+        await self._locked_hand_over(model.name)
+
+    def _roles_changed(self, name: str) -> None:
+        """A promote retires the old stable; every change of role moves the labels."""
+        self._set_labels(name)
+        self._spawn(self._locked_hand_over(name))
+
+    async def _locked_hand_over(self, name: str) -> None:
+        async with self._locks[name]:
+            await self._hand_over(name)
 
     async def _retire(self, models: list[ServedModel], reason: str) -> None:
         await asyncio.gather(*(self._retire_one(m, reason) for m in models))
@@ -263,30 +289,14 @@ class Repository:
         await model.drain(budget)
         await model.close(budget.left())
         self.state.remove_model(model.name, model.version)
+        self.rollouts.gone(model.name, model.version)
         self._failed.pop((model.name, model.version), None)
         self.state.metrics.remove_model(model.name, model.version)
         log.info("model %r version %s unloaded: %s", model.name, model.version, reason)
         self._set_labels(model.name)
 
     def _set_labels(self, name: str) -> None:
-        plan = self._plans.get(name)
-        served = self.state.models.get(name, {})
-        labels: dict[str, str] = {}
-        for label, v in (plan.labels if plan else {}).items():
-            model = served.get(str(v))
-            found, reason = version_state(model) if model is not None else ("", "")
-            if found == "READY":
-                labels[label] = str(v)
-                self._label_notes.pop((name, label), None)
-                continue
-            why = "is not loaded" if model is None else f"is {found} ({reason})"
-            if self._label_notes.get((name, label)) != why and found != "LOADING":
-                log.warning("model %r: label %r left unset: version %d %s", name, label, v, why)
-            self._label_notes[(name, label)] = why
-        if labels:
-            self.state.labels[name] = labels
-        else:
-            self.state.labels.pop(name, None)
+        self._labels.set(name, self._plans.get(name), self.rollouts.roles(name))
 
     def _why_not(self, name: str, version: int) -> str:
         plan = self._plans.get(name)
@@ -330,16 +340,6 @@ def _why_retired(plan: ModelPlan, model: ServedModel) -> str:
     if int(model.version) not in plan.versions:
         return REMOVED
     return f"no longer selected by its version policy ({plan.policy})"
-
-
-def _selected_settings(plans: dict[str, ModelPlan]) -> list[Settings]:
-    selected = [plan.versions[v].settings for plan in plans.values() for v in plan.selected]
-    return [settings for settings in selected if settings is not None]
-
-
-def _not_in_repository(name: str, plans: dict[str, ModelPlan]) -> str:
-    held = ", ".join(repr(n) for n in sorted(plans)) or "no model"
-    return f"model {name!r} is not in the model repository; it holds {held}"
 
 
 if TYPE_CHECKING:
