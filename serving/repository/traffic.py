@@ -29,6 +29,7 @@ __all__ = [
     "CanaryConfig",
     "PromoteMode",
     "TrafficConfig",
+    "check_weights",
     "read_traffic",
 ]
 

@@ -16,10 +16,10 @@ class OutcomeWindow:
     """A request answered at ``t`` counts while ``now - t < window_s``.
 
     The window lives in numpy arrays, not a deque of objects: 17 bytes a request (a 60 s window
-    at 5k req/s is 5 MB), a prune is a binary search, and the p99 a partition of one slice
-    (~2 ms for 300k requests; kept until the window changes). Live entries are
-    ``[_start, _end)``; the arrays are compacted (and grown when over half full) once the end
-    reaches their capacity, so an add costs O(1) amortised."""
+    at 5k req/s is 5 MB, at most twice that allocated), a prune is a binary search, and the p99
+    a partition of one slice (~2 ms for 300k requests; kept until the window changes). Live
+    entries are ``[_start, _end)``; the arrays are compacted to twice the live entries once the
+    end reaches their capacity or they are 8 times too big, so an add costs O(1) amortised."""
 
     def __init__(self, window_s: float) -> None:
         if not window_s > 0:
@@ -34,7 +34,10 @@ class OutcomeWindow:
 
     def add(self, now: float, failed: bool, latency_s: float) -> None:
         self._prune(now)
-        if self._end == len(self._times):
+        capacity = len(self._times)
+        if self._end == capacity or (
+            capacity > _FIRST_CAPACITY and (self._end - self._start) * 8 < capacity
+        ):
             self._compact()
         end = self._end
         self._times[end] = now
@@ -80,16 +83,15 @@ class OutcomeWindow:
         self._p99_fresh = False
 
     def _compact(self) -> None:
+        # Room for as many again as the window holds: grown when full, given back after a burst.
         start, end = self._start, self._end
         live = end - start
-        capacity = len(self._times)
-        if live * 2 > capacity:
+        capacity = _FIRST_CAPACITY
+        while capacity < 2 * live:
             capacity *= 2
-        elif live * 8 < capacity and capacity > _FIRST_CAPACITY:
-            capacity //= 2  # a burst's arrays are given back once the window holds less
         for name in ("_times", "_latencies", "_failed"):
             old = getattr(self, name)
-            new = np.empty(capacity, dtype=old.dtype) if capacity != len(old) else old
+            new = old if capacity == len(old) else np.empty(capacity, dtype=old.dtype)
             new[:live] = old[start:end]  # numpy copies an overlapping slice correctly
             setattr(self, name, new)
         self._start, self._end = 0, live
