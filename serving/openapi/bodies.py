@@ -37,6 +37,7 @@ _WHY = {
     401: "No bearer token.",
     403: "The bearer token is not the admin token.",
     404: "No such model, version or label (the message names what is served).",
+    409: "The model's state does not allow it now (no canary to promote or roll back).",
     413: "The body is over max_body_bytes.",
     422: "The model raised on this request's rows; its batch-mates got their answers.",
     500: "The model or its stage processes failed on the batch.",

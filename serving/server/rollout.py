@@ -79,6 +79,10 @@ class Rollout:
         self._clock = clock
         self._judged = 0.0
 
+    def now(self) -> float:
+        """The clock its windows are kept by."""
+        return self._clock()
+
     @property
     def weights(self) -> tuple[int, int]:
         """(stable, canary): the canary's is 0 once rolled back, and with no canary."""
