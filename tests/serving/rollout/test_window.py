@@ -91,3 +91,32 @@ def test_clear_empties_the_window() -> None:
 def test_a_window_of_zero_seconds_is_refused() -> None:
     with pytest.raises(ValueError, match="window_s must be > 0"):
         OutcomeWindow(0.0)
+
+
+def test_p99_is_recomputed_once_one_percent_of_the_window_changed() -> None:
+    window = OutcomeWindow(60.0)
+    fast = [i / 1000 for i in range(1000)]
+    for i, latency in enumerate(fast):
+        window.add(i * 1e-3, failed=False, latency_s=latency)
+    before = float(np.percentile(fast, 99))
+    assert window.p99_s(1.0) == pytest.approx(before)
+    # 10 slow requests are under 1% of the 1010: the p99 read is the one before them, not
+    # numpy's figure for the 1010.
+    for _ in range(10):
+        window.add(1.0, failed=False, latency_s=5.0)
+    assert float(np.percentile(fast + [5.0] * 10, 99)) != pytest.approx(before)
+    assert window.p99_s(1.0) == pytest.approx(before)
+    window.add(1.0, failed=False, latency_s=5.0)
+    assert window.p99_s(1.0) == pytest.approx(float(np.percentile(fast + [5.0] * 11, 99)))
+    # Requests leaving the window count as changes too: at 60.5 those of t <= 0.5 have left.
+    expected = float(np.percentile(fast[501:] + [5.0] * 11, 99))
+    assert window.p99_s(60.5) == pytest.approx(expected)
+
+
+def test_a_small_window_is_exact_after_every_change() -> None:
+    window = OutcomeWindow(60.0)
+    latencies: list[float] = []
+    for i in range(100):
+        latencies.append(0.001 * (i % 7) + (1.0 if i == 99 else 0.0))
+        window.add(i * 0.1, failed=False, latency_s=latencies[-1])
+        assert window.p99_s(i * 0.1) == pytest.approx(float(np.percentile(latencies, 99)))
