@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeGuard, get_args
 
 # Not serving.config: its import chain is long, and this module sits under serving.rollout.
 from serving.settings_sources import ConfigError
@@ -85,7 +85,7 @@ class TrafficConfig:
 def check_weights(stable: object, canary: object) -> None:
     """``ValueError`` naming the bad weight, unless both are integers >= 0 with a positive sum."""
     for key, value in (("stable", stable), ("canary", canary)):
-        if not _integer(value) or value < 0:  # type: ignore[operator]
+        if not _integer(value) or value < 0:
             raise ValueError(f"{key} must be an integer weight >= 0, got {value!r}")
     if stable == 0 and canary == 0:
         raise ValueError("stable and canary are both 0: at least one weight must be > 0")
@@ -133,10 +133,10 @@ def _table(table: Any, name: str, allowed: tuple[str, ...], where: str) -> dict[
     return values
 
 
-def _integer(value: object) -> bool:
+def _integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     # TOML has inf and nan: neither is a window, a margin or a factor.
-    return (_integer(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+    return (_integer(value) or isinstance(value, float)) and math.isfinite(value)
