@@ -25,7 +25,7 @@ class Labels:
         # (name, label) -> why it was last left unset, or what it clashed with: logged once
         self._notes: dict[tuple[str, str], str] = {}
 
-    def set(self, name: str, plan: ModelPlan | None, roles: dict[str, str]) -> None:
+    def set(self, name: str, plan: ModelPlan | None, roles: dict[str, str | None]) -> None:
         """Point the model's labels at the versions ``plan`` and the ``roles`` name now."""
         served = self.state.models.get(name, {})
         labels: dict[str, str] = {}
@@ -43,22 +43,23 @@ class Labels:
             if self._notes.get((name, label)) != why and found != "LOADING":
                 log.warning("model %r: label %r left unset: version %d %s", name, label, v, why)
             self._notes[(name, label)] = why
-        labels.update({label: v for label, v in roles.items() if v in served})
+        labels.update({label: v for label, v in roles.items() if v is not None and v in served})
         if labels:
             self.state.labels[name] = labels
         else:
             self.state.labels.pop(name, None)
 
-    def _clash(self, name: str, label: str, configured: str, role: str) -> None:
+    def _clash(self, name: str, label: str, configured: str, role: str | None) -> None:
         why = f"role {role}"
         if configured == role or self._notes.get((name, label)) == why:
             return
         self._notes[(name, label)] = why
+        now = "is unset: there is no canary" if role is None else f"points at version {role}"
         log.warning(
-            "model %r: label %r follows the %s version (%s), not version %s of its config.toml",
+            "model %r: label %r follows the %s role and %s, not version %s as its config.toml says",
             name,
             label,
             label,
-            role,
+            now,
             configured,
         )

@@ -41,8 +41,10 @@ log = logging.getLogger("shardserve")
 
 RolloutState = Literal["stable", "canary", "rolled_back"]
 CHECK_EVERY_S = 1.0  # the judge's tick: auto promotion and windows that empty with no request
-# After an answer the judge runs at most this often: a p99 over a busy window costs a
-# partition of it, and a broken canary is still set to 0 within this much of its last failure.
+# After a canary's answer the judge runs once a 1/_JUDGE_SHARE of its window's answers is new,
+# or _JUDGE_EVERY_S after its last run: a p99 costs a pass over the windows, so a busy window is
+# judged every few answers, not every one (each under 64 answers in the window is judged).
+_JUDGE_SHARE = 64
 _JUDGE_EVERY_S = 0.05
 _MODEL_RAISED = 422  # ModelInputError: the model raised on the input
 
@@ -78,6 +80,7 @@ class Rollout:
         self._on_change = on_change  # the manager retires and relabels (promote, new roles)
         self._clock = clock
         self._judged = 0.0
+        self._unjudged = 0  # canary answers since the judge last ran
 
     def now(self) -> float:
         """The clock its windows are kept by."""
@@ -114,7 +117,13 @@ class Rollout:
             return
         now = self._clock()
         window.add(now, failed(status), seconds)
-        if version == self.canary and now - self._judged >= _JUDGE_EVERY_S:
+        if version != self.canary:
+            return
+        self._unjudged += 1
+        if (
+            self._unjudged * _JUDGE_SHARE >= window.count(now)
+            or now - self._judged >= _JUDGE_EVERY_S
+        ):
             self.check(now)
 
     def check(self, now: float | None = None) -> None:
@@ -122,7 +131,7 @@ class Rollout:
         if self.state != "canary" or self.canary is None:
             return
         now = self._clock() if now is None else now
-        self._judged = now
+        self._judged, self._unjudged = now, 0
         verdict = judge(
             self.windows[self.stable],
             self.windows[self.canary],
@@ -164,8 +173,7 @@ class Rollout:
         """The canary becomes stable at 100; the manager retires the old stable."""
         if self.canary is None:
             raise ConflictError(
-                f"model {self.name!r} has no canary to promote; its stable version is "
-                f"{self.stable}"
+                f"model {self.name!r} has no canary to promote; its stable version is {self.stable}"
             )
         old, self.stable, self.canary = self.stable, self.canary, None
         self.windows = {self.stable: self.windows.get(self.stable) or self._window()}
@@ -306,15 +314,13 @@ class Rollouts:
             return ""
         return rollout.reason
 
-    def roles(self, name: str) -> dict[str, str]:
-        """The ``stable`` and ``canary`` labels of the model, from the roles."""
+    def roles(self, name: str) -> dict[str, str | None]:
+        """The ``stable`` and ``canary`` labels of a model with a rollout (``None``: no canary;
+        the label is unset, whatever its ``config.toml`` says)."""
         rollout = self.state.rollouts.get(name)
         if rollout is None:
             return {}
-        roles = {"stable": rollout.stable}
-        if rollout.canary is not None:
-            roles["canary"] = rollout.canary
-        return roles
+        return {"stable": rollout.stable, "canary": rollout.canary}
 
     def get(self, name: str) -> Rollout:
         """The model's rollout, or a 404 naming what has one."""
