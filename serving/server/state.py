@@ -14,6 +14,7 @@ from serving.config import Settings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.server.metrics import Metrics
 from serving.server.readiness import readiness
+from serving.server.scaling import inherit_count
 from serving.server.stop_budget import StopBudget
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class ServerState:
             )
         if not self.accepting:
             model.stop_accepting(SHUTTING_DOWN)
+        inherit_count(model, versions.values())  # a version switch keeps the replicas serving
         versions[model.version] = model
         self.unserved.pop(model.name, None)
 
