@@ -163,7 +163,7 @@ def _served(state: ServerState) -> Served:
         shapes.add((runner.signature, rows))
     labels = {name: tuple(sorted(by_label)) for name, by_label in state.labels.items()}
     signature, max_rows = shapes.pop() if len(shapes) == 1 else (None, None)
-    return Served(tuple(versions), labels, signature, max_rows)
+    return Served(tuple(versions), labels, signature, max_rows, tuple(sorted(state.rollouts)))
 
 
 def _untraced(app: FastAPI) -> bool:

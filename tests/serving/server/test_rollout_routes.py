@@ -191,6 +191,11 @@ async def test_the_rollout_api_wants_the_token_and_refuses_clearly(tmp_path: Pat
             "versions": {"1": {"requests": 0, "failure_rate": 0.0, "p99_ms": None}},
         }
 
+        doc = (await client.get("/openapi.json")).json()
+        rollout_paths = [path for path in doc["paths"] if "/rollout" in path]
+        assert len(rollout_paths) == 4
+        (name,) = doc["paths"][f"{ROLLOUT.replace('/m/', '/{name}/')}/weights"]["put"]["parameters"]
+        assert name["schema"]["enum"] == ["m"]  # not 'plain': it could only answer 404
         await canary_of(client, tmp_path, 2, TRAFFIC)
         for body, want in (
             ({"stable": -1, "canary": 5}, "stable must be an integer weight from 0 to 1000000, "
