@@ -58,6 +58,8 @@ class ModelHandle(Protocol):
     - ``not_ready_reason()``: why it would refuse a request now, or ``None`` when ready.
     - ``length_padding_parameters()``: the length padding in force (padded inputs, buckets,
       outputs cut back) or why it is off; ``None`` before warm-up or with no unknown length.
+    - ``scaling_parameters()``: its replica bounds, the count it should have and why (the
+      autoscaler's last reason); ``None`` before it serves or with a fixed count.
     """
 
     @property
@@ -86,6 +88,8 @@ class ModelHandle(Protocol):
     def not_ready_reason(self) -> str | None: ...
 
     def length_padding_parameters(self) -> dict[str, Any] | None: ...
+
+    def scaling_parameters(self) -> dict[str, Any] | None: ...
 
 
 class ModelDirectory(Protocol):

@@ -150,6 +150,19 @@ class RunTimeView(Body):
     by_length: dict[str, LengthRunTime] = {}
 
 
+class ReplicasView(Body):
+    """A version's replica bounds, the count it should have and why: ``reason`` is the
+    autoscaler's last (``queue_wait``, ``low_load``, ``min_replicas``, ``max_replicas``), or
+    ``start``, or ``fixed`` where the runner cannot change its count; absent for a fixed count
+    (``serving.server.scaling.ScaleStatus``)."""
+
+    min_replicas: int
+    max_replicas: int
+    target_replicas: int
+    reason: str
+    detail: str
+
+
 class BatchingView(Body):
     max_batch_size: int
     batch_timeout_ms: float | Literal["auto"]
@@ -161,3 +174,4 @@ class BatchingView(Body):
     inflight_batches: int
     padding: bool
     run_time_ms: RunTimeView
+    replicas: ReplicasView | None = None  # null before it serves

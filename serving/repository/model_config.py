@@ -70,7 +70,13 @@ SERVER_WIDE: dict[str, str] = {
     **{key: _REPOSITORY for key in RepositorySettings.model_fields},
 }
 _TABLES = ("versions", "labels", "traffic", "canary")
-_EXCLUSIVE = (("stages", "max_stage_bytes"), ("max_stage_bytes", "stages"))
+_EXCLUSIVE = (
+    ("stages", "max_stage_bytes"),
+    ("max_stage_bytes", "stages"),
+    # A fixed count (replicas) or bounds (min/max_replicas): the model's way replaces the server's.
+    *(("replicas", bound) for bound in ("min_replicas", "max_replicas")),
+    *((bound, "replicas") for bound in ("min_replicas", "max_replicas")),
+)
 _POLICY_KEYS = ("policy", "n", "versions")
 _LABEL = re.compile(MODEL_NAME_PATTERN)
 
@@ -142,7 +148,7 @@ def model_settings(
     values: dict[str, Any] = {key: getattr(base, key) for key in Settings.model_fields}
     # One version is one model: no repository of its own (given, or an env var would fill it).
     values.update(model_repository=None, default_model=None, repository_poll_s=0.0)
-    # A model that sets how it is cut replaces the server's way, of the two exclusive ones.
+    # A model that sets how it is cut (or its replicas) replaces the server's way of the two.
     for given, other in _EXCLUSIVE:
         if given in config.overrides and other not in config.overrides:
             values.pop(other, None)

@@ -94,9 +94,12 @@ async def run_scaling(model: ServedModel, period_s: float = SCALE_PERIOD_S) -> N
     await model.ready.wait()
     runner, batcher = model.runner, model.batcher
     low, high = model.settings.replica_bounds()
-    elastic = isinstance(runner, ElasticRunner) and low < high
+    if low == high:  # a fixed count: nothing to show or do
+        return
+    elastic = isinstance(runner, ElasticRunner)
     model.scaling = ScaleStatus(low, high, model.settings.replicas, "start" if elastic else "fixed")
     if not elastic or batcher is None:
+        model.scaling.detail = "its runner cannot add or remove replicas"
         return
     assert isinstance(runner, ElasticRunner)
     scaler = Scaler(model, runner, batcher)
