@@ -91,11 +91,6 @@ class Rollout:
         """(stable, canary): the canary's is 0 once rolled back, and with no canary."""
         return self._weights
 
-    @property
-    def splitting(self) -> bool:
-        """A canary takes a share of the unversioned requests now."""
-        return self._split is not None
-
     def pick(self) -> str:
         """The version the next unversioned request goes to."""
         split = self._split
