@@ -98,9 +98,11 @@ async def drive(
     start: float,
     timeout_s: float = 60.0,
     actions: Sequence[Action] = (),
+    until: Callable[[], bool] | None = None,
 ) -> Timeline:
     """POST ``bodies[i % len(bodies)]`` at each due time of ``steps``, counted from ``start``
-    (a ``time.perf_counter()`` value, shared with a sampler); run ``actions`` at their time."""
+    (a ``time.perf_counter()`` value, shared with a sampler); run ``actions`` at their time.
+    ``until``: no request is started once it returns True (the steps are then a maximum)."""
     if not bodies:
         raise ValueError("drive needs at least one request body")
     timeline = Timeline([])
@@ -132,6 +134,8 @@ async def drive(
         acting = [asyncio.create_task(act(a)) for a in actions]
         tasks = []
         for i, offset in enumerate(due_times(steps)):
+            if until is not None and until():
+                break
             due = start + offset
             delay = due - time.perf_counter()
             if delay > 0:
@@ -150,7 +154,9 @@ def run(
     start: float | None = None,
     timeout_s: float = 60.0,
     actions: Sequence[Action] = (),
+    until: Callable[[], bool] | None = None,
 ) -> Timeline:
     """``drive`` in an event loop of its own; ``start`` defaults to now."""
     begin = time.perf_counter() if start is None else start
-    return asyncio.run(drive(url, bodies, steps, start=begin, timeout_s=timeout_s, actions=actions))
+    load = drive(url, bodies, steps, start=begin, timeout_s=timeout_s, actions=actions, until=until)
+    return asyncio.run(load)

@@ -7,8 +7,9 @@ it open loop through the KServe V2 infer route, whose answers name the version t
 (``bench.load.timeline``); ``/metrics`` is sampled every 0.5 s (``bench.observe.sampler``).
 
 1. **switch** (per ``--switch-models``, real compute): capacity measured first (closed loop,
-   ``--capacity-clients``), then ``--real-factor`` x capacity for ``--switch-seconds``; version 2
-   (the same kind) is copied in at ``--appear-at`` (hidden directory, then a rename). Failed
+   ``--capacity-clients``), then ``--real-factor`` x capacity until ``--after`` seconds past
+   version 1 unloaded (at most ``--switch-seconds``); version 2 (the same kind) is copied in at
+   ``--appear-at`` (hidden directory, then a rename). Failed
    requests (target 0), answers from version 1 after the first answer of version 2 (target 0),
    the time from the rename to the first version 2 answer and to version 1 unloaded.
 2. **simulated**: the same switch with ``simulate_device_ms`` and a small ``cpus_per_shard`` in
@@ -54,13 +55,14 @@ class RolloutPlan:
     batch_timeout_ms: float = 5.0
     capacity_clients: int = 32
     capacity_s: float = 8.0
-    switch_s: float = 45.0
+    switch_s: float = 120.0  # at most: the load ends after_s past version 1 unloaded
     appear_at_s: float = 10.0
+    after_s: float = 5.0  # of load past version 1 unloaded, or past a canary's rollback
     unload_timeout_s: float = 120.0
     canaries: tuple[str, ...] = CANARIES
     canary_percent: int = 10
     canary_rate: float = 40.0
-    canary_s: float = 45.0
+    canary_s: float = 90.0  # at most: the load ends after_s past the rollback
     canary_at_s: float = 5.0
     window_s: float = 15.0
     min_requests: int = 30
@@ -78,6 +80,7 @@ class RolloutPlan:
             positive=("real_factor", "simulated_factor", "simulate_device_ms", "capacity_s"),
         )
         options.require(self, positive=("switch_s", "canary_s", "canary_rate", "window_s"))
+        options.require(self, positive=("after_s",))
         options.require(self, at_least_one=("min_requests", "slow_layers"))
         _known("parts", self.parts, PARTS)
         _known("switch_models", self.switch_models, KINDS[:2])
@@ -105,9 +108,9 @@ def _known(name: str, given: tuple[str, ...], allowed: tuple[str, ...]) -> None:
 # --quick: each of these that is still at its default.
 QUICK = {
     "capacity_s": 3.0,
-    "switch_s": 20.0,
+    "switch_s": 60.0,
     "appear_at_s": 5.0,
-    "canary_s": 20.0,
+    "canary_s": 60.0,
     "canary_at_s": 3.0,
     "window_s": 8.0,
     "min_requests": 10,
@@ -157,6 +160,7 @@ def add_parsers(sub: Any) -> None:
     opts.add("max_batch_size", "batch_timeout_ms", "capacity_clients", "capacity_s")
     opts.own("--switch-seconds", dest="switch_s", type=float)
     opts.own("--appear-at", dest="appear_at_s", type=float, help="s into the switch's load")
+    opts.own("--after", dest="after_s", type=float, help="s of load past the switch/rollback")
     opts.own("--unload-timeout", dest="unload_timeout_s", type=float)
     opts.own("--canaries", type=options.csv, help="comma-separated: broken,slow")
     opts.own("--canary-percent", type=int)

@@ -28,10 +28,12 @@ from bench.suites.rollout_server import (
     Repository,
     base,
     config_toml,
+    index,
     infer_url,
     rollout_view,
     server,
 )
+from bench.suites.rollout_switch import StopAfter
 
 ROLLBACKS = "shardserve_rollbacks_total"
 
@@ -61,14 +63,16 @@ def run_canary(plan: Any, kind: str, progress: Progress) -> dict[str, Any]:
     progress(
         f"[rollout {label}] {kind} canary at {plan.canary_percent}% (one row: {canary['row_ms']:.1f}"
         f" ms, the stable's {stable['row_ms']:.1f} ms), {plan.canary_rate:g} req/s for "
-        f"{plan.canary_s:g} s, window {plan.window_s:g} s, min {plan.min_requests} requests"
+        f"at most {plan.canary_s:g} s, window {plan.window_s:g} s, min {plan.min_requests} requests"
     )
     with server(repo, workdir, label) as proc:
         start = time.perf_counter() + 0.5
         appear = Action(
             plan.canary_at_s, "appear", lambda: repo.add_version(2, Path(canary["path"]))
         )
-        with Sampler(base(proc), start, probes={"rollout": rollout_view(proc)}) as sampler:
+        probes = {"rollout": rollout_view(proc), "index": index(proc)}
+        with Sampler(base(proc), start, probes=probes) as sampler:
+            done = StopAfter(sampler, start, plan.after_s, plan.canary_at_s, rolled_back)
             timed = timeline.run(
                 infer_url(proc),
                 v2_bodies(plan.bodies, plan.seed),
@@ -76,14 +80,15 @@ def run_canary(plan: Any, kind: str, progress: Progress) -> dict[str, Any]:
                 start=start,
                 timeout_s=plan.request_timeout_s,
                 actions=[appear],
+                until=done,
             )
-        final = rollout_view(proc)()
+        final, final_index = rollout_view(proc)(), index(proc)()
     result = summarize_canary(
         timed.replies, timed.actions.get("appear"), sampler.samples, plan.window_s, weights
     )
     result.update(kind=kind, rate=plan.canary_rate, row_ms={"stable": stable["row_ms"]})
     result["row_ms"]["canary"] = canary["row_ms"]
-    result["final_view"] = final
+    result["final_view"], result["final_index"] = final, final_index
     progress(
         f"  rolled back after {result['to_rollback_s']} s ({result['reason']}); failed "
         f"{result['failed']} of at most {result['allowed_failures']}; canary answers after "

@@ -65,11 +65,13 @@ def run_switch(plan: Any, label: str, kind: str, simulated: bool, progress: Prog
         rate = factor * measured
         progress(
             f"  capacity {measured:.1f} req/s; {factor:g}x = {rate:.1f} req/s for "
-            f"{plan.switch_s:g} s, version 2 appears at {plan.appear_at_s:g} s"
+            f"at most {plan.switch_s:g} s ({plan.after_s:g} s past version 1 unloaded), version 2 "
+            f"appears at {plan.appear_at_s:g} s"
         )
         start = time.perf_counter() + 0.5
         appear = Action(plan.appear_at_s, "appear", lambda: repo.add_version(2, model))
         with Sampler(base(proc), start, probes={"index": index(proc)}) as sampler:
+            done = StopAfter(sampler, start, plan.after_s, plan.appear_at_s, _switched)
             timed = timeline.run(
                 infer_url(proc),
                 bodies,
@@ -77,11 +79,11 @@ def run_switch(plan: Any, label: str, kind: str, simulated: bool, progress: Prog
                 start=start,
                 timeout_s=plan.request_timeout_s,
                 actions=[appear],
+                until=done,
             )
             _wait_for(sampler, lambda s: not serves(s, "1"), plan.unload_timeout_s)
-    result = summarize_switch(
-        timed.replies, timed.actions.get("appear"), sampler.samples, plan.switch_s
-    )
+    last_due = timed.replies[-1].due_s if timed.replies else plan.switch_s
+    result = summarize_switch(timed.replies, timed.actions.get("appear"), sampler.samples, last_due)
     progress(
         f"  failed {result['failed']}, v1 answers after the switch {result['v1_after_switch']}, "
         f"to first v2 answer {result['to_first_v2_s']} s, to v1 unloaded "
@@ -97,6 +99,30 @@ def run_switch(plan: Any, label: str, kind: str, simulated: bool, progress: Prog
         "rate": rate,
         **result,
     }
+
+
+def _switched(sample: Sample) -> bool:
+    return serves(sample, "2") and not serves(sample, "1")
+
+
+class StopAfter:
+    """The load's stop: ``after_s`` past the first sample (after ``from_s``) where ``reached``
+    holds; the sampler's thread takes the samples, this only reads the newest."""
+
+    def __init__(
+        self, sampler: Sampler, start: float, after_s: float, from_s: float, reached: Any
+    ) -> None:
+        self.sampler, self.start, self.after_s, self.from_s = sampler, start, after_s, from_s
+        self.reached = reached
+        self.at: float | None = None
+
+    def __call__(self) -> bool:
+        if self.at is None:
+            last = self.sampler.samples[-1] if self.sampler.samples else None
+            if last is not None and last.t_s > self.from_s and self.reached(last):
+                self.at = last.t_s
+            return False
+        return time.perf_counter() - self.start > self.at + self.after_s
 
 
 def _wait_for(sampler: Sampler, holds: Any, timeout_s: float) -> None:

@@ -66,3 +66,18 @@ def test_a_drive_keeps_every_reply_with_its_status_version_and_when_an_action_ra
     assert versions[0] == "1" and versions[-1] == "2"
     assert versions == sorted(versions)  # once switched, never back
     assert 0.25 <= actions["switch"] < 0.5
+
+
+def test_no_request_starts_once_until_says_so_and_a_refused_connection_is_kept() -> None:
+    calls = iter(range(100))
+    timeline = asyncio.run(
+        drive(
+            "http://127.0.0.1:1/infer",  # nothing listens on port 1
+            [b"{}"],
+            [Step(100.0, 1.0)],
+            start=time.perf_counter(),
+            until=lambda: next(calls) >= 3,
+        )
+    )
+    assert [r.index for r in timeline.replies] == [0, 1, 2]
+    assert all(r.status == 0 and r.detail.startswith("no answer") for r in timeline.replies)
