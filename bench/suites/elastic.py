@@ -14,7 +14,8 @@ load through the KServe V2 infer route (``bench.load.timeline``), ``/metrics`` s
 - **high** ``--high-factor`` (2.5x): the seconds until the p99 is back under ``--p99-target-ms``
   (2 s windows, failures counted as infinitely slow), goodput once scaled (target >= 0.9x the
   offered rate) and the 503 share (target <= 1%);
-- **quiet** 0.5x again: the replicas back at the minimum after the quiet window, 0 failed;
+- **quiet** ``--quiet-factor`` (0.5x): replicas removed after the quiet window with 0 failed
+  requests, and when (if) they are back at the minimum;
 - **steady** ``--steady-factor`` (1.5x) for ``--steady-seconds`` (300 s): the replica count
   changes at most once.
 
@@ -60,6 +61,7 @@ class ElasticPlan:
     drain_timeout_s: float = 30.0
     low_factor: float = 0.5
     high_factor: float = 2.5
+    quiet_factor: float = 0.5
     steady_factor: float = 1.5
     low_s: float = 20.0
     high_s: float = 60.0
@@ -102,7 +104,7 @@ def stages(plan: ElasticPlan, unit: float) -> dict[str, Step]:
     named = {
         "low": Step(plan.low_factor * unit, plan.low_s),
         "high": Step(plan.high_factor * unit, plan.high_s),
-        "quiet": Step(plan.low_factor * unit, plan.quiet_s),
+        "quiet": Step(plan.quiet_factor * unit, plan.quiet_s),
     }
     if plan.steady_s > 0:
         named["steady"] = Step(plan.steady_factor * unit, plan.steady_s)
@@ -207,6 +209,7 @@ def add_parsers(sub: Any) -> None:
     opts.own("--drain-timeout-s", type=float)
     opts.own("--low-factor", type=float, help="x one replica's capacity")
     opts.own("--high-factor", type=float)
+    opts.own("--quiet-factor", type=float, help="the load after the step down")
     opts.own("--steady-factor", type=float)
     opts.own("--low-seconds", dest="low_s", type=float)
     opts.own("--high-seconds", dest="high_s", type=float)

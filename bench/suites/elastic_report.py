@@ -96,11 +96,19 @@ def verdicts(results: dict[str, Any], target_ms: float) -> list[str]:
         )
     quiet = results.get("quiet")
     if quiet:
-        met = quiet["whole"]["failed"] == 0 and quiet["to_min_replicas_s"] is not None
+        met = quiet["whole"]["failed"] == 0 and quiet["scale_down_events"] >= 1
+        at_min = quiet["to_min_replicas_s"]
         out.append(
-            "Target (quiet: back at the minimum with 0 failed requests): "
+            "Target (quiet: scaled down after the quiet window with 0 failed requests): "
             + ("met" if met else "**missed**")
-            + f" ({quiet['whole']['failed']} failed)."
+            + f" ({quiet['scale_down_events']:g} scale-down events, {quiet['whole']['failed']} "
+            + "failed; "
+            + (
+                "never back at the minimum"
+                if at_min is None
+                else f"at the minimum after {at_min:g} s"
+            )
+            + ")."
         )
     steady = results.get("steady")
     if steady:
@@ -115,7 +123,7 @@ def verdicts(results: dict[str, Any], target_ms: float) -> list[str]:
 
 def render(results: dict[str, Any]) -> str:
     plan, capacity = results["plan"], results["capacity"]
-    over_time = ", ".join(f"{t:.0f} s: {n:g}" for t, n in results["replicas_over_time"])
+    over_time = ", ".join(f"{max(t, 0.0):.0f} s: {n:g}" for t, n in results["replicas_over_time"])
     lines = stage_rows(results)
     lines += [
         "",
