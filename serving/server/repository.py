@@ -17,6 +17,8 @@ only once its files change (their fingerprint), a load through the API always. L
 (``serving.server.labels``).
 With ``[traffic]`` in its ``config.toml`` a new READY version is a canary beside the stable one
 instead (``serving.server.rollout``); the old stable is retired once the canary is promoted.
+Where the cluster cannot hold the new version's replicas beside the old one's, the switch goes
+replica by replica (``serving.server.rolling``).
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ from serving.server.labels import Labels
 from serving.server.model import ServedModel
 from serving.server.readiness import version_state
 from serving.server.repository_source import (
+    REMOVED,
     ModelPlan,
     Source,
     not_in_repository,
     selected_settings,
     source_for,
+    why_retired,
 )
+from serving.server.rolling import Rolling
 from serving.server.rollout import Rollouts
 from serving.server.runner import RunnerFactory, plan_private_ray
 from serving.server.stop_budget import StopBudget
@@ -52,7 +57,6 @@ __all__ = ["UNLOADED", "Repository"]
 log = logging.getLogger("shardserve")
 
 UNLOADED = "unloaded through the repository API"
-REMOVED = "removed from the model repository"
 _THROUGH_API = "through the repository API"
 _RETRIED = "to load it again: its files changed since its load failed"
 # Ending a failed version's actors: milliseconds on a live cluster; a Ray that is gone is not
@@ -85,6 +89,7 @@ class Repository:
         self._failed: dict[tuple[str, str], str] = {}
         self._labels = Labels(state)
         self.rollouts = Rollouts(state, self._roles_changed)
+        self.rolling = Rolling(state, self._locked_hand_over)
         self._tasks: set[asyncio.Task[None]] = set()
         state.repository = self
 
@@ -226,7 +231,7 @@ class Repository:
         plan = self._plans.get(name)
         if plan is None or plan.error is not None or name in self._held:
             return
-        keep = self.rollouts.arrange(name, plan)  # with [traffic]: its stable and canary
+        keep = self.rollouts.arrange(name, plan) | self.rolling.keep(name)  # canary, switch
         served = self.state.models.get(name, {})
         wanted = [version_state(served[str(v)])[0] for v in plan.selected if str(v) in served]
         settled = not plan.selected or ("LOADING" not in wanted and "READY" in wanted)
@@ -238,8 +243,8 @@ class Repository:
             and (settled or version_state(m)[0] != "READY")
         ]
         for model in retiring:  # at once: the next request that names no version goes on
-            _refuse(model, _why_retired(plan, model))
-        await asyncio.gather(*(self._retire_one(m, _why_retired(plan, m)) for m in retiring))
+            _refuse(model, why_retired(plan, model.version))
+        await asyncio.gather(*(self._retire_one(m, why_retired(plan, m.version)) for m in retiring))
         self._set_labels(name)
 
     def _changed(self, model: ServedModel, plan: ModelPlan) -> bool:
@@ -252,14 +257,14 @@ class Repository:
         model = ServedModel(name, found.settings, self.state.metrics, version=str(version))
         self.state.add_model(model)
         self.rollouts.listen(model)
-        model.start(self._factory, self._on_load_failure)
+        model.start(self.rolling.factory(model, plan, self._factory), self._on_load_failure)
         log.info("model %r version %d: loading", name, version)
         self._spawn(self._settle(model, found.fingerprint))
 
     async def _settle(self, model: ServedModel, fingerprint: str) -> None:
         """Once its load ends: a failed version's actors end (its reason stays in the index);
         then what it was to replace is retired, or kept if it failed."""
-        await model.wait_load()
+        await self.rolling.settle(model)  # a switch replica by replica ends first
         key = (model.name, model.version)
         if model.load_error:
             self._failed[key] = fingerprint
@@ -334,12 +339,6 @@ def _refuse(model: ServedModel, reason: str) -> None:
     model.stop_accepting(
         f"model {model.name!r} version {model.version} is being unloaded ({reason})"
     )
-
-
-def _why_retired(plan: ModelPlan, model: ServedModel) -> str:
-    if int(model.version) not in plan.versions:
-        return REMOVED
-    return f"no longer selected by its version policy ({plan.policy})"
 
 
 if TYPE_CHECKING:

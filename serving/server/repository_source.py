@@ -19,6 +19,7 @@ from serving.repository.model_config import model_settings, read_model_config
 from serving.repository.traffic import TrafficConfig
 
 __all__ = [
+    "REMOVED",
     "Directory",
     "ModelPlan",
     "OneModel",
@@ -27,9 +28,12 @@ __all__ = [
     "not_in_repository",
     "selected_settings",
     "source_for",
+    "why_retired",
 ]
 
 log = logging.getLogger("shardserve")
+
+REMOVED = "removed from the model repository"
 
 
 @dataclass(frozen=True)
@@ -129,3 +133,10 @@ def selected_settings(plans: dict[str, ModelPlan]) -> list[Settings]:
 def not_in_repository(name: str, plans: dict[str, ModelPlan]) -> str:
     held = ", ".join(repr(n) for n in sorted(plans)) or "no model"
     return f"model {name!r} is not in the model repository; it holds {held}"
+
+
+def why_retired(plan: ModelPlan, version: str) -> str:
+    """Why a served version is retired: gone from disk, or out of its version policy."""
+    if int(version) not in plan.versions:
+        return REMOVED
+    return f"no longer selected by its version policy ({plan.policy})"

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from serving.batching.scaling import Autoscaler, ScaleDecision, ScalePolicy, replica_rows
 from serving.config import Settings, default_queue_rows
@@ -28,7 +29,16 @@ if TYPE_CHECKING:
     from serving.server.model import ServedModel
     from shards.pipeline.health import Health
 
-__all__ = ["SCALE_PERIOD_S", "ScaleStatus", "Scaler", "inherit_count", "run_scaling", "start_count"]
+__all__ = [
+    "SCALE_PERIOD_S",
+    "ScaleStatus",
+    "Scaler",
+    "hold",
+    "inherit_count",
+    "release",
+    "run_scaling",
+    "start_count",
+]
 
 log = logging.getLogger("shardserve")
 # How often the loop samples the batcher: the delays (seconds to a minute) are counted in these.
@@ -37,6 +47,18 @@ SCALE_PERIOD_S = 1.0
 # least this long, doubling up to the cap: a cluster with no room is not asked every second.
 RETRY_S = (10.0, 300.0)
 _NOT_SERVING = ("starting", "pending")
+# Versions whose count another part moves for a while (a version switch replica by replica,
+# ``serving.server.rolling``), with why: their loops keep the limits in step, decide nothing.
+_held: WeakKeyDictionary[ServedModel, str] = WeakKeyDictionary()
+
+
+def hold(model: ServedModel, why: str) -> None:
+    """``model``'s loop stops deciding (its batching limits still follow) until ``release``."""
+    _held[model] = why
+
+
+def release(model: ServedModel) -> None:
+    _held.pop(model, None)
 
 
 @dataclass
@@ -148,6 +170,11 @@ class Scaler:
         if self.adding is not None and pending == 0:  # asked for, not placed yet
             pending, replicas = 1, replicas + 1
         self.follow_limits(healthy)
+        why = _held.get(self.model)
+        if why is not None:
+            if self.model.scaling is not None:
+                self.model.scaling.reason, self.model.scaling.detail = "held", why
+            return ScaleDecision(replicas, "", "held", why)
         waited_s, inflight_rows = self.batcher.load()
         # The batching policy's own wait is a choice, not a backlog.
         queue_wait_ms = max(0.0, waited_s * 1000 - self.batcher.effective_wait_ms)

@@ -20,6 +20,7 @@ from serving.server.stop_budget import StopBudget
 if TYPE_CHECKING:
     from serving.server.model import ServedModel
     from serving.server.repository import Repository
+    from serving.server.rolling import RollingSplit
     from serving.server.rollout import Rollout
 
 __all__ = ["NO_MODEL", "SHUTTING_DOWN", "ServerState"]
@@ -39,6 +40,9 @@ class ServerState:
     # name -> its canary's controller (a model whose config.toml has [traffic]): it splits the
     # requests that name no version between its stable version and its canary
     rollouts: dict[str, Rollout] = field(default_factory=dict)
+    # name -> the split of a version switch replica by replica (``serving.server.rolling``):
+    # requests that name no version go to the old or the new version by their healthy replicas
+    splits: dict[str, RollingSplit] = field(default_factory=dict)
     repository: Repository | None = None
     # Why a model the repository knows is not served (unloaded through the API): the 404 says it.
     unserved: dict[str, str] = field(default_factory=dict)
@@ -102,8 +106,9 @@ class ServerState:
     ) -> ServedModel:
         """The version ``version`` (or the one ``label`` points at) of the model ``name``;
         without a name the default model (``/predict``'s), without a version or label the one
-        its rollout picks (its stable or canary, by weight) if that serves, else its highest
-        READY version, else its highest. ``split=False`` looks without taking a turn of the
+        its rollout picks (its stable or canary, by weight; during a switch replica by replica,
+        the old or the new by healthy replicas) if that serves, else its highest READY version,
+        else its highest. ``split=False`` looks without taking a turn of the
         split (a look before the request's own)."""
         if version is not None and label is not None:
             raise InvalidInputError(
@@ -123,7 +128,7 @@ class ServerState:
                     f"model {found_name!r} has no version {version!r}; its versions: {listed}"
                 )
             return found
-        rollout = self.rollouts.get(found_name)
+        rollout = self.rollouts.get(found_name) or self.splits.get(found_name)
         if rollout is not None:
             picked = versions.get(rollout.pick() if split else rollout.peek())
             if picked is not None and picked.not_ready_reason() is None:

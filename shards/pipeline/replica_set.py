@@ -227,6 +227,11 @@ class ReplicaSet(Elastic):
         )
 
     @property
+    def replica_bundles(self) -> list[dict[str, float]]:
+        """What one replica's placement group asks of the cluster: a bundle per stage."""
+        return [dict(bundle) for bundle in self._layout.bundles]
+
+    @property
     def inflight(self) -> tuple[int, ...]:
         """Batches handed to each replica and not answered yet."""
         return tuple(p.inflight for p in self._replicas.values())
