@@ -95,7 +95,8 @@ class Elastic:
             await self._discard(rid, replica)
             raise
         except Exception as exc:
-            log.warning("replica %d given up: %s", rid, one_line(exc))
+            why = str(exc) if isinstance(exc, PipelineStartError) else one_line(exc)
+            log.warning("replica %d given up: %s", rid, why)
             await self._discard(rid, replica)
             return False
         finally:
