@@ -136,10 +136,11 @@ class Rolling:
                 await self._forward(switch)
             elif _serving(switch.old):  # the new one failed to load
                 await self._back(switch, None)
+        except Exception:  # the manager's hand-over goes on: the READY version serves
+            log.exception("model %r: the switch replica by replica failed", model.name)
         finally:
             self._switches.pop(model.name, None)
-            if self.state.splits.get(model.name) is not None:
-                del self.state.splits[model.name]
+            self.state.splits.pop(model.name, None)
             release(switch.old)
             release(switch.new)
 
@@ -195,6 +196,8 @@ class Rolling:
             added, waited = await self._add(switch, new)
             if added:
                 continue
+            if not (_serving(new) and (switch.gone or _serving(old))):
+                return  # given up because it was unloaded meanwhile
             step = f"its replica {_count(new) + 1} of {switch.target} was not placed within "
             step += f"replica_pending_timeout_s={new.settings.replica_pending_timeout_s:g} s or "
             step += f"failed to start ({waited or 'the log says why'})"

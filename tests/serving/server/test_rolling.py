@@ -121,9 +121,12 @@ class Fleet:
     cluster: Cluster
     made: dict[int, list[Versioned]] = field(default_factory=dict)
     refuse_adds: set[int] = field(default_factory=set)
+    broken: set[int] = field(default_factory=set)  # versions whose load fails
 
     async def __call__(self, settings: Settings) -> Versioned:
         v = int(Path(str(settings.model)).parent.name)
+        if v in self.broken:
+            raise RuntimeError(f"version {v} is broken")
         if self.cluster.slots - self.cluster.used() < settings.replicas:
             raise RuntimeError(f"no room for {settings.replicas} replica(s)")
         runner = Versioned(v, settings.replicas, self.cluster)
@@ -209,6 +212,20 @@ async def test_a_new_version_that_fails_mid_way_gives_the_old_its_replicas_back(
         assert state.repository is not None
         await state.repository.poll_once()  # its files did not change: not tried again
         assert len(fleet.made[2]) == 1
+
+
+async def test_a_new_version_that_fails_to_load_gives_the_old_its_replica_back(
+    tmp_path: Path,
+) -> None:
+    fleet = Fleet(Cluster(slots=3), broken={2})
+    async with switch_under_load(tmp_path, fleet, replicas=3) as (state, load):
+        old = fleet.made[1][0]
+        assert codes(load) == [] and fleet.cluster.fewest_serving == 2
+        assert old.removes == 1 and old.adds == 1 and old.states == ["healthy"] * 3
+        assert index(state)["m/2"] == (
+            "UNAVAILABLE",
+            "model failed to load: RuntimeError: version 2 is broken",
+        )
 
 
 async def test_one_replica_hands_over_once_the_new_one_is_ready(tmp_path: Path) -> None:
