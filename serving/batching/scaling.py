@@ -5,8 +5,11 @@ about once a second: how long the queue's oldest row has waited beyond the batch
 in flight, and what one replica delivers (the rows it holds in flight at full pace, from the
 run-time model of compute: ``replica_rows``).
 
-- Up, one replica at a time: the queue's wait stays over ``target_queue_wait_ms`` for
-  ``upscale_delay_s``, and no replica is still pending or starting (at most one at a time).
+- Up: the queue's wait stays over ``target_queue_wait_ms`` for ``upscale_delay_s``, and no
+  replica is still pending or starting. The target is one more, or what the offered load needs
+  when the server measured it (``demand``: the healthy replicas times the requests offered over
+  those answered without a 503), so a step to 2.5x one replica's load asks for 3 at once; the
+  loop places them one after another, never two pending placement at a time.
 - Down, one at a time: the queue's wait stays under half the target and the rows in flight stay
   under half of what the replicas left would deliver, for ``downscale_delay_s``.
 - Both windows start again whenever the healthy count changes: a new replica is judged on the
@@ -20,6 +23,7 @@ Pure: no clock of its own (``now`` comes in), no asyncio, no HTTP, no Ray.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -97,9 +101,11 @@ class Autoscaler:
         pending: int,
         replicas: int,
         replica_rows: float | None,
+        demand: float | None = None,
     ) -> ScaleDecision:
         """``replicas``: every replica not draining (``pending``: those placed or starting,
-        not yet serving, counted in it); ``healthy``: those in the rotation."""
+        not yet serving, counted in it); ``healthy``: those in the rotation; ``demand``: the
+        replicas the offered load needs, when measured."""
         p = self.policy
         if healthy != self._healthy:  # new capacity: judge it on the load from now
             self._healthy = healthy
@@ -120,7 +126,11 @@ class Autoscaler:
             held = f"{figures} for {now - self._over_since:.0f} s"
             if replicas >= p.max_replicas:
                 return ScaleDecision(replicas, "", "max_replicas", f"{held}; at max_replicas")
-            return self._up(pending, "queue_wait", held, replicas + 1)
+            need = replicas + 1
+            if demand is not None and demand > need:
+                need = math.ceil(demand - 1e-9)
+                held = f"{held}; the offered load needs {demand:.1f} replicas"
+            return self._up(pending, "queue_wait", held, min(need, p.max_replicas))
         quiet_s = now - self._quiet_since if self._quiet_since is not None else -1.0
         if quiet_s >= p.downscale_delay_s and replicas > p.min_replicas:
             return self._down(

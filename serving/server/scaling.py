@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -150,8 +151,13 @@ class Scaler:
             )
         )
         self.stages: int = getattr(runner, "num_stages", 1)
-        self.adding: asyncio.Task[None] | None = None
+        self.adds: list[asyncio.Task[None]] = []  # oldest first
         self.removing: asyncio.Task[None] | None = None
+        # The count the last scale-up asked for: its replicas are placed one after another
+        # (never two pending placement at a time), one per tick.
+        self._want = 0
+        self._offered = Offered(max(settings.upscale_delay_s, DEMAND_WINDOW_S))
+        model.metrics.add_listener(self._offered.answered)
         self._retry_at = 0.0
         self._now = 0.0  # the last tick's
         self._retry_s = RETRY_S[0]
@@ -165,10 +171,13 @@ class Scaler:
         health = self.runner.health()
         states = health.states
         healthy = states.count("healthy")
+        placing = states.count("pending")
         pending = sum(states.count(s) for s in _NOT_SERVING)
-        replicas = sum(1 for s in states if s != "draining")
-        if self.adding is not None and pending == 0:  # asked for, not placed yet
-            pending, replicas = 1, replicas + 1
+        unseen = max(0, len(self.adds) - pending)  # asked for, not in the states yet
+        pending += unseen
+        replicas = sum(1 for s in states if s != "draining") + unseen
+        if self._want <= replicas:
+            self._want = 0  # reached (or overtaken by a remove): nothing more to place
         self.follow_limits(healthy)
         why = _held.get(self.model)
         if why is not None:
@@ -186,8 +195,13 @@ class Scaler:
             pending=pending,
             replicas=replicas,
             replica_rows=self.replica_rows(),
+            demand=self._offered.demand(now, healthy),
         )
         self.act(now, decision)
+        if decision.direction == "" and self._want > replicas and placing + unseen == 0:
+            # The next replica of a scale-up that asked for several, once the last one is
+            # placed: it starts while that one still loads.
+            self._start_add(now)
         status = self.model.scaling
         if status is not None:
             status.target = decision.target
@@ -207,21 +221,27 @@ class Scaler:
 
     def act(self, now: float, decision: ScaleDecision) -> None:
         if decision.direction == "up":
-            if self.adding is not None or now < self._retry_at:
+            if self.adds or now < self._retry_at:
                 return
             self._event(decision)
-            self.adding = asyncio.create_task(self._add(), name="shardserve-scale-up")
+            self._want = decision.target
+            self._start_add(now)
         elif decision.direction == "down":
-            if self.adding is not None:
+            self._want = 0
+            if self.adds:
                 # The replica still being placed or warmed goes first: cancelling the add
                 # removes what it placed, and no replica that serves is touched.
                 self._event(decision)
-                self.adding.cancel()
+                self.adds[-1].cancel()
                 return
             if self.removing is not None:
                 return
             self._event(decision)
             self.removing = asyncio.create_task(self._remove(), name="shardserve-scale-down")
+
+    def _start_add(self, now: float) -> None:
+        if now >= self._retry_at:
+            self.adds.append(asyncio.create_task(self._add(), name="shardserve-scale-up"))
 
     def follow_limits(self, healthy: int) -> None:
         """The batcher's in-flight batches, queue rows and pipeline depth for ``healthy``
@@ -245,7 +265,7 @@ class Scaler:
             self._inflight_set = inflight
 
     def cancel(self) -> None:
-        for task in (self.adding, self.removing):
+        for task in (*self.adds, self.removing):
             if task is not None:
                 task.cancel()
 
@@ -268,10 +288,12 @@ class Scaler:
             log.exception("model %r: adding a replica failed", self.model.name)
             added = False
         finally:
-            self.adding = None
+            task = asyncio.current_task()
+            self.adds = [t for t in self.adds if t is not task]
         if added:
             self._retry_s = RETRY_S[0]
             return
+        self._want = 0  # a replica given up: the next scale-up decides again
         # The runner logged why (what the replica waited for); try again later.
         self._retry_at = self._now + self._retry_s
         self._retry_s = min(self._retry_s * 2, RETRY_S[1])
@@ -283,3 +305,36 @@ class Scaler:
             log.exception("model %r: removing a replica failed", self.model.name)
         finally:
             self.removing = None
+
+
+# The shortest window the offered load is measured over (the upscale delay when longer).
+DEMAND_WINDOW_S = 5.0
+# Fewer answers than this in the window tell nothing about what the load needs.
+DEMAND_MIN_ANSWERS = 20
+
+
+class Offered:
+    """What the offered load needs, from the version's answers (every protocol's, through its
+    metrics' listener): the healthy replicas times the requests answered over those answered
+    without a 503 (a full queue, no healthy replica), over the last ``window_s``."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._answers = self._refused = 0
+        # (when, answers, refused so far); the first mark stands for the loop's start.
+        self._marks: deque[tuple[float, int, int]] = deque([(float("-inf"), 0, 0)])
+
+    def answered(self, status: int, seconds: float) -> None:
+        self._answers += 1
+        self._refused += status == 503
+
+    def demand(self, now: float, healthy: int) -> float | None:
+        self._marks.append((now, self._answers, self._refused))
+        while len(self._marks) > 1 and now - self._marks[1][0] >= self.window_s:
+            self._marks.popleft()
+        _, answers, refused = self._marks[0]
+        answers, refused = self._answers - answers, self._refused - refused
+        served = answers - refused
+        if answers < DEMAND_MIN_ANSWERS or served <= 0 or healthy < 1:
+            return None
+        return healthy * answers / served

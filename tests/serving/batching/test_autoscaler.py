@@ -172,3 +172,27 @@ def test_one_replicas_rows_follow_its_pipeline() -> None:
     assert replica_rows(32, latency_s=None, bottleneck_s=None) is None
     with pytest.raises(ValueError, match=r"1 <= min_replicas <= max_replicas, got 3\.\.2"):
         ScalePolicy(3, 2)
+
+
+def test_up_to_what_the_offered_load_needs_within_max() -> None:
+    scaler = Autoscaler(policy(high=3))
+
+    def up(demand: float | None) -> ScaleDecision:
+        for t in range(6):
+            decision = scaler.observe(
+                float(t),
+                queue_wait_ms=80,
+                inflight_rows=60,
+                healthy=1,
+                pending=0,
+                replicas=1,
+                replica_rows=ROWS,
+                demand=demand,
+            )
+        return decision
+
+    assert (up(2.5).direction, scaler.policy.max_replicas) == ("up", 3)
+    assert up(2.5).target == 3
+    assert up(None).target == 2  # not measured: one more
+    assert up(1.2).target == 2  # never fewer than one more
+    assert up(7.0).target == 3  # never more than max_replicas

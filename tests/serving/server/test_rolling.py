@@ -267,11 +267,11 @@ async def test_a_held_version_is_not_scaled_until_released() -> None:
     hold(model, "version 2 replaces version 1 replica by replica")
     try:
         held = scaler.tick(0.0)
-        assert (held.direction, held.reason) == ("", "held") and scaler.adding is None
+        assert (held.direction, held.reason) == ("", "held") and not scaler.adds
         release(model)
         assert scaler.tick(1.0).direction == "up"
         runner.place.set()
-        await until(lambda: scaler.adding is None)
+        await until(lambda: not scaler.adds)
         assert runner.states == ["healthy", "healthy"]
     finally:
         scaler.cancel()

@@ -126,7 +126,7 @@ async def test_the_loop_adds_and_removes_replicas_and_the_limits_follow_the_heal
     assert metric(text, "shardserve_scale_events_total", **labels, direction="up") == 1.0
 
     runner.place.set()
-    await until(lambda: scaler.adding is None)
+    await until(lambda: not scaler.adds)
     scaler.tick(2.0)
     grown = batcher.policy
     assert (grown.max_inflight_batches, grown.pipeline_depth, grown.max_queue_rows) == (4, 2, 64)
@@ -148,6 +148,54 @@ async def test_the_loop_adds_and_removes_replicas_and_the_limits_follow_the_heal
     text = model.server_metrics.render().decode()
     assert metric(text, "shardserve_scale_events_total", **labels, direction="down") == 1.0
     assert metric(text, "shardserve_replicas", **labels, state="healthy") == 1.0
+
+
+class StartingFake(ElasticFake):
+    """Placement at once; a new replica then loads (``starting``) until ``warm`` is set."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.warm = asyncio.Event()
+
+    async def add_replica(self, pending_timeout_s: float) -> bool:
+        self.states.append("starting")
+        await self.warm.wait()
+        self.states[self.states.index("starting")] = "healthy"
+        return True
+
+
+async def test_a_load_that_needs_several_replicas_places_them_one_after_another() -> None:
+    gate = asyncio.Event()
+    gate.set()
+    runner = StartingFake(gate=gate)
+    model = await served(elastic_settings(max_replicas=4, upscale_delay_s=1), runner)
+    gate.clear()
+    await model.stop_jobs(WAIT_S)
+    batcher = model.require_batcher()
+    requests = [await spawn(batcher.submit(make_rows(4, start=i * 4))) for i in range(4)]
+    await runner.wait_started(3)
+    scaler = Scaler(model, runner, batcher)
+    # 2.5x what one replica answers: of 50 requests, 30 were refused (503, queue full).
+    for status in [200] * 20 + [503] * 30:
+        model.metrics.observe_latency(status, 0.01)
+    scaler.tick(0.0)
+    up = scaler.tick(1.0)
+    assert (up.direction, up.target) == ("up", 3)
+    assert "the offered load needs 2.5 replicas" in up.detail
+    await until(lambda: runner.states == ["healthy", "starting"])
+    # Placed, still loading: the next one is asked for at once, not after the first serves.
+    scaler.tick(1.5)
+    await until(lambda: runner.states == ["healthy", "starting", "starting"])
+    scaler.tick(2.0)  # the target reached: nothing more
+    await asyncio.sleep(0)
+    assert len(runner.states) == 3
+    runner.warm.set()
+    await until(lambda: runner.states == ["healthy"] * 3 and not scaler.adds)
+    text = model.server_metrics.render().decode()
+    labels = {"model": "m", "version": "1"}
+    assert metric(text, "shardserve_scale_events_total", **labels, direction="up") == 1.0
+    gate.set()
+    await asyncio.gather(*requests)
 
 
 async def test_a_limit_the_operator_set_is_left_alone() -> None:
