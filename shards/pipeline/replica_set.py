@@ -87,6 +87,7 @@ class ReplicaSet(Elastic):
         self._recovery = {}
         self._starting = {}
         self._waits_for = {}
+        self._replicas_at_close = 0
         # When each replica out of the rotation left it, and how long the last one took to come
         # back (the start-up's time until one has): what a refused request is told to wait.
         self._left_at = {}
@@ -168,6 +169,11 @@ class ReplicaSet(Elastic):
             return []
         start = next(self._rotation) % len(serving)
         return serving[start:] + serving[:start]
+
+    @property
+    def _pipelines(self) -> list[Replica]:
+        """Every replica, in the order they were added (the bench and tests reach in here)."""
+        return list(self._replicas.values())
 
     def _id_of(self, pipeline: Replica) -> int | None:
         return next((i for i, p in self._replicas.items() if p is pipeline), None)
@@ -270,6 +276,7 @@ class ReplicaSet(Elastic):
         return answers
 
     async def close(self) -> None:
+        self._replicas_at_close = len(self._replicas)
         self._closed = True
         tasks = [*self._recovery.values(), *self._starting.values()]
         for task in tasks:

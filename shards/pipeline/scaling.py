@@ -57,11 +57,13 @@ class Elastic:
     _left_at: dict[int, float]
     _starting: dict[int, asyncio.Task[bool]]
     _waits_for: dict[int, str]
+    _replicas_at_close: int
 
     @property
     def replicas(self) -> int:
-        """Every replica, in any state (pending, starting and draining ones included)."""
-        return len(self._replicas)
+        """Every replica, in any state (pending, starting and draining ones included); once
+        closed, how many there were."""
+        return self._replicas_at_close if self._closed else len(self._replicas)
 
     async def add_replica(self, pending_timeout_s: float) -> bool:
         """Place and start one more replica; True once it serves, False when it was given up
