@@ -6,16 +6,15 @@ once warm, UNAVAILABLE with a one-line reason when its load fails). Then, on the
 (``load``, ``unload``) and every ``repository_poll_s``, it compares the repository with what it
 serves, per model: what is newly selected loads; what is no longer selected, or gone from disk,
 is unloaded; a version that serves, only once what replaces it is READY (load before retire:
-the new version loads and warms up while the old one serves; one that fails leaves the old one
-serving). An unload refuses new requests (503 saying why), answers what the
-version holds, ends its actors and only then stops routing to it. An unload through the API
-holds: polling leaves that model unloaded until a load through the API.
+the new version loads and warms up while the old one serves, its queue deeper meanwhile:
+``serving.server.switch_queue``; one that fails leaves the old one serving). An unload refuses
+new requests (503 saying why), answers what the version holds, ends its actors and only then
+stops routing to it. An unload through the API holds: polling leaves it until an API load.
 
 A failed version keeps its reason in the index and its actors end at once; polling retries it
 only once its files change (their fingerprint), a load through the API always. Labels from
 ``config.toml`` point only at READY versions; one that cannot is left unset and logged
-(``serving.server.labels``).
-With ``[traffic]`` in its ``config.toml`` a new READY version is a canary beside the stable one
+(``serving.server.labels``). With ``[traffic]`` in its ``config.toml`` a new READY version is a canary beside the stable one
 instead (``serving.server.rollout``); the old stable is retired once the canary is promoted.
 Where the cluster cannot hold the new version's replicas beside the old one's, the switch goes
 replica by replica (``serving.server.rolling``).
@@ -47,6 +46,7 @@ from serving.server.rolling import Rolling
 from serving.server.rollout import Rollouts
 from serving.server.runner import RunnerFactory, plan_private_ray
 from serving.server.stop_budget import StopBudget
+from serving.server.switch_queue import narrow_queues, widen_queues
 
 if TYPE_CHECKING:
     from serving.http.model import IndexEntry, RepositoryControl, VersionState
@@ -256,6 +256,7 @@ class Repository:
         assert found.settings is not None  # selected versions have their settings
         model = ServedModel(name, found.settings, self.state.metrics, version=str(version))
         self.state.add_model(model)
+        widen_queues(self.state.models[name].values(), model)  # while it loads
         self.rollouts.listen(model)
         model.start(self.rolling.factory(model, plan, self._factory), self._on_load_failure)
         log.info("model %r version %d: loading", name, version)
@@ -273,6 +274,7 @@ class Repository:
         else:
             self._failed.pop(key, None)
         await self._locked_hand_over(model.name)
+        narrow_queues(model.name, self.state.models.get(model.name, {}).values())
 
     def _roles_changed(self, name: str) -> None:
         """A promote retires the old stable; every change of role moves the labels."""

@@ -24,6 +24,7 @@ from weakref import WeakKeyDictionary
 from serving.batching.scaling import Autoscaler, ScaleDecision, ScalePolicy, replica_rows
 from serving.config import Settings, default_queue_rows
 from serving.server.runner import ElasticRunner
+from serving.server.switch_queue import queue_factor
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
@@ -258,7 +259,7 @@ class Scaler:
         }
         if settings.max_queue_rows is None:
             rows = default_queue_rows(policy.max_batch_size, inflight)
-            wanted["max_queue_rows"] = max(rows, self._start_rows)
+            wanted["max_queue_rows"] = max(rows, self._start_rows) * queue_factor(self.model)
         changes = {k: v for k, v in wanted.items() if getattr(policy, k) != v}
         if changes:
             self.batcher.reconfigure(**changes)
