@@ -15,6 +15,8 @@ Examples::
     python -m bench looplag --compare-tree ../old            # 1-row p99 beside 16 MiB bodies
     python -m bench frontcpu --compare-tree ../old           # front-end CPU/req, new vs old
     python -m bench ragged                                   # mixed lengths, length padded
+    python -m bench rollout --quick                          # version switch, canary rollback
+    python -m bench elastic --quick                          # replicas follow a load step
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ from bench.suites import (
     chaos,
     compare,
     datapath,
+    elastic,
     frontcpu,
     looplag,
     memory,
     overload,
     protocols,
     ragged,
+    rollout,
 )
 
 # In the order of ``--help``.
@@ -52,6 +56,8 @@ SUITES = (
     looplag,
     frontcpu,
     ragged,
+    rollout,
+    elastic,
 )
 
 

@@ -23,6 +23,7 @@ from pydantic_settings.exceptions import SettingsError
 
 from serving.length_settings import LengthSettings
 from serving.repository_settings import RepositorySettings
+from serving.scaling_settings import ScalingSettings
 from serving.settings_sources import ConfigError, TomlSource, format_validation_error, split_csv
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets, parse_bytes
 
@@ -38,7 +39,7 @@ _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 
 
 # The length-padding fields: LengthSettings; the model repository's: RepositorySettings.
-class Settings(BaseSettings, LengthSettings, RepositorySettings):
+class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings):
     model_config = SettingsConfigDict(
         env_prefix="SHARDSERVE_", extra="forbid", validate_default=True
     )

@@ -8,6 +8,8 @@ attributes) because some are raised inside Ray actors and cross a process bounda
     ├── UnauthorizedError        401  admin route without a bearer token
     ├── ForbiddenError           403  admin route with the wrong bearer token
     ├── NotFoundError            404  unknown model name
+    ├── ConflictError            409  the request does not fit the model's state now (no canary
+    │                                 to promote or roll back)
     ├── QueueFullError           503  no room for the rows; carries retry_after_s
     ├── NotReadyError            503  model not loaded/warmed yet, shutting down, or no replica
     │                                 healthy now (then with retry_after_s)
@@ -69,6 +71,10 @@ class ForbiddenError(ShardServeError):
 
 class NotFoundError(ShardServeError):
     status_code = 404
+
+
+class ConflictError(ShardServeError):
+    status_code = 409
 
 
 class QueueFullError(ShardServeError):

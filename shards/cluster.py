@@ -174,18 +174,21 @@ def cluster_summary() -> dict[str, Any]:
     }
 
 
-def pending_placement() -> str | None:
+def pending_placement(groups: Sequence[Any] = ()) -> str | None:
     """What this job's placement groups not yet placed ask for, beside what the cluster has
     free, in one line for ``/readyz``: ``waiting for resources: placement group of 2 x {CPU: 1};
-    cluster has CPU 0/2 free``. None when nothing of this job waits (or Ray is not running)."""
+    cluster has CPU 0/2 free``. None when nothing of this job waits (or Ray is not running).
+    ``groups`` (Ray ``PlacementGroup``s): only those, e.g. the one of a replica being added."""
     if not ray.is_initialized():
         return None
     # A placement group's id ends with the id of the job that created it.
     job = ray.get_runtime_context().get_job_id()
+    ids = {group.id.hex() for group in groups}
     waiting = [
         group
         for group_id, group in ray.util.placement_group_table().items()
-        if group_id.endswith(job) and group.get("state") in ("PENDING", "RESCHEDULING")
+        if (group_id in ids if ids else group_id.endswith(job))
+        and group.get("state") in ("PENDING", "RESCHEDULING")
     ]
     if not waiting:
         return None

@@ -21,6 +21,7 @@ import httpx
 
 BIN = Path(sys.executable).parent
 READY_TIMEOUT_S = 420.0
+READY_POLL_S = 0.2
 
 
 def ray_env() -> dict[str, str]:
@@ -70,9 +71,10 @@ def wait_ready(server: Server, timeout: float = READY_TIMEOUT_S) -> None:
             with contextlib.suppress(httpx.TransportError):
                 if client.get(f"{server.url}/readyz").status_code == 200:
                     return
-            # Waiting on the process is the pause between probes and ends at once if it dies.
+            # Waiting on the process is the pause between probes and ends at once if it dies;
+            # short, as every test that starts a server waits out the last pause.
             try:
-                server.process.wait(timeout=1.0)
+                server.process.wait(timeout=READY_POLL_S)
             except subprocess.TimeoutExpired:
                 continue
             break

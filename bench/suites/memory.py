@@ -74,15 +74,22 @@ def _mlp(keras: Any, width: int, depth: int, scale: float, name: str) -> Any:
     return keras.Model(features, keras.layers.Dense(10, name="logits")(x), name=name)
 
 
-def bare_tensorflow_rss() -> int:
-    out = subprocess.run(
+def start_bare_tensorflow() -> subprocess.Popen[str]:
+    """The bare process, started now: it imports while Ray starts (its RSS is its own)."""
+    return subprocess.Popen(
         [sys.executable, "-c", _BARE],
-        check=True,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=cpu_only_env(),
     )
-    return int(out.stdout.strip().splitlines()[-1])
+
+
+def bare_tensorflow_rss(bare: subprocess.Popen[str]) -> int:
+    out, err = bare.communicate()
+    if bare.returncode != 0:
+        raise RuntimeError(f"the bare `import tensorflow, keras` process failed: {err[-1500:]}")
+    return int(out.strip().splitlines()[-1])
 
 
 def measure_model(bundle: Path, batch: int) -> list[dict[str, Any]]:
@@ -122,9 +129,8 @@ def measure_model(bundle: Path, batch: int) -> list[dict[str, Any]]:
 
 def run(plan: MemoryPlan, progress: Any = print) -> dict[str, Any]:
     plan.workdir.mkdir(parents=True, exist_ok=True)
-    bare = bare_tensorflow_rss()
-    progress(f"bare `import tensorflow, keras` process: {bare / MiB:.0f} MiB RSS")
-    results: dict[str, Any] = {"bare_tf_rss": bare, "models": {}}
+    bare_process = start_bare_tensorflow()
+    results: dict[str, Any] = {"models": {}}
     with local_ray(plan.stages):
         for name in plan.models:
             batch = plan.mlp_batch if name.startswith("mlp") else plan.resnet_batch
@@ -137,6 +143,8 @@ def run(plan: MemoryPlan, progress: Any = print) -> dict[str, Any]:
                 rows = measure_model(bundle, batch)
                 progress(f"{name}: {len(rows)} actors measured in {time.monotonic() - tick:.0f} s")
             results["models"][name] = {"batch": batch, "stages": rows}
+    results["bare_tf_rss"] = bare = bare_tensorflow_rss(bare_process)
+    progress(f"bare `import tensorflow, keras` process: {bare / MiB:.0f} MiB RSS")
     return results
 
 

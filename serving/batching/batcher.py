@@ -1,14 +1,13 @@
 """The dynamic batcher: rows from many requests become batches for one async ``run_batch``.
 
-Rows, not requests, are the unit: a request of n rows takes n slots and may be split over
-batches. Rows wait in one FIFO queue per input signature (per-row shapes and dtypes), so rows
-that cannot be stacked never share a batch. A batch closes when it is full or when its oldest
-row has waited as long as its wait policy allows (``serving.batching.wait``);
-up to ``max_inflight_batches`` batches run at once so that pipeline stages overlap
-(``serving.batching.dispatch`` sends and runs them). Every request is answered exactly once: with
-its rows' outputs, or with one error from ``serving.errors``. This module is the batcher's face
-(submit, reconfigure, stop) and its loop, restarted after a crash.
-Pure asyncio and numpy: no Ray, no TensorFlow, no HTTP.
+Rows, not requests, are the unit: a request of n rows takes n slots and may be split over batches.
+Rows wait in one FIFO queue per input signature (per-row shapes and dtypes), so rows that cannot be
+stacked never share a batch. A batch closes when it is full or when its oldest row has waited as
+long as its wait policy allows (``serving.batching.wait``); up to ``max_inflight_batches`` batches
+run at once so that pipeline stages overlap (``serving.batching.dispatch`` sends and runs them).
+Every request is answered exactly once: with its rows' outputs, or with one error from
+``serving.errors``. This module is the batcher's face (submit, reconfigure, stop) and its loop,
+restarted after a crash. Pure asyncio and numpy: no Ray, no TensorFlow, no HTTP.
 """
 
 from __future__ import annotations
@@ -82,13 +81,11 @@ class Batcher:
 
     @property
     def length_padding(self) -> LengthPadding | None:
-        """The length padding in force (``serving.batching.lengths``); None: rows of different
-        lengths queue apart."""
+        """The length padding in force (``serving.batching.lengths``); None: lengths queue apart."""
         return self._dispatcher.lengths
 
     def set_length_padding(self, lengths: LengthPadding | None) -> None:
-        """Turn length padding on (or off) while nothing is queued: queued rows were keyed by
-        the padding they arrived under."""
+        """Turn length padding on or off while nothing is queued (queued rows are keyed by it)."""
         if self._queues:
             raise RuntimeError("length padding changes only while no row is queued")
         self._dispatcher.lengths = lengths
@@ -100,6 +97,9 @@ class Batcher:
     @property
     def inflight_batches(self) -> int:
         return self._dispatcher.inflight
+
+    def load(self) -> tuple[float, int]:  # for autoscaling: the oldest row's wait (s), rows out
+        return self._queues.waited_s(time.monotonic()), self._dispatcher.inflight_rows
 
     @property
     def effective_wait_ms(self) -> float:
@@ -203,9 +203,11 @@ class Batcher:
         try:
             return await request.future  # type: ignore[no-any-return]
         except asyncio.CancelledError:
-            # The client went away: its rows still queued must not be computed.
+            # The client went away: its rows still queued must not be computed. Counted only if
+            # it found the request unanswered (not just failed by ``_expire``, which counted it).
             self._withdraw(request)
-            self._reject("cancelled")
+            if request.future.cancelled():
+                self._reject("cancelled")
             raise
         finally:
             if timer is not None:

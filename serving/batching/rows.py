@@ -162,6 +162,10 @@ class RowQueues:
         """(key, arrival of the oldest queued row, queued rows) of every non-empty queue."""
         return [(key, q[0].arrival, self._rows[key]) for key, q in self._queues.items()]
 
+    def waited_s(self, now: float) -> float:
+        """How long the oldest queued row has waited at ``now`` (0 with none queued)."""
+        return max((now - q[0].arrival for q in self._queues.values() if q), default=0.0)
+
     def longest(self, key: QueueKey) -> int:
         """The longest request queued under ``key`` (0 without length padding): the length its
         next batch is padded from, at most."""

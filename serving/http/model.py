@@ -58,6 +58,8 @@ class ModelHandle(Protocol):
     - ``not_ready_reason()``: why it would refuse a request now, or ``None`` when ready.
     - ``length_padding_parameters()``: the length padding in force (padded inputs, buckets,
       outputs cut back) or why it is off; ``None`` before warm-up or with no unknown length.
+    - ``scaling_parameters()``: its replica bounds, the count it should have and why (the
+      autoscaler's last reason); ``None`` before it serves or with a fixed count.
     """
 
     @property
@@ -87,19 +89,27 @@ class ModelHandle(Protocol):
 
     def length_padding_parameters(self) -> dict[str, Any] | None: ...
 
+    def scaling_parameters(self) -> dict[str, Any] | None: ...
+
 
 class ModelDirectory(Protocol):
     """The models a server serves, by name, version and label."""
 
     def model(
-        self, name: str | None = None, version: str | None = None, label: str | None = None
+        self,
+        name: str | None = None,
+        version: str | None = None,
+        label: str | None = None,
+        *,
+        split: bool = True,
     ) -> ModelHandle:
         """The version ``version`` (or the one ``label`` points at) of the model ``name``.
 
         ``name=None``: the default model (``/predict``'s: ``--default-model``, else the only
         one; with several and no default, ``InvalidInputError`` listing them). ``version=None``
-        and no label: the model's highest READY version, else its highest. An unknown model,
-        version or label: ``NotFoundError`` naming what exists."""
+        and no label: its rollout's pick (stable or canary, by weight; ``split=False``: a look
+        that takes no turn of the split), else the model's highest READY version, else its
+        highest. An unknown model, version or label: ``NotFoundError`` naming what exists."""
         ...
 
     def versions(self, name: str) -> list[str]:

@@ -102,7 +102,8 @@ class _Refuser:
             return None
         try:
             ref = hit[1]
-            model = models.model(ref.name, ref.version, ref.label)
+            # No turn of a canary's split: the app's own look up takes the request's.
+            model = models.model(ref.name, ref.version, ref.label, split=False)
         except ShardServeError:  # another model's name: the app says which are served
             return None
         batcher = model.batcher

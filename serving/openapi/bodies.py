@@ -37,6 +37,7 @@ _WHY = {
     401: "No bearer token.",
     403: "The bearer token is not the admin token.",
     404: "No such model, version or label (the message names what is served).",
+    409: "The model's state does not allow it now (no canary to promote or roll back).",
     413: "The body is over max_body_bytes.",
     422: "The model raised on this request's rows; its batch-mates got their answers.",
     500: "The model or its stage processes failed on the batch.",
@@ -149,6 +150,19 @@ class RunTimeView(Body):
     by_length: dict[str, LengthRunTime] = {}
 
 
+class ReplicasView(Body):
+    """A version's replica bounds, the count it should have and why: ``reason`` is the
+    autoscaler's last (``queue_wait``, ``low_load``, ``min_replicas``, ``max_replicas``), or
+    ``start``, or ``fixed`` where the runner cannot change its count; absent for a fixed count
+    (``serving.server.scaling.ScaleStatus``)."""
+
+    min_replicas: int
+    max_replicas: int
+    target_replicas: int
+    reason: str
+    detail: str
+
+
 class BatchingView(Body):
     max_batch_size: int
     batch_timeout_ms: float | Literal["auto"]
@@ -160,3 +174,4 @@ class BatchingView(Body):
     inflight_batches: int
     padding: bool
     run_time_ms: RunTimeView
+    replicas: ReplicasView | None = None  # null before it serves

@@ -29,6 +29,7 @@ _REQUEST_ID_DOC = {
     "schema": {"type": "string"},
 }
 ADMIN_SECURITY: dict[str, Any] = {"security": [{"adminToken": []}]}
+_ROLLOUT = "/rollout"  # the canary's admin paths: only for the models with one
 
 
 def _is_v2_infer(path: str) -> bool:
@@ -57,6 +58,7 @@ class Served:
     labels: dict[str, tuple[str, ...]]
     signature: ModelSignature | None
     max_rows: int | None
+    rollouts: tuple[str, ...] = ()  # the models with a canary's rollout ([traffic])
 
     def enums(self) -> dict[str, list[str]]:
         """The values of each path parameter (none where nothing is served)."""
@@ -72,7 +74,7 @@ def document(base: Schema, served: Served) -> Schema:
     """``base`` (FastAPI's document, left unchanged) completed: the predict and V2 infer bodies
     for the served signature (generic while there is none), the served names, versions and
     labels as the only values of ``{name}``, ``{version}`` and ``{label}`` (no ``{label}`` path
-    where no label is set), a request of one row
+    where no label is set; the rollout paths only for models with a rollout), a request of one row
     as the example of each predict and infer body, the admin token's scheme, and
     ``X-Request-Id`` on every response. ``max_rows`` is the most rows a request may hold: fixed
     at start-up, whatever the batching policy becomes, so the document depends on the served
@@ -84,6 +86,14 @@ def document(base: Schema, served: Served) -> Schema:
         paths = doc.get("paths", {})
         for path in [path for path in paths if "{label}" in path]:
             del paths[path]
+    for path in [path for path in doc.get("paths", {}) if _ROLLOUT in path]:
+        if served.rollouts:  # a model without one could only answer 404
+            for operation in doc["paths"][path].values():
+                for parameter in operation.get("parameters", ()):
+                    if parameter.get("name") == "name" and parameter.get("in") == "path":
+                        parameter["schema"] = {"type": "string", "enum": list(served.rollouts)}
+        else:
+            del doc["paths"][path]
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.update(predict_schemas(signature, max_rows))
@@ -103,7 +113,7 @@ def document(base: Schema, served: Served) -> Schema:
                 json_body["example"] = predict_example(signature)
             for parameter in operation.get("parameters", ()):
                 listed = enums.get(parameter.get("name", ""))
-                if parameter.get("in") == "path" and listed:
+                if parameter.get("in") == "path" and listed and _ROLLOUT not in path:
                     parameter["schema"] = {"type": "string", "enum": listed}
             for response in operation.get("responses", {}).values():
                 response.setdefault("headers", {})["X-Request-Id"] = {"$ref": _REQUEST_ID_REF}

@@ -1,7 +1,8 @@
 """A model's own settings: ``<repository>/<name>/config.toml``.
 
 Its keys are the server's own settings (``stages``, ``replicas``, ``max_batch_size``, ...), each
-defaulting to the server-wide value, plus two tables::
+defaulting to the server-wide value, plus the tables below (and ``[traffic]`` / ``[canary]``, a
+canary's share and rules: ``serving.repository.traffic``)::
 
     max_batch_size = 16
     [versions]
@@ -32,6 +33,7 @@ from pydantic import ValidationError
 
 from serving.config import ConfigError, Settings
 from serving.repository.policy import VersionPolicy
+from serving.repository.traffic import TrafficConfig, read_traffic
 from serving.repository_settings import MODEL_NAME_PATTERN, RepositorySettings
 
 if TYPE_CHECKING:
@@ -67,8 +69,14 @@ SERVER_WIDE: dict[str, str] = {
     "cache_max_bytes": "the server keeps one bundle cache",
     **{key: _REPOSITORY for key in RepositorySettings.model_fields},
 }
-_TABLES = ("versions", "labels")
-_EXCLUSIVE = (("stages", "max_stage_bytes"), ("max_stage_bytes", "stages"))
+_TABLES = ("versions", "labels", "traffic", "canary")
+_EXCLUSIVE = (
+    ("stages", "max_stage_bytes"),
+    ("max_stage_bytes", "stages"),
+    # A fixed count (replicas) or bounds (min/max_replicas): the model's way replaces the server's.
+    *(("replicas", bound) for bound in ("min_replicas", "max_replicas")),
+    *((bound, "replicas") for bound in ("min_replicas", "max_replicas")),
+)
 _POLICY_KEYS = ("policy", "n", "versions")
 _LABEL = re.compile(MODEL_NAME_PATTERN)
 
@@ -78,6 +86,7 @@ class ModelConfig:
     overrides: dict[str, Any] = field(default_factory=dict)
     policy: VersionPolicy = field(default_factory=VersionPolicy)
     labels: dict[str, int] = field(default_factory=dict)
+    traffic: TrafficConfig | None = None  # [traffic] and [canary]: serving.repository.traffic
 
 
 def model_keys() -> list[str]:
@@ -113,7 +122,7 @@ def read_model_config(model_dir: Path) -> ModelConfig:
         hint = f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
         raise ConfigError(
             f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {names}{hint}; allowed: the "
-            f"tables [versions] and [labels] and the settings {model_keys()}"
+            f"tables [versions], [labels], [traffic] and [canary] and the settings {model_keys()}"
         )
     if refused:
         raise ConfigError(
@@ -124,6 +133,7 @@ def read_model_config(model_dir: Path) -> ModelConfig:
         overrides=overrides,
         policy=_policy(tables.get("versions", {}), where),
         labels=_labels(tables.get("labels", {}), where),
+        traffic=read_traffic(tables, where),
     )
 
 
@@ -138,7 +148,7 @@ def model_settings(
     values: dict[str, Any] = {key: getattr(base, key) for key in Settings.model_fields}
     # One version is one model: no repository of its own (given, or an env var would fill it).
     values.update(model_repository=None, default_model=None, repository_poll_s=0.0)
-    # A model that sets how it is cut replaces the server's way, of the two exclusive ones.
+    # A model that sets how it is cut (or its replicas) replaces the server's way of the two.
     for given, other in _EXCLUSIVE:
         if given in config.overrides and other not in config.overrides:
             values.pop(other, None)

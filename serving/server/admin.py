@@ -27,7 +27,7 @@ from serving.errors import InvalidInputError, NotReadyError
 from serving.http.admin_token import check_admin_token
 from serving.http.admission import check_length
 from serving.http.replies import read_body
-from serving.openapi.bodies import BatchingView, RunTimeView, errors
+from serving.openapi.bodies import BatchingView, ReplicasView, RunTimeView, errors
 from serving.openapi.document import ADMIN_SECURITY
 from serving.server.runner import ModelRunner
 
@@ -52,7 +52,7 @@ def check_token(request: Request, settings: Settings) -> None:
     check_admin_token(request.headers.get("authorization"), settings.admin_token, "admin routes")
 
 
-def batching_view(batcher: Batcher) -> BatchingView:
+def batching_view(batcher: Batcher, replicas: dict[str, Any] | None = None) -> BatchingView:
     policy = batcher.policy
     wait = policy.batch_timeout_ms
     return BatchingView(
@@ -66,6 +66,7 @@ def batching_view(batcher: Batcher) -> BatchingView:
         inflight_batches=batcher.inflight_batches,
         padding=policy.pad_batches,
         run_time_ms=RunTimeView.model_validate(batcher.run_time_view()),
+        replicas=None if replicas is None else ReplicasView.model_validate(replicas),
     )
 
 
@@ -200,7 +201,8 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
         return state.model(name, version)
 
     async def get_batching(request: Request, name: str | None, version: str | None) -> BatchingView:
-        return batching_view(model_of(request, name, version).require_batcher())
+        model = model_of(request, name, version)
+        return batching_view(model.require_batcher(), model.scaling_parameters())
 
     async def put_batching(request: Request, name: str | None, version: str | None) -> BatchingView:
         model = model_of(request, name, version)
@@ -223,7 +225,7 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
             batcher.reconfigure(**policy_changes(body, batcher, model.settings, runner))
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
-        return batching_view(batcher)
+        return batching_view(batcher, model.scaling_parameters())
 
     # FastAPI reads each route's path parameters off its endpoint's signature.
     async def get_default(request: Request) -> BatchingView:

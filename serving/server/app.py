@@ -26,6 +26,7 @@ from serving.server.admin import install_admin_routes
 from serving.server.error_handlers import install_error_handlers
 from serving.server.lifespan import make_lifespan
 from serving.server.repository import Repository
+from serving.server.rollout_routes import install_rollout_routes
 from serving.server.routes import install_routes
 from serving.server.runner import RunnerFactory, build_runner
 from serving.server.state import ServerState
@@ -52,6 +53,7 @@ def create_app(
     install_routes(app)
     _install_fast_routes(app.fast_routes)
     install_admin_routes(app, settings)
+    install_rollout_routes(app, settings)
     install_v2_routes(app, V2_ROUTE_DOCS)
     install_repository_routes(app, settings.admin_token, REPOSITORY_DOCS)
     return app
@@ -161,7 +163,7 @@ def _served(state: ServerState) -> Served:
         shapes.add((runner.signature, rows))
     labels = {name: tuple(sorted(by_label)) for name, by_label in state.labels.items()}
     signature, max_rows = shapes.pop() if len(shapes) == 1 else (None, None)
-    return Served(tuple(versions), labels, signature, max_rows)
+    return Served(tuple(versions), labels, signature, max_rows, tuple(sorted(state.rollouts)))
 
 
 def _untraced(app: FastAPI) -> bool:

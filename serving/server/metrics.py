@@ -6,107 +6,25 @@ hands a ``ServedModel`` its ``ModelMetrics``, and ``Metrics.remove_model`` drops
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from serving.batching.record import BatchRecord
+from serving.server.metric_sources import (
+    MODEL_LABELS,
+    HealthCollector,
+    ModelKey,
+    StageCollector,
+    memory_figures,
+)
 from shards.pipeline.health import Health
+
+__all__ = ["MODEL_LABELS", "Metrics", "ModelMetrics", "memory_figures"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-# Every series is one served version's: these two labels first, then the series' own.
-MODEL_LABELS = ("model", "version")
-ModelKey = tuple[str, str]  # (name, version)
-
-
-class _StageCollector:
-    """Per-stage figures reported by the shard actors, refreshed by each model's poller."""
-
-    def __init__(self) -> None:
-        self.snapshots: dict[ModelKey, list[dict[str, Any]]] = {}
-
-    def collect(self) -> Iterator[Metric]:
-        # Counters (exported with ``_total``) so that rate() works; an actor Ray restarts starts
-        # again from 0, which Prometheus reads as a counter reset.
-        calls = CounterMetricFamily(
-            "shardserve_stage_calls",
-            "Batches computed by a shard actor",
-            labels=[*MODEL_LABELS, "replica", "stage"],
-        )
-        compute = CounterMetricFamily(
-            "shardserve_stage_compute_seconds",
-            "Total compute time of a shard actor",
-            labels=[*MODEL_LABELS, "replica", "stage"],
-        )
-        memory = GaugeMetricFamily(
-            "shardserve_stage_memory_bytes",
-            "A shard actor's memory: planned peak (weights + activations + device overhead), "
-            "measured RSS now and at its peak, and on a GPU TensorFlow's current and peak bytes",
-            labels=[*MODEL_LABELS, "replica", "stage", "kind"],
-        )
-        # A copy: a model's poller or unload may change the dict while a scrape reads it.
-        for key, rows in list(self.snapshots.items()):
-            for row in rows:
-                labels = [*key, str(row.get("replica", 0)), str(row.get("stage_index", 0))]
-                calls.add_metric(labels, float(row.get("calls", 0)))
-                compute.add_metric(labels, float(row.get("compute_seconds_total", 0.0)))
-                for kind, value in memory_figures(row.get("memory")).items():
-                    memory.add_metric([*labels, kind], float(value))
-        yield calls
-        yield compute
-        yield memory
-
-
-def memory_figures(report: Any) -> dict[str, int]:
-    """The figures of a stage actor's memory report (``ShardActor.memory``) by kind."""
-    if not isinstance(report, dict):
-        return {}
-    figures = {
-        "planned": report.get("planned_peak_bytes"),
-        "measured": report.get("rss_bytes"),
-        "measured_peak": report.get("rss_peak_bytes"),
-    }
-    gpu = report.get("gpu")
-    if isinstance(gpu, dict):
-        figures["gpu_measured"] = gpu.get("current")
-        figures["gpu_measured_peak"] = gpu.get("peak")
-    return {k: int(v) for k, v in figures.items() if isinstance(v, int | float)}
-
-
-class _HealthCollector:
-    """Replica health read from each model's runner at scrape time."""
-
-    def __init__(self) -> None:
-        self.sources: dict[ModelKey, Callable[[], Health]] = {}
-
-    def collect(self) -> Iterator[Metric]:
-        replicas = GaugeMetricFamily(
-            "shardserve_replicas",
-            "Replicas of the model, by state",
-            labels=[*MODEL_LABELS, "state"],
-        )
-        rebuilds = CounterMetricFamily(
-            "shardserve_replica_rebuilds",
-            "Replicas rebuilt (new placement group and actors) after their actors were lost",
-            labels=list(MODEL_LABELS),
-        )
-        recoveries = CounterMetricFamily(
-            "shardserve_replica_recoveries",
-            "Replicas back in the rotation after Ray restarted their stage actors",
-            labels=list(MODEL_LABELS),
-        )
-        for key, source in list(self.sources.items()):
-            health = source()
-            for name in ("healthy", "suspect", "dead"):
-                replicas.add_metric([*key, name], float(health.states.count(name)))
-            rebuilds.add_metric(list(key), health.rebuilds)
-            recoveries.add_metric(list(key), health.recoveries)
-        yield replicas
-        yield rebuilds
-        yield recoveries
 
 
 class _Families:
@@ -184,6 +102,19 @@ class _Families:
             labels,
             registry=r,
         )
+        self.rollbacks = Counter(
+            "shardserve_rollbacks_total",
+            "Canaries rolled back, by reason: errors, latency (the judge) or manual (the API)",
+            [*labels, "reason"],
+            registry=r,
+        )
+
+        self.scale_events = Counter(
+            "shardserve_scale_events_total",
+            "Replicas added (direction up) or removed (down) by the autoscaler, by reason",
+            [*labels, "direction", "reason"],
+            registry=r,
+        )
 
     def all(self) -> tuple[Counter | Gauge | Histogram, ...]:
         return tuple(v for v in vars(self).values() if isinstance(v, Counter | Gauge | Histogram))
@@ -195,7 +126,7 @@ class ModelMetrics:
     draining must not bring the version's series back."""
 
     def __init__(
-        self, families: _Families, stages: _StageCollector, health: _HealthCollector, key: ModelKey
+        self, families: _Families, stages: StageCollector, health: HealthCollector, key: ModelKey
     ) -> None:
         self.key = key
         self.removed = False
@@ -207,6 +138,8 @@ class ModelMetrics:
         self._latency_by_status: dict[int, Any] = {}
         self._rejects_by_reason: dict[str, Any] = {}
         self._close_by_reason: dict[str, Any] = {}
+        # Called with every answered request's status and seconds (a canary's judge).
+        self._listeners: list[Callable[[int, float], None]] = []
         # Every series without a label of its own exists from the start: a rate reads 0, not
         # absent, before the first batch (and before any length-padded one).
         self._batch_size = families.batch_size.labels(*key)
@@ -222,7 +155,13 @@ class ModelMetrics:
             families.effective_wait.labels(*key),
         )
 
+    def add_listener(self, listener: Callable[[int, float], None]) -> None:
+        """``listener(status, seconds)`` after every answered request, whatever the protocol."""
+        self._listeners.append(listener)
+
     def observe_latency(self, status: int, seconds: float) -> None:
+        for listener in self._listeners:
+            listener(status, seconds)
         child = self._latency_by_status.get(status)
         if child is None:
             if self.removed:
@@ -231,6 +170,10 @@ class ModelMetrics:
                 *self.key, str(status)
             )
         child.observe(seconds)
+
+    def rollback(self, reason: str) -> None:
+        if not self.removed:
+            self._f.rollbacks.labels(*self.key, reason).inc()
 
     def reject(self, reason: str) -> None:
         child = self._rejects_by_reason.get(reason)
@@ -270,6 +213,10 @@ class ModelMetrics:
         for gauge, source in zip(self._gauges, (queue_rows, inflight, effective_wait), strict=True):
             gauge.set_function(source)
 
+    def scale_event(self, direction: str, reason: str) -> None:
+        if not self.removed:
+            self._f.scale_events.labels(*self.key, direction, reason).inc()
+
     def bind_health(self, source: Callable[[], Health]) -> None:
         if not self.removed:
             self._health.sources[self.key] = source
@@ -286,9 +233,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._families = _Families(self.registry)
-        self._stages = _StageCollector()
+        self._stages = StageCollector()
         self.registry.register(self._stages)  # type: ignore[arg-type]
-        self._health = _HealthCollector()
+        self._health = HealthCollector()
         self.registry.register(self._health)  # type: ignore[arg-type]
         self._models: dict[ModelKey, ModelMetrics] = {}
 

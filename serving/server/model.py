@@ -26,6 +26,7 @@ from serving.http.admission import Admitted
 from serving.server.length_check import LengthPlan, plan_length_padding
 from serving.server.metrics import Metrics, ModelMetrics, memory_figures
 from serving.server.runner import ModelRunner, RunnerFactory
+from serving.server.scaling import ScaleStatus, run_scaling
 from serving.server.shape_log import ShapeLog
 from serving.server.stop_budget import StopBudget, drain_batcher
 from shards.errors import one_line
@@ -59,6 +60,7 @@ class ServedModel:
     # Why new requests are refused although the model is loaded (its drain has begun).
     refusing: str | None = None
     length_plan: LengthPlan | None = None  # the length padding in force, or why none (warm-up)
+    scaling: ScaleStatus | None = None  # its replica bounds, target and why (once READY)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     loaded: asyncio.Event = field(default_factory=asyncio.Event)  # loaded or failed to
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
@@ -94,6 +96,9 @@ class ServedModel:
         """The length padding in force, or why none, for the V2 metadata; ``None`` before
         warm-up has planned it or for a model with no input of unknown length."""
         return self.length_plan.parameters() if self.length_plan is not None else None
+
+    def scaling_parameters(self) -> dict[str, Any] | None:
+        return self.scaling.parameters() if self.scaling is not None else None
 
     def health(self) -> Health | None:
         """Its replicas' health, once its runner is made."""
@@ -137,6 +142,7 @@ class ServedModel:
         self._jobs = [
             asyncio.create_task(self.load(factory, on_failure)),
             asyncio.create_task(self._poll_stats()),
+            asyncio.create_task(run_scaling(self)),
         ]
 
     async def wait_load(self) -> None:

@@ -6,14 +6,18 @@ once warm, UNAVAILABLE with a one-line reason when its load fails). Then, on the
 (``load``, ``unload``) and every ``repository_poll_s``, it compares the repository with what it
 serves, per model: what is newly selected loads; what is no longer selected, or gone from disk,
 is unloaded; a version that serves, only once what replaces it is READY (load before retire:
-the new version loads and warms up while the old one serves; one that fails leaves the old one
-serving). An unload refuses new requests (503 saying why), answers what the
-version holds, ends its actors and only then stops routing to it. An unload through the API
-holds: polling leaves that model unloaded until a load through the API.
+the new version loads and warms up while the old one serves, its queue deeper meanwhile:
+``serving.server.switch_queue``; one that fails leaves the old one serving). An unload refuses
+new requests (503 saying why), answers what the version holds, ends its actors and only then
+stops routing to it. An unload through the API holds: polling leaves it until an API load.
 
 A failed version keeps its reason in the index and its actors end at once; polling retries it
 only once its files change (their fingerprint), a load through the API always. Labels from
-``config.toml`` point only at READY versions; one that cannot is left unset and logged.
+``config.toml`` point only at READY versions; one that cannot is left unset and logged
+(``serving.server.labels``). With ``[traffic]`` in its ``config.toml`` a new READY version is a canary beside the stable one
+instead (``serving.server.rollout``); the old stable is retired once the canary is promoted.
+Where the cluster cannot hold the new version's replicas beside the old one's, the switch goes
+replica by replica (``serving.server.rolling``).
 """
 
 from __future__ import annotations
@@ -26,11 +30,23 @@ from typing import TYPE_CHECKING, Any
 
 from serving.config import Settings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
+from serving.server.labels import Labels
 from serving.server.model import ServedModel
 from serving.server.readiness import version_state
-from serving.server.repository_source import ModelPlan, Source, source_for
+from serving.server.repository_source import (
+    REMOVED,
+    ModelPlan,
+    Source,
+    not_in_repository,
+    selected_settings,
+    source_for,
+    why_retired,
+)
+from serving.server.rolling import Rolling
+from serving.server.rollout import Rollouts
 from serving.server.runner import RunnerFactory, plan_private_ray
 from serving.server.stop_budget import StopBudget
+from serving.server.switch_queue import narrow_queues, widen_queues
 
 if TYPE_CHECKING:
     from serving.http.model import IndexEntry, RepositoryControl, VersionState
@@ -41,7 +57,6 @@ __all__ = ["UNLOADED", "Repository"]
 log = logging.getLogger("shardserve")
 
 UNLOADED = "unloaded through the repository API"
-REMOVED = "removed from the model repository"
 _THROUGH_API = "through the repository API"
 _RETRIED = "to load it again: its files changed since its load failed"
 # Ending a failed version's actors: milliseconds on a live cluster; a Ray that is gone is not
@@ -72,7 +87,9 @@ class Repository:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # (name, version) -> the fingerprint its files had when its load failed
         self._failed: dict[tuple[str, str], str] = {}
-        self._label_notes: dict[tuple[str, str], str] = {}
+        self._labels = Labels(state)
+        self.rollouts = Rollouts(state, self._roles_changed)
+        self.rolling = Rolling(state, self._locked_hand_over)
         self._tasks: set[asyncio.Task[None]] = set()
         state.repository = self
 
@@ -83,7 +100,7 @@ class Repository:
         every ``repository_poll_s`` (0: never)."""
         plans = await asyncio.to_thread(self._source.scan)
         # Before the first load starts a private local Ray: its CPU count holds every version.
-        plan_private_ray(_selected_settings(plans))
+        plan_private_ray(selected_settings(plans))
         for name in sorted(plans):
             await self._reconcile(name, plans[name], retry=False)
         default = self.state.default_model
@@ -96,6 +113,7 @@ class Repository:
             )
         if self.settings.repository_poll_s > 0:
             self._spawn(self._poll_forever())
+        self._spawn(self.rollouts.watch())
 
     async def stop(self, timeout_s: float) -> None:
         """End the polling and the watch on loads (the server's stop drains and closes what is
@@ -131,6 +149,7 @@ class Repository:
                 model = served.get(str(v))
                 if model is not None:
                     state, reason = version_state(model)
+                    reason = reason or self.rollouts.note(name, str(v))
                     entries.append(_entry(name, str(v), state, reason))
                 else:
                     entries.append(_entry(name, str(v), "UNAVAILABLE", self._why_not(name, v)))
@@ -140,7 +159,7 @@ class Repository:
         plans = await asyncio.to_thread(self._source.scan)
         plan = plans.get(name)
         if plan is None:
-            raise NotFoundError(_not_in_repository(name, plans))
+            raise NotFoundError(not_in_repository(name, plans))
         if plan.error is not None:
             self._plans[name] = plan
             raise InvalidInputError(plan.error)
@@ -167,7 +186,7 @@ class Repository:
 
     async def unload(self, name: str) -> None:
         if name not in self._plans and name not in self.state.models:
-            raise NotFoundError(_not_in_repository(name, self._plans))
+            raise NotFoundError(not_in_repository(name, self._plans))
         self._held.add(name)
         async with self._locks[name]:
             await self._retire(list(self.state.models.get(name, {}).values()), _THROUGH_API)
@@ -212,17 +231,20 @@ class Repository:
         plan = self._plans.get(name)
         if plan is None or plan.error is not None or name in self._held:
             return
+        keep = self.rollouts.arrange(name, plan) | self.rolling.keep(name)  # canary, switch
         served = self.state.models.get(name, {})
         wanted = [version_state(served[str(v)])[0] for v in plan.selected if str(v) in served]
         settled = not plan.selected or ("LOADING" not in wanted and "READY" in wanted)
         retiring = [
             m
             for v, m in served.items()
-            if int(v) not in plan.selected and (settled or version_state(m)[0] != "READY")
+            if int(v) not in plan.selected
+            and v not in keep
+            and (settled or version_state(m)[0] != "READY")
         ]
         for model in retiring:  # at once: the next request that names no version goes on
-            _refuse(model, _why_retired(plan, model))
-        await asyncio.gather(*(self._retire_one(m, _why_retired(plan, m)) for m in retiring))
+            _refuse(model, why_retired(plan, model.version))
+        await asyncio.gather(*(self._retire_one(m, why_retired(plan, m.version)) for m in retiring))
         self._set_labels(name)
 
     def _changed(self, model: ServedModel, plan: ModelPlan) -> bool:
@@ -234,14 +256,16 @@ class Repository:
         assert found.settings is not None  # selected versions have their settings
         model = ServedModel(name, found.settings, self.state.metrics, version=str(version))
         self.state.add_model(model)
-        model.start(self._factory, self._on_load_failure)
+        widen_queues(self.state.models[name].values(), model)  # while it loads
+        self.rollouts.listen(model)
+        model.start(self.rolling.factory(model, plan, self._factory), self._on_load_failure)
         log.info("model %r version %d: loading", name, version)
         self._spawn(self._settle(model, found.fingerprint))
 
     async def _settle(self, model: ServedModel, fingerprint: str) -> None:
         """Once its load ends: a failed version's actors end (its reason stays in the index);
         then what it was to replace is retired, or kept if it failed."""
-        await model.wait_load()
+        await self.rolling.settle(model)  # a switch replica by replica ends first
         key = (model.name, model.version)
         if model.load_error:
             self._failed[key] = fingerprint
@@ -249,8 +273,17 @@ class Repository:
             await model.close(_CLOSE_FAILED_S)
         else:
             self._failed.pop(key, None)
-        async with self._locks[model.name]:
-            await self._hand_over(model.name)
+        await self._locked_hand_over(model.name)
+        narrow_queues(model.name, self.state.models.get(model.name, {}).values())
+
+    def _roles_changed(self, name: str) -> None:
+        """A promote retires the old stable; every change of role moves the labels."""
+        self._set_labels(name)
+        self._spawn(self._locked_hand_over(name))
+
+    async def _locked_hand_over(self, name: str) -> None:
+        async with self._locks[name]:
+            await self._hand_over(name)
 
     async def _retire(self, models: list[ServedModel], reason: str) -> None:
         await asyncio.gather(*(self._retire_one(m, reason) for m in models))
@@ -263,30 +296,14 @@ class Repository:
         await model.drain(budget)
         await model.close(budget.left())
         self.state.remove_model(model.name, model.version)
+        self.rollouts.gone(model.name, model.version)
         self._failed.pop((model.name, model.version), None)
         self.state.metrics.remove_model(model.name, model.version)
         log.info("model %r version %s unloaded: %s", model.name, model.version, reason)
         self._set_labels(model.name)
 
     def _set_labels(self, name: str) -> None:
-        plan = self._plans.get(name)
-        served = self.state.models.get(name, {})
-        labels: dict[str, str] = {}
-        for label, v in (plan.labels if plan else {}).items():
-            model = served.get(str(v))
-            found, reason = version_state(model) if model is not None else ("", "")
-            if found == "READY":
-                labels[label] = str(v)
-                self._label_notes.pop((name, label), None)
-                continue
-            why = "is not loaded" if model is None else f"is {found} ({reason})"
-            if self._label_notes.get((name, label)) != why and found != "LOADING":
-                log.warning("model %r: label %r left unset: version %d %s", name, label, v, why)
-            self._label_notes[(name, label)] = why
-        if labels:
-            self.state.labels[name] = labels
-        else:
-            self.state.labels.pop(name, None)
+        self._labels.set(name, self._plans.get(name), self.rollouts.roles(name))
 
     def _why_not(self, name: str, version: int) -> str:
         plan = self._plans.get(name)
@@ -324,22 +341,6 @@ def _refuse(model: ServedModel, reason: str) -> None:
     model.stop_accepting(
         f"model {model.name!r} version {model.version} is being unloaded ({reason})"
     )
-
-
-def _why_retired(plan: ModelPlan, model: ServedModel) -> str:
-    if int(model.version) not in plan.versions:
-        return REMOVED
-    return f"no longer selected by its version policy ({plan.policy})"
-
-
-def _selected_settings(plans: dict[str, ModelPlan]) -> list[Settings]:
-    selected = [plan.versions[v].settings for plan in plans.values() for v in plan.selected]
-    return [settings for settings in selected if settings is not None]
-
-
-def _not_in_repository(name: str, plans: dict[str, ModelPlan]) -> str:
-    held = ", ".join(repr(n) for n in sorted(plans)) or "no model"
-    return f"model {name!r} is not in the model repository; it holds {held}"
 
 
 if TYPE_CHECKING:

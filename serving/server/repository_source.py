@@ -16,10 +16,24 @@ from typing import Protocol
 from serving.config import ConfigError, Settings
 from serving.repository.layout import VersionDir, scan
 from serving.repository.model_config import model_settings, read_model_config
+from serving.repository.traffic import TrafficConfig
 
-__all__ = ["Directory", "ModelPlan", "OneModel", "Source", "VersionPlan", "source_for"]
+__all__ = [
+    "REMOVED",
+    "Directory",
+    "ModelPlan",
+    "OneModel",
+    "Source",
+    "VersionPlan",
+    "not_in_repository",
+    "selected_settings",
+    "source_for",
+    "why_retired",
+]
 
 log = logging.getLogger("shardserve")
+
+REMOVED = "removed from the model repository"
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,7 @@ class ModelPlan:
     labels: dict[str, int] = field(default_factory=dict)
     policy: str = "latest 1"  # the version policy, in words (the index says it)
     error: str | None = None  # its config.toml is broken: nothing new of it loads
+    traffic: TrafficConfig | None = None  # [traffic]: a canary beside the stable version
 
 
 class Source(Protocol):
@@ -89,7 +104,14 @@ class Directory:
                 continue
             versions[v] = VersionPlan(v, settings, found[v].fingerprint)
             selected.append(v)
-        return ModelPlan(name, versions, tuple(selected), config.labels, policy.describe())
+        return ModelPlan(
+            name,
+            versions,
+            tuple(selected),
+            config.labels,
+            policy.describe(),
+            traffic=config.traffic,
+        )
 
 
 def _unservable(found: dict[int, VersionDir], error: str) -> dict[int, VersionPlan]:
@@ -100,3 +122,21 @@ def source_for(settings: Settings) -> Source:
     if settings.model_repository is not None:
         return Directory(settings.model_repository, settings)
     return OneModel(settings)
+
+
+def selected_settings(plans: dict[str, ModelPlan]) -> list[Settings]:
+    """The settings of every version the plans select (the private Ray's CPU plan)."""
+    selected = [plan.versions[v].settings for plan in plans.values() for v in plan.selected]
+    return [settings for settings in selected if settings is not None]
+
+
+def not_in_repository(name: str, plans: dict[str, ModelPlan]) -> str:
+    held = ", ".join(repr(n) for n in sorted(plans)) or "no model"
+    return f"model {name!r} is not in the model repository; it holds {held}"
+
+
+def why_retired(plan: ModelPlan, version: str) -> str:
+    """Why a served version is retired: gone from disk, or out of its version policy."""
+    if int(version) not in plan.versions:
+        return REMOVED
+    return f"no longer selected by its version policy ({plan.policy})"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from serving.config import Settings
-from shards.cpu_plan import Pipeline, scheduling_cpus
+from shards.cpu_plan import Pipeline, cpus_per_stage, scheduling_cpus
 from shards.pipeline.health import Health
 from shards.signature import ModelSignature
 
@@ -55,6 +55,25 @@ class ModelRunner(Protocol):
     async def stats(self) -> list[dict[str, Any]]: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ElasticRunner(Protocol):
+    """A runner whose replica count can change (``shards.pipeline.replica_set.ReplicaSet``): the
+    scaling loop (``serving.server.scaling``) adds and removes replicas one at a time; a runner
+    without these methods is never scaled.
+
+    ``add_replica``: True once the new replica serves (after its warm-up); False when it was
+    given up (pending past ``pending_timeout_s``, or it failed to start). ``remove_replica``:
+    takes one out of the rotation (a pending or starting one first, then an unhealthy one),
+    lets its in-flight batches finish within ``drain_timeout_s``, then ends its actors; False
+    when none could go (never the last one)."""
+
+    async def add_replica(self, pending_timeout_s: float) -> bool: ...
+
+    async def remove_replica(self, drain_timeout_s: float) -> bool: ...
+
+    def health(self) -> Health: ...
 
 
 # Builds a model's runner from the settings (``build_runner``; tests pass their fakes').
@@ -129,7 +148,19 @@ def private_ray_cpus(versions: Iterable[Settings]) -> int:
 
 
 def _pipeline(settings: Settings) -> Pipeline:
-    return (estimated_stages(settings), settings.replicas, settings.cpus_per_shard)
+    # Reserved for the most replicas the version may scale to: a replica added later must find
+    # its CPUs in the private Ray's count.
+    return (estimated_stages(settings), settings.replica_bounds()[1], settings.cpus_per_shard)
+
+
+def _cpus_per_shard(settings: Settings) -> float | None:
+    """The setting, else (an elastic version on a private local Ray) each stage actor's share of
+    the cores among the stage actors of its most replicas, so that the TensorFlow threads of
+    every replica it may scale to fit the machine; else unset (placement decides)."""
+    low, high = settings.replica_bounds()
+    if settings.cpus_per_shard is not None or settings.ray_address is not None or low == high:
+        return settings.cpus_per_shard
+    return cpus_per_stage(None, private_ray=True, actors=estimated_stages(settings) * high)
 
 
 def estimated_stages(settings: Settings) -> int:
@@ -183,7 +214,7 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
     return PipelineOptions(
         replicas=settings.replicas,
         gpus_per_shard=settings.gpus_per_shard,
-        cpus_per_shard=settings.cpus_per_shard,
+        cpus_per_shard=_cpus_per_shard(settings),
         private_ray=settings.ray_address is None,
         placement_strategy=settings.placement_strategy,
         stage_resources=tuple(settings.stage_resources),

@@ -14,11 +14,14 @@ from serving.config import Settings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.server.metrics import Metrics
 from serving.server.readiness import readiness
+from serving.server.scaling import inherit_count
 from serving.server.stop_budget import StopBudget
 
 if TYPE_CHECKING:
     from serving.server.model import ServedModel
     from serving.server.repository import Repository
+    from serving.server.rolling import RollingSplit
+    from serving.server.rollout import Rollout
 
 __all__ = ["NO_MODEL", "SHUTTING_DOWN", "ServerState"]
 
@@ -34,6 +37,12 @@ class ServerState:
     # name -> label -> version; a label points only at a READY version (the manager sees to it)
     labels: dict[str, dict[str, str]] = field(default_factory=dict)
     default_model: str | None = None  # /predict's model; None: the only one served
+    # name -> its canary's controller (a model whose config.toml has [traffic]): it splits the
+    # requests that name no version between its stable version and its canary
+    rollouts: dict[str, Rollout] = field(default_factory=dict)
+    # name -> the split of a version switch replica by replica (``serving.server.rolling``):
+    # requests that name no version go to the old or the new version by their healthy replicas
+    splits: dict[str, RollingSplit] = field(default_factory=dict)
     repository: Repository | None = None
     # Why a model the repository knows is not served (unloaded through the API): the 404 says it.
     unserved: dict[str, str] = field(default_factory=dict)
@@ -58,6 +67,7 @@ class ServerState:
             )
         if not self.accepting:
             model.stop_accepting(SHUTTING_DOWN)
+        inherit_count(model, versions.values())  # a version switch keeps the replicas serving
         versions[model.version] = model
         self.unserved.pop(model.name, None)
 
@@ -87,11 +97,19 @@ class ServerState:
         ]
 
     def model(
-        self, name: str | None = None, version: str | None = None, label: str | None = None
+        self,
+        name: str | None = None,
+        version: str | None = None,
+        label: str | None = None,
+        *,
+        split: bool = True,
     ) -> ServedModel:
         """The version ``version`` (or the one ``label`` points at) of the model ``name``;
-        without a name the default model (``/predict``'s), without a version or label its
-        highest READY version, else its highest."""
+        without a name the default model (``/predict``'s), without a version or label the one
+        its rollout picks (its stable or canary, by weight; during a switch replica by replica,
+        the old or the new by healthy replicas) if that serves, else its highest READY version,
+        else its highest. ``split=False`` looks without taking a turn of the
+        split (a look before the request's own)."""
         if version is not None and label is not None:
             raise InvalidInputError(
                 f"name a version ({version!r}) or a label ({label!r}) of the model, not both"
@@ -110,6 +128,11 @@ class ServerState:
                     f"model {found_name!r} has no version {version!r}; its versions: {listed}"
                 )
             return found
+        rollout = self.rollouts.get(found_name) or self.splits.get(found_name)
+        if rollout is not None:
+            picked = versions.get(rollout.pick() if split else rollout.peek())
+            if picked is not None and picked.not_ready_reason() is None:
+                return picked
         ordered = sorted(versions.values(), key=lambda m: _version_key(m.version))
         ready = [m for m in ordered if m.not_ready_reason() is None]
         return (ready or ordered)[-1]

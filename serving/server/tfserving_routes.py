@@ -57,7 +57,8 @@ def _state(request: Request) -> ServerState:
 
 
 def _served(request: Request, ref: ModelRef) -> ServedModel:
-    return _state(request).model(ref.name, ref.version, ref.label)
+    # Status and metadata are looks: they take no turn of a canary's split.
+    return _state(request).model(ref.name, ref.version, ref.label, split=False)
 
 
 def version_status(model: ServedModel) -> dict[str, Any]:

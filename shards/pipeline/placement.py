@@ -3,7 +3,8 @@ one placement group per replica with one bundle per stage, the stage files shipp
 that lack them, an actor pinned to each bundle, and the wait until every actor has warmed.
 
 ``Layout`` and ``ActorSpec`` keep what a replica was built from, so that
-``shards.pipeline.recovery`` can build a failed one again the same way.
+``shards.pipeline.recovery`` can build a failed one again the same way and
+``shards.pipeline.scaling`` one more (``new_replica`` places it, ``start_replica`` starts it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -28,6 +30,8 @@ from shards.errors import PipelineStartError, one_line
 from shards.pipeline.options import PipelineOptions
 from shards.pipeline.replica import Replica
 from shards.pipeline.routes import Route, Source, plan_routes
+from shards.pipeline.watchdog import Watchdog
+from shards.signature import ModelSignature
 
 _RemoteShard = ray.remote(ShardActor)
 log = logging.getLogger(__name__)
@@ -210,3 +214,35 @@ async def start_replicas(
             replica.close()
         raise
     return replicas, Layout(routes, output_sources, bundles, spec, options, depth)
+
+
+def new_replica(layout: Layout) -> Replica:
+    """One more replica as ``layout`` builds them: its placement group asked for, no actors yet
+    (``start_replica`` starts them once the group is placed)."""
+    group = place(layout.bundles, layout.options.placement_strategy)
+    return Replica([], layout.routes, layout.output_sources, group)
+
+
+async def start_replica(
+    replica: Replica, layout: Layout, signature: ModelSignature, label: int
+) -> None:
+    """Start the actors of ``replica`` (from ``new_replica``) once its group is placed, and warm
+    it with one batch. Raises ``PipelineStartError`` (its group not placed, or an actor not up,
+    within ``ready_timeout_s``); the caller closes the replica then."""
+    options = layout.options
+    group = replica.placement_group
+    await wait_groups([group], layout.bundles, options.ready_timeout_s)
+    replica.actors = spawn_actors(layout.actor, group, layout.bundles)
+    await wait_actors([replica], options.ready_timeout_s, first_replica=label)
+    if options.compiled_graph:
+        replica.compile(layout.depth)
+    await warm(replica, signature, options.ready_timeout_s)
+
+
+async def warm(replica: Replica, signature: ModelSignature, timeout_s: float) -> None:
+    """Run one batch of one row of zeros through ``replica``."""
+    inputs = {
+        t.name: np.zeros((1, *(d or 1 for d in t.shape)), dtype=t.np_dtype)
+        for t in signature.inputs
+    }
+    await replica.run(inputs, Watchdog(timeout_s))

@@ -13,13 +13,10 @@ import enum
 import logging
 from collections.abc import Callable
 
-import numpy as np
-
 from shards.errors import one_line
 from shards.pipeline.health import ReplicaState
-from shards.pipeline.placement import Layout, place, spawn_actors, wait_actors, wait_groups
+from shards.pipeline.placement import Layout, new_replica, start_replica, warm
 from shards.pipeline.replica import Replica, release
-from shards.pipeline.watchdog import Watchdog
 from shards.signature import ModelSignature
 
 log = logging.getLogger(__name__)
@@ -78,29 +75,13 @@ async def recover(
 
 async def rebuild(old: Replica, index: int, layout: Layout, signature: ModelSignature) -> None:
     """Build replica ``index`` again from ``layout`` and swap it into ``old``, warm."""
-    options = layout.options
     # The old actors and group go first: on a full cluster the new ones need their place.
     await asyncio.to_thread(release, old.actors, old.placement_group, old.compiled)
     old.actors, old.compiled = [], None
-    group = place(layout.bundles, options.placement_strategy)
-    fresh = Replica([], layout.routes, layout.output_sources, group)
+    fresh = new_replica(layout)
     try:
-        await wait_groups([group], layout.bundles, options.ready_timeout_s)
-        fresh.actors = spawn_actors(layout.actor, group, layout.bundles)
-        await wait_actors([fresh], options.ready_timeout_s, first_replica=index)
-        if options.compiled_graph:
-            fresh.compile(layout.depth)
-        await warm(fresh, signature, options.ready_timeout_s)
+        await start_replica(fresh, layout, signature, index)
     except BaseException:
         await asyncio.to_thread(fresh.close)
         raise
     old.swap(fresh)
-
-
-async def warm(replica: Replica, signature: ModelSignature, timeout_s: float) -> None:
-    """Run one batch of one row of zeros through ``replica``."""
-    inputs = {
-        t.name: np.zeros((1, *(d or 1 for d in t.shape)), dtype=t.np_dtype)
-        for t in signature.inputs
-    }
-    await replica.run(inputs, Watchdog(timeout_s))

@@ -6,7 +6,8 @@ limit) is retried once on another healthy replica, and the replica leaves the ro
 ``shards.pipeline.recovery`` brings it back: probed (Ray restarts a dead actor that has restarts
 left) or, when its actors are gone, rebuilt in the background with a new placement group and
 actors, with backoff; it rejoins after one warm batch. ``shards.pipeline.placement`` starts the
-replicas.
+replicas; ``shards.pipeline.scaling`` adds and removes them while the set serves. Replicas are
+kept by an id that is never reused (in logs, stats and recovery tasks).
 
 Where no other replica is healthy (one replica, the default), nothing waits for the recovery: a
 batch that hung fails at once with its ``StageTimeoutError``, and every other batch of the replica
@@ -48,6 +49,7 @@ from shards.pipeline.placement import Layout, start_replicas
 from shards.pipeline.recovery import REBUILD_BACKOFF_S, Recovered, recover
 from shards.pipeline.replica import Replica
 from shards.pipeline.routes import plan_routes
+from shards.pipeline.scaling import Elastic
 from shards.pipeline.watchdog import Watchdog
 from shards.signature import ModelSignature
 
@@ -64,7 +66,7 @@ __all__ = [
 ]
 
 
-class ReplicaSet:
+class ReplicaSet(Elastic):
     """R replicas of the pipeline; each batch goes to the least-loaded healthy one."""
 
     def __init__(
@@ -76,16 +78,19 @@ class ReplicaSet:
     ) -> None:
         self.signature: ModelSignature = manifest.signature
         self.num_stages = len(manifest.stages)
-        self.replicas = len(pipelines)
         self.on_gpu = layout.actor.gpus > 0
-        self._pipelines = pipelines
+        self._replicas = dict(enumerate(pipelines))
+        self._ids = itertools.count(len(pipelines))
         self._layout = layout
-        self._rotation = itertools.cycle(range(len(pipelines)))
+        self._rotation = itertools.count()
         self._watchdog = Watchdog(layout.options.batch_hard_timeout_s)
-        self._recovery: dict[int, asyncio.Task[None]] = {}
+        self._recovery = {}
+        self._starting = {}
+        self._waits_for = {}
+        self._replicas_at_close = 0
         # When each replica out of the rotation left it, and how long the last one took to come
         # back (the start-up's time until one has): what a refused request is told to wait.
-        self._left_at: dict[int, float] = {}
+        self._left_at = {}
         self._recovery_s = start_s
         self._rebuilds = 0
         self._recoveries = 0
@@ -159,18 +164,27 @@ class ReplicaSet:
 
     def _in_rotation(self) -> list[Replica]:
         # Rotating the scan start breaks ties, so idle replicas take turns.
-        start = next(self._rotation)
-        n = len(self._pipelines)
-        ordered = (self._pipelines[(start + i) % n] for i in range(n))
-        return [p for p in ordered if p.state is ReplicaState.HEALTHY]
+        serving = [p for p in self._replicas.values() if p.state is ReplicaState.HEALTHY]
+        if not serving:
+            return []
+        start = next(self._rotation) % len(serving)
+        return serving[start:] + serving[:start]
+
+    @property
+    def _pipelines(self) -> list[Replica]:
+        """Every replica, in the order they were added (the bench and tests reach in here)."""
+        return list(self._replicas.values())
+
+    def _id_of(self, pipeline: Replica) -> int | None:
+        return next((i for i, p in self._replicas.items() if p is pipeline), None)
 
     # --- faults and recovery
 
     def _fault(self, pipeline: Replica, error: RunError) -> None:
-        if pipeline.state is not ReplicaState.HEALTHY or self._closed:
-            return  # already out of the rotation, being recovered
+        index = self._id_of(pipeline)
+        if pipeline.state is not ReplicaState.HEALTHY or self._closed or index is None:
+            return  # already out of the rotation: being recovered, or draining (never recovered)
         self._last_fault = error.message
-        index = self._pipelines.index(pipeline)
         log.warning("replica %d leaves the rotation: %s", index, error.message)
         pipeline.state = ReplicaState.SUSPECT
         self._left_at[index] = time.monotonic()
@@ -180,7 +194,7 @@ class ReplicaSet:
 
     async def _recover(self, index: int, hung: bool) -> None:
         how = await recover(
-            self._pipelines[index],
+            self._replicas[index],
             index,
             self._layout,
             self.signature,
@@ -195,16 +209,19 @@ class ReplicaSet:
             self._rejoin(index, how.value)
 
     def _rejoin(self, index: int, why: str) -> None:
-        log.warning("replica %d rejoins the rotation: %s", index, why)
-        self._pipelines[index].clear_fault()
-        self._pipelines[index].state = ReplicaState.HEALTHY
         self._recovery.pop(index, None)
+        replica = self._replicas.get(index)
+        if replica is None or replica.state is ReplicaState.DRAINING:
+            return  # removed by a scale-down meanwhile
+        log.warning("replica %d rejoins the rotation: %s", index, why)
+        replica.clear_fault()
+        replica.state = ReplicaState.HEALTHY
         left_at = self._left_at.pop(index, None)
         if left_at is not None:
             self._recovery_s = time.monotonic() - left_at
 
     def health(self) -> Health:
-        states = tuple(p.state.value for p in self._pipelines)
+        states = tuple(p.state.value for p in self._replicas.values())
         return Health(
             replicas=self.replicas,
             healthy=states.count(ReplicaState.HEALTHY.value),
@@ -212,12 +229,18 @@ class ReplicaSet:
             rebuilds=self._rebuilds,
             recoveries=self._recoveries,
             reason=self._last_fault,
+            pending_reason=self.pending_reason(),
         )
+
+    @property
+    def replica_bundles(self) -> list[dict[str, float]]:
+        """What one replica's placement group asks of the cluster: a bundle per stage."""
+        return [dict(bundle) for bundle in self._layout.bundles]
 
     @property
     def inflight(self) -> tuple[int, ...]:
         """Batches handed to each replica and not answered yet."""
-        return tuple(p.inflight for p in self._pipelines)
+        return tuple(p.inflight for p in self._replicas.values())
 
     def batch_hard_timeout_s(self, rows: int) -> float:
         """The watchdog's limit now for a batch of ``rows`` rows."""
@@ -236,26 +259,31 @@ class ReplicaSet:
         and its replica recovered: the server's periodic stats poll is also its health check,
         so a replica that lost an actor between batches leaves the rotation before one fails."""
         pairs = [
-            (p, a) for p in self._pipelines if p.state is ReplicaState.HEALTHY for a in p.actors
+            (i, p, a)
+            for i, p in self._replicas.items()
+            if p.state is ReplicaState.HEALTHY
+            for a in p.actors
         ]
         results = await asyncio.gather(
-            *(getattr(a, method).remote() for _, a in pairs), return_exceptions=True
+            *(getattr(a, method).remote() for _, _, a in pairs), return_exceptions=True
         )
         answers = []
-        for (pipeline, _), result in zip(pairs, results, strict=True):
+        for (index, pipeline, _), result in zip(pairs, results, strict=True):
             if isinstance(result, ray.exceptions.RayActorError):
                 self._fault(pipeline, translate(result))
-            elif isinstance(result, dict) and pipeline in self._pipelines:
-                answers.append({"replica": self._pipelines.index(pipeline), **result})
+            elif isinstance(result, dict) and self._replicas.get(index) is pipeline:
+                answers.append({"replica": index, **result})
         return answers
 
     async def close(self) -> None:
+        self._replicas_at_close = len(self._replicas)
         self._closed = True
-        tasks = list(self._recovery.values())
+        tasks = [*self._recovery.values(), *self._starting.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        pipelines, self._pipelines = self._pipelines, []
+        pipelines = list(self._replicas.values())
+        self._replicas = {}
         # Ray's kill/remove calls block; off the event loop they cannot stall a shutdown, and
         # each close is bounded, so neither can a GCS that is gone.
         await asyncio.gather(*(asyncio.to_thread(p.close) for p in pipelines))

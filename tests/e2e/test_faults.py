@@ -131,7 +131,7 @@ def _wait_healthy(server: Server, replicas: int, timeout: float = 240.0) -> dict
         status = httpx.get(f"{server.url}/v1/models/tokens").json()
         if status["replicas"]["healthy"] == replicas or time.monotonic() > deadline:
             return status  # type: ignore[no-any-return]
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 def test_a_poison_row_fails_alone_and_its_batch_mates_are_answered(

@@ -1,7 +1,7 @@
 """Memory back on unload (issue 20): a model of more than 1 GiB of float32 weights, served in 2
 stages through the real runner on the session's Ray, then unloaded by the repository manager: its stage actors' processes
-are gone and the machine's used memory (as ``free`` counts it) is back within 100 MiB of what
-it was before the load. TensorFlow never gives memory back inside a process; a version that
+are gone and what the server's processes and its Ray hold (``held_bytes``) is back within 100 MiB
+of what it was before the load. TensorFlow never gives memory back inside a process; a version that
 lives in its own actors gives everything back when they end."""
 
 from __future__ import annotations
@@ -47,24 +47,18 @@ def big_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def used_bytes() -> int:
-    """What the machine uses, as ``free`` counts it: MemTotal - MemFree - Buffers - Cached -
-    SReclaimable, with Shmem (tmpfs, Ray's object store) counted as used. Not MemAvailable: that
-    is the kernel's estimate of reclaimable page cache, which moved by ~240 MiB after this test's
-    gigabyte of file writes and reads on a quiet machine, with no process holding more. Less what
-    the processes that are not this test's hold (not this process or its descendants: its Ray and
-    the actors): alone on the machine (the suite) that is 0; beside other people's work it keeps
-    their growth out of this test's figures."""
-    fields = {
-        key: int(value.split()[0]) * 1024
-        for key, value in (
-            line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines()
-        )
-    }
-    cache = fields["Buffers"] + fields["Cached"] + fields.get("SReclaimable", 0)
-    used = fields["MemTotal"] - fields["MemFree"] - cache + fields.get("Shmem", 0)
-    ours = processes(mine=True)
-    return used - sum(size for pid, (_, size) in processes().items() if pid not in ours)
+def held_bytes() -> int:
+    """What this test's server holds: the anonymous pages of this process and its descendants
+    (its Ray: GCS, raylet, workers, the stage actors), each page shared between processes split
+    between them, plus every shared-memory page of the machine (tmpfs and Ray's object store,
+    where a page an ended actor wrote stays, mapped by no one). Not the machine's used memory:
+    on this VM that less what every process holds (kernel memory: page tables, socket buffers,
+    pages on per-CPU free lists or out for the balloon's free-page reporting) read 299 to 722 MiB
+    and moved by 420 MiB between two reads while this test's processes moved by 16 MiB: the
+    suite's +240 and +266 MiB failures had no process of the test holding the difference."""
+    meminfo = Path("/proc/meminfo").read_text()
+    shmem = next(line for line in meminfo.splitlines() if line.startswith("Shmem:"))
+    return sum(size for _, size in processes(mine=True).values()) + int(shmem.split()[1]) * 1024
 
 
 def processes(mine: bool = False) -> dict[int, tuple[str, int]]:
@@ -91,17 +85,16 @@ def processes(mine: bool = False) -> dict[int, tuple[str, int]]:
 
 
 def _held(entry: Path, status: dict[str, str]) -> int:
-    """What a process adds to the machine's used memory: its anonymous and shared-memory pages
-    (Ray's object store), each shared page split between its sharers where /proc says so."""
-    kb = {"Pss_Anon": 0, "Pss_Shmem": 0}
+    """A process's anonymous pages, each shared page split between its sharers where /proc says
+    so (its shared-memory pages are in ``held_bytes``'s Shmem)."""
     try:
         for line in (entry / "smaps_rollup").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key in kb:
-                kb[key] = int(value.split()[0])
-    except OSError:  # not ours to read: its resident anonymous and shared pages, unsplit
-        kb = {k: int(status.get(k, "0 kB").split()[0]) for k in ("RssAnon", "RssShmem")}
-    return sum(kb.values()) * 1024
+            if key == "Pss_Anon":
+                return int(value.split()[0]) * 1024
+    except OSError:  # not ours to read: its resident anonymous pages, unsplit
+        pass
+    return int(status.get("RssAnon", "0 kB").split()[0]) * 1024
 
 
 def grown(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> str:
@@ -146,17 +139,14 @@ async def test_unloading_a_1gib_model_ends_its_actors_and_gives_the_memory_back(
     repository = Repository(state, settings, build_runner)
     others = shard_pids()
     started = time.monotonic()
-    # The bundle's gigabyte was just written: while its dirty pages are written back, the
-    # kernel's figures move by hundreds of MiB with no process holding more. Settle them first.
-    os.sync()
-    before, ours_before = used_bytes(), processes(mine=True)
+    before, ours_before = held_bytes(), processes(mine=True)
 
     await repository.start()
     try:
         model = state.model("big")
         await asyncio.wait_for(model.wait_load(), 120)
         assert model.load_error is None
-        loaded = used_bytes()
+        loaded = held_bytes()
         pids = shard_pids() - others
         name = model.signature.inputs[0].name
         answer = await model.require_batcher().submit(
@@ -168,15 +158,13 @@ async def test_unloading_a_1gib_model_ends_its_actors_and_gives_the_memory_back(
         if state.served():  # a failure above must not leave its actors behind
             await repository.unload("big")
     await until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 30.0)
-    os.sync()
-    # The failing suite runs waited 10 s and stayed over; give the kernel's accounting longer
-    # before the figure is read (this costs time only when memory is slow to come back).
-    await until(lambda: used_bytes() - before <= TOLERANCE, 30.0)
-    after = used_bytes()
+    # Ray may start an idle worker in the place of an ended actor: give it time to settle.
+    await until(lambda: held_bytes() - before <= TOLERANCE, 10.0)
+    after = held_bytes()
     took = time.monotonic() - started
 
     print(
-        f"\nweights {weights / GiB:.2f} GiB; used memory before {before / MiB:.0f} MiB, "
+        f"\nweights {weights / GiB:.2f} GiB; held before {before / MiB:.0f} MiB, "
         f"loaded +{(loaded - before) / MiB:.0f} MiB, after unload {(after - before) / MiB:+.0f} "
         f"MiB; load + answer + unload {took:.1f} s; grown: {grown(ours_before, processes(True))}"
     )
@@ -187,9 +175,4 @@ async def test_unloading_a_1gib_model_ends_its_actors_and_gives_the_memory_back(
     assert not pids & shard_pids()
     assert state.served() == []
     assert b'model="big"' not in state.metrics.render()  # its series went with it
-    # Alone the test reads +65 to +89 MiB (the 100 MiB bar); after the rest of the suite it
-    # read +240 and +266 MiB with no process of its own holding more than 13 MiB extra (the
-    # kernel's figures after the suite's file I/O): the bar the suite holds is that at least 90%
-    # of what the load took came back, with the figure printed above for the record.
-    bar = max(TOLERANCE, (loaded - before) // 10)
-    assert after - before <= bar, grown(ours_before, processes(mine=True))
+    assert after - before <= TOLERANCE, grown(ours_before, processes(mine=True))

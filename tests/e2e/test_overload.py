@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -46,10 +47,18 @@ def _args(ray_address: str, workdir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.fixture
-def server(ray_address: str, workdir: Path) -> Iterator[Server]:
+@dataclass
+class Served:
+    server: Server
+    shards: set[int]  # its shard actors' pids
+
+
+@pytest.fixture(scope="module")
+def served(ray_address: str, workdir: Path) -> Iterator[Served]:
+    """One server for the flood, then the SIGTERM under load, which stops it."""
+    others = _shard_pids()
     with running_server(_args(ray_address, workdir), workdir) as srv:
-        yield srv
+        yield Served(srv, _shard_pids() - others)
 
 
 def _shard_pids() -> set[int]:
@@ -94,7 +103,8 @@ def _check_refusal(r: httpx.Response) -> None:
     assert "queue full" in assert_clean_error(r)
 
 
-async def test_flood_past_the_queue_gets_answers_or_quick_503s(server: Server) -> None:
+async def test_flood_past_the_queue_gets_answers_or_quick_503s(served: Served) -> None:
+    server = served.server
     async with _client(server, FLOOD) as client:
 
         async def one(i: int) -> httpx.Response:
@@ -117,51 +127,48 @@ async def test_flood_past_the_queue_gets_answers_or_quick_503s(server: Server) -
     assert metric(metrics, "shardserve_rejects_total", reason="queue_full") == statuses.count(503)
 
 
-async def test_sigterm_under_load_loses_no_accepted_request(
-    ray_address: str, workdir: Path
-) -> None:
+async def test_sigterm_under_load_loses_no_accepted_request(served: Served) -> None:
+    # The flood's server, stopped here: this test comes after the flood.
     outcomes: list[tuple[str, float]] = []  # (what, when it came back)
-    others = _shard_pids()
-    with running_server(_args(ray_address, workdir), workdir) as srv:
-        shards = _shard_pids() - others
-        async with _client(srv, 32) as client, asyncio.timeout(50):
+    srv, shards = served.server, served.shards
+    async with _client(srv, 32) as client, asyncio.timeout(50):
 
-            async def user() -> None:
-                # Closed loop, at most 200 requests; stops once the server refuses or is gone.
-                for _ in range(200):
-                    try:
-                        r = await client.post("/predict", json={"instances": [ROW]})
-                    except httpx.ConnectError:
-                        outcomes.append(("refused", time.monotonic()))
+        async def user() -> None:
+            # Closed loop, at most 200 requests; stops once the server refuses or is gone.
+            for _ in range(200):
+                try:
+                    r = await client.post("/predict", json={"instances": [ROW]})
+                except httpx.ConnectError:
+                    outcomes.append(("refused", time.monotonic()))
+                    return
+                except httpx.TransportError as exc:  # sent, then no answer: lost
+                    outcomes.append((f"lost: {exc!r}", time.monotonic()))
+                    return
+                if r.status_code == 200:
+                    _check_answer(r)
+                    outcomes.append(("200", time.monotonic()))
+                elif r.status_code == 503:
+                    message = assert_clean_error(r)
+                    outcomes.append(("503", time.monotonic()))
+                    if "shutting down" in message:
                         return
-                    except httpx.TransportError as exc:  # sent, then no answer: lost
-                        outcomes.append((f"lost: {exc!r}", time.monotonic()))
-                        return
-                    if r.status_code == 200:
-                        _check_answer(r)
-                        outcomes.append(("200", time.monotonic()))
-                    elif r.status_code == 503:
-                        message = assert_clean_error(r)
-                        outcomes.append(("503", time.monotonic()))
-                        if "shutting down" in message:
-                            return
-                        await asyncio.sleep(0.02)  # queue full: back off a little
-                    else:
-                        outcomes.append((f"{r.status_code}: {r.text}", time.monotonic()))
+                    await asyncio.sleep(0.02)  # queue full: back off a little
+                else:
+                    outcomes.append((f"{r.status_code}: {r.text}", time.monotonic()))
 
-            users = [asyncio.create_task(user()) for _ in range(24)]
-            async with _client(srv, 2) as probe:
-                await _until_queued(probe)
-                # The batches in flight wait while the server is probed, so that the drain
-                # (and the open listener with it) lasts until they are let go.
-                with _hung(shards):
-                    signalled = time.monotonic()
-                    srv.process.send_signal(signal.SIGTERM)
-                    readyz = await _readyz_after_signal(probe)
-                    refused = await _predict_after_signal(probe)
-            await asyncio.gather(*users)
-        code = srv.process.wait(timeout=40)
-        log = srv.output()
+        users = [asyncio.create_task(user()) for _ in range(24)]
+        async with _client(srv, 2) as probe:
+            await _until_queued(probe)
+            # The batches in flight wait while the server is probed, so that the drain
+            # (and the open listener with it) lasts until they are let go.
+            with _hung(shards):
+                signalled = time.monotonic()
+                srv.process.send_signal(signal.SIGTERM)
+                readyz = await _readyz_after_signal(probe)
+                refused = await _predict_after_signal(probe)
+        await asyncio.gather(*users)
+    code = srv.process.wait(timeout=40)
+    log = srv.output()
 
     kinds = [what for what, _ in outcomes]
     assert not [k for k in kinds if k not in ("200", "503", "refused")], kinds

@@ -99,13 +99,11 @@ def test_metadata_and_bad_input(server: Server) -> None:
     assert r.json() == {"error": "input 'features' has shape (1, 2); expected (n, 12) float32"}
 
 
-def test_sigterm_shuts_down_cleanly(ray_address: str, model_path: Path) -> None:
-    args = ["--model", str(model_path), "--stages", "2", "--ray-address", ray_address,
-            "--cache-dir", str(model_path.parent / "cache")]  # fmt: skip
-    with running_server(args, model_path.parent) as srv:
-        # uvicorn drains, then re-raises the signal so that the exit status says SIGTERM
-        assert srv.terminate() in (0, -signal.SIGTERM)
-        assert "Application shutdown complete" in srv.output()
+def test_sigterm_shuts_down_cleanly(server: Server) -> None:
+    # The module's server, stopped: this test comes after every other test that uses it.
+    # uvicorn drains, then re-raises the signal so that the exit status says SIGTERM
+    assert server.terminate() in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in server.output()
 
 
 def test_load_failure_exits_non_zero_with_the_reason(ray_address: str, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ def test_small_sweep_writes_every_file(server: str, tmp_path: Path) -> None:
     out = tmp_path / "tune"
     command = [
         sys.executable, "-m", "serving.cli.main", "tune", "--url", server, "--timeouts", "0,auto",
-        "--loads", "4", "--duration", "2", "--warmup", "1", "--repeats", "2", "--slo-p99-ms", "1000",
+        "--loads", "4", "--duration", "1", "--warmup", "1", "--repeats", "2", "--slo-p99-ms", "1000",
         "--out", str(out), "--admin-token", TOKEN,
     ]  # fmt: skip
     done = subprocess.run(

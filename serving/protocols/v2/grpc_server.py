@@ -129,7 +129,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: _Context) -> Any:
         started = time.perf_counter()
         rid = _request_id(context)
-        model = await self._model(context, request.model_name, request.model_version, rid)
+        model = await self._model(
+            context, request.model_name, request.model_version, rid, split=True
+        )
         metrics = model.metrics
         status = 500
         error: ShardServeError | None = None
@@ -188,12 +190,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await _repository_call(context, self._repository.unload, request)
 
     async def _model(
-        self, context: _Context, name: str, version: str, rid: str = "-"
+        self, context: _Context, name: str, version: str, rid: str = "-", *, split: bool = False
     ) -> ModelHandle:
         """The model served as ``name`` at ``version`` (empty: the server's choice); else the
         call ends with NOT_FOUND naming the models or versions there are."""
         try:
-            return self._models.model(name, version or None)
+            # Only an inference takes a turn of a canary's split; a look does not.
+            return self._models.model(name, version or None, split=split)
         except ShardServeError as exc:
             await _abort(context, exc, rid)
 

@@ -79,7 +79,8 @@ async def _infer(
 
 
 def _model(request: Request, name: str, version: str | None) -> ModelHandle:
-    return served_models(request.app).model(name, version)
+    # A look (metadata, readiness, config) takes no turn of a canary's split.
+    return served_models(request.app).model(name, version, split=False)
 
 
 # The GET handlers return their bodies as dicts, checked and sent by FastAPI against the

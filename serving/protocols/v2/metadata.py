@@ -43,9 +43,13 @@ def model_metadata(model: ModelHandle, versions: list[str] | None = None) -> dic
         "inputs": [tensor_metadata(spec) for spec in signature.inputs],
         "outputs": [tensor_metadata(spec) for spec in signature.outputs],
     }
-    length_padding = model.length_padding_parameters()
-    if length_padding is not None:  # HTTP only: gRPC's ModelMetadataResponse has no parameters
-        metadata["parameters"] = {"length_padding": length_padding}
+    # HTTP only: gRPC's ModelMetadataResponse has no parameters.
+    parameters = {
+        "length_padding": model.length_padding_parameters(),
+        "replicas": model.scaling_parameters(),  # bounds, target count and why
+    }
+    if any(value is not None for value in parameters.values()):
+        metadata["parameters"] = {k: v for k, v in parameters.items() if v is not None}
     return metadata
 
 

@@ -23,7 +23,8 @@ def test_chaos_bench_runs_on_a_tiny_setting(
     # Its own private Ray: the shard actors it kills are found among the server's descendants.
     monkeypatch.delenv("SHARDSERVE_RAY_ADDRESS", raising=False)
     (port,) = free_ports(1)
-    args = ["--seconds", "5", "--rate", "20", "--kill-every", "3"]
+    # One kill, early: the run lasts until the killed replica is back, however short the load.
+    args = ["--seconds", "2", "--rate", "50", "--kill-every", "1.2"]
     results = bench.run("chaos", *args, "--poison-fraction", "0.1", "--port", str(port))
     verdicts = results["verdicts"]
     assert results["requests"] == 100 and results["poisoned"] == 10

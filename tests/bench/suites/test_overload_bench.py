@@ -20,9 +20,10 @@ def test_each_client_gets_its_share_of_the_offered_rate_rounded_up() -> None:
 @pytest.mark.skipif(not have_hey(), reason=f"hey is not installed; {HEY_INSTALL_HINT}")
 def test_overload_bench_runs_on_a_tiny_setting(bench_on_session_ray: SuiteRun) -> None:
     (port,) = free_ports(1)
+    # 1 s a phase: hey's shortest run (it rounds to whole seconds).
     args = ["--workload", "light", "--max-batch-size", "8", "--warmup", "1"]
-    args += ["--capacity-clients", "8", "--capacity-seconds", "2", "--clients", "64"]
-    args += ["--seconds", "2", "--staggered-groups", "4", "--retry-seconds", "2"]
+    args += ["--capacity-clients", "8", "--capacity-seconds", "1", "--clients", "64"]
+    args += ["--seconds", "1", "--staggered-groups", "4", "--retry-seconds", "1"]
     results = bench_on_session_ray.run("overload", *args, "--port", str(port))
     phases = {p["phase"]: p for p in results["phases"]}
     assert list(phases) == ["capacity", "overload", "overload, 4 staggered hey", "retry storm"]

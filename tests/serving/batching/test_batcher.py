@@ -182,6 +182,26 @@ async def test_cancelled_request_rows_are_never_computed(make: Harness) -> None:
     assert make.rejects == ["cancelled"]
 
 
+async def test_a_cancel_just_after_the_deadline_is_not_a_second_reject(
+    clock: FakeClock, make: Harness
+) -> None:
+    # gRPC cancels a call when the client's deadline passes, which is also the batcher's: the
+    # cancel can land after the batcher's timer failed the request, before its task resumed.
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=4, batch_timeout_ms=0)
+    busy = await occupy(batcher, runner)
+    deadline = time.monotonic() + 60
+    late = await spawn(batcher.submit(make_rows(1, start=100), deadline=deadline))
+    # Due after the batcher's timer, run in the same turn of the loop: before ``late`` resumes.
+    asyncio.get_running_loop().call_at(deadline + 1, late.cancel)
+    clock.advance(61)
+    assert isinstance(await settle(late), asyncio.CancelledError)
+    assert make.rejects == ["deadline"]  # one request, one reject
+    open_gate(runner)
+    await busy
+    assert [row_ids(b) for b in runner.batches] == [[0]]
+
+
 async def test_rows_of_different_signatures_never_share_a_batch(make: Harness) -> None:
     runner = FakeRunner()
     batcher = await make(runner, max_batch_size=8, batch_timeout_ms=20)

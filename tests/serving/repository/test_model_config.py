@@ -77,7 +77,7 @@ def test_an_unknown_key_names_the_file_the_key_and_what_is_allowed(tmp_path: Pat
         "resnet/config.toml: unknown keys 'max_batch', 'warmup' (did you mean 'max_batch_size'?);"
         " allowed:"
     )
-    assert "[versions] and [labels]" in message and "'max_batch_size'" in message
+    assert "[traffic] and [canary]" in message and "'max_batch_size'" in message
     assert str(tmp_path) not in message and "\n" not in message
 
 

@@ -103,6 +103,7 @@ async def test_get_shows_the_policy() -> None:
             "bottleneck": {"1": None, "2": None, "4": None},
             "by_length": {},  # a model without a length
         },
+        "replicas": None,  # a fixed count: no autoscaler to show
     }
 
 

@@ -15,13 +15,14 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 import pytest
+import pytest_asyncio
 import ray
 
 import shards.pipeline.placement
@@ -144,60 +145,80 @@ async def _until(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_killed_shard_costs_latency_not_requests(
-    ray_address: str, seq_case: Case, caplog: pytest.LogCaptureFixture
-) -> None:
-    bundle, model, inputs = seq_case
-    group = await ReplicaSet.create(bundle, PipelineOptions(replicas=2, batch_sizes=(1,)))
-    rows = [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(3)] * 8
-    expected = [call_whole(model, r) for r in rows]
-    infos = await group.describe()
-    victim = next(i["pid"] for i in infos if (i["replica"], i["stage_index"]) == (0, 1))
-    # Stopped, the stage holds every batch its replica is given: those are surely in flight,
-    # unanswered, when it dies.
-    os.kill(victim, signal.SIGSTOP)
+@pytest_asyncio.fixture(scope="class", loop_scope="class")
+async def two_replicas(ray_address: str, seq_case: Case) -> AsyncIterator[ReplicaSet]:
+    # Both sizes the class's tests send; the warm-up runs each once per replica.
+    group = await ReplicaSet.create(seq_case[0], PipelineOptions(replicas=2, batch_sizes=(1, 3)))
     try:
-
-        async def client(start: int) -> list[dict[str, np.ndarray]]:
-            return [await group.run(r) for r in rows[start::4]]
-
-        clients = [asyncio.ensure_future(client(i)) for i in range(4)]
-        await _until(lambda: group.inflight[0] > 0)
-        held = group.inflight[0]
-        os.kill(victim, signal.SIGKILL)
-        answers = await asyncio.gather(*clients)
-        # Ray restarts the stage (max_restarts): the replica is probed and rejoins.
-        await _until(lambda: group.health().healthy == 2)
-        after = next(
-            i["pid"] for i in await group.describe() if (i["replica"], i["stage_index"]) == (0, 1)
-        )
+        yield group
     finally:
-        with contextlib.suppress(ProcessLookupError):
+        await group.close()
+
+
+@pytest.mark.asyncio(loop_scope="class")
+class TestTwoReplicas:
+    """One set of two replicas (the session Ray's 4 CPUs), started once: each test leaves it
+    with both replicas healthy, and the set is closed when the class ends."""
+
+    async def test_killed_shard_costs_latency_not_requests(
+        self, two_replicas: ReplicaSet, seq_case: Case, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        group = two_replicas
+        _, model, inputs = seq_case
+        rows = [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(3)] * 8
+        expected = [call_whole(model, r) for r in rows]
+        infos = await group.describe()
+        victim = next(i["pid"] for i in infos if (i["replica"], i["stage_index"]) == (0, 1))
+        # Stopped, the stage holds every batch its replica is given: those are surely in
+        # flight, unanswered, when it dies.
+        os.kill(victim, signal.SIGSTOP)
+        try:
+
+            async def client(start: int) -> list[dict[str, np.ndarray]]:
+                return [await group.run(r) for r in rows[start::4]]
+
+            clients = [asyncio.ensure_future(client(i)) for i in range(4)]
+            await _until(lambda: group.inflight[0] > 0)
+            held = group.inflight[0]
             os.kill(victim, signal.SIGKILL)
-        await group.close()
+            answers = await asyncio.gather(*clients)
+            # Ray restarts the stage (max_restarts): the replica is probed and rejoins.
+            await _until(lambda: group.health().healthy == 2)
+            after = next(
+                i["pid"]
+                for i in await group.describe()
+                if (i["replica"], i["stage_index"]) == (0, 1)
+            )
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
 
-    assert held > 0
-    assert "replica 0 leaves the rotation: a stage process failed" in caplog.text
-    for start, got in enumerate(answers):
-        for out, want in zip(got, expected[start::4], strict=True):
-            _assert_matches(out, want)
-    assert after != victim
+        assert held > 0
+        assert "replica 0 leaves the rotation: a stage process failed" in caplog.text
+        for start, got in enumerate(answers):
+            for out, want in zip(got, expected[start::4], strict=True):
+                _assert_matches(out, want)
+        assert after != victim
 
+    async def test_batches_spread_over_both_replicas(
+        self, two_replicas: ReplicaSet, seq_case: Case
+    ) -> None:
+        group = two_replicas
+        _, model, inputs = seq_case
+        assert group.health().healthy == 2
 
-async def test_batches_spread_over_both_replicas(ray_address: str, seq_case: Case) -> None:
-    bundle, model, inputs = seq_case
-    group = await ReplicaSet.create(bundle, PipelineOptions(replicas=2, batch_sizes=(3,)))
-    try:
+        def calls(stats: list[dict[str, Any]]) -> dict[tuple[int, int], int]:
+            return {(s["replica"], s["stage_index"]): s["calls"] for s in stats}
+
+        before = calls(await group.stats())
         outs = await asyncio.gather(*(group.run(inputs) for _ in range(6)))
-        stats = await group.stats()
-    finally:
-        await group.close()
+        after = calls(await group.stats())
 
-    for out in outs:
-        _assert_matches(out, call_whole(model, inputs))
-    calls = {(s["replica"], s["stage_index"]): s["calls"] for s in stats}
-    assert calls[(0, 0)] > 0 and calls[(1, 0)] > 0
-    assert calls[(0, 0)] + calls[(1, 0)] == 6
+        for out in outs:
+            _assert_matches(out, call_whole(model, inputs))
+        made = {key: after[key] - before[key] for key in after}
+        assert made[(0, 0)] > 0 and made[(1, 0)] > 0
+        assert made[(0, 0)] + made[(1, 0)] == 6
 
 
 @pytest.mark.parametrize(
@@ -343,27 +364,20 @@ def test_close_logs_failures_and_still_frees_the_placement_group(
     assert "GCS gone while killing actor-1" in caplog.text
 
 
+# The bundle, its inputs and the whole model's outputs come from this process (which has
+# TensorFlow loaded already): the child, a driver of a Ray that declares 2 GPUs, loads none.
 _GPU_SCRIPT = """
 import asyncio, json, sys
 import numpy as np
 import ray
-from shards.partition.demo_models import build_demo
-from shards.partition.cut import partition_to_bundle
 from shards.pipeline.replica_set import ReplicaSet, PipelineOptions
 
 async def main():
-    model = build_demo("demo-tiny")
-    partition_to_bundle(model, sys.argv[1], stages=2)
     group = await ReplicaSet.create(sys.argv[1], PipelineOptions(gpus_per_shard=1))
     try:
-        specs = group.signature.inputs
-        rng = np.random.default_rng(0)
-        batch = {t.name: rng.normal(size=(2, *t.shape)).astype(t.dtype) for t in specs}
+        batch, whole = dict(np.load(sys.argv[2])), dict(np.load(sys.argv[3]))
         out = await group.run(batch)
-        whole = model([batch[t.name] for t in specs] if len(specs) > 1 else batch[specs[0].name])
-        whole = whole if isinstance(whole, (list, tuple)) else [whole]
-        diff = max(float(np.abs(out[n] - np.asarray(w)).max())
-                   for n, w in zip(group.signature.output_names, whole))
+        diff = max(float(np.abs(out[n] - whole[n]).max()) for n in whole)
         print("RESULT " + json.dumps({"infos": await group.describe(), "diff": diff}))
     finally:
         await group.close()
@@ -374,12 +388,16 @@ ray.shutdown()
 """
 
 
-def test_declared_gpus_give_each_shard_its_own_gpu(tmp_path: Path) -> None:
+def test_declared_gpus_give_each_shard_its_own_gpu(tmp_path: Path, seq_case: Case) -> None:
+    bundle, model, inputs = seq_case
+    np.savez(tmp_path / "inputs.npz", **inputs)  # type: ignore[arg-type]
+    np.savez(tmp_path / "whole.npz", **call_whole(model, inputs))  # type: ignore[arg-type]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     script = tmp_path / "gpu_pipeline.py"
     script.write_text(textwrap.dedent(_GPU_SCRIPT))
+    argv = [str(bundle), str(tmp_path / "inputs.npz"), str(tmp_path / "whole.npz")]
     proc = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "bundle")],
+        [sys.executable, str(script), *argv],
         env=env,
         capture_output=True,
         text=True,

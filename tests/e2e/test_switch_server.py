@@ -1,0 +1,161 @@
+"""Version switches on real Ray actors (the session's Ray), the app in process, one replica each.
+
+- ``plain`` (no ``[traffic]``): version 2 appears while two clients keep sending; every request
+  is answered 200, and none sent after version 1 was unloaded is answered by it (the one-replica
+  hand-over). A version 3 that cannot load (a ``.keras`` naming a layer that does not exist)
+  leaves version 2 serving, with its reason in the index.
+- ``slow`` (``[traffic]`` 50/50): a canary that computes far longer per row than the stable
+  version (it stretches each row 16000 times before its dense layers: ~200 ms a row against ~7) is rolled back on its p99,
+  kept loaded, and counted as ``latency`` in ``shardserve_rollbacks_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import keras
+import pytest
+
+from shards.partition.demo_models import build_demo
+
+ROW = [3, 14, 5, 9]
+SLOW_CONFIG = """stages = 1
+[traffic]
+stable = 50
+canary = 50
+[canary]
+window_s = 60
+min_requests = 6
+"""
+DEADLINE_S = 120.0
+
+
+def slow_tokens() -> keras.Model:
+    """demo-tokens' signature, ~30x its compute: each row stretched to 16000x its length."""
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(64, 16, name="embedding")(tokens)
+    x = keras.layers.UpSampling1D(16000, name="stretch")(x)
+    x = keras.layers.Dense(256, activation="relu", name="wide")(x)
+    x = keras.layers.Dense(256, activation="relu", name="wider")(x)
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    return keras.Model(tokens, keras.layers.Dense(4, name="logits")(x), name="slow_tokens")
+
+
+def add_version(root: Path, name: str, version: int, model: keras.Model | None) -> None:
+    """Saved aside, then renamed in; ``None``: a ``.keras`` file that names no real layer."""
+    staged = root / name / f".{version}.tmp"
+    staged.mkdir(parents=True)
+    if model is None:
+        with zipfile.ZipFile(staged / "m.keras", "w") as broken:
+            broken.writestr("config.json", '{"class_name": "NoSuchLayer", "config": {}}')
+            broken.writestr("metadata.json", "{}")
+    else:
+        model.save(staged / "m.keras")
+    staged.rename(root / name / str(version))
+
+
+async def until(check: object, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"not within {DEADLINE_S:g} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "repository"
+    tokens = build_demo("demo-tokens")
+    add_version(root, "plain", 1, tokens)
+    (root / "plain" / "config.toml").write_text("stages = 1\n")
+    add_version(root, "slow", 1, tokens)
+    (root / "slow" / "config.toml").write_text(SLOW_CONFIG)
+    return root
+
+
+async def test_a_switch_under_load_drops_nothing_and_a_slow_canary_rolls_back(
+    repository: Path, ray_address: str, tmp_path: Path
+) -> None:
+    from asgi_lifespan import LifespanManager
+
+    from serving.config import Settings
+    from serving.server.app import create_app
+
+    settings = Settings(
+        model_repository=repository,
+        ray_address=ray_address,
+        cache_dir=tmp_path / "cache",
+        max_batch_size=4,
+        batch_timeout_ms=0,
+        cpus_per_shard=0.5,
+        max_sequence_length=16,
+    )
+    body = {"inputs": [{"name": "tokens", "shape": [1, 4], "datatype": "INT32", "data": ROW}]}
+    app = create_app(settings)
+    async with LifespanManager(app, startup_timeout=30, shutdown_timeout=60) as manager:
+        state = app.state.shardserve
+        for name in ("plain", "slow"):
+            await asyncio.wait_for(state.model(name).wait_load(), DEADLINE_S)
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+
+            async def infer(name: str) -> tuple[float, int, str]:
+                sent = time.monotonic()
+                reply = await client.post(f"/v2/models/{name}/infer", json=body)
+                version = reply.json().get("model_version", "") if reply.status_code == 200 else ""
+                return sent, reply.status_code, version or reply.text
+
+            answers: list[tuple[float, int, str]] = []
+            switched: list[float] = []
+            done = asyncio.Event()
+
+            async def keep_sending() -> None:
+                while not done.is_set():
+                    answers.append(await infer("plain"))
+
+            clients = [asyncio.create_task(keep_sending()) for _ in range(2)]
+            await until(lambda: len(answers) >= 10, "answers from version 1")
+            add_version(repository, "plain", 2, build_demo("demo-tokens"))
+            await state.repository.poll_once()
+            await until(lambda: list(state.models["plain"]) == ["2"], "version 1 unloaded")
+            switched.append(time.monotonic())
+            await until(lambda: len([a for a in answers if a[0] > switched[0]]) >= 10, "after")
+            done.set()
+            await asyncio.gather(*clients)
+
+            add_version(repository, "plain", 3, None)
+            await state.repository.poll_once()
+            await until(lambda: state.model("plain", "3").loaded.is_set(), "version 3 failed")
+            after_failure = [await infer("plain") for _ in range(3)]
+            index = {
+                (e["name"], e["version"]): (e["state"], e["reason"])
+                for e in (await client.post("/v2/repository/index", json={})).json()
+            }
+
+            add_version(repository, "slow", 2, slow_tokens())
+            await state.repository.poll_once()
+            await until(lambda: state.rollouts["slow"].canary == "2", "version 2 the canary")
+            slow: list[tuple[float, int, str]] = []
+            while state.rollouts["slow"].state != "rolled_back":
+                assert len(slow) < 300, "the slow canary was not rolled back"
+                slow.append(await infer("slow"))
+            rolled = state.rollouts["slow"]
+            rolled_back = (rolled.weights, rolled.reason or "")
+            metrics = (await client.get("/metrics")).text
+
+    failed = [a for a in answers + slow if a[1] != 200]
+    assert not failed, failed[:5]
+    versions = [v for _, _, v in answers if v in ("1", "2")]
+    assert "1" in versions and "2" in versions
+    late = [a for a in answers if a[0] > switched[0] and a[2] == "1"]
+    assert not late, f"answered by version 1 after it was unloaded: {late[:3]}"
+    assert [(code, v) for _, code, v in after_failure] == [(200, "2")] * 3
+    state3, reason3 = index[("plain", "3")]
+    assert state3 == "UNAVAILABLE" and reason3 and "Traceback" not in reason3
+    assert index[("plain", "2")] == ("READY", "")
+    assert rolled_back[0] == (50, 0)
+    assert rolled_back[1].startswith("rolled back: canary p99"), rolled_back[1]
+    assert 'shardserve_rollbacks_total{model="slow",reason="latency",version="2"} 1.0' in metrics
