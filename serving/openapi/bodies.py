@@ -161,6 +161,8 @@ class ReplicasView(Body):
     target_replicas: int
     reason: str
     detail: str
+    # What a replica the cluster has not placed yet waits for ("" when none waits).
+    pending: str = ""
 
 
 class BatchingView(Body):

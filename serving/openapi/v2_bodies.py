@@ -61,7 +61,7 @@ class V2ModelMetadata(_Body):
     outputs: list[V2TensorMetadata]
     # {"length_padding": {"inputs", "buckets", "outputs_cut_back"} or {"off": why}}, where the
     # model takes an input of unknown length; "replicas": {"min_replicas", "max_replicas",
-    # "target_replicas", "reason", "detail"} once it serves.
+    # "target_replicas", "reason", "detail", "pending"} once it serves.
     parameters: dict[str, Any] | None = None
 
 

@@ -14,10 +14,10 @@ stops routing to it. An unload through the API holds: polling leaves it until an
 A failed version keeps its reason in the index and its actors end at once; polling retries it
 only once its files change (their fingerprint), a load through the API always. Labels from
 ``config.toml`` point only at READY versions; one that cannot is left unset and logged
-(``serving.server.labels``). With ``[traffic]`` in its ``config.toml`` a new READY version is a canary beside the stable one
-instead (``serving.server.rollout``); the old stable is retired once the canary is promoted.
-Where the cluster cannot hold the new version's replicas beside the old one's, the switch goes
-replica by replica (``serving.server.rolling``).
+(``serving.server.labels``). With ``[traffic]`` in its ``config.toml`` a new READY version is a
+canary beside the stable one instead (``serving.server.rollout``), the old stable retired once
+it is promoted. Where the cluster cannot hold the new version's replicas beside the old one's,
+the switch goes replica by replica (``serving.server.rolling``).
 """
 
 from __future__ import annotations

@@ -73,6 +73,7 @@ class ScaleStatus:
     target: int
     reason: str
     detail: str = ""
+    pending: str = ""  # what a replica the cluster has not placed yet waits for, if one
 
     def parameters(self) -> dict[str, Any]:
         return {
@@ -81,6 +82,7 @@ class ScaleStatus:
             "target_replicas": self.target,
             "reason": self.reason,
             "detail": self.detail,
+            "pending": self.pending,
         }
 
 
@@ -208,6 +210,7 @@ class Scaler:
             status.target = decision.target
             if decision.reason:
                 status.reason, status.detail = decision.reason, decision.detail
+            status.pending = health.pending_reason  # what a replica not placed yet waits for
         return decision
 
     def replica_rows(self) -> float | None:

@@ -26,6 +26,8 @@ from shards.pipeline.health import Health
 from tests.fakes import WAIT_S, FakeRunner, make_rows, spawn
 from tests.metrics_text import metric
 
+WAITS = "waiting for resources: placement group of 1 x {GPU: 1}; cluster has GPU 0/0 free"
+
 
 class ElasticFake(FakeRunner):
     """A fake runner whose replicas can be added (pending until ``place`` is set) and removed
@@ -42,7 +44,10 @@ class ElasticFake(FakeRunner):
         return len(self.states)
 
     def health(self) -> Health:
-        return Health(len(self.states), self.states.count("healthy"), tuple(self.states))
+        waits = WAITS if "pending" in self.states else ""
+        return Health(
+            len(self.states), self.states.count("healthy"), tuple(self.states), pending_reason=waits
+        )
 
     async def add_replica(self, pending_timeout_s: float) -> bool:
         self.states.append("pending")
@@ -120,6 +125,8 @@ async def test_the_loop_adds_and_removes_replicas_and_the_limits_follow_the_heal
     await until(lambda: "pending" in runner.states)
     held = scaler.tick(1.5)  # one pending at a time
     assert held.direction == "" and runner.states == ["healthy", "pending"]
+    waiting = model.scaling_parameters()
+    assert waiting is not None and waiting["pending"] == WAITS  # what the pending one waits for
     text = model.server_metrics.render().decode()
     labels = {"model": "m", "version": "1"}
     assert metric(text, "shardserve_replicas", **labels, state="pending") == 1.0
@@ -132,7 +139,7 @@ async def test_the_loop_adds_and_removes_replicas_and_the_limits_follow_the_heal
     assert (grown.max_inflight_batches, grown.pipeline_depth, grown.max_queue_rows) == (4, 2, 64)
     status = model.scaling_parameters()
     assert status is not None
-    assert (status["target_replicas"], status["reason"]) == (2, "queue_wait")
+    assert (status["target_replicas"], status["reason"], status["pending"]) == (2, "queue_wait", "")
     assert model_metadata(model)["parameters"]["replicas"] == status
     view = batching_view(batcher, model.scaling_parameters())
     assert view.replicas is not None and view.replicas.target_replicas == 2
@@ -222,6 +229,7 @@ async def test_a_runner_that_cannot_change_its_count_is_never_scaled() -> None:
         "target_replicas": 1,
         "reason": "fixed",
         "detail": "its runner cannot add or remove replicas",
+        "pending": "",
     }
     assert model._jobs[-1].done()
     await model.stop_jobs(WAIT_S)
