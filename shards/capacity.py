@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import ray
 
-from shards.partition.memory_plan import format_size
+from shards.cluster import bundle_fits, resource_amount
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,8 @@ def replicas_fit(bundles: Sequence[Resources], replicas: int, strategy: str = "P
     for done in range(replicas):
         if not place_group(bundles, free, strategy):
             have = ray.available_resources()
-            asked = ", ".join(f"{k}={_amount(k, v)}" for k, v in sorted(need.items()))
-            now = ", ".join(f"{k}={_amount(k, have.get(k, 0.0))}" for k in sorted(need))
+            asked = ", ".join(f"{k}={resource_amount(k, v)}" for k, v in sorted(need.items()))
+            now = ", ".join(f"{k}={resource_amount(k, have.get(k, 0.0))}" for k in sorted(need))
             return (
                 f"{replicas} replica(s) ask {asked} ({strategy}); {done} of them fit in what "
                 f"the cluster has free ({now})"
@@ -59,8 +59,7 @@ def _take(bundles: Sequence[Resources], nodes: list[Resources], *, distinct: boo
             (
                 i
                 for i, node in enumerate(trial)
-                if not (distinct and i in used)
-                and all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items())
+                if not (distinct and i in used) and bundle_fits(bundle, node)
             ),
             None,
         )
@@ -82,7 +81,3 @@ def _free_per_node() -> list[Resources]:
     except Exception:  # an internal API: without it, the cluster as one node (totals only)
         log.debug("no per-node free resources; judging the cluster's totals", exc_info=True)
         return [dict(ray.available_resources())]
-
-
-def _amount(key: str, value: float) -> str:
-    return format_size(int(value)) if "memory" in key else f"{value:g}"

@@ -200,14 +200,15 @@ def pending_placement(groups: Sequence[Any] = ()) -> str | None:
     keys = sorted({key for group in waiting for b in group["bundles"].values() for key in b})
     total, free = ray.cluster_resources(), ray.available_resources()
     have = ", ".join(
-        f"{k} {_amount(k, free.get(k, 0.0))}/{_amount(k, total.get(k, 0.0))} free" for k in keys
+        f"{k} {resource_amount(k, free.get(k, 0.0))}/{resource_amount(k, total.get(k, 0.0))} free"
+        for k in keys
     )
     return scrub(f"waiting for resources: {asked}; cluster has {have}")
 
 
 def _group_shape(group: dict[str, Any]) -> str:
     bundles = Counter(
-        "{" + ", ".join(f"{k}: {_amount(k, v)}" for k, v in sorted(bundle.items())) + "}"
+        "{" + ", ".join(f"{k}: {resource_amount(k, v)}" for k, v in sorted(bundle.items())) + "}"
         for bundle in group["bundles"].values()
     )
     shape = " + ".join(f"{n} x {b}" if n > 1 else b for b, n in bundles.items())
@@ -229,11 +230,11 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strat
             need[key] = need.get(key, 0.0) + amount * replicas
     short = {k: v for k, v in need.items() if total.get(k, 0.0) + 1e-9 < v}
     if short:
-        wanted = ", ".join(f"{k}={_amount(k, v)}" for k, v in sorted(short.items()))
-        have = ", ".join(f"{k}={_amount(k, total.get(k, 0.0))}" for k in sorted(short))
+        wanted = ", ".join(f"{k}={resource_amount(k, v)}" for k, v in sorted(short.items()))
+        have = ", ".join(f"{k}={resource_amount(k, total.get(k, 0.0))}" for k in sorted(short))
         free = ray.available_resources()
-        now = ", ".join(f"{k}={_amount(k, free.get(k, 0.0))}" for k in sorted(short))
-        per_stage = [{k: _amount(k, v) for k, v in b.items()} for b in bundles]
+        now = ", ".join(f"{k}={resource_amount(k, free.get(k, 0.0))}" for k in sorted(short))
+        per_stage = [{k: resource_amount(k, v) for k, v in b.items()} for b in bundles]
         raise InsufficientResourcesError(
             f"the pipeline needs {wanted} ({replicas} replica(s) x {len(bundles)} stage(s), "
             f"per stage {per_stage}) but the cluster has only {have} ({now} free); "
@@ -241,7 +242,7 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strat
         )
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     for index, bundle in enumerate(bundles):
-        if not any(_fits(bundle, node) for node in nodes):
+        if not any(bundle_fits(bundle, node) for node in nodes):
             raise InsufficientResourcesError(
                 f"stage {index} asks for {bundle} on one node; no node has that much "
                 f"(nodes: {[_public(n) for n in nodes]})"
@@ -253,7 +254,7 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strat
         )
     if strategy == "STRICT_PACK":
         whole = {k: sum(b.get(k, 0.0) for b in bundles) for k in need}
-        if not any(_fits(whole, node) for node in nodes):
+        if not any(bundle_fits(whole, node) for node in nodes):
             raise InsufficientResourcesError(
                 f"placement_strategy STRICT_PACK needs {whole} on one node; no node has that much"
             )
@@ -286,7 +287,7 @@ def placement_resources(
     return bundles
 
 
-def _amount(key: str, value: float) -> str:
+def resource_amount(key: str, value: float) -> str:
     """A resource amount as people read it: bytes for Ray's memory resources."""
     return format_size(int(value)) if "memory" in key else f"{value:g}"
 
@@ -302,7 +303,7 @@ def _fix(short: dict[str, float]) -> str:
     return "lower gpus_per_shard / cpus_per_shard / replicas or add nodes"
 
 
-def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
+def bundle_fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
     return all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items())
 
 
