@@ -9,7 +9,6 @@ version fails throughout."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 import ray
 
 from shards.partition.demo_models import build_demo
+from tests.e2e.repository_app import DEADLINE_S, add_version, repository_settings, until
 
 ROW = [3, 14, 55, 9]  # 55: outside version 2's 20 ids
 CONFIG = """stages = 1
@@ -31,7 +31,6 @@ window_s = 3
 min_requests = 6
 promote = "auto"
 """
-DEADLINE_S = 120.0
 
 
 def narrow_tokens() -> keras.Model:
@@ -43,21 +42,6 @@ def narrow_tokens() -> keras.Model:
     return keras.Model(tokens, keras.layers.Dense(4, name="logits")(x), name="narrow_tokens")
 
 
-def add_version(root: Path, version: int, model: keras.Model) -> None:
-    """Saved aside, then renamed in: the server sees all of it or none."""
-    staged = root / "m" / f".{version}.tmp"
-    staged.mkdir(parents=True)
-    model.save(staged / "m.keras")
-    staged.rename(root / "m" / str(version))
-
-
-async def until(check: object, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"not within {DEADLINE_S:g} s: {what}"
-        await asyncio.sleep(0.05)
-
-
 def actors(model: Any) -> list[Any]:
     """A served version's stage actors (its ``ReplicaSet``'s replicas')."""
     return [a for replica in model.runner._replicas.values() for a in replica.actors]
@@ -66,7 +50,7 @@ def actors(model: Any) -> list[Any]:
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
     root = tmp_path / "repository"
-    add_version(root, 1, build_demo("demo-tokens"))
+    add_version(root, "m", 1, build_demo("demo-tokens"))
     (root / "m" / "config.toml").write_text(CONFIG)
     return root
 
@@ -76,18 +60,9 @@ async def test_a_failing_canary_rolls_back_and_a_good_one_is_promoted_on_its_own
 ) -> None:
     from asgi_lifespan import LifespanManager
 
-    from serving.config import Settings
     from serving.server.app import create_app
 
-    settings = Settings(
-        model_repository=repository,
-        ray_address=ray_address,
-        cache_dir=tmp_path / "cache",
-        max_batch_size=4,
-        batch_timeout_ms=0,
-        cpus_per_shard=1,
-        max_sequence_length=16,
-    )
+    settings = repository_settings(repository, ray_address, tmp_path / "cache", 1)
     want = np.asarray(build_demo("demo-tokens")(np.array([ROW], np.int32)))
     app = create_app(settings)
     async with LifespanManager(app, startup_timeout=30, shutdown_timeout=60) as manager:
@@ -104,7 +79,7 @@ async def test_a_failing_canary_rolls_back_and_a_good_one_is_promoted_on_its_own
                 found = (await client.post("/v2/repository/index", json={})).json()
                 return {e["version"]: (e["state"], e["reason"]) for e in found}
 
-            add_version(repository, 2, narrow_tokens())
+            add_version(repository, "m", 2, narrow_tokens())
             await state.repository.poll_once()
             await until(lambda: state.rollouts["m"].canary == "2", "version 2 the canary")
             during = await send(20)
@@ -115,7 +90,7 @@ async def test_a_failing_canary_rolls_back_and_a_good_one_is_promoted_on_its_own
             # Their stage actors, to see them end (a runner drops its handles at close).
             v1_actors, v2_actors = actors(state.model("m", "1")), actors(state.model("m", "2"))
 
-            add_version(repository, 3, build_demo("demo-tokens"))
+            add_version(repository, "m", 3, build_demo("demo-tokens"))
             await state.repository.poll_once()
             await until(lambda: state.rollouts["m"].canary == "3", "version 3 the canary")
             promoted: list[httpx.Response] = []

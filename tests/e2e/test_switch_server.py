@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zipfile
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ import keras
 import pytest
 
 from shards.partition.demo_models import build_demo
+from tests.e2e.repository_app import DEADLINE_S, add_version, repository_settings, until
 
 ROW = [3, 14, 5, 9]
 SLOW_CONFIG = """stages = 1
@@ -31,7 +31,6 @@ canary = 50
 window_s = 60
 min_requests = 6
 """
-DEADLINE_S = 120.0
 
 
 def slow_tokens() -> keras.Model:
@@ -43,26 +42,6 @@ def slow_tokens() -> keras.Model:
     x = keras.layers.Dense(256, activation="relu", name="wider")(x)
     x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
     return keras.Model(tokens, keras.layers.Dense(4, name="logits")(x), name="slow_tokens")
-
-
-def add_version(root: Path, name: str, version: int, model: keras.Model | None) -> None:
-    """Saved aside, then renamed in; ``None``: a ``.keras`` file that names no real layer."""
-    staged = root / name / f".{version}.tmp"
-    staged.mkdir(parents=True)
-    if model is None:
-        with zipfile.ZipFile(staged / "m.keras", "w") as broken:
-            broken.writestr("config.json", '{"class_name": "NoSuchLayer", "config": {}}')
-            broken.writestr("metadata.json", "{}")
-    else:
-        model.save(staged / "m.keras")
-    staged.rename(root / name / str(version))
-
-
-async def until(check: object, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"not within {DEADLINE_S:g} s: {what}"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -81,18 +60,9 @@ async def test_a_switch_under_load_drops_nothing_and_a_slow_canary_rolls_back(
 ) -> None:
     from asgi_lifespan import LifespanManager
 
-    from serving.config import Settings
     from serving.server.app import create_app
 
-    settings = Settings(
-        model_repository=repository,
-        ray_address=ray_address,
-        cache_dir=tmp_path / "cache",
-        max_batch_size=4,
-        batch_timeout_ms=0,
-        cpus_per_shard=0.5,
-        max_sequence_length=16,
-    )
+    settings = repository_settings(repository, ray_address, tmp_path / "cache", 0.5)
     body = {"inputs": [{"name": "tokens", "shape": [1, 4], "datatype": "INT32", "data": ROW}]}
     app = create_app(settings)
     async with LifespanManager(app, startup_timeout=30, shutdown_timeout=60) as manager:
