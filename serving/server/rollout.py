@@ -324,10 +324,13 @@ class Rollouts:
             return rollout
         with_one = sorted(self.state.rollouts)
         others = f"models with one: {with_one}" if with_one else "no model has one"
-        if name in self.state.models:
-            raise NotFoundError(
-                f"model {name!r} has no rollout: its config.toml has no [traffic] table; {others}"
-            )
+        versions = self.state.models.get(name, {})
+        if versions and not any(_ready(m) for m in versions.values()):
+            why = "no rollout yet: none of its versions is ready (a rollout begins with the first)"
+            raise NotFoundError(f"model {name!r} has {why}; {others}")
+        if versions:
+            why = "no rollout: its config.toml has no [traffic] table"
+            raise NotFoundError(f"model {name!r} has {why}; {others}")
         raise NotFoundError(f"model {name!r} is not served; {others}")
 
     async def watch(self) -> None:

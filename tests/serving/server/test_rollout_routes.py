@@ -36,9 +36,13 @@ class Versions:
 
     poisoned: set[int] = field(default_factory=set)
     made: dict[int, TaggedRunner] = field(default_factory=dict)
+    held: dict[str, asyncio.Event] = field(default_factory=dict)  # model name -> its load waits
 
     async def __call__(self, settings: Settings) -> TaggedRunner:
-        v = int(Path(str(settings.model)).parent.name)
+        path = Path(str(settings.model))
+        if path.parent.parent.name in self.held:
+            await self.held[path.parent.parent.name].wait()
+        v = int(path.parent.name)
         self.made[v] = TaggedRunner(v, poison=v in self.poisoned)
         return self.made[v]
 
@@ -157,7 +161,8 @@ async def test_the_rollout_api_wants_the_token_and_refuses_clearly(tmp_path: Pat
     add_version(tmp_path, 1, TRAFFIC)
     (tmp_path / "plain" / "1").mkdir(parents=True)
     (tmp_path / "plain" / "1" / "plain.keras").write_bytes((tmp_path / "m/1/m.keras").read_bytes())
-    async with serve_repository(tmp_path, Versions(), admin_token=TOKEN) as client:  # type: ignore[arg-type]
+    versions = Versions()
+    async with serve_repository(tmp_path, versions, admin_token=TOKEN) as client:  # type: ignore[arg-type]
 
         async def call(method: str, path: str, **kw: object) -> tuple[int, str]:
             r = await client.request(method, path, headers=kw.pop("headers", AUTH), **kw)  # type: ignore[arg-type]
@@ -174,6 +179,24 @@ async def test_the_rollout_api_wants_the_token_and_refuses_clearly(tmp_path: Pat
             "model 'plain' has no rollout: its config.toml has no [traffic] table; "
             "models with one: ['m']",
         )
+        # A model with [traffic] whose only version still loads: no rollout yet, and it says so.
+        late = tmp_path / "late"
+        (late / "1").mkdir(parents=True)
+        (late / "1" / "late.keras").write_bytes((tmp_path / "m/1/m.keras").read_bytes())
+        (late / "config.toml").write_text(TRAFFIC)
+        loading = versions.held["late"] = asyncio.Event()
+        state: ServerState = client.shardserve  # type: ignore[attr-defined]
+        assert state.repository is not None
+        await state.repository.poll_once()
+        assert await call("GET", "/admin/models/late/rollout") == (
+            404,
+            "model 'late' has no rollout yet: none of its versions is ready (a rollout begins "
+            "with the first); models with one: ['m']",
+        )
+        loading.set()
+        await _until(lambda: "late" in state.rollouts)
+        assert (await call("GET", "/admin/models/late/rollout"))[0] == 200
+        await state.repository.unload("late")
         code, why = await call("POST", f"{ROLLOUT}/promote")
         assert (code, why) == (409, "model 'm' has no canary to promote; its stable version is 1")
         assert (await call("POST", f"{ROLLOUT}/rollback"))[0] == 409
