@@ -145,6 +145,8 @@ class ServerState:
         if len(self.models) == 1:
             return next(iter(self.models))
         if not self.models:
+            if self.unserved:  # it will not come back by retrying: say how to bring it back
+                raise NotFoundError(self._unserved())
             raise NotReadyError(NO_MODEL)
         raise InvalidInputError(
             f"this server serves several models ({_names(self.models)}) and none is the "
@@ -157,8 +159,23 @@ class ServerState:
         why = self.unserved.get(name)
         served = f"this server serves {_names(self.models)}" if self.models else "none is served"
         if why is not None:
-            return f"{what} is not served ({why}); {served}"
+            return f"{what} is not served ({why}); {served}; {_load_hint(name)}"
         return f"{what} not found; {served}"
+
+    def _unserved(self) -> str:
+        """Why ``/predict`` has no model once every model was unloaded (TF Serving's 404 for a
+        model it does not serve, not a 503 that invites a retry)."""
+        names = sorted(self.unserved)
+        if len(names) == 1:
+            (name,) = names
+            return (
+                f"no model is served: model {name!r} was {self.unserved[name]}; {_load_hint(name)}"
+            )
+        listed = "; ".join(f"{n!r} {self.unserved[n]}" for n in names)
+        return (
+            f"no model is served: {listed}; load one with POST "
+            "/v2/repository/models/{name}/load (with the admin token)"
+        )
 
     def _labelled(self, name: str, label: str) -> str:
         labels = self.labels.get(name, {})
@@ -190,6 +207,10 @@ class ServerState:
 def _version_key(version: str) -> tuple[int, str]:
     # Versions are positive integers as strings: "10" after "9".
     return (int(version), "") if version.isdigit() else (0, version)
+
+
+def _load_hint(name: str) -> str:
+    return f"load it with POST /v2/repository/models/{name}/load (with the admin token)"
 
 
 def _names(models: dict[str, dict[str, ServedModel]]) -> str:

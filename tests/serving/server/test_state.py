@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from serving.config import Settings
@@ -11,6 +13,8 @@ from serving.server.model import ServedModel
 from serving.server.readiness import readiness
 from serving.server.state import ServerState
 from tests.fakes import FakeRunner
+from tests.serving.served_app import row
+from tests.serving.served_repository import Runners, serve_repository, write_repository
 
 
 async def _ready(state: ServerState, name: str, version: str) -> ServedModel:
@@ -66,7 +70,8 @@ async def test_a_default_model_that_is_not_served_is_a_404_saying_why() -> None:
         state.model()
     assert unloaded.value.message == (
         "the default model 'a' is not served (unloaded through the repository API); "
-        "this server serves 'b'"
+        "this server serves 'b'; load it with POST /v2/repository/models/a/load (with the "
+        "admin token)"
     )
     with pytest.raises(NotFoundError, match=r"^model 'a' is not served \(unloaded"):
         state.model("a")
@@ -133,3 +138,42 @@ async def test_ready_once_nothing_loads_and_one_version_is_ready() -> None:
     state.remove_model("good", "2")
     state.begin_stop()
     assert readiness(state).body() == {"status": "shutting down"}
+
+
+async def test_once_every_model_is_unloaded_predict_and_admin_answer_404_saying_how_to_load(
+    tmp_path: Path,
+) -> None:
+    write_repository(tmp_path, {"m": ([1], "")})
+    auth = {"Authorization": "Bearer t0ken"}
+    async with serve_repository(tmp_path, Runners(), admin_token="t0ken") as client:
+        unloaded = await client.post("/v2/repository/models/m/unload", headers=auth)
+        assert unloaded.status_code == 200, unloaded.text
+        predict = await client.post("/predict", json={"instances": [row(1)]})
+        admin = await client.get("/admin/batching", headers=auth)
+        named = await client.post("/v1/models/m:predict", json={"instances": [row(1)]})
+        loaded = await client.post("/v2/repository/models/m/load", headers=auth)
+        assert loaded.status_code == 200, loaded.text
+        again = await client.post("/predict", json={"instances": [row(1)]})
+    how = "load it with POST /v2/repository/models/m/load (with the admin token)"
+    # Not 503 "retry when GET /readyz answers 200": no retry brings it back.
+    for answer in (predict, admin):
+        assert (answer.status_code, answer.json()["error"]) == (
+            404,
+            f"no model is served: model 'm' was unloaded through the repository API; {how}",
+        )
+    assert (named.status_code, named.json()["error"]) == (
+        404,
+        f"model 'm' is not served (unloaded through the repository API); none is served; {how}",
+    )
+    assert again.status_code == 200, again.text
+
+
+def test_several_unloaded_models_are_each_named() -> None:
+    state = _state()
+    state.unserved = {"b": "unloaded through the repository API", "a": "unloaded through it"}
+    with pytest.raises(NotFoundError) as missing:
+        state.model()
+    assert missing.value.message == (
+        "no model is served: 'a' unloaded through it; 'b' unloaded through the repository API; "
+        "load one with POST /v2/repository/models/{name}/load (with the admin token)"
+    )
