@@ -22,7 +22,7 @@ from shards.actor.heap_trim import release_free_heap, weights_read_in_place
 from shards.actor.measured_memory import MemoryMarks
 from shards.actor.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.actor.tflog import import_tensorflow
-from shards.bundle.format import Manifest, load_stage, read_manifest
+from shards.bundle.format import Manifest, allowed_imports, load_stage, read_manifest
 from shards.bundle.shipping import ShippedStage, default_cache_dir, stage_dir_for
 from shards.cpu_plan import intra_op_threads
 from shards.errors import ModelError, one_line
@@ -68,6 +68,8 @@ class ShardActor:
                 f"{len(manifest.stages)} stages"
             )
         self._spec = manifest.stages[stage_index]
+        # Before anything runs: the bundle's own imports only where the operator allowed them.
+        modules = allowed_imports(manifest, imports, unsafe_deserialization=unsafe_deserialization)
         # Outputs a later stage reads and the driver does not: cast before they leave, cast back
         # to the reader's declared dtype on arrival (``_pick``). Model outputs stay as computed.
         self._cast_out = cut_casts(manifest, stage_index, activation_dtype)
@@ -81,7 +83,6 @@ class ShardActor:
         cache = Path(stage_cache_dir) if stage_cache_dir else default_cache_dir()
         stage_dir, self._source = stage_dir_for(bundle_dir, stage_index, shipped, cache)
         self._stage_dir = str(stage_dir)
-        modules = tuple(dict.fromkeys((*manifest.imports, *imports)))
         with weights_read_in_place():
             self._model = load_stage(
                 stage_dir, stage_index, modules, unsafe_deserialization=unsafe_deserialization

@@ -22,13 +22,14 @@ import contextlib
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME
+from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME, BundleError
 
 LOCKS = ".locks"
 PARTIAL = ".partial-"
@@ -289,3 +290,26 @@ def _manifest_head(bundle: Path) -> tuple[str, int | None]:
         return str(data.get("source", "?")), version if isinstance(version, int) else None
     except (OSError, ValueError, AttributeError):
         return "?", None
+
+
+def ensure_private(cache_dir: Path) -> Path:
+    """Create ``cache_dir`` if missing and refuse it when someone other than this user (or
+    root) could write to it: a bundle or a stage file placed there is loaded, and runs, in the
+    server. Returns it."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        info = cache_dir.stat()
+    except OSError as exc:
+        raise BundleError(f"cannot use cache directory {str(cache_dir)!r}: {exc}") from None
+    bits = ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others"))
+    writers = [who for bit, who in bits if info.st_mode & bit]
+    if info.st_uid not in (os.geteuid(), 0):
+        writers.insert(0, f"its owner (uid {info.st_uid})")
+    if writers:
+        raise BundleError(
+            f"cache directory {str(cache_dir)!r} is not private: {' and '.join(writers)} can "
+            f"write to it (mode {stat.S_IMODE(info.st_mode):o}), and a bundle placed there runs "
+            f"code in the server; fix: chown it to this user and chmod go-w {str(cache_dir)!r}, "
+            "or give --cache-dir a directory of this user's own"
+        )
+    return cache_dir

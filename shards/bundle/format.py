@@ -14,7 +14,7 @@ import hashlib
 import importlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,7 +73,7 @@ class StageSpec:
     def from_json(cls, data: dict[str, Any]) -> StageSpec:
         return cls(
             index=int(data["index"]),
-            file=str(data["file"]),
+            file=stage_file_name(data["file"]),
             inputs=tuple(TensorSpec.from_json(t) for t in data["inputs"]),
             outputs=tuple(TensorSpec.from_json(t) for t in data["outputs"]),
             param_bytes=int(data["param_bytes"]),
@@ -171,6 +171,20 @@ class Manifest:
         return sum(s.param_bytes for s in self.stages)
 
 
+def stage_file_name(name: Any) -> str:
+    """A manifest's stage ``file``, refused unless it is one plain name inside the bundle: the
+    manifest comes from whoever wrote the bundle, and ``../x`` or ``/x`` would load (run) a file
+    from anywhere on the node."""
+    text = name if isinstance(name, str) else ""
+    if text in ("", ".", "..") or any(c in text for c in ("/", "\\", "\0")):
+        raise BundleError(
+            f"stage file {name!r} in the manifest is not a plain file name inside the bundle "
+            "(no '/', '\\', '..' or empty name); re-partition the model with shardserve "
+            "partition"
+        )
+    return text
+
+
 def read_manifest(bundle_dir: str | Path) -> Manifest:
     bundle = Path(bundle_dir)
     if not bundle.is_dir():
@@ -215,6 +229,25 @@ def import_modules(names: Iterable[str]) -> None:
 
 
 UNSAFE_FLAG = "--unsafe-deserialization"
+
+
+def allowed_imports(
+    manifest: Manifest, imports: Sequence[str], *, unsafe_deserialization: bool
+) -> tuple[str, ...]:
+    """The modules a stage of ``manifest`` is loaded with: the operator's ``imports`` and the
+    bundle's own. Importing a module runs its code, and the manifest says only what whoever wrote
+    the bundle wanted, so a module of the bundle's that the operator did not name (``--import``)
+    is refused unless ``unsafe_deserialization`` trusts the bundle whole."""
+    unlisted = [m for m in manifest.imports if m not in imports]
+    if unlisted and not unsafe_deserialization:
+        names = ", ".join(map(repr, unlisted))
+        flags = " ".join(f"--import {m}" for m in unlisted)
+        raise BundleError(
+            f"the bundle's manifest asks to import {names}, which the server was not told to "
+            f"import; importing a module runs its code: pass {flags} if you trust it (or "
+            f"{UNSAFE_FLAG} to trust the bundle whole)"
+        )
+    return tuple(dict.fromkeys((*manifest.imports, *imports)))
 
 
 def load_keras(

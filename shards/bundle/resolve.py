@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from shards.bundle import cache
 from shards.bundle.fingerprint import built_with, model_sha256
-from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME, BundleError, Manifest, read_manifest
+from shards.bundle.format import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    BundleError,
+    Manifest,
+    allowed_imports,
+    read_manifest,
+)
 from shards.errors import ResolveError
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets
 
@@ -60,9 +67,11 @@ def resolve_bundle(
     path = Path(model).expanduser()
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     if (path / MANIFEST_NAME).is_file():
-        _check_bundle_options(path, read_manifest(path), stages, budgets)
+        manifest = read_manifest(path)
+        _check_bundle_options(path, manifest, stages, budgets)
+        allowed_imports(manifest, imports, unsafe_deserialization=unsafe_deserialization)
         return path
-    cache_dir = Path(cache_dir)
+    cache_dir = cache.ensure_private(Path(cache_dir))
     options = f"stages={stages};max_stage_bytes={budgets};imports={list(imports)}"
     options += f";batch={max_batch_size};overhead={device_overhead_bytes}"
     options += f";length={max_sequence_length}"

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shards.bundle.cache import ensure_private
 from shards.bundle.format import MANIFEST_NAME, BundleError, Manifest, sha256_file
 
 StageSource = Literal["local", "shipped"]
@@ -92,7 +93,8 @@ def stage_dir_for(
     local = Path(bundle_dir)
     if shipped is None or _local_copy_matches(local, shipped):
         return local, "local"
-    target = cache_dir / _cache_key(index, shipped)
+    # An entry found there is loaded without hashing it again: nobody else may write there.
+    target = ensure_private(cache_dir) / _cache_key(index, shipped)
     if (target / MANIFEST_NAME).is_file():
         return target, "shipped"
     if not shipped.payload:

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from shards.actor.stage_actor import ShardActor
-from shards.bundle.format import BundleError, Manifest, read_manifest
+from shards.bundle.format import BundleError, Manifest, read_manifest, write_manifest
 from shards.bundle.shipping import ShippedStage, digest_stage_file, ship_stage, stage_dir_for
 from shards.partition.cut import partition_to_bundle
 from shards.pipeline.routes import plan_routes
@@ -275,6 +275,30 @@ def test_directory_digest_depends_on_names_not_only_bytes(tmp_path: Path) -> Non
     assert first.sha256 != second.sha256
 
 
+def test_a_module_the_manifest_names_is_not_imported_without_the_operators_consent(
+    ray_address: str, seq_bundle: tuple[Path, keras.Model, Inputs], tmp_path: Path
+) -> None:
+    """Importing a module runs its code, and the manifest is whoever wrote the bundle's word."""
+    bundle = tmp_path / "b"
+    shutil.copytree(seq_bundle[0], bundle)
+    manifest = read_manifest(bundle)
+    write_manifest(bundle, dataclasses.replace(manifest, imports=("colorsys",)))
+    remote: Any = ray.remote(ShardActor).options(num_cpus=1, max_concurrency=1)
+    refused = remote.remote(str(bundle), 0, [1])
+    try:
+        with pytest.raises(ray.exceptions.RayActorError) as failed:
+            ray.get(refused.info.remote())
+    finally:
+        ray.kill(refused)
+    assert "asks to import 'colorsys'" in str(failed.value)
+    assert "pass --import colorsys if you trust it" in str(failed.value)
+    allowed = remote.remote(str(bundle), 0, [1], imports=["colorsys"])
+    try:
+        assert ray.get(allowed.info.remote())["stage_index"] == 0
+    finally:
+        ray.kill(allowed)
+
+
 def test_an_unknown_length_is_warmed_at_the_planned_sequence_length(
     ray_address: str, tmp_path: Path
 ) -> None:
@@ -291,7 +315,7 @@ def test_an_unknown_length_is_warmed_at_the_planned_sequence_length(
         keras.Model(tokens, out), bundle, stages=1, imports=["keras_hub"], max_sequence_length=40
     )
     remote: Any = ray.remote(ShardActor).options(num_cpus=1, max_concurrency=1)
-    actor = remote.remote(str(bundle), 0, [2])
+    actor = remote.remote(str(bundle), 0, [2], imports=["keras_hub"])
     try:
         with pytest.raises(ray.exceptions.RayActorError) as failed:
             ray.get(actor.info.remote())

@@ -19,6 +19,7 @@ from shards.bundle.format import (
     BundleError,
     Manifest,
     StageSpec,
+    allowed_imports,
     import_modules,
     load_stage,
     read_manifest,
@@ -152,3 +153,29 @@ def test_load_stage_reads_only_its_own_file(tmp_path: Path) -> None:
     stage = load_stage(tmp_path / "b", 2)
     row = np.ones((2, *manifest.stages[2].inputs[0].shape), "float32")
     assert tuple(np.asarray(stage(row)).shape) == (2, 4)
+
+
+@pytest.mark.parametrize(
+    "name", ["../stage_000.keras", "/etc/stage.keras", "sub/stage.keras", "a\\b.keras", "", "..", 7]
+)
+def test_a_stage_file_that_is_not_one_plain_name_is_refused(tmp_path: Path, name: object) -> None:
+    """A manifest is whoever wrote the bundle's word: ``../x`` or ``/x`` would load (and run) a
+    file from anywhere on the node."""
+    data = make_manifest().to_json()
+    data["stages"][0]["file"] = name
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(BundleError, match=r"stage file .* is not a plain file name"):
+        read_manifest(tmp_path)
+
+
+def test_a_bundles_imports_need_the_operators_import_or_the_unsafe_flag() -> None:
+    manifest = make_manifest()  # imports ("my_layers",)
+    with pytest.raises(BundleError, match=r"import 'my_layers'.*pass --import my_layers if you"):
+        allowed_imports(manifest, (), unsafe_deserialization=False)
+    with pytest.raises(BundleError, match=r"'my_layers'"):
+        allowed_imports(manifest, ("my_layers.sub", "other"), unsafe_deserialization=False)
+    assert allowed_imports(manifest, ("other", "my_layers"), unsafe_deserialization=False) == (
+        "my_layers",
+        "other",
+    )
+    assert allowed_imports(manifest, (), unsafe_deserialization=True) == ("my_layers",)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shards.bundle import cache
-from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME
+from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME, BundleError
 
 
 def fake_bundle(
@@ -104,3 +104,37 @@ def test_a_bundle_being_written_is_kept_and_a_crashed_writers_is_cleared(tmp_pat
         cache.prune(tmp_path, max_bytes=0)
         assert partial.exists()
         assert not crashed.exists()
+
+
+def test_a_private_cache_directory_is_created_and_accepted(tmp_path: Path) -> None:
+    cache_dir = tmp_path / "a" / "cache"
+    assert cache.ensure_private(cache_dir) == cache_dir
+    assert cache_dir.is_dir()
+    assert cache.ensure_private(cache_dir) == cache_dir  # and again, once it exists
+
+
+@pytest.mark.parametrize(
+    ("mode", "who"), [(0o775, "its group"), (0o757, "others"), (0o1777, "its group and others")]
+)
+def test_a_cache_directory_others_can_write_to_is_refused(
+    tmp_path: Path, mode: int, who: str
+) -> None:
+    """A bundle (or a shipped stage) placed in the cache is loaded, and runs, in the server."""
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    cache_dir.chmod(mode)
+    with pytest.raises(BundleError) as refused:
+        cache.ensure_private(cache_dir)
+    message = str(refused.value)
+    assert f"cache directory {str(cache_dir)!r} is not private: {who} can write to it" in message
+    assert f"(mode {mode & 0o7777:o})" in message
+    assert f"chmod go-w {str(cache_dir)!r}" in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_cache_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o755)
+    os.chown(cache_dir, 4321, -1)
+    with pytest.raises(BundleError, match=r"its owner \(uid 4321\) can write to it"):
+        cache.ensure_private(cache_dir)

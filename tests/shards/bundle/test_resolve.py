@@ -13,7 +13,7 @@ import shards.bundle.resolve
 import shards.partition.cut
 from shards.bundle import cache
 from shards.bundle.fingerprint import built_with
-from shards.bundle.format import read_manifest
+from shards.bundle.format import BundleError, read_manifest
 from shards.bundle.resolve import DEMO_NAMES, ResolveError, resolve_bundle
 from shards.partition.cut import partition_to_bundle, run_chain
 from shards.partition.demo_models import DEMO_MODELS, build_demo
@@ -162,6 +162,27 @@ def test_bundle_directory_is_used_as_is(tmp_path: Path, partition_calls: list[An
     got = resolve_bundle(str(bundle), stages=2, max_stage_bytes=None, cache_dir=tmp_path / "c")
     assert got == bundle
     assert partition_calls == []
+
+
+def test_a_bundles_own_imports_need_the_operators_consent(tmp_path: Path) -> None:
+    """A module a manifest names runs its code when imported: served only where the operator
+    named it too (--import) or trusts the bundle whole (--unsafe-deserialization)."""
+    bundle = tmp_path / "b"
+    partition_to_bundle(build_demo("demo-tiny"), bundle, stages=1, imports=["colorsys"])
+    args: dict[str, Any] = {"stages": None, "max_stage_bytes": None, "cache_dir": tmp_path / "c"}
+    with pytest.raises(BundleError, match=r"asks to import 'colorsys'.*--import colorsys"):
+        resolve_bundle(str(bundle), **args)
+    assert resolve_bundle(str(bundle), imports=["colorsys"], **args) == bundle
+    assert resolve_bundle(str(bundle), unsafe_deserialization=True, **args) == bundle
+
+
+def test_a_cache_directory_others_can_write_to_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(BundleError, match=r"cache directory .*shared' is not private"):
+        resolve_bundle("demo-tiny", stages=1, max_stage_bytes=None, cache_dir=shared)
+    assert list(shared.iterdir()) == []  # refused before anything was read or written there
 
 
 def test_bundle_with_other_stage_count_is_an_error(tmp_path: Path) -> None:
