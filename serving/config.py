@@ -54,6 +54,27 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="TCP port of the gRPC server (Open Inference Protocol); 0 = no gRPC.",
     )
     max_body_bytes: int = Field(16 * MiB, ge=1024, description="Largest request body; 413 above.")
+    body_read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Longest a request's body may take to arrive, from when its handler starts "
+        "reading it; past it 408 and the connection is closed (a slow client holds no queue "
+        "room, buffer or drain for longer).",
+    )
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="Open HTTP connections served at once; a request on one more gets 503 "
+        "(Retry-After) and its connection is closed.",
+    )
+    grpc_max_concurrent_rpcs: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description="gRPC calls served at once; one more is refused with RESOURCE_EXHAUSTED.",
+    )
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for /admin routes; unset = admin routes off."
     )

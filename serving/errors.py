@@ -5,6 +5,8 @@ attributes) because some are raised inside Ray actors and cross a process bounda
     ShardServeError
     ├── InvalidInputError        400  the body does not fit the model signature
     ├── PayloadTooLargeError     413  the body is over max_body_bytes
+    ├── RequestTimeoutError      408  the body did not arrive within body_read_timeout_s (the
+    │                                 connection is closed after the answer)
     ├── UnauthorizedError        401  admin route without a bearer token
     ├── ForbiddenError           403  admin route with the wrong bearer token
     ├── NotFoundError            404  unknown model name
@@ -44,6 +46,8 @@ class ShardServeError(Exception):
     status_code = 500
     # Seconds a client should wait before trying again (the Retry-After header); None: no hint.
     retry_after_s: float | None = None
+    # The answer ends its connection (``Connection: close``).
+    closes_connection = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -59,6 +63,12 @@ class InvalidInputError(ShardServeError):
 
 class PayloadTooLargeError(ShardServeError):
     status_code = 413
+
+
+class RequestTimeoutError(ShardServeError):
+    status_code = 408
+    # A body cut short leaves the connection mid-request: nothing more can be read from it.
+    closes_connection = True
 
 
 class UnauthorizedError(ShardServeError):

@@ -129,6 +129,10 @@ def run_server(settings: Settings) -> None:
             # Queue-full 503s answered from the request's headers, before any ASGI work;
             # hang-ups reported without a watcher task (serving/http/protocol.py).
             http=http_protocol(api),
+            # The cap on open connections, for uvicorn's own protocol (no httptools); ours
+            # applies the same rule itself. uvicorn counts the connection it refuses among the
+            # open ones: N + 1 serves N.
+            limit_concurrency=settings.max_connections + 1,
         ),
         state_of=lambda: getattr(api.state, "shardserve", None),
         stop_timeout_s=settings.stop_timeout_s,

@@ -249,9 +249,10 @@ class FastRequest:
     def request_id(self) -> str:
         return self.rid.decode()
 
-    async def body(self, limit: int) -> bytes:
-        """The whole body, at most ``limit`` bytes (413 past it); ``ClientGone`` on a hang-up."""
-        return await read_body(self.receive, limit)
+    async def body(self, limit: int, timeout_s: float) -> bytes:
+        """The whole body, at most ``limit`` bytes (413 past it) within ``timeout_s`` (408
+        past it); ``ClientGone`` on a hang-up."""
+        return await read_body(self.receive, limit, timeout_s)
 
     async def until_disconnect(self, work: Awaitable[T]) -> T:
         """Await ``work``; if the client goes away first, cancel it (its rows are then dropped).

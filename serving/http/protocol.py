@@ -1,5 +1,14 @@
-"""shardserve's HTTP protocol for uvicorn (httptools): queue-full refusals answered before any
-ASGI work, and a hang-up reported to the request's handler without a watcher task.
+"""shardserve's HTTP protocol for uvicorn (httptools): the cap on open connections and queue-full
+refusals answered before any ASGI work, and a hang-up reported to the request's handler without
+a watcher task.
+
+**The cap.** A request on a connection past ``max_connections`` (or while as many requests are
+in progress) gets a 503 with ``Retry-After`` and its connection is closed: a flood of idle or
+slow connections cannot take the server's memory and file descriptors. It is uvicorn's
+``limit_concurrency`` rule (counted when a request's headers are complete, the connection being
+refused among those open), answered in the server's words (a JSON error, not uvicorn's text) and
+without uvicorn's log line per refusal; uvicorn's own protocol (without httptools) applies its
+own with the same cap (``serving.cli.serve``).
 
 **Refusals.** Under overload most requests are refused (issue 10: 3x the capacity offered, two
 of three get 503). Through the ASGI app each refusal still cost an ASGI task, a scope, a chain
@@ -40,6 +49,8 @@ __all__ = ["http_protocol"]
 
 log = logging.getLogger("shardserve")
 _STATUS = b"HTTP/1.1 503 Service Unavailable\r\n"
+_WARN_EVERY_S = 10.0  # one log line per this long at most, however many requests are refused
+_LINGER_S = 0.5
 
 
 def http_protocol(app: FastAPI) -> type[Any] | str:
@@ -54,10 +65,22 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
     refuser = _Refuser(app)
 
     class ShardServeProtocol(HttpToolsProtocol):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.limit_concurrency = None  # the cap is applied below, in the server's words
+            self.lingering = False
+
         def _start_asgi_task(self, cycle: Any, asgi: Any) -> None:
-            answer = refuser.answer(cycle.scope)
+            cap = refuser.max_connections()
+            answer: bytes | None
+            if cap is not None and (len(self.connections) > cap or len(self.tasks) >= cap):
+                cycle.keep_alive = False
+                answer = refuser.over_cap(cycle.scope, len(self.connections), cap)
+            else:
+                answer = refuser.answer(cycle.scope)
             if answer is None:
                 cycle.scope[DISCONNECT_KEY] = []
+                cycle.transport = _CycleTransport(self, cycle)
                 super()._start_asgi_task(cycle, asgi)
                 return
             head = [_STATUS]
@@ -68,9 +91,34 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             self.transport.write(b"".join([*head, answer]))
             cycle.response_started = cycle.response_complete = True
             if not cycle.keep_alive:
-                self.transport.close()
+                self.close_after_answer(cycle)
             cycle.message_event.set()
             cycle.on_response()
+
+        def close_after_answer(self, cycle: Any) -> None:
+            """Close the connection once ``cycle``'s answer is out. While the client may still
+            be sending the request's body (a 408 for a slow body, a refusal from the headers),
+            closing at once would answer its next bytes with a TCP reset, on which the
+            client's system can drop the answer unread: the answer is then followed by a FIN,
+            and what the client still sends is read and dropped for ``_LINGER_S`` (as Go's
+            net/http does), after which the connection closes whatever the client does."""
+            if not cycle.more_body or self.transport.is_closing():
+                self.transport.close()
+                return
+            self.lingering = True
+            self.transport.write_eof()
+            self.flow.resume_reading()
+            self.loop.call_later(_LINGER_S, self.transport.close)
+
+        def data_received(self, data: bytes) -> None:
+            if not self.lingering:
+                super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            if self.lingering:  # no next request on this connection
+                self.server_state.total_requests += 1
+                return
+            super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             cycle: Any = self.cycle
@@ -83,10 +131,70 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
     return ShardServeProtocol
 
 
+class _CycleTransport:
+    """The connection as a request's ASGI cycle sees it: uvicorn's transport, whose close waits
+    for the client to stop sending (``ShardServeProtocol.close_after_answer``)."""
+
+    __slots__ = ("_cycle", "_protocol", "is_closing", "write")
+
+    def __init__(self, protocol: Any, cycle: Any) -> None:
+        transport = protocol.transport
+        self.write = transport.write
+        self.is_closing = transport.is_closing
+        self._protocol = protocol
+        self._cycle = cycle
+
+    def close(self) -> None:
+        self._protocol.close_after_answer(self._cycle)
+
+
 class _Refuser:
     def __init__(self, app: Any) -> None:  # a ShardServeApp: fast_routes, answers_fast_routes
         self.app = app
         self._bodies: dict[tuple[int, int], bytes] = {}
+        self._cap: int | None = None
+        self._over_cap = 0  # refused since the last log line
+        self._warn_at = 0.0
+
+    def max_connections(self) -> int | None:
+        """The server's ``max_connections`` (``None`` before its lifespan made its state)."""
+        if self._cap is None:
+            # The server's state (serving.server.state), which the directory protocol of the
+            # routes does not name.
+            settings = getattr(getattr(self.app.state, "shardserve", None), "settings", None)
+            if settings is not None:
+                self._cap = settings.max_connections
+        return self._cap
+
+    def over_cap(self, scope: dict[str, Any], connections: int, cap: int) -> bytes:
+        """A 503 for a request past the cap on open connections (the headers after the status
+        line, and the body)."""
+        rid = request_id_from(scope["headers"])
+        body = orjson.dumps(
+            {
+                "error": f"too many open connections: {connections} open, "
+                f"max_connections={cap}; retry later"
+            }
+        )
+        self._over_cap += 1
+        now = time.monotonic()
+        if now >= self._warn_at:
+            log.warning(
+                "%d request(s) refused with 503: %d connections open, max_connections=%d",
+                self._over_cap,
+                connections,
+                cap,
+            )
+            self._over_cap, self._warn_at = 0, now + _WARN_EVERY_S
+        return b"".join(
+            [
+                b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
+                b"retry-after: 1\r\nx-request-id: ",
+                rid,
+                b"\r\n\r\n",
+                body,
+            ]
+        )
 
     def answer(self, scope: dict[str, Any]) -> bytes | None:
         """The headers and body of a 503 after the status line, or None to let the app

@@ -8,6 +8,7 @@ the same bytes and headers either way, and one log line per failed request.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -19,7 +20,8 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from serving.errors import PayloadTooLargeError, ShardServeError
+from serving.errors import PayloadTooLargeError, RequestTimeoutError, ShardServeError
+from serving.http.body_deadline import body_deadlines
 
 __all__ = [
     "JSON",
@@ -35,6 +37,7 @@ __all__ = [
     "read_body",
     "request_id",
     "request_id_from",
+    "retry_after_seconds",
     "send_reply",
     "send_with_request_id",
     "unexpected_reply",
@@ -107,13 +110,24 @@ def log_failure(rid: str, status: int, message: str) -> None:
     log.log(level, "request %s: %d %s", rid, status, message)
 
 
+def retry_after_seconds(exc: ShardServeError) -> int | None:
+    """The whole seconds of the error's retry hint (at least 1), or ``None``: the value of
+    HTTP's ``Retry-After`` and of gRPC's ``retry-after`` trailing metadata."""
+    if exc.retry_after_s is None:
+        return None
+    return max(1, round(exc.retry_after_s))
+
+
 def error_reply(exc: ShardServeError, rid: bytes) -> Reply:
     """The answer of a ``ShardServeError``: its status, ``{"error": message}``, ``Retry-After``
-    where it has one; logged."""
+    where it has one, ``Connection: close`` where it ends the connection; logged."""
     log_failure(rid.decode(), exc.status_code, exc.message)
     headers = []
-    if exc.retry_after_s is not None:
-        headers.append((b"retry-after", b"%d" % max(1, round(exc.retry_after_s))))
+    retry_after = retry_after_seconds(exc)
+    if retry_after is not None:
+        headers.append((b"retry-after", b"%d" % retry_after))
+    if exc.closes_connection:
+        headers.append((b"connection", b"close"))
     return exc.status_code, orjson.dumps({"error": exc.message}), JSON, headers
 
 
@@ -172,32 +186,49 @@ def json_response(
 # ---- bodies
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole body, at most ``limit`` bytes (413 past it); ``ClientGone`` on a hang-up.
+async def read_body(receive: Receive, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most ``limit`` bytes (413 past it) within ``timeout_s`` (408 past
+    it, ``serving.http.body_deadline``); ``ClientGone`` on a hang-up.
 
     In the usual case the body is one message, returned without a copy. A ``Content-Length``
     over the limit is refused before this, from the headers (``serving.http.admission``)."""
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise ClientGone
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
-        if len(body) > limit:
-            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
-        return body
-    chunks = [body]
-    size = len(body)
-    while True:
-        if size > limit:
-            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+    task = asyncio.current_task()
+    assert task is not None
+    deadlines = body_deadlines()
+    deadlines.start(task, timeout_s)
+    size = 0
+    try:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
+        body: bytes = message.get("body", b"")
         if not message.get("more_body", False):
-            break
+            if len(body) > limit:
+                raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+            return body
+        chunks = [body]
+        size = len(body)
+        while True:
+            if size > limit:
+                raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            if not message.get("more_body", False):
+                break
+    except asyncio.CancelledError:
+        if not deadlines.expired(task):
+            raise
+        task.uncancel()
+        raise RequestTimeoutError(
+            f"the request body did not arrive within body_read_timeout_s={timeout_s:g} s "
+            f"({size} bytes came); send it faster, or raise body_read_timeout_s"
+        ) from None
+    finally:
+        deadlines.end(task)
     if size > limit:
         raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
     return b"".join(chunks)

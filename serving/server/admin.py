@@ -208,7 +208,7 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
         model = model_of(request, name, version)
         batcher = model.require_batcher()
         check_length(request.headers.get("content-length"), _BODY_LIMIT)
-        raw = await read_body(request.receive, _BODY_LIMIT)
+        raw = await read_body(request.receive, _BODY_LIMIT, settings.body_read_timeout_s)
         change, allowed = change_of(model)
         try:
             body = change.model_validate_json(raw)

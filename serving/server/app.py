@@ -55,7 +55,9 @@ def create_app(
     install_admin_routes(app, settings)
     install_rollout_routes(app, settings)
     install_v2_routes(app, V2_ROUTE_DOCS)
-    install_repository_routes(app, settings.admin_token, REPOSITORY_DOCS)
+    install_repository_routes(
+        app, settings.admin_token, REPOSITORY_DOCS, body_timeout_s=settings.body_read_timeout_s
+    )
     return app
 
 

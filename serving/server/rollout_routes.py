@@ -171,7 +171,8 @@ def install_rollout_routes(app: FastAPI, settings: Settings) -> None:
     async def put_weights(name: str, request: Request) -> RolloutView:
         rollout = rollout_of(request, name)
         check_length(request.headers.get("content-length"), _BODY_LIMIT)
-        body = _weights(await read_body(request.receive, _BODY_LIMIT))
+        raw = await read_body(request.receive, _BODY_LIMIT, settings.body_read_timeout_s)
+        body = _weights(raw)
         rollout.set_weights(body.stable, body.canary)
         return view(rollout)
 

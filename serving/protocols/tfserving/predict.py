@@ -30,7 +30,8 @@ async def predict(ref: ModelRef, scope: Scope, receive: Receive, send: Send) -> 
 async def _predict(
     request: FastRequest, model: ModelHandle, batcher: Batcher, deadline: float
 ) -> Reply:
-    body = await request.body(model.settings.max_body_bytes)
+    settings = model.settings
+    body = await request.body(settings.max_body_bytes, settings.body_read_timeout_s)
     signature = model.signature
     # Inline, not on a thread: orjson and numpy hold the GIL while they parse, so a thread
     # stalled the loop as long and took no less time (bench looplag, docs/benchmarks.md).

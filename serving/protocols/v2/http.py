@@ -65,7 +65,8 @@ async def _infer(
             f"Content-Encoding {encoding.strip().lower()!r} is not served; send the body "
             "uncompressed"
         )
-    body = await request.body(model.settings.max_body_bytes)
+    settings = model.settings
+    body = await request.body(settings.max_body_bytes, settings.body_read_timeout_s)
     signature = model.signature
     # Inline, as /predict decodes: a thread would hold the GIL as long.
     call = parse_infer(body, request.header_length, signature)

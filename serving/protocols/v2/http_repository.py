@@ -89,16 +89,20 @@ def _repository(request: Request) -> RepositoryControl:
     return control
 
 
-async def _body(request: Request) -> bytes:
-    check_length(request.headers.get("content-length"), _BODY_LIMIT)
-    return await read_body(request.receive, _BODY_LIMIT)
-
-
 def install_repository_routes(
-    app: FastAPI, admin_token: SecretStr | None, docs: Mapping[str, Mapping[str, Any]]
+    app: FastAPI,
+    admin_token: SecretStr | None,
+    docs: Mapping[str, Mapping[str, Any]],
+    *,
+    body_timeout_s: float,
 ) -> None:
     """The routes above, each documented with ``docs[kind]`` (a kind of ``REPOSITORY_KINDS``);
-    load and unload are listed in the document only where the admin token turns them on."""
+    load and unload are listed in the document only where the admin token turns them on; a
+    body must arrive within ``body_timeout_s`` (``body_read_timeout_s``)."""
+
+    async def _body(request: Request) -> bytes:
+        check_length(request.headers.get("content-length"), _BODY_LIMIT)
+        return await read_body(request.receive, _BODY_LIMIT, body_timeout_s)
 
     async def index(request: Request) -> list[dict[str, Any]]:
         body = parse_body(await _body(request), {"ready": (bool,)})

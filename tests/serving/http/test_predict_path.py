@@ -100,7 +100,7 @@ async def call(
 
     async def work(request: FastRequest, handle: Any, batcher: Any, deadline: float) -> Reply:
         assert handle is model and batcher is model.batcher
-        return 200, await request.body(handle.settings.max_body_bytes), JSON, []
+        return 200, await request.body(handle.settings.max_body_bytes, 30.0), JSON, []
 
     raw = [(k.replace("_", "-").lower().encode(), v.encode()) for k, v in headers.items()]
     scope = {"type": "http", "method": "POST", "path": "/p", "headers": raw}
@@ -174,7 +174,7 @@ async def test_a_request_admitted_before_its_body_arrived_holds_the_models_drain
         sent.append(message)
 
     async def work(request: FastRequest, handle: Any, batcher: Any, deadline: float) -> Reply:
-        return 200, await request.body(handle.settings.max_body_bytes), JSON, []
+        return 200, await request.body(handle.settings.max_body_bytes, 30.0), JSON, []
 
     scope = {"type": "http", "method": "POST", "path": "/p", "headers": []}
     request = asyncio.create_task(

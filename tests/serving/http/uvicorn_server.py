@@ -89,13 +89,13 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running(seen: list[str] | None = None) -> AsyncIterator[Running]:
+async def running(seen: list[str] | None = None, **overrides: Any) -> AsyncIterator[Running]:
     """A server on a free port, a queue of 2 rows and one batch in flight; ``seen``: with a
-    user's middleware (``Recorder``) noting each request in it."""
+    user's middleware (``Recorder``) noting each request in it; ``overrides``: more settings."""
     runner = FakeRunner()
     settings = Settings(
-        model="fake", batch_timeout_ms=0, max_batch_size=2, max_queue_rows=2,
-        max_inflight_batches=1, max_body_bytes=4096,
+        model="fake", **{"batch_timeout_ms": 0, "max_batch_size": 2, "max_queue_rows": 2,
+        "max_inflight_batches": 1, "max_body_bytes": 4096, **overrides},
     )  # fmt: skip
 
     async def factory(_: Settings) -> FakeRunner:
