@@ -14,7 +14,9 @@ attributes) because some are raised inside Ray actors and cross a process bounda
     │                                 to promote or roll back)
     ├── QueueFullError           503  no room for the rows; carries retry_after_s
     ├── NotReadyError            503  model not loaded/warmed yet, shutting down, or no replica
-    │                                 healthy now (then with retry_after_s)
+    │   │                             healthy now (then with retry_after_s)
+    │   └── RecoveringError      503  ... and one is being brought back: the batcher holds the
+    │                                 rows for it (``serving.batching.hold``) instead
     ├── DeadlineExceededError    504  the request's deadline passed before its rows were computed,
     │                                 or its batch ran past the watchdog's limit (on two
     │                                 replicas, or on the only healthy one)
@@ -29,11 +31,13 @@ and its first line, scrubbed; the whole of it goes to the log.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from shards.errors import (
     ModelError,
     NoHealthyReplicaError,
+    ReplicaRecoveringError,
     RunError,
     StageTimeoutError,
     one_line,
@@ -110,6 +114,23 @@ class NotReadyError(ShardServeError):
         return (type(self), (self.message, self.retry_after_s))
 
 
+class RecoveringError(NotReadyError):
+    """No replica serves and one is being brought back: ``back`` is done when one rejoins (with
+    None) or its recovery failed (with why). ``suspect``: the batch was the oldest on the
+    replica when a stage died (it may be what killed it)."""
+
+    def __init__(
+        self,
+        message: str,
+        retry_after_s: float | None = None,
+        back: asyncio.Future[str | None] | None = None,
+        suspect: bool = False,
+    ) -> None:
+        super().__init__(message, retry_after_s)
+        self.back = back
+        self.suspect = suspect
+
+
 class DeadlineExceededError(ShardServeError):
     status_code = 504
 
@@ -136,6 +157,13 @@ def from_runner(exc: BaseException, rows: int) -> ShardServeError:
         return BatchFailedError(f"model failed on a batch of {rows} rows: {exc.message}")
     if isinstance(exc, StageTimeoutError):
         return DeadlineExceededError(f"the request's batch was abandoned: {exc.message}")
+    if isinstance(exc, ReplicaRecoveringError):
+        return RecoveringError(
+            f"the model is unavailable: {exc.message}; retry shortly",
+            exc.retry_after_s,
+            back=exc.back,
+            suspect=exc.suspect,
+        )
     if isinstance(exc, NoHealthyReplicaError):
         return NotReadyError(
             f"the model is unavailable: {exc.message}; retry shortly", exc.retry_after_s

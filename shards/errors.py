@@ -18,6 +18,7 @@ actor id, none of which may reach a client. The full detail goes to the log wher
         ├── StageTimeoutError     the batch ran past the watchdog's limit (twice with the retry,
         │                         once where no other replica was healthy to retry on)
         └── NoHealthyReplicaError no replica is healthy now (carries when to retry)
+            └── ReplicaRecoveringError  ... and one is being brought back: the batch may wait
 
 The planning errors are also ``ValueError`` (bad arguments), the start errors ``RuntimeError``,
 so callers that caught those before still do.
@@ -25,6 +26,7 @@ so callers that caught those before still do.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -37,6 +39,7 @@ __all__ = [
     "PipelineStartError",
     "PlanError",
     "ReplicaLostError",
+    "ReplicaRecoveringError",
     "ResolveError",
     "RunError",
     "ShardsError",
@@ -120,6 +123,25 @@ class NoHealthyReplicaError(RunError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.message, self.retry_after_s))
+
+
+class ReplicaRecoveringError(NoHealthyReplicaError):
+    """No replica is in the rotation, and one is being brought back: the batch did not run (or
+    was lost with the replica) and may run once one is back. ``back`` is done then: with None
+    when a replica rejoined, with the reason when its recovery failed. ``suspect``: the batch
+    was the oldest on the replica when a stage died, so it may be what killed it. Not pickled
+    with ``back``: it only matters inside the driver."""
+
+    def __init__(
+        self,
+        message: str,
+        retry_after_s: float = 1.0,
+        back: asyncio.Future[str | None] | None = None,
+        suspect: bool = False,
+    ) -> None:
+        super().__init__(message, retry_after_s)
+        self.back = back
+        self.suspect = suspect
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

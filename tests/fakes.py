@@ -86,6 +86,9 @@ class FakeRunner:
         self.signature = signature
         self.poison = poison
         self.healthy = 1
+        # None healthy but one being brought back, expected in ``back_in_s`` (``Health``).
+        self.recovering = False
+        self.back_in_s = 0.0
         self.gate = gate
         self.fail_with = fail_with
         self.batches: list[dict[str, np.ndarray]] = []
@@ -131,7 +134,14 @@ class FakeRunner:
 
     def health(self) -> Health:
         states = ("healthy",) * self.healthy + ("dead",) * (self.replicas - self.healthy)
-        return Health(self.replicas, self.healthy, states, reason="stage 0 died")
+        return Health(
+            self.replicas,
+            self.healthy,
+            states,
+            reason="stage 0 died",
+            recovering=self.recovering,
+            back_in_s=self.back_in_s,
+        )
 
     async def stats(self) -> list[dict[str, Any]]:
         return [{"replica": 0, "stage_index": 0, "calls": self.calls_finished}]

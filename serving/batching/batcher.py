@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.batching.admit import refusal
 from serving.batching.cost import RunTimeModel
 from serving.batching.dispatch import SHUTTING_DOWN, Dispatcher
 from serving.batching.lengths import LengthPadding
@@ -30,13 +31,7 @@ from serving.batching.record import BatchRecord
 from serving.batching.rows import PendingRequest, RowQueues, Segment, check_size, row_count
 from serving.batching.settings import BatchSettings
 from serving.batching.wait import WaitPolicy, wait_policy
-from serving.errors import (
-    BatchFailedError,
-    DeadlineExceededError,
-    NotReadyError,
-    QueueFullError,
-    ShardServeError,
-)
+from serving.errors import BatchFailedError, DeadlineExceededError, NotReadyError, ShardServeError
 
 __all__ = ["BatchSettings", "Batcher", "RunBatch"]
 
@@ -97,6 +92,10 @@ class Batcher:
     @property
     def inflight_batches(self) -> int:
         return self._dispatcher.inflight
+
+    @property
+    def held_rows(self) -> int:  # lost batches' rows held for the replica (``hold``)
+        return self._dispatcher.hold.rows
 
     def load(self) -> tuple[float, int]:  # for autoscaling: the oldest row's wait (s), rows out
         return self._queues.waited_s(time.monotonic()), self._dispatcher.inflight_rows
@@ -179,22 +178,17 @@ class Batcher:
             raise NotReadyError(SHUTTING_DOWN)
         policy, lengths = self._policy, self.length_padding
         check_size(inputs, rows, policy.max_queue_rows, lengths)
-        if self._queues.rows + rows > policy.max_queue_rows:
-            self._reject("queue_full")
-            raise QueueFullError(
-                f"queue full: {self._queues.rows} rows queued, {rows} more would pass "
-                f"max_queue_rows={policy.max_queue_rows}",
-                retry_after_s=self._runtime.retry_after_s(
-                    self._queues.rows + rows, policy.max_batch_size
-                ),
-            )
-        if deadline is not None and deadline <= time.monotonic():
-            self._reject("deadline")
-            raise DeadlineExceededError("the request's deadline passed before it was queued")
+        refused = refusal(
+            self._queues.rows, rows, deadline, policy, self._runtime, self._dispatcher.hold
+        )
+        if refused is not None:
+            self._reject(refused[0])
+            raise refused[1]
         loop = asyncio.get_running_loop()
         request = PendingRequest(
-            inputs, rows, loop.create_future(), request_id, lengths=lengths, row_lengths=row_lengths
-        )
+            inputs, rows, loop.create_future(), request_id,
+            lengths=lengths, row_lengths=row_lengths, deadline=deadline,
+        )  # fmt: skip
         self._queues.add(request)
         timer = None
         if deadline is not None:
@@ -276,7 +270,7 @@ class Batcher:
                 wake_at = self._dispatcher.dispatch_ready(
                     time.monotonic(), self._policy, self._wait, draining=self._draining
                 )
-                if self._draining and not self._queues and self._dispatcher.inflight == 0:
+                if self._draining and not self._queues and self._dispatcher.idle:
                     return
                 timer = None
                 if wake_at is not None:
@@ -321,7 +315,7 @@ class Batcher:
             self._wake.set()  # the queue's head, and so the next timeout, may have changed
 
     def _fail_queued(self, error: ShardServeError) -> None:
-        for request in self._queues.requests():
+        for request in self._dispatcher.waiting():
             self._fail(request, error)
 
     def _abort(self) -> None:
@@ -329,7 +323,7 @@ class Batcher:
         self._accepting = False
         if self._loop_task is not None:
             self._loop_task.cancel()
-        queued = self._queues.requests()
+        queued = self._dispatcher.waiting()
         self._fail_queued(NotReadyError(SHUTTING_DOWN))
         for _ in queued:
             self._reject("shutdown")

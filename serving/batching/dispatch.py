@@ -2,7 +2,9 @@
 batch with its accounting (the in-flight counts, the cost model, the batch's record).
 
 The batcher owns the queues, the settings and the loop; each time its loop wakes it asks
-``Dispatcher.dispatch_ready`` to send what may go and to say when to look again.
+``Dispatcher.dispatch_ready`` to send what may go and to say when to look again. While the
+model's replicas are brought back nothing goes; then the rows held for them go first
+(``serving.batching.hold``).
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from serving.batching.hold import Hold
 from serving.batching.poison import Outcome, batch_length, isolation_depth, settle
 from serving.batching.record import BatchRecord
-from serving.errors import NotReadyError
+from serving.errors import NotReadyError, RecoveringError, ShardServeError
 
 if TYPE_CHECKING:
     from serving.batching.cost import RunTimeModel
     from serving.batching.lengths import LengthPadding
     from serving.batching.poison import FailSegments, RunBatch
-    from serving.batching.rows import QueueKey, RowQueues, Segment
+    from serving.batching.rows import PendingRequest, QueueKey, RowQueues, Segment
     from serving.batching.settings import BatchSettings
     from serving.batching.wait import WaitPolicy
 
@@ -53,11 +56,35 @@ class Dispatcher:
         self.inflight = 0
         self.inflight_rows = 0
         self.tasks: set[asyncio.Task[None]] = set()
+        self.hold = Hold(wake, fail_segments)
+        self._alone = False  # a batch on its last try runs: nothing else goes meanwhile
+
+    @property
+    def idle(self) -> bool:
+        """No batch in flight and no row held: a drain with nothing queued may end."""
+        return self.inflight == 0 and not self.hold.rows
+
+    def waiting(self) -> list[PendingRequest]:
+        """Every request with rows not in a batch: held (``serving.batching.hold``) or queued."""
+        held = self.hold.requests()
+        return [*held, *(r for r in self._queues.requests() if r not in held)]
 
     def dispatch_ready(
         self, now: float, policy: BatchSettings, wait: WaitPolicy, *, draining: bool
     ) -> float | None:
         """Send every batch that may go now; return when the next timeout falls due, if any."""
+        if self.hold.active or self._alone:
+            return None  # the replica's return, or the last try's end, wakes the loop
+        if self.hold.has_last_try():
+            batch = self.hold.next_last_try() if self.inflight == 0 else None
+            if batch is not None:
+                self._start(batch, "retry", now, policy, last_try=True)
+            return None
+        while self.inflight < policy.max_inflight_batches:
+            batch = self.hold.next_batch()
+            if batch is None:
+                break
+            self._start(batch, "held", now, policy)
         while self.inflight < policy.max_inflight_batches:
             ready: tuple[float, QueueKey, str, int] | None = None
             for key, oldest, rows in self._queues.heads():
@@ -122,16 +149,39 @@ class Dispatcher:
     ) -> None:
         length = self._head_length(key, policy)
         limit = wait.batch_limit(policy, now - oldest, now, queued, length)
-        segments = self._queues.take(key, limit)
+        self._start(self._queues.take(key, limit), reason, now, policy, oldest=oldest)
+
+    def _start(
+        self,
+        segments: list[Segment],
+        reason: str,
+        now: float,
+        policy: BatchSettings,
+        *,
+        oldest: float | None = None,
+        last_try: bool = False,
+    ) -> None:
         rows = sum(count for _, _, count in segments)
+        if oldest is None:
+            oldest = min(request.arrival for request, _, _ in segments)
         alone = self.inflight == 0
         self.inflight += 1
         self.inflight_rows += rows
+        if last_try:
+            self._alone = True
         task = asyncio.create_task(
-            self._run(segments, rows, reason, now - oldest, policy, alone=alone)
+            self._run(segments, rows, reason, now - oldest, policy, alone=alone, last_try=last_try)
         )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def _lost(self, segments: list[Segment], error: ShardServeError, *, last_try: bool) -> None:
+        """Fail the segments with ``error``, or hold them where the replica is being brought
+        back (``serving.batching.hold``)."""
+        if isinstance(error, RecoveringError) and error.back is not None:
+            self.hold.lost(segments, error, last_try=last_try, queued=self._queues.requests())
+        else:
+            self._fail_segments(segments, error)
 
     async def _run(
         self,
@@ -142,6 +192,7 @@ class Dispatcher:
         policy: BatchSettings,
         *,
         alone: bool = False,
+        last_try: bool = False,
     ) -> None:
         padded = policy.padded_size(rows)
         lengths = self.lengths
@@ -152,7 +203,7 @@ class Dispatcher:
         try:
             await settle(
                 self._run_batch, segments, policy, isolation_depth(segments), outcome,
-                self._fail_segments, lengths,
+                lambda lost, error: self._lost(lost, error, last_try=last_try), lengths,
             )  # fmt: skip
         except BaseException:
             self._fail_segments(
@@ -164,6 +215,8 @@ class Dispatcher:
             # Decrement before waking the loop so that it sees the free slot.
             self.inflight -= 1
             self.inflight_rows -= rows
+            if last_try:
+                self._alone = False
             if outcome.clean:
                 self._runtime.observe(
                     padded, run_s, now=started + run_s, alone=alone, length=length

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from serving.errors import BatchFailedError, ModelInputError, ShardServeError, from_runner
+from serving.errors import (
+    BatchFailedError,
+    ModelInputError,
+    RecoveringError,
+    ShardServeError,
+    from_runner,
+)
 
 if TYPE_CHECKING:
     from serving.batching.lengths import LengthPadding
@@ -75,9 +81,10 @@ async def settle(
                 error = BatchFailedError(f"the model failed on a batch of {rows} rows")
             else:
                 outcome.isolated += len(live)
-        ids = [r.request_id for r, _, _ in live if r.request_id]
-        who = ",".join(ids) or "-"
-        log.warning("batch of %d rows failed for request(s) %s: %s", rows, who, error.message)
+        if not isinstance(error, RecoveringError):  # held, not failed (``serving.batching.hold``)
+            ids = [r.request_id for r, _, _ in live if r.request_id]
+            who = ",".join(ids) or "-"
+            log.warning("batch of %d rows failed for request(s) %s: %s", rows, who, error.message)
         fail(live, error)
         return
     deliver(segments, outputs, lengths)

@@ -75,6 +75,7 @@ class PendingRequest:
 
     __slots__ = (
         "arrival",
+        "deadline",
         "future",
         "inputs",
         "key",
@@ -96,8 +97,10 @@ class PendingRequest:
         *,
         lengths: LengthPadding | None = None,
         row_lengths: np.ndarray | None = None,
+        deadline: float | None = None,
     ):
         self.inputs = inputs
+        self.deadline = deadline  # time.monotonic(); held rows are refused early past it
         self.request_id = request_id
         self.rows = rows
         self.key = queue_key(inputs, lengths)

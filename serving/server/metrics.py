@@ -95,6 +95,12 @@ class _Families:
         self.effective_wait = Gauge(
             "shardserve_batch_wait_ms", "Current wait of the batching policy", labels, registry=r
         )
+        self.held_rows = Gauge(
+            "shardserve_held_rows",
+            "Rows of lost batches held for the model's replica to be back (not in queue_rows)",
+            labels,
+            registry=r,
+        )
         self.isolations = Counter(
             "shardserve_poison_isolations_total",
             "Requests failed alone after their batch was split to find the rows the model "
@@ -154,6 +160,7 @@ class ModelMetrics:
             families.inflight.labels(*key),
             families.effective_wait.labels(*key),
         )
+        self._held_rows = families.held_rows.labels(*key)
 
     def add_listener(self, listener: Callable[[int, float], None]) -> None:
         """``listener(status, seconds)`` after every answered request, whatever the protocol."""
@@ -209,9 +216,12 @@ class ModelMetrics:
         queue_rows: Callable[[], float],
         inflight: Callable[[], float],
         effective_wait: Callable[[], float],
+        held_rows: Callable[[], float] | None = None,
     ) -> None:
         for gauge, source in zip(self._gauges, (queue_rows, inflight, effective_wait), strict=True):
             gauge.set_function(source)
+        if held_rows is not None:
+            self._held_rows.set_function(held_rows)
 
     def scale_event(self, direction: str, reason: str) -> None:
         if not self.removed:

@@ -114,10 +114,9 @@ class ServedModel:
             return self.refusing
         if self.batcher_failure:
             return self.batcher_failure
-        health = self.health()
-        if health is not None and not health.ok:
-            return f"no healthy replica of {health.replicas}; rebuilding"
-        return None
+        from serving.server.readiness import replicas_unavailable  # it reads this class
+
+        return replicas_unavailable(self)
 
     def require_batcher(self) -> Batcher:
         """The batcher, or the 503 that says why this model cannot take a request now."""
@@ -196,6 +195,7 @@ class ServedModel:
             lambda: batcher.queued_rows,
             lambda: batcher.inflight_batches,
             lambda: batcher.effective_wait_ms,
+            held_rows=lambda: batcher.held_rows,
         )
         metrics.bind_health(runner.health)
         await self.warm_up(runner, self.settings.max_sequence_length)

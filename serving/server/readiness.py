@@ -5,7 +5,8 @@ The server is ready once no version is still loading and at least one is ready: 
 in a repository does not take the others out of service, and a load balancer does not send
 traffic to a server that is still loading what its repository selects. With one model this is
 what it always was: its load failure, its load, a batcher that gave up or no healthy replica is
-a 503 with the reason.
+a 503 with the reason. No healthy replica while one is being brought back is still ready where
+its requests can wait for it (``replicas_unavailable``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from serving.server.model import ServedModel
     from serving.server.state import ServerState
 
-__all__ = ["NO_VERSION", "Readiness", "readiness", "version_state"]
+__all__ = ["NO_VERSION", "Readiness", "readiness", "replicas_unavailable", "version_state"]
 
 Status = Literal["ready", "loading", "failed", "shutting down", "unavailable"]
 NO_VERSION = "no model version is served"
@@ -85,9 +86,32 @@ def _of(model: ServedModel) -> Readiness:
         return Readiness(status, error=error, reason=model.refusing)
     if model.batcher_failure:
         return Readiness("failed", error=model.batcher_failure, reason=model.batcher_failure)
-    health = model.health()
-    if health is not None and not health.ok:
-        reason = f"no healthy replica of {health.replicas}; rebuilding"
-        error = f"{reason} (last fault: {health.reason})" if health.reason else reason
+    reason = replicas_unavailable(model)
+    if reason is not None:
+        health = model.health()
+        fault = health.reason if health is not None else ""
+        error = f"{reason} (last fault: {fault})" if fault else reason
         return Readiness("unavailable", error=error, reason=reason)
     return Readiness("ready", model=model.name)
+
+
+def replicas_unavailable(model: ServedModel) -> str | None:
+    """Why the version's replicas cannot take a request now, or None.
+
+    None is healthy, but one being brought back (a Ray restart, a rebuild) that is expected back
+    within a request's deadline (the last recovery's time) while the queue has room still takes
+    requests: they wait for it (``serving.batching.hold``). A single pod behind a Service must not
+    leave its endpoints for a restart of seconds; it does once it cannot take more."""
+    health = model.health()
+    if health is None or health.ok:
+        return None
+    reason = f"no healthy replica of {health.replicas}; rebuilding"
+    batcher = model.batcher
+    if not health.recovering or batcher is None:
+        return reason
+    deadline_s = model.settings.request_timeout_ms / 1000.0
+    if health.back_in_s > deadline_s:
+        return f"{reason}, expected back in {health.back_in_s:.3g} s, past a request's deadline"
+    if batcher.queued_rows >= batcher.policy.max_queue_rows:
+        return f"{reason}; the queue is full meanwhile"
+    return None

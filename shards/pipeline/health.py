@@ -27,6 +27,11 @@ class Health:
     reason: str = ""
     # What a pending replica waits for (``shards.cluster.pending_placement``'s line); "" if none.
     pending_reason: str = ""
+    # None is healthy but one is being brought back, with no failure yet: requests may wait for
+    # it (``shards.pipeline.replica_set``), and about how long that takes (the last recovery's
+    # time, less what has passed of this one).
+    recovering: bool = False
+    back_in_s: float = 0.0
 
     @property
     def ok(self) -> bool:

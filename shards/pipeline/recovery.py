@@ -38,9 +38,11 @@ async def recover(
     *,
     hung: bool,
     closed: Callable[[], bool],
+    failed: Callable[[str], None] | None = None,
 ) -> Recovered | None:
     """Bring replica ``index`` back, warm; None when ``closed()`` ended the rebuilds first.
-    A ``hung`` replica's actors are killed first: a running task is not interrupted otherwise."""
+    A ``hung`` replica's actors are killed first: a running task is not interrupted otherwise.
+    ``failed`` hears why each rebuild attempt failed (the tries go on, with backoff)."""
     options = layout.options
     probe_s = min(options.ready_timeout_s, 120.0)
     if replica.compiled is None:
@@ -68,6 +70,8 @@ async def recover(
                 one_line(exc),
                 pause,
             )
+            if failed is not None:
+                failed(one_line(exc))
             await asyncio.sleep(pause)
             pause = min(pause * 2, REBUILD_BACKOFF_S[1])
     return None

@@ -22,7 +22,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from shards.cluster import run_bounded
-from shards.errors import StageTimeoutError
+from shards.errors import ReplicaLostError, StageTimeoutError
 from shards.pipeline.compiled import CompiledStages
 from shards.pipeline.faults import is_replica_fault, translate
 from shards.pipeline.health import ReplicaState
@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 # Killing actors and removing a placement group take milliseconds on a live cluster; past this a
 # shutdown stops waiting for a GCS that is gone.
 CLOSE_TIMEOUT_S = 10.0
+# How long each stage actor is given to say it is alive when a batch ran past the watchdog's limit.
+LIVENESS_TIMEOUT_S = 1.0
 
 
 class Replica:
@@ -97,11 +99,15 @@ class Replica:
                 exc, ray.exceptions.RayError
             )
             limit = clock.limit_s if clock is not None else None
-            error = translate(
-                StageTimeoutError(f"the batch ran past the watchdog's limit of {limit:.3g} s")
-                if timed_out and limit is not None
-                else exc
-            )
+            if timed_out and limit is not None:
+                past = f"the batch ran past the watchdog's limit of {limit:.3g} s"
+                dead = await self.dead_stage()
+                exc = (
+                    ReplicaLostError(f"a stage process failed: {dead} ({past})")
+                    if dead is not None
+                    else StageTimeoutError(past)
+                )
+            error = translate(exc)
             if is_replica_fault(error):
                 if self._fault_seq is None:
                     self._fault_seq = min(self._running)
@@ -112,6 +118,27 @@ class Replica:
                 clock.stop()
             self._running.discard(seq)
             self.inflight -= 1
+
+    async def dead_stage(self) -> str | None:
+        """Why a stage actor is dead or restarting (its error's type), asked of each for at most
+        ``LIVENESS_TIMEOUT_S`` when a batch ran past the watchdog's limit; None when none is.
+
+        A batch lost to a dead stage is retried, a hung one is not: a restart that takes longer
+        than the limit (a large stage reloading) must not be called a hang. An actor that does
+        not answer in time is alive and busy (it runs one task at a time): that batch hung."""
+
+        async def ask(actor: Any) -> str | None:
+            try:
+                async with asyncio.timeout(LIVENESS_TIMEOUT_S):
+                    await actor.info.remote()
+            except ray.exceptions.RayActorError as exc:
+                return type(exc).__name__
+            except Exception:
+                return None  # no answer in time (busy), or nothing that says it died
+            return None
+
+        found = await asyncio.gather(*(ask(actor) for actor in self.actors))
+        return next((why for why in found if why is not None), None)
 
     def clear_fault(self) -> None:
         """Back in the rotation: the next fault has a suspect of its own."""

@@ -9,11 +9,15 @@ actors, with backoff; it rejoins after one warm batch. ``shards.pipeline.placeme
 replicas; ``shards.pipeline.scaling`` adds and removes them while the set serves. Replicas are
 kept by an id that is never reused (in logs, stats and recovery tasks).
 
-Where no other replica is healthy (one replica, the default), nothing waits for the recovery: a
-batch that hung fails at once with its ``StageTimeoutError``, and every other batch of the replica
-(lost with it, or arriving while it recovers) with a ``NoHealthyReplicaError`` that says when to
-try again. Retrying on the replica being rebuilt would cost a second watchdog period and a second
-restart for a batch that may be what hangs it, and hold every other request meanwhile.
+Where no other replica is healthy (one replica, the default) and one is being brought back, a
+batch that hung fails at once with its ``StageTimeoutError`` (rerun on the replica it hung, it
+would cost a second watchdog period and a second restart), and every other batch of the replica
+(lost with it, or arriving while it recovers) with a ``ReplicaRecoveringError`` whose ``back`` is
+done when a replica rejoins: the caller (``serving.batching.hold``) holds the rows until then.
+Its ``suspect`` flag marks the batch that was oldest on the replica when a stage died: it may be
+what killed it, so it gets one more try, alone. Once a recovery fails (a rebuild attempt failed)
+or none is under way, a batch is refused at once with a ``NoHealthyReplicaError`` that says when
+to try again.
 
 A model that raises on a batch is the batch's fault, not the replica's: that error goes back to
 the caller as a ``ModelError`` and the replica stays in. Every error that leaves is a one-line
@@ -39,6 +43,7 @@ from shards.errors import (
     InsufficientResourcesError,
     NoHealthyReplicaError,
     PipelineStartError,
+    ReplicaRecoveringError,
     RunError,
     StageTimeoutError,
 )
@@ -96,6 +101,10 @@ class ReplicaSet(Elastic):
         self._recoveries = 0
         self._last_fault = ""
         self._closed = False
+        # Done when a replica rejoins (None) or a recovery fails (why): what held batches wait
+        # for while none is in the rotation. A failed recovery refuses batches until one rejoins.
+        self._back: asyncio.Future[str | None] | None = None
+        self._recovery_failed: str | None = None
 
     @classmethod
     async def create(cls, bundle_dir: str | Path, options: PipelineOptions) -> ReplicaSet:
@@ -132,7 +141,13 @@ class ReplicaSet(Elastic):
                     attempts += 1
                 if not self._in_rotation():
                     if isinstance(error, StageTimeoutError) and not error.victim:
-                        raise
+                        raise  # hung: never rerun on the replica it hung
+                    if self._closed:
+                        raise self._unavailable() from None
+                    if attempts >= 2:
+                        raise type(error)(f"{error.message}, on two replicas") from None
+                    if self._recovering():
+                        raise self._held(suspect=not error.victim) from None
                     raise self._unavailable() from None
                 if attempts >= 2 or victims > self.replicas + 1:
                     # Twice lost: the batch itself may be what kills or hangs the stages, and
@@ -147,8 +162,31 @@ class ReplicaSet(Elastic):
         fresh = [p for p in healthy if p not in tried]
         candidates = fresh or healthy
         if not candidates:
+            if self._recovering():
+                raise self._held(suspect=False)
             raise self._unavailable()
         return min(candidates, key=lambda p: p.inflight)
+
+    def _recovering(self) -> bool:
+        """None serves, and one is being brought back with no failure yet: a batch may wait."""
+        return (
+            not self._closed
+            and self._recovery_failed is None
+            and bool(self._recovery)
+            and not any(p.state is ReplicaState.HEALTHY for p in self._replicas.values())
+        )
+
+    def _held(self, suspect: bool) -> ReplicaRecoveringError:
+        if self._back is None or self._back.done():
+            self._back = asyncio.get_running_loop().create_future()
+        refused = self._unavailable()
+        return ReplicaRecoveringError(
+            refused.message, refused.retry_after_s, back=self._back, suspect=suspect
+        )
+
+    def _release_held(self, why: str | None) -> None:
+        if self._back is not None and not self._back.done():
+            self._back.set_result(why)
 
     def _unavailable(self) -> NoHealthyReplicaError:
         if self._closed:
@@ -200,6 +238,7 @@ class ReplicaSet(Elastic):
             self.signature,
             hung=hung,
             closed=lambda: self._closed,
+            failed=self._recovery_failing,
         )
         if how is Recovered.PROBED:
             self._recoveries += 1
@@ -207,6 +246,12 @@ class ReplicaSet(Elastic):
             self._rebuilds += 1
         if how is not None:
             self._rejoin(index, how.value)
+
+    def _recovery_failing(self, why: str) -> None:
+        """A rebuild attempt failed: the replica is not expected back soon, so the batches held
+        for it are refused (and new ones at once) until one rejoins."""
+        self._recovery_failed = why
+        self._release_held(f"its recovery failed: {why}")
 
     def _rejoin(self, index: int, why: str) -> None:
         self._recovery.pop(index, None)
@@ -219,6 +264,8 @@ class ReplicaSet(Elastic):
         left_at = self._left_at.pop(index, None)
         if left_at is not None:
             self._recovery_s = time.monotonic() - left_at
+        self._recovery_failed = None
+        self._release_held(None)
 
     def health(self) -> Health:
         states = tuple(p.state.value for p in self._replicas.values())
@@ -230,6 +277,8 @@ class ReplicaSet(Elastic):
             recoveries=self._recoveries,
             reason=self._last_fault,
             pending_reason=self.pending_reason(),
+            recovering=self._recovering(),
+            back_in_s=self._unavailable().retry_after_s,
         )
 
     @property
@@ -278,6 +327,7 @@ class ReplicaSet(Elastic):
     async def close(self) -> None:
         self._replicas_at_close = len(self._replicas)
         self._closed = True
+        self._release_held("the model's replicas are shut down")
         tasks = [*self._recovery.values(), *self._starting.values()]
         for task in tasks:
             task.cancel()

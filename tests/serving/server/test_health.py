@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from shards.errors import ReplicaRecoveringError
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner
 from tests.metrics_text import metric
@@ -36,6 +37,48 @@ async def test_readyz_and_model_status_follow_the_healthy_replicas() -> None:
         metrics = (await client.get("/metrics")).text
         assert metric(metrics, "shardserve_replicas", state="healthy") == 0.0
         assert metric(metrics, "shardserve_replicas", state="dead") == 2.0
+
+
+async def test_readyz_stays_200_while_requests_wait_for_a_replica_being_brought_back() -> None:
+    runner = FakeRunner()
+    async with serve(runner, max_batch_size=1, max_inflight_batches=1, max_queue_rows=2) as client:
+        model = client.shardserve.model()  # type: ignore[attr-defined]
+        back: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        # The only replica lost a stage actor; Ray restarts it, expected back in 5 s.
+        runner.fail_with = ReplicaRecoveringError("no healthy replica of 1", 5.0, back, True)
+        runner.healthy, runner.recovering, runner.back_in_s = 0, True, 5.0
+        held = asyncio.ensure_future(client.post("/predict", json={"instances": [row(0)]}))
+        async with asyncio.timeout(10):
+            while model.batcher.held_rows != 1:
+                await asyncio.sleep(0.001)
+
+        assert (await client.get("/readyz")).status_code == 200  # a Service keeps the pod
+        assert (await client.get("/v2/health/ready")).status_code == 200
+        assert metric((await client.get("/metrics")).text, "shardserve_held_rows") == 1.0
+        runner.back_in_s = 60.0  # past the 30 s a request may wait: no more
+        r = await client.get("/readyz")
+        assert r.status_code == 503
+        assert assert_clean_error(r).startswith(
+            "no healthy replica of 1; rebuilding, expected back in 60 s, past a request's deadline"
+        )
+        runner.back_in_s = 5.0
+        queued = [
+            asyncio.ensure_future(client.post("/predict", json={"instances": [row(i)]}))
+            for i in (1, 2)
+        ]
+        async with asyncio.timeout(10):
+            while model.batcher.queued_rows != 2:  # the held row is not counted
+                await asyncio.sleep(0.001)
+        r = await client.get("/readyz")
+        assert r.status_code == 503  # the queue is full: it cannot take more
+        assert "the queue is full" in assert_clean_error(r)
+
+        runner.fail_with, runner.healthy, runner.recovering = None, 1, False
+        back.set_result(None)  # the replica rejoined
+        answers = await asyncio.gather(held, *queued)
+        assert [a.status_code for a in answers] == [200] * 3
+        assert [a.json()["predictions"] for a in answers] == [[expected_row(i)] for i in range(3)]
+        assert (await client.get("/readyz")).status_code == 200
 
 
 async def test_a_poison_row_gets_422_and_its_batch_mates_their_answers() -> None:

@@ -1,8 +1,10 @@
 """``ReplicaSet.run``'s retry rules over fake replicas: pure asyncio, no Ray started.
 
 A replica fault is retried once on another healthy replica; a batch that only waited behind the
-cause (a victim) is retried without counting; where no other replica is healthy nothing waits
-for the recovery: the batch that hung gets its ``StageTimeoutError``, every other one a
+cause (a victim) is retried without counting; where no other replica is healthy the batch that
+hung gets its ``StageTimeoutError``, every other one a ``ReplicaRecoveringError`` whose ``back``
+is done when the replica rejoins (the batcher holds the rows until then), the batch that was
+oldest when a stage died marked ``suspect``; once a rebuild fails, batches are refused with a
 ``NoHealthyReplicaError`` that says when to try again; a close during a recovery ends it.
 """
 
@@ -22,6 +24,7 @@ from shards.errors import (
     ModelError,
     NoHealthyReplicaError,
     ReplicaLostError,
+    ReplicaRecoveringError,
     RunError,
     StageTimeoutError,
 )
@@ -145,23 +148,28 @@ async def test_one_replica_a_hung_batch_fails_at_once_and_is_not_retried() -> No
     try:
         with pytest.raises(StageTimeoutError, match="watchdog's limit of 5 s"):
             await group.run(BATCH)
-        # While it recovers, a batch is refused at once, told when to come back.
-        with pytest.raises(NoHealthyReplicaError) as refused:
+        # While it recovers, a batch is handed back at once to wait for it, told how long.
+        with pytest.raises(ReplicaRecoveringError) as refused:
             await group.run(BATCH)
         assert script.ran_on == ["r0"]  # neither the hung batch nor the next one ran again
         assert group.health().states == ("suspect",)
+        assert group.health().recovering
         assert "no healthy replica of 1 (last fault: the batch ran past" in refused.value.message
         assert START_S - 1 <= refused.value.retry_after_s <= START_S
+        assert not refused.value.suspect
+        back = refused.value.back
+        assert back is not None and not back.done()
 
         replica.recovered.set()
-        await until(lambda: group.health().healthy == 1)
+        assert await asyncio.wait_for(back, 10) is None  # done when the replica rejoins
+        assert group.health().healthy == 1
         assert_answered(await group.run(BATCH))
         assert group.health().recoveries == 1
     finally:
         await group.close()
 
 
-async def test_one_replica_the_batches_behind_a_hung_one_fail_at_once_with_retry_after() -> None:
+async def test_one_replica_the_batches_behind_a_hung_one_wait_for_the_restart() -> None:
     first, second = pending(), pending()
     script = Script(first, second)
     group, _ = make_group(script)
@@ -174,23 +182,64 @@ async def test_one_replica_the_batches_behind_a_hung_one_fail_at_once_with_retry
     finally:
         await group.close()
 
-    assert isinstance(results[0], StageTimeoutError)
-    assert isinstance(results[1], NoHealthyReplicaError)
+    assert isinstance(results[0], StageTimeoutError)  # the batch that hung: 504, not rerun
+    assert isinstance(results[1], ReplicaRecoveringError)  # behind it: held for the restart
+    assert not results[1].suspect
     assert results[1].retry_after_s >= 1.0
     assert script.ran_on == ["r0", "r0"]
 
 
-async def test_one_replica_a_lost_batch_is_refused_with_retry_after_not_retried() -> None:
-    script = Script(lost())
-    group, _ = make_group(script)
+async def test_one_replica_a_batch_lost_with_a_dead_stage_waits_for_it_as_the_suspect() -> None:
+    first, second = pending(), pending()
+    script = Script(first, second)
+    group, (replica,) = make_group(script)
     try:
-        with pytest.raises(NoHealthyReplicaError, match="a stage process failed") as refused:
-            await group.run(BATCH)
+        tasks = [asyncio.ensure_future(group.run(BATCH)) for _ in range(2)]
+        await until(lambda: len(script.ran_on) == 2)
+        first.set_result(lost())  # the oldest on the replica when its stage died
+        second.set_result(lost(victim=True))
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert [type(r) for r in results] == [ReplicaRecoveringError] * 2
+        assert [r.suspect for r in results] == [True, False]  # type: ignore[union-attr]
+        assert "a stage process failed" in results[0].message  # type: ignore[union-attr]
+        assert START_S - 1 <= results[0].retry_after_s <= START_S  # type: ignore[union-attr]
+        back = results[0].back  # type: ignore[union-attr]
+        assert back is not None and back is results[1].back  # type: ignore[union-attr]
+
+        replica.recovered.set()
+        assert await asyncio.wait_for(back, 10) is None
+        assert_answered(await group.run(BATCH))  # what the batcher does with the held rows
     finally:
         await group.close()
 
-    assert script.ran_on == ["r0"]
-    assert START_S - 1 <= refused.value.retry_after_s <= START_S
+    assert script.ran_on == ["r0"] * 4  # the two lost, the recovery's warm batch, the rerun
+
+
+async def test_a_failed_rebuild_releases_the_held_batches_and_refuses_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def unreachable(timeout_s: float) -> None:
+        raise ReplicaLostError("the actor is gone for good")
+
+    async def fails(*args: Any) -> None:
+        raise RuntimeError("no node has room")
+
+    monkeypatch.setattr("shards.pipeline.recovery.rebuild", fails)
+    group, (replica,) = make_group(Script(lost()))
+    monkeypatch.setattr(replica, "probe", unreachable)
+    try:
+        with pytest.raises(ReplicaRecoveringError) as held:
+            await group.run(BATCH)
+        back = held.value.back
+        assert back is not None
+        why = await asyncio.wait_for(back, 10)
+        assert why == "its recovery failed: RuntimeError: no node has room"
+        assert not group.health().recovering
+        with pytest.raises(NoHealthyReplicaError) as refused:
+            await group.run(BATCH)
+        assert not isinstance(refused.value, ReplicaRecoveringError)
+    finally:
+        await group.close()
 
 
 async def test_a_replica_fault_is_retried_once_on_another_replica() -> None:
