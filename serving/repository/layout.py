@@ -7,7 +7,9 @@ with ``saved_model.pb`` and ``variables/variables.index``; a bundle with its ``m
 (the partitioner writes it last, atomically). Every check reads directory entries and at most a
 zip's central directory, never a model's weights. Anything else (hidden entries, names that are
 not a model name or a positive integer, files) is ignored with a debug log line; users copy a
-new version into a hidden directory and rename it, so it appears whole.
+new version into a hidden directory and rename it, so it appears whole. A version directory that
+holds a model's files but is not complete is reported (``scan_all``): the server lists one that
+stops changing as unavailable, with why (``serving.server.repository_source``).
 
 Reasons and log lines name entries relative to the repository (``resnet/3``), never the
 server's own paths: the index shows them to clients.
@@ -29,6 +31,7 @@ from serving.repository_settings import MODEL_NAME_PATTERN
 __all__ = [
     "MANIFEST_NAME",
     "MODEL_NAME_PATTERN",
+    "Incomplete",
     "ModelKind",
     "VersionDir",
     "incomplete",
@@ -36,6 +39,7 @@ __all__ = [
     "model_kind",
     "parse_version",
     "scan",
+    "scan_all",
 ]
 
 log = logging.getLogger("shardserve.repository")
@@ -72,6 +76,16 @@ class VersionDir:
         return files[0]
 
 
+@dataclass(frozen=True)
+class Incomplete:
+    """A version directory that holds a model's files (a ``.keras``, a ``saved_model.pb``, a
+    stage file) but cannot be read: a copy under way, or one that will never complete."""
+
+    version: int
+    reason: str  # ``incomplete``'s
+    fingerprint: str  # its files now: unchanged over a while, the copy is not under way
+
+
 def is_model_name(name: str) -> bool:
     return not name.startswith(".") and _MODEL_NAME.fullmatch(name) is not None
 
@@ -85,20 +99,31 @@ def scan(root: Path) -> dict[str, dict[int, VersionDir]]:
     """Every model directory under ``root`` and its complete versions. A model directory with
     no complete version is there with an empty dict (it exists; nothing of it can be served).
     Raises ``NotADirectoryError`` when ``root`` is not a directory."""
+    return scan_all(root)[0]
+
+
+def scan_all(
+    root: Path,
+) -> tuple[dict[str, dict[int, VersionDir]], dict[str, dict[int, Incomplete]]]:
+    """``scan``'s complete versions, and per model the version directories that hold a model's
+    files but are not complete (an empty one is left out: nothing was put there yet)."""
     if not root.is_dir():
         raise NotADirectoryError(f"the model repository {str(root)!r} is not a directory")
     models: dict[str, dict[int, VersionDir]] = {}
+    partial: dict[str, dict[int, Incomplete]] = {}
     for entry in _entries(root):
         if not entry.is_dir():
             continue
         if not is_model_name(entry.name):
             log.debug("model repository: %r is not a model name, ignored", entry.name)
             continue
-        models[entry.name] = _versions(entry)
-    return models
+        models[entry.name] = _versions(entry, partial.setdefault(entry.name, {}))
+        if not partial[entry.name]:
+            del partial[entry.name]
+    return models, partial
 
 
-def _versions(model_dir: Path) -> dict[int, VersionDir]:
+def _versions(model_dir: Path, partial: dict[int, Incomplete]) -> dict[int, VersionDir]:
     found: dict[int, VersionDir] = {}
     for entry in _entries(model_dir):
         version = parse_version(entry.name)
@@ -110,6 +135,8 @@ def _versions(model_dir: Path) -> dict[int, VersionDir]:
         reason = incomplete(entry)
         if reason is not None:
             log.debug("model repository: %s skipped until complete: %s", where, reason)
+            if model_kind(entry) is not None:
+                partial[version] = Incomplete(version, reason, fingerprint(entry))
             continue
         kind = model_kind(entry)
         assert kind is not None  # complete implies a kind

@@ -9,12 +9,14 @@ is a repository of one model, version 1, served with the server's settings. The 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from serving.config import ConfigError, Settings
-from serving.repository.layout import VersionDir, scan
+from serving.repository.layout import Incomplete, VersionDir, scan_all
 from serving.repository.model_config import model_settings, read_model_config
 from serving.repository.traffic import TrafficConfig
 
@@ -47,7 +49,8 @@ class VersionPlan:
 @dataclass(frozen=True)
 class ModelPlan:
     name: str
-    versions: dict[int, VersionPlan]  # every complete version on disk
+    # every complete version on disk, and those that stay incomplete (with why: ``Directory``)
+    versions: dict[int, VersionPlan]
     selected: tuple[int, ...] = ()  # what its version policy serves (those without an error)
     labels: dict[str, int] = field(default_factory=dict)
     policy: str = "latest 1"  # the version policy, in words (the index says it)
@@ -73,14 +76,48 @@ class OneModel:
 
 
 class Directory:
-    """``--model-repository``: ``root/<name>/<version>/`` and ``root/<name>/config.toml``."""
+    """``--model-repository``: ``root/<name>/<version>/`` and ``root/<name>/config.toml``.
 
-    def __init__(self, root: Path, settings: Settings) -> None:
+    A version directory whose files are not complete is left out while a copy may be under way;
+    once they have not changed for two poll periods (at once without polling) it will not
+    complete by itself, and its plan lists it with why (a ``.keras`` that is not a zip)."""
+
+    def __init__(
+        self, root: Path, settings: Settings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.root = root
         self.settings = settings
+        self._clock = clock
+        # (name, version) -> the fingerprint its incomplete files had when first seen so, and when
+        self._incomplete: dict[tuple[str, int], tuple[str, float]] = {}
 
     def scan(self) -> dict[str, ModelPlan]:
-        return {name: self._plan(name, found) for name, found in scan(self.root).items()}
+        complete, partial = scan_all(self.root)
+        stuck = self._stuck(partial, self._clock())
+        plans = {name: self._plan(name, found) for name, found in complete.items()}
+        for name, versions in stuck.items():
+            listed = {
+                v: VersionPlan(v, None, d.fingerprint, _stuck(d)) for v, d in versions.items()
+            }
+            plans[name] = replace(plans[name], versions={**listed, **plans[name].versions})
+        return plans
+
+    def _stuck(
+        self, partial: dict[str, dict[int, Incomplete]], now: float
+    ) -> dict[str, dict[int, Incomplete]]:
+        """The incomplete versions whose files have not changed for two poll periods."""
+        quiet_s = 2 * self.settings.repository_poll_s
+        seen: dict[tuple[str, int], tuple[str, float]] = {}
+        stuck: dict[str, dict[int, Incomplete]] = {}
+        for name, versions in partial.items():
+            for v, found in versions.items():
+                before = self._incomplete.get((name, v))
+                since = before[1] if before and before[0] == found.fingerprint else now
+                seen[(name, v)] = (found.fingerprint, since)
+                if now - since >= quiet_s:
+                    stuck.setdefault(name, {})[v] = found
+        self._incomplete = seen
+        return stuck
 
     def _plan(self, name: str, found: dict[int, VersionDir]) -> ModelPlan:
         try:
@@ -112,6 +149,13 @@ class Directory:
             policy.describe(),
             traffic=config.traffic,
         )
+
+
+def _stuck(found: Incomplete) -> str:
+    return (
+        f"its files are incomplete and have stopped changing: {found.reason}; copy the version "
+        "whole (into a hidden directory, then rename it into place)"
+    )
 
 
 def _unservable(found: dict[int, VersionDir], error: str) -> dict[int, VersionPlan]:

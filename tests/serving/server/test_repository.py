@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import zipfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from serving.config import Settings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.server.app import create_app
 from serving.server.repository import Repository
+from serving.server.repository_source import Directory
 from serving.server.state import ServerState
 from tests.fakes import WAIT_S, FakeRunner, make_rows
 from tests.serving.served_app import row
@@ -271,6 +273,37 @@ async def test_an_app_over_two_models_asks_predict_to_name_one_and_its_stop_clos
     assert "several models ('a', 'b') and none is the default" in default.json()["error"]
     assert named.status_code == 200, named.text
     assert all(r.closed for r in runners.made.values()) and len(runners.made) == 2  # the stop
+
+
+def test_an_incomplete_version_is_listed_once_its_files_stop_changing(tmp_path: Path) -> None:
+    version(tmp_path, "m", 1)
+    copying = tmp_path / "m" / "2"
+    copying.mkdir()
+    (tmp_path / "m" / "3").mkdir()  # empty: nothing put there yet, never listed
+    (copying / "m.keras").write_bytes(b"PK\x03\x04 first bytes")
+    now = [0.0]
+    settings = Settings(model_repository=tmp_path, repository_poll_s=5.0)
+    source = Directory(tmp_path, settings, clock=lambda: now[0])
+
+    def listed() -> dict[int, str | None]:
+        return {v: p.error for v, p in source.scan()["m"].versions.items()}
+
+    assert listed() == {1: None}  # a copy may be under way
+    now[0] = 6.0
+    (copying / "m.keras").write_bytes(b"PK\x03\x04 first bytes, then more")  # it is
+    assert listed() == {1: None}
+    now[0] = 15.0  # unchanged for 9 s: under two polls
+    assert listed() == {1: None}
+    now[0] = 16.0
+    found = listed()
+    assert sorted(found) == [1, 2] and found[1] is None
+    assert found[2] is not None
+    assert found[2].startswith(
+        "its files are incomplete and have stopped changing: m.keras is not a complete zip yet"
+    ), found[2]
+    with zipfile.ZipFile(copying / "m.keras", "w") as archive:  # replaced whole: served
+        archive.writestr("config.json", "{}")
+    assert listed() == {1: None, 2: None}
 
 
 async def _until(condition: Callable[[], bool]) -> None:

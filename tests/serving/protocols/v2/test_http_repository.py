@@ -56,6 +56,23 @@ async def test_unload_and_load_through_the_api(repository: Path) -> None:
     assert (loaded.status_code, back.status_code) == (200, 200)
 
 
+async def test_the_index_lists_a_version_that_will_not_complete_with_why(
+    repository: Path,
+) -> None:
+    broken = repository / "b" / "2"
+    broken.mkdir()
+    (broken / "b.keras").write_bytes(b"not a zip: a copy cut short")
+    async with serve_repository(repository, Runners()) as client:
+        index = (await client.post("/v2/repository/index")).json()
+        served = await client.post("/v1/models/b:predict", json=BODY)
+    b_entries = {e["version"]: (e["state"], e["reason"]) for e in index if e["name"] == "b"}
+    assert b_entries["1"] == ("READY", "")  # the complete version serves
+    state, reason = b_entries["2"]
+    assert state == "UNAVAILABLE"
+    assert "b.keras is not a complete zip yet" in reason and str(repository) not in reason
+    assert served.status_code == 200
+
+
 async def test_load_and_unload_want_the_admin_token(repository: Path) -> None:
     async with serve_repository(repository, Runners(), admin_token=TOKEN) as client:
         bare = await client.post("/v2/repository/models/b/unload")
