@@ -25,7 +25,7 @@ from serving.errors import NotReadyError
 from serving.http.admission import Admitted
 from serving.server.length_check import LengthPlan, plan_length_padding
 from serving.server.metrics import Metrics, ModelMetrics, memory_figures
-from serving.server.runner import ModelRunner, RunnerFactory
+from serving.server.runner import ModelRunner, RunnerFactory, release_bundle
 from serving.server.scaling import ScaleStatus, run_scaling
 from serving.server.shape_log import ShapeLog
 from serving.server.stop_budget import StopBudget, drain_batcher
@@ -295,7 +295,8 @@ class ServedModel:
             await drain_batcher(self.batcher, budget)
 
     async def close(self, timeout_s: float) -> None:
-        """Release the runner (its actors) within ``timeout_s``."""
+        """Release the runner (its actors) within ``timeout_s``, and the mark that kept its
+        cached bundle from a prune."""
         if self.runner is None:
             return
         try:
@@ -316,6 +317,8 @@ def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
         slo_p99_ms=settings.slo_p99_ms,
         pipeline_depth=stages * replicas,
         # CPU stages take any batch size with one trace: padding would only add rows.
+        finally:
+            release_bundle(self.runner)
         pad_batches=settings.allowed_batch_sizes is not None or runner.on_gpu,
     )
 

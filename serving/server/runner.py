@@ -18,6 +18,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -33,6 +34,9 @@ log = logging.getLogger("shardserve")
 # The logical CPUs of the private local Ray this process starts (``plan_private_ray``); None:
 # sized to the first model loaded.
 _private_ray_cpus: int | None = None
+# The cached bundle each runner ``build_runner`` made serves (marked as served by this process
+# while the runner lives: ``release_bundle``).
+_bundles: WeakKeyDictionary[object, Path] = WeakKeyDictionary()
 # Versions load side by side, each starting Ray on its own thread: one starts it, the others
 # join it (two ``ray.init`` at once would both try to start one).
 _connect_lock = threading.Lock()
@@ -110,8 +114,29 @@ async def build_runner(settings: Settings) -> ModelRunner:
     )
     log.info("model %r -> bundle %s", settings.model, bundle)
     options = pipeline_options(settings)
-    group: Any = await ReplicaSet.create(bundle, options)
+    try:
+        group: Any = await ReplicaSet.create(bundle, options)
+    except BaseException:
+        _release(bundle)
+        raise
+    _bundles[group] = bundle
     return group  # type: ignore[no-any-return]
+
+
+def release_bundle(runner: object) -> None:
+    """The runner's cached bundle is no longer served by it (its version retired or unloaded):
+    this process's mark on it goes (``shards.bundle.cache.release``), so a prune may remove it
+    once no other version serves it. Nothing for a runner ``build_runner`` did not make, or a
+    second time."""
+    bundle = _bundles.pop(runner, None)
+    if bundle is not None:
+        _release(bundle)
+
+
+def _release(bundle: Path) -> None:
+    from shards.bundle import cache
+
+    cache.release(bundle)
 
 
 def _start_ray(settings: Settings) -> int:

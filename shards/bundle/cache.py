@@ -40,6 +40,9 @@ DEFAULT_MAX_BYTES = 20 * GiB
 _ABANDONED_S = 3600.0
 
 _held: dict[Path, int] = {}  # bundle -> fd of the shared lock this process holds
+# bundle -> how many holders in this process (two versions may serve the same bundle): the lock
+# goes with the last ``release``.
+_holders: dict[Path, int] = {}
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,12 @@ class Entry:
 
 
 def hold(bundle: Path) -> bool:
-    """Mark ``bundle``, an entry of a cache, as served by this process until it exits (or
-    ``release``). False when a prune removed it before the mark was taken: resolve it again."""
+    """Mark ``bundle``, an entry of a cache, as served by this process until it exits or each
+    ``hold`` that returned True has its ``release`` (holds are counted: two versions may serve
+    one bundle). False when a prune removed it before the mark was taken: resolve it again."""
     bundle = bundle.resolve()
     if bundle in _held:
+        _holders[bundle] += 1
         return True
     try:
         fd = _lock(_lock_path(bundle.parent, bundle.name), fcntl.LOCK_SH)
@@ -73,12 +78,21 @@ def hold(bundle: Path) -> bool:
         os.close(fd)
         return False
     _held[bundle] = fd
+    _holders[bundle] = 1
     touch(bundle)
     return True
 
 
 def release(bundle: Path) -> None:
-    fd = _held.pop(bundle.resolve(), None)
+    """End one ``hold`` of ``bundle``; the last one frees it for a prune (nothing when this
+    process does not hold it)."""
+    bundle = bundle.resolve()
+    left = _holders.get(bundle, 0) - 1
+    if left > 0:
+        _holders[bundle] = left
+        return
+    _holders.pop(bundle, None)
+    fd = _held.pop(bundle, None)
     if fd is not None:
         os.close(fd)
 

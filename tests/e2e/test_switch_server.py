@@ -2,8 +2,9 @@
 
 - ``plain`` (no ``[traffic]``): version 2 appears while two clients keep sending; every request
   is answered 200, and none sent after version 1 was unloaded is answered by it (the one-replica
-  hand-over). A version 3 that cannot load (a ``.keras`` naming a layer that does not exist)
-  leaves version 2 serving, with its reason in the index.
+  hand-over); version 1's cached bundle is then free (``shardserve cache list`` says not in
+  use) and ``shardserve cache prune`` removes it. A version 3 that cannot load (a ``.keras``
+  naming a layer that does not exist) leaves version 2 serving, with its reason in the index.
 - ``slow`` (``[traffic]`` 50/50): a canary that computes far longer per row than the stable
   version (it stretches each row 16000 times before its dense layers: ~200 ms a row against ~7) is rolled back on its p99,
   kept loaded, and counted as ``latency`` in ``shardserve_rollbacks_total``.
@@ -12,6 +13,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from pathlib import Path
 
@@ -44,13 +47,47 @@ def slow_tokens() -> keras.Model:
     return keras.Model(tokens, keras.layers.Dense(4, name="logits")(x), name="slow_tokens")
 
 
+def cache_view(cache_dir: Path, root: Path) -> tuple[dict[str, str], list[str]]:
+    """``shardserve cache list``'s in-use column per bundle (by the version of ``root`` it was
+    cut from: ``plain/1``), then what ``shardserve cache prune --all`` removed."""
+    from typer.testing import CliRunner
+
+    from serving.cli.main import app
+    from shards.bundle import cache
+
+    cut_from = {
+        hashlib.sha256(m.read_bytes()).hexdigest(): f"{m.parent.parent.name}/{m.parent.name}"
+        for m in root.glob("*/*/m.keras")
+    }
+    keys = {
+        e.key: cut_from[json.loads((e.path / "manifest.json").read_text())["source_sha256"]]
+        for e in cache.entries(cache_dir)
+    }
+    listed = CliRunner().invoke(app, ["cache", "list", "--cache-dir", str(cache_dir)])
+    assert listed.exit_code == 0, listed.output
+    in_use = {}
+    for line in listed.output.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if cells[0] in keys:
+            in_use[keys[cells[0]]] = cells[-1]
+    pruned = CliRunner().invoke(app, ["cache", "prune", "--all", "--cache-dir", str(cache_dir)])
+    assert pruned.exit_code == 0, pruned.output
+    gone = sorted(keys[k] for k in keys if not (cache_dir / k).exists())
+    return in_use, gone
+
+
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
     root = tmp_path / "repository"
     tokens = build_demo("demo-tokens")
     add_version(root, "plain", 1, tokens)
     (root / "plain" / "config.toml").write_text("stages = 1\n")
-    add_version(root, "slow", 1, tokens)
+    stable = build_demo("demo-tokens")
+    # Weights of its own, so a bundle of its own: plain's version 1 then shares its bundle with
+    # no other version, and the cache frees it once that version is retired.
+    logits = stable.get_layer("logits")
+    logits.bias.assign(logits.bias + 1.0)
+    add_version(root, "slow", 1, stable)
     (root / "slow" / "config.toml").write_text(SLOW_CONFIG)
     return root
 
@@ -95,6 +132,8 @@ async def test_a_switch_under_load_drops_nothing_and_a_slow_canary_rolls_back(
             await until(lambda: len([a for a in answers if a[0] > switched[0]]) >= 10, "after")
             done.set()
             await asyncio.gather(*clients)
+            # Version 1's bundle is no longer served: the cache lists it free, a prune takes it.
+            cached = cache_view(settings.cache_dir, repository)
 
             add_version(repository, "plain", 3, None)
             await state.repository.poll_once()
@@ -118,6 +157,7 @@ async def test_a_switch_under_load_drops_nothing_and_a_slow_canary_rolls_back(
 
     failed = [a for a in answers + slow if a[1] != 200]
     assert not failed, failed[:5]
+    assert cached == ({"plain/1": "no", "plain/2": "yes", "slow/1": "yes"}, ["plain/1"])
     versions = [v for _, _, v in answers if v in ("1", "2")]
     assert "1" in versions and "2" in versions
     late = [a for a in answers if a[0] > switched[0] and a[2] == "1"]

@@ -94,6 +94,19 @@ def test_hold_marks_last_use(tmp_path: Path) -> None:
         cache.release(bundle)
 
 
+def test_holds_are_counted_and_the_last_release_frees_the_bundle(tmp_path: Path) -> None:
+    # Two versions serving one bundle: the first retired must not free it under the second.
+    bundle = fake_bundle(tmp_path, "b", 10, used=1e9)
+    assert cache.hold(bundle) and cache.hold(bundle)
+    cache.release(bundle)
+    assert [e.in_use for e in cache.entries(tmp_path)] == [True]
+    assert cache.prune(tmp_path, max_bytes=0) == []
+    cache.release(bundle)
+    assert [e.in_use for e in cache.entries(tmp_path)] == [False]
+    cache.release(bundle)  # one too many: nothing
+    assert [e.key for e in cache.prune(tmp_path, max_bytes=0)] == ["b"]
+
+
 def test_a_bundle_being_written_is_kept_and_a_crashed_writers_is_cleared(tmp_path: Path) -> None:
     crashed = tmp_path / f"{cache.PARTIAL}x-abc"
     crashed.mkdir()
