@@ -303,6 +303,8 @@ class ServedModel:
             await asyncio.wait_for(self.runner.close(), timeout_s)
         except Exception:  # a dead Ray must not keep the process from exiting
             log.warning("closing the model runner failed", exc_info=True)
+        finally:
+            release_bundle(self.runner)
 
 
 def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
@@ -317,8 +319,6 @@ def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
         slo_p99_ms=settings.slo_p99_ms,
         pipeline_depth=stages * replicas,
         # CPU stages take any batch size with one trace: padding would only add rows.
-        finally:
-            release_bundle(self.runner)
         pad_batches=settings.allowed_batch_sizes is not None or runner.on_gpu,
     )
 
