@@ -21,7 +21,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
-from serving.length_settings import LengthSettings
+from serving.length_settings import MAX_LENGTH_LIMIT, LengthSettings
 from serving.repository_settings import RepositorySettings
 from serving.scaling_settings import ScalingSettings
 from serving.settings_sources import ConfigError, TomlSource, format_validation_error, split_csv
@@ -110,12 +110,14 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="A device's own memory before any weight (e.g. 1GiB); unset = 1 GiB on a "
         "GPU, 700 MiB on a CPU.",
     )
-    max_sequence_length: int = Field(
-        DEFAULT_MAX_SEQUENCE_LENGTH,
+    max_sequence_length: int | None = Field(
+        None,
         ge=1,
-        le=1_048_576,
+        le=MAX_LENGTH_LIMIT,
         description="Longest length of an input dimension the model leaves unknown (tokens): "
-        "the memory plan and the warm-up batch use it; a longer request is refused (400).",
+        "the memory plan and the warm-up batch use it; a longer request is refused (400). "
+        f"Unset = the model's own bound (a position embedding's rows), else "
+        f"{DEFAULT_MAX_SEQUENCE_LENGTH}; one over the model's bound is refused at start.",
     )
     imports: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -17,9 +17,31 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-__all__ = ["LengthSettings", "PadValue", "parse_pad_inputs", "parse_pad_value"]
+from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH
+from shards.signature import ModelSignature
+
+__all__ = [
+    "LengthSettings",
+    "PadValue",
+    "parse_pad_inputs",
+    "parse_pad_value",
+    "served_max_length",
+]
 
 PadValue = int | float | bool
+# The largest --max-sequence-length taken (serving.config).
+MAX_LENGTH_LIMIT = 1_048_576
+
+
+def served_max_length(requested: int | None, signature: ModelSignature) -> int:
+    """The longest length a model is served up to along its unknown dimensions: the
+    ``max_sequence_length`` asked for, else the model's own bound (``TensorSpec.max_length``),
+    else the default (what the partitioner planned at). A length asked for over the bound is
+    refused when the model loads (``serving.server.model``), so none is served here."""
+    if requested is not None:
+        return requested
+    bound = signature.max_length
+    return DEFAULT_MAX_SEQUENCE_LENGTH if bound is None else bound
 
 
 class LengthSettings(BaseModel):
@@ -31,7 +53,8 @@ class LengthSettings(BaseModel):
     allowed_lengths: Annotated[list[int] | None, NoDecode] = Field(
         None,
         description="Length buckets a batch is padded to (16,32,64,128); unset = powers of two "
-        "from 16 below max_sequence_length, and max_sequence_length.",
+        "from 16 below max_sequence_length, and max_sequence_length; those over the model's "
+        "longest are dropped.",
     )
     pad_inputs: Annotated[dict[str, PadValue], NoDecode] = Field(
         default_factory=dict,
@@ -40,7 +63,7 @@ class LengthSettings(BaseModel):
     )
 
     if TYPE_CHECKING:  # a field of Settings, which this is a base of
-        max_sequence_length: int
+        max_sequence_length: int | None
 
     @field_validator("pad_inputs", mode="before")
     @classmethod
@@ -52,7 +75,9 @@ class LengthSettings(BaseModel):
         lengths = self.allowed_lengths
         if lengths is None:
             return self
-        longest = self.max_sequence_length
+        # Unset, the longest is the model's own bound, known once it loads: buckets over it
+        # are dropped then (serving.batching.lengths.length_buckets).
+        longest = self.max_sequence_length or MAX_LENGTH_LIMIT
         bad = [n for n in lengths if not 1 <= n <= longest]
         if bad or not lengths:
             raise ValueError(

@@ -4,6 +4,8 @@ A ``TensorSpec.shape`` is the shape of ONE row: the batch dimension is left out.
 dimension of any size (for instance a sequence length). ``TensorSpec.pad_value`` is the value whose
 positions the model masks along that dimension (found when the model was cut,
 ``shards.partition.length_masks``): rows padded with it answer as they would unpadded.
+``TensorSpec.max_length`` is the longest that dimension may be, where the model bounds it (a
+position embedding of so many rows, ``shards.partition.length_bound``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class TensorSpec:
     dtype: str
     # None: the model does not mask this input (a manifest written before pad values has none).
     pad_value: PadValue | None = None
+    # None: nothing in the model bounds its unknown dimension (or an older manifest).
+    max_length: int | None = None
 
     @property
     def np_dtype(self) -> np.dtype[Any]:
@@ -45,6 +49,8 @@ class TensorSpec:
         data: dict[str, Any] = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
         if self.pad_value is not None:
             data["pad_value"] = self.pad_value
+        if self.max_length is not None:
+            data["max_length"] = self.max_length
         return data
 
     @classmethod
@@ -56,8 +62,20 @@ class TensorSpec:
                 f"tensor {data['name']!r} has pad_value {pad_value!r}; expected a number or a "
                 "boolean (or none); partition the model again"
             )
+        max_length = data.get("max_length")
+        if max_length is not None and (
+            not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1
+        ):
+            raise ValueError(
+                f"tensor {data['name']!r} has max_length {max_length!r}; expected an integer "
+                ">= 1 (or none); partition the model again"
+            )
         return cls(
-            name=str(data["name"]), shape=shape, dtype=str(data["dtype"]), pad_value=pad_value
+            name=str(data["name"]),
+            shape=shape,
+            dtype=str(data["dtype"]),
+            pad_value=pad_value,
+            max_length=max_length,
         )
 
 
@@ -74,6 +92,12 @@ class ModelSignature:
     @property
     def output_names(self) -> list[str]:
         return [t.name for t in self.outputs]
+
+    @property
+    def max_length(self) -> int | None:
+        """The longest length the model takes along its unknown dimensions: the shortest of
+        its inputs' bounds (a request's inputs share one length); ``None`` where none has one."""
+        return min((t.max_length for t in self.inputs if t.max_length is not None), default=None)
 
     def too_long(self, inputs: Mapping[str, np.ndarray], max_length: int) -> str | None:
         """Why ``inputs`` are refused: a dimension the model leaves unknown (a sequence length)

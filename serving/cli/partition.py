@@ -34,8 +34,14 @@ BudgetOption = Annotated[
     typer.Option("--max-stage-bytes", help=_BUDGET_HELP, metavar="BYTES[,BYTES...]"),
 ]
 BatchOption = Annotated[int, typer.Option(help=_BATCH_HELP, min=1)]
-_LENGTH_HELP = "What a dimension the model leaves unknown (a sequence length) is planned at."
-LengthOption = Annotated[int, typer.Option(help=_LENGTH_HELP, min=1, max=1_048_576)]
+_LENGTH_HELP = (
+    "What a dimension the model leaves unknown (a sequence length) is planned at; default: the "
+    "model's own bound (a position embedding's rows), else 512. One over the bound is refused."
+)
+LengthOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(help=_LENGTH_HELP, min=1, max=1_048_576),
+]
 OverheadOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option("--device-overhead-bytes", help=_OVERHEAD_HELP, metavar="BYTES"),
@@ -102,7 +108,7 @@ def partition(
     stages: StagesOption = None,
     max_stage_bytes: BudgetOption = None,
     max_batch_size: BatchOption = 32,
-    max_sequence_length: LengthOption = 512,
+    max_sequence_length: LengthOption = None,
     device_overhead_bytes: OverheadOption = None,
     imports: ImportsOption = None,
     unsafe_deserialization: UnsafeOption = False,
@@ -141,7 +147,7 @@ def partition(
         )
     from serving.cli.plan_table import plan_table
 
-    _stdout().print(plan_table(manifest.stages))
+    _stdout().print(plan_table(manifest.stages, manifest.signature))
     err.print(f"wrote {len(manifest.stages)} stage(s) to {out}")
 
 
@@ -152,7 +158,7 @@ def plan(
     stages: StagesOption = None,
     max_stage_bytes: BudgetOption = None,
     max_batch_size: BatchOption = 32,
-    max_sequence_length: LengthOption = 512,
+    max_sequence_length: LengthOption = None,
     device_overhead_bytes: OverheadOption = None,
     imports: ImportsOption = None,
     unsafe_deserialization: UnsafeOption = False,
@@ -173,11 +179,12 @@ def plan(
                     "the plan in its manifest is what this shows; drop --stages, "
                     "--max-stage-bytes and --device-overhead-bytes, or plan the source model"
                 )
-            specs = list(read_manifest(model).stages)
+            manifest = read_manifest(model)
+            specs, signature = list(manifest.stages), manifest.signature
         else:
             _import_tensorflow_quietly(log_level)
             with err.status("planning..."):
-                specs = _plan_model(
+                specs, signature = _plan_model(
                     model,
                     stages,
                     budgets,
@@ -190,7 +197,7 @@ def plan(
                 )
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
-    _stdout().print(plan_table(specs))
+    _stdout().print(plan_table(specs, signature))
 
 
 def _plan_model(
@@ -203,8 +210,8 @@ def _plan_model(
     unsafe_deserialization: bool,
     *,
     weight_dtype: str,
-    max_sequence_length: int,
-) -> list[Any]:
+    max_sequence_length: int | None,
+) -> tuple[list[Any], Any]:
     from shards.bundle.format import import_modules, load_keras
     from shards.errors import PartitionError
     from shards.partition.cut import plan_stages
@@ -228,13 +235,13 @@ def _plan_model(
             f"file or a demo model name ({', '.join(DEMO_MODELS)}); a TF SavedModel is served "
             "whole, as one stage"
         )
+    graph = analyse(keras_model, max_sequence_length)
     planned = plan_stages(
-        analyse(keras_model, max_sequence_length),
+        graph,
         stages=stages,
         max_stage_bytes=budgets,
         max_batch_size=max_batch_size,
         device_overhead_bytes=overhead,
         weight_dtype=weight_dtype,
-        max_sequence_length=max_sequence_length,
     )
-    return [spec for _, spec in planned]
+    return [spec for _, spec in planned], graph.signature

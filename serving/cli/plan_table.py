@@ -9,6 +9,7 @@ from rich.table import Table
 
 from shards.bundle.format import StageSpec
 from shards.partition.memory_plan import format_size
+from shards.signature import ModelSignature
 
 COLUMNS = (
     "stage",
@@ -74,7 +75,7 @@ def _weights(spec: StageSpec) -> str:
     return f"{format_size(mem.weight_bytes)} ({mem.weight_dtype})"
 
 
-def plan_table(stages: Sequence[StageSpec]) -> Table:
+def plan_table(stages: Sequence[StageSpec], signature: ModelSignature | None = None) -> Table:
     batch = next((s.memory.max_batch_size for s in stages if s.memory), None)
     title = "memory plan" + (f" at max_batch_size={batch}" if batch else "")
     table = Table(title=title, title_justify="left")
@@ -82,8 +83,20 @@ def plan_table(stages: Sequence[StageSpec]) -> Table:
         table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
     for row in plan_rows(stages):
         table.add_row(*row)
-    table.caption = length_line(stages)
+    lines = [length_line(stages), None if signature is None else bound_line(signature)]
+    table.caption = "\n".join(line for line in lines if line) or None
     return table
+
+
+def bound_line(signature: ModelSignature) -> str | None:
+    """The longest length the model takes along its unknown dimensions, where it bounds it."""
+    bounded = [f"{t.name} {t.max_length}" for t in signature.inputs if t.max_length is not None]
+    if not bounded:
+        return None
+    return (
+        f"max sequence length {signature.max_length}, the model's own bound (positions: "
+        f"{', '.join(bounded)}); served up to it unless --max-sequence-length lowers it"
+    )
 
 
 def length_line(stages: Sequence[StageSpec]) -> str | None:

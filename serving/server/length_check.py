@@ -21,6 +21,7 @@ import numpy as np
 
 from serving.batching.lengths import LengthPadding, length_buckets
 from serving.config import ConfigError, Settings
+from serving.length_settings import served_max_length
 from serving.server.runner import ModelRunner
 from shards.errors import one_line
 from shards.signature import ModelSignature, TensorSpec
@@ -77,7 +78,7 @@ async def plan_length_padding(runner: ModelRunner, settings: Settings) -> Length
             logging.INFO,
         )
     allowed = tuple(settings.allowed_lengths) if settings.allowed_lengths else None
-    buckets = length_buckets(settings.max_sequence_length, allowed)
+    buckets = length_buckets(served_max_length(settings.max_sequence_length, signature), allowed)
     if buckets[-1] < 2:
         return _off(f"every row has one length (max_sequence_length={buckets[-1]})", logging.INFO)
     axes = {

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from serving.batching.batcher import Batcher, BatchSettings
-from serving.config import Settings
+from serving.config import ConfigError, Settings
 from serving.errors import NotReadyError
 from serving.http.admission import Admitted
+from serving.length_settings import served_max_length
 from serving.server.length_check import LengthPlan, plan_length_padding
 from serving.server.metrics import Metrics, ModelMetrics, memory_figures
 from serving.server.runner import ModelRunner, RunnerFactory, release_bundle
@@ -198,7 +199,7 @@ class ServedModel:
             held_rows=lambda: batcher.held_rows,
         )
         metrics.bind_health(runner.health)
-        await self.warm_up(runner, self.settings.max_sequence_length)
+        await self.warm_up(runner, served_length(self.settings, runner.signature))
         # Before any request is queued: the batcher keys its queues by the padding in force.
         self.length_plan = await plan_length_padding(runner, self.settings)
         batcher.set_length_padding(self.length_plan.padding)
@@ -294,19 +295,6 @@ class ServedModel:
         if self.batcher is not None:
             await drain_batcher(self.batcher, budget)
 
-    async def retire(self, reason: str) -> None:
-        """Refuse new requests (503 with ``reason``), answer every request it admitted within
-        that request's own deadline, end its jobs and its actors: every retire goes this way (a
-        switch, a promotion, an unload, a switch turned back). Its drain lasts up to the
-        version's ``request_timeout_ms`` from now, the latest deadline a request it admitted may
-        have; ``stop_timeout_s`` bounds the server's own stop only (a SIGTERM meanwhile drains
-        this version within that budget too)."""
-        self.stop_accepting(reason)
-        budget = StopBudget.retire(self.settings.request_timeout_ms / 1000.0)
-        await self.stop_jobs(budget.answer_left())
-        await self.drain(budget)
-        await self.close(budget.left())
-
     async def close(self, timeout_s: float) -> None:
         """Release the runner (its actors) within ``timeout_s``, and the mark that kept its
         cached bundle from a prune."""
@@ -318,6 +306,21 @@ class ServedModel:
             log.warning("closing the model runner failed", exc_info=True)
         finally:
             release_bundle(self.runner)
+
+
+def served_length(settings: Settings, signature: ModelSignature) -> int:
+    """The longest length ``signature``'s model is served up to (``served_max_length``);
+    ``ConfigError`` naming both numbers where ``--max-sequence-length`` is over the model's
+    own bound (a bundle partitioned elsewhere reaches the server without the resolver's check
+    only through a runner that skips it)."""
+    requested, bound = settings.max_sequence_length, signature.max_length
+    if requested is not None and bound is not None and requested > bound:
+        raise ConfigError(
+            f"max_sequence_length={requested} is over {bound}, the longest input model "
+            f"{signature.name!r} takes; serve it with --max-sequence-length at most {bound}, "
+            f"or leave the flag out to serve up to {bound}"
+        )
+    return served_max_length(requested, signature)
 
 
 def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:

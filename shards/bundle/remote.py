@@ -15,7 +15,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from shards.bundle import cache
 from shards.errors import ResolveError
-from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH
 
 
 def _resolve_in_worker(model: str, options: dict[str, Any]) -> str:
@@ -36,7 +35,7 @@ async def resolve_bundle_remote(
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
     cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
-    max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
+    max_sequence_length: int | None = None,
 ) -> Path:
     """Run ``shards.bundle.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
 

@@ -32,7 +32,7 @@ from shards.bundle.format import (
     read_manifest,
 )
 from shards.errors import ResolveError
-from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets
+from shards.partition.memory_plan import parse_budgets
 
 if TYPE_CHECKING:
     import keras
@@ -58,10 +58,11 @@ def resolve_bundle(
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
     cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
-    max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
+    max_sequence_length: int | None = None,
 ) -> Path:
     """``max_batch_size``, ``device_overhead_bytes`` and ``max_sequence_length`` (what an
-    unknown dimension counts as) size the memory plan (shards.partition.memory_plan);
+    unknown dimension counts as; ``None``: the model's own bound, else 512) size the memory
+    plan (shards.partition.memory_plan); a length over the model's bound is refused;
     ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load. The caller marks
     the bundle it serves (``shards.bundle.cache.hold``), or a later prune may remove it."""
     path = Path(model).expanduser()
@@ -69,6 +70,7 @@ def resolve_bundle(
     if (path / MANIFEST_NAME).is_file():
         manifest = read_manifest(path)
         _check_bundle_options(path, manifest, stages, budgets)
+        _check_length(path, manifest, max_sequence_length)
         allowed_imports(manifest, imports, unsafe_deserialization=unsafe_deserialization)
         return path
     cache_dir = cache.ensure_private(Path(cache_dir))
@@ -159,7 +161,17 @@ class _MemoryOptions(NamedTuple):
     max_batch_size: int
     overhead_bytes: int | None
     weight_dtype: str | None
-    max_sequence_length: int
+    max_sequence_length: int | None
+
+
+def _check_length(path: Path, manifest: Manifest, requested: int | None) -> None:
+    bound = manifest.signature.max_length
+    if requested is not None and bound is not None and requested > bound:
+        raise ResolveError(
+            f"max_sequence_length={requested} is over {bound}, the longest input the model of "
+            f"bundle {str(path)!r} takes; serve it with --max-sequence-length at most {bound}, "
+            f"or leave the flag out to serve up to {bound}"
+        )
 
 
 def _check_bundle_options(

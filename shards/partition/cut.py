@@ -28,9 +28,9 @@ from shards.bundle.format import (
     write_manifest,
 )
 from shards.partition.graph import Graph, PartitionError, analyse, cut
+from shards.partition.length_bound import describe_bounds
 from shards.partition.length_masks import describe_pad_values
 from shards.partition.memory_plan import (
-    DEFAULT_MAX_SEQUENCE_LENGTH,
     MemoryModel,
     default_overhead,
     parse_budgets,
@@ -89,18 +89,17 @@ def plan_stages(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
-    max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
 ) -> list[tuple[keras.Model, StageSpec]]:
     """Plan and cut: each stage's sub-model and its spec, memory plan included (what
     ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
     default for a GPU when TensorFlow sees one here, else for a CPU. ``weight_dtype``: the
-    weights will be served in it (``--weight-dtype``), and count at its size.
-    ``max_sequence_length``: what a dimension unknown in the graph counts as."""
+    weights will be served in it (``--weight-dtype``), and count at its size. A dimension
+    unknown in the graph counts as ``graph.sequence_length``."""
     overhead = device_overhead_bytes
     if overhead is None:
         overhead = default_overhead(gpu=_tf_sees_gpu())
     weight_dtype = check_reduced(weight_dtype, "weight_dtype")
-    memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype, max_sequence_length)
+    memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype, graph.sequence_length)
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     stage_plan = plan(graph, stages=stages, max_stage_bytes=budgets, memory=memory)
     cut_stages = []
@@ -121,7 +120,7 @@ def plan_stages(
                 unknown_dims=need.unknown_dims,
                 weight_dtype=weight_dtype,
                 weight_bytes=None if weight_dtype is None else need.weight_bytes,
-                sequence_length=max_sequence_length,
+                sequence_length=graph.sequence_length,
             ),
         )
         if budget is not None and spec.planned_peak_bytes > budget:
@@ -171,10 +170,12 @@ def partition_to_bundle(
     device_overhead_bytes: int | None = None,
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
-    max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
+    max_sequence_length: int | None = None,
 ) -> Manifest:
     """Cut ``model`` (a ``.keras`` file, a SavedModel directory or a model built in code) into
-    stages and write ``manifest.json`` plus one file per stage into ``out_dir``."""
+    stages and write ``manifest.json`` plus one file per stage into ``out_dir``.
+    ``max_sequence_length``: what a dimension unknown in the graph is planned at; ``None``: the
+    model's own bound (``shards.partition.length_bound``), else 512."""
     report = progress or (lambda _msg: None)
     import_modules(imports)
     out = Path(out_dir)
@@ -207,9 +208,10 @@ def partition_to_bundle(
         max_batch_size=max_batch_size,
         device_overhead_bytes=device_overhead_bytes,
         weight_dtype=weight_dtype,
-        max_sequence_length=max_sequence_length,
     )
     report(f"planned {len(planned)} stage(s) over {len(graph.nodes)} nodes")
+    if (bounded := describe_bounds(graph.signature)) is not None:
+        report(bounded)
     if (padded := describe_pad_values(graph.signature)) is not None:
         report(padded)
     specs = []

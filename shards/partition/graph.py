@@ -27,6 +27,13 @@ import keras
 from shards.bundle.format import StageSpec
 from shards.errors import PartitionError
 from shards.partition.flatten import flatten_nested, runtime_masks, topological_nodes
+from shards.partition.length_bound import (
+    LengthBound,
+    bound_signature,
+    declared_bounds,
+    probe_bound,
+    tightest,
+)
 from shards.partition.length_masks import mark_masked_inputs
 from shards.partition.masking import CarryMask
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH
@@ -54,6 +61,9 @@ class Graph:
     # Per node: id(input tensor) -> the Keras mask (a tensor of the graph) it carries when the
     # node runs, for masked inputs only.
     masks: tuple[dict[int, Any], ...] = field(default_factory=tuple)
+    # What a dimension unknown in the graph was costed at: the length asked for, else the
+    # model's own bound (shards.partition.length_bound), else DEFAULT_MAX_SEQUENCE_LENGTH.
+    sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH
 
 
 def _spec(tensor: Any, name: str) -> TensorSpec:
@@ -103,9 +113,10 @@ def as_functional(model: keras.Model) -> keras.Model:
     return model
 
 
-def analyse(model: keras.Model, sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH) -> Graph:
+def analyse(model: keras.Model, sequence_length: int | None = None) -> Graph:
     """``model``'s layer calls, costed with a dimension unknown in the graph at
-    ``sequence_length`` (``--max-sequence-length``)."""
+    ``sequence_length`` (``--max-sequence-length``); ``None``: at the model's own bound, else
+    at ``DEFAULT_MAX_SEQUENCE_LENGTH``. ``PartitionError`` for a length over the bound."""
     model = as_functional(model)
     input_names = _named(model._inputs_struct, model.inputs, [t.name for t in model.inputs])
     output_names = _named(model._outputs_struct, model.outputs, model.output_names)
@@ -126,6 +137,8 @@ def analyse(model: keras.Model, sequence_length: int = DEFAULT_MAX_SEQUENCE_LENG
     nodes: list[GraphNode] = []
     calls: dict[int, int] = {}
     order = topological_nodes(model.outputs)
+    bounds = _length_bounds(model, order, sequence_length)
+    length = planned_length(sequence_length, tightest(bounds))
     for node in order:
         op = node.operation
         calls[id(op)] = calls.get(id(op), 0) + 1
@@ -138,7 +151,7 @@ def analyse(model: keras.Model, sequence_length: int = DEFAULT_MAX_SEQUENCE_LENG
         inputs = tuple({id(t): t for t in node.input_tensors}.values())
         # A reused layer's weights are charged at every call: any stage that calls it holds
         # them (two calls in one stage over-count, never under-count).
-        flops = estimate_flops(op, inputs, outputs, sequence_length)
+        flops = estimate_flops(op, inputs, outputs, length)
         cost = NodeCost(op.name, param_bytes(op), flops)
         nodes.append(GraphNode(op.name, node, inputs, outputs, cost))
 
@@ -157,6 +170,7 @@ def analyse(model: keras.Model, sequence_length: int = DEFAULT_MAX_SEQUENCE_LENG
         outputs=tuple(_spec(t, names[id(t)]) for t in model.outputs),
     )
     signature = mark_masked_inputs(signature, model.inputs, order)
+    signature = bound_signature(signature, bounds)
     return Graph(
         model=model,
         nodes=tuple(nodes[i] for i in keep),
@@ -165,7 +179,36 @@ def analyse(model: keras.Model, sequence_length: int = DEFAULT_MAX_SEQUENCE_LENG
         output_ids=tuple(id(t) for t in model.outputs),
         signature=signature,
         masks=tuple(masks[i] for i in keep),
+        sequence_length=length,
     )
+
+
+def _length_bounds(
+    model: keras.Model, order: list[Any], requested: int | None
+) -> list[LengthBound]:
+    """What the layers declare; where none does, what a probe of the model finds up to the
+    length asked for (else the default)."""
+    bounds = declared_bounds(model.inputs, order)
+    if bounds:
+        return bounds
+    probed = probe_bound(model, model.inputs, requested or DEFAULT_MAX_SEQUENCE_LENGTH)
+    return [] if probed is None else [probed]
+
+
+def planned_length(requested: int | None, bound: LengthBound | None) -> int:
+    """The length to plan at: ``requested`` where given and within the bound, else the bound,
+    else the default; ``PartitionError`` naming both numbers for one over the bound."""
+    if bound is None:
+        return DEFAULT_MAX_SEQUENCE_LENGTH if requested is None else requested
+    if requested is None:
+        return bound.length
+    if requested > bound.length:
+        raise PartitionError(
+            f"max_sequence_length={requested} is over {bound.length}, the longest input this "
+            f"model takes ({bound.source}); serve it with --max-sequence-length at most "
+            f"{bound.length}, or leave the flag out to serve up to {bound.length}"
+        )
+    return requested
 
 
 def _named_once(op: Any, owners: dict[str, int], taken: set[str], copies: dict[int, Any]) -> Any:

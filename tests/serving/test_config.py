@@ -26,7 +26,7 @@ def test_defaults() -> None:
     assert s.inflight_batches(2, replicas=3) == 9
     assert s.queue_rows(3) == 4 * 32 * 4
     assert load_settings(max_inflight_batches=2).inflight_batches(3) == 2
-    assert s.max_sequence_length == 512
+    assert s.max_sequence_length is None  # the model's own bound, else 512, once it loads
 
 
 def test_flag_beats_env_beats_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

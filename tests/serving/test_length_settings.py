@@ -57,7 +57,7 @@ def test_env_and_toml_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     ("overrides", "expected"),
     [
         (
-            {"allowed_lengths": "16,1024"},
+            {"allowed_lengths": "16,1024", "max_sequence_length": "512"},
             "between 1 and max_sequence_length (512), got [16, 1024]; out of range: [1024]",
         ),
         (

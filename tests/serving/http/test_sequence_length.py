@@ -76,3 +76,27 @@ async def test_fixed_shapes_are_never_over_the_limit() -> None:
     async with serve(FakeRunner(), max_sequence_length=1, batch_timeout_ms=0) as client:
         r = await client.post("/v1/models/fake:predict", json={"instances": [[1.0, 2, 3, 4]]})
         assert r.status_code == 200, r.text
+
+
+BOUNDED = ModelSignature(
+    name="fake",
+    inputs=(TensorSpec("ids", (None,), "int32", pad_value=0, max_length=32),),
+    outputs=(TensorSpec("y", (2,), "float32"),),
+)
+
+
+async def test_with_no_flag_the_models_own_bound_is_the_limit() -> None:
+    """A position embedding of 32 rows (issue 27): warmed at 32, not 512; length buckets up to
+    32; a row of 33 refused naming 32, one of 32 served."""
+    runner = FakeRunner(BOUNDED)
+    async with serve(runner, batch_timeout_ms=0) as client:
+        assert runner.batches[0]["ids"].shape == (1, 32)
+        assert max(b["ids"].shape[1] for b in runner.batches) == 32  # the length check's too
+        meta = (await client.get("/v2/models/fake")).json()
+        assert meta["parameters"]["length_padding"]["buckets"] == [16, 32]
+        r = await client.post("/v1/models/fake:predict", json={"instances": ids(33)})
+        assert r.status_code == 400
+        assert "length 33 in dimension 1 is over max_sequence_length=32" in r.json()["error"]
+        assert_clean_error(r.json())
+        ok = await client.post("/v1/models/fake:predict", json={"instances": ids(32)})
+        assert ok.status_code == 200, ok.text

@@ -115,6 +115,34 @@ async def test_a_warm_up_failure_at_the_max_sequence_length_names_it() -> None:
     assert "--max-sequence-length at most its longest" in model.load_error
 
 
+@pytest.mark.parametrize(("flag", "warmed_at"), [(None, 32), (16, 16), (32, 32)])
+async def test_the_models_own_bound_is_the_default_length_and_a_flag_may_lower_it(
+    flag: int | None, warmed_at: int
+) -> None:
+    bounded = ModelSignature("tokens", (TensorSpec("ids", (None,), "int32", max_length=32),), ())
+    state = ServerState(
+        Settings(model="fake", batch_timeout_ms=0.0, max_sequence_length=flag, pad_lengths=False)
+    )
+    model = ServedModel("tokens", state.settings, state.metrics)
+    runner = FakeRunner(bounded)
+    await _load(model, runner)
+    (warm_up,) = runner.batches
+    assert warm_up["ids"].shape == (1, warmed_at)
+
+
+async def test_a_flag_over_the_models_own_bound_is_refused_at_load_with_both_numbers() -> None:
+    bounded = ModelSignature("tokens", (TensorSpec("ids", (None,), "int32", max_length=32),), ())
+    state = ServerState(Settings(model="fake", batch_timeout_ms=0.0, max_sequence_length=64))
+    model = ServedModel("tokens", state.settings, state.metrics)
+    runner = FakeRunner(bounded)
+    await model.load(_factory(runner), None)
+    assert model.load_error is not None
+    assert "max_sequence_length=64 is over 32, the longest input model 'tokens' takes" in (
+        model.load_error
+    )
+    assert runner.batches == []  # refused before any warm-up batch
+
+
 def _factory(runner: FakeRunner) -> Callable[[Settings], Awaitable[FakeRunner]]:
     async def factory(_: Settings) -> FakeRunner:
         return runner

@@ -303,7 +303,9 @@ def test_an_unknown_length_is_warmed_at_the_planned_sequence_length(
     ray_address: str, tmp_path: Path
 ) -> None:
     """Positions stop at 16 (a fixed position embedding): planned at 40, the warm-up fails
-    there and says how to fix it; at length 1, as before, it would not have noticed."""
+    there and says how to fix it; at length 1, as before, it would not have noticed. The
+    partitioner now refuses 40 for this model (its bound is 16), so the plan of 40 is written
+    into the manifest as a bundle from before the bound was read would have it."""
     import keras_hub
 
     tokens = keras.Input((None,), dtype="int32", name="tokens")
@@ -311,9 +313,12 @@ def test_an_unknown_length_is_warmed_at_the_planned_sequence_length(
     x = x + keras_hub.layers.PositionEmbedding(16, name="positions")(x)
     out = keras.layers.Dense(2, name="out")(keras.layers.GlobalAveragePooling1D(name="pool")(x))
     bundle = tmp_path / "b"
-    partition_to_bundle(
-        keras.Model(tokens, out), bundle, stages=1, imports=["keras_hub"], max_sequence_length=40
-    )
+    manifest = partition_to_bundle(keras.Model(tokens, out), bundle, imports=["keras_hub"])
+    (stage,) = manifest.stages
+    assert stage.memory is not None and stage.memory.sequence_length == 16
+    planned_at_40 = dataclasses.replace(stage.memory, sequence_length=40)
+    stage = dataclasses.replace(stage, memory=planned_at_40)
+    write_manifest(bundle, dataclasses.replace(manifest, stages=(stage,)))
     remote: Any = ray.remote(ShardActor).options(num_cpus=1, max_concurrency=1)
     actor = remote.remote(str(bundle), 0, [2], imports=["keras_hub"])
     try:
