@@ -17,9 +17,10 @@ attributes) because some are raised inside Ray actors and cross a process bounda
     │   │                             healthy now (then with retry_after_s)
     │   └── RecoveringError      503  ... and one is being brought back: the batcher holds the
     │                                 rows for it (``serving.batching.hold``) instead
-    ├── DeadlineExceededError    504  the request's deadline passed before its rows were computed,
-    │                                 or its batch ran past the watchdog's limit (on two
-    │                                 replicas, or on the only healthy one)
+    ├── DeadlineExceededError    504  the request's deadline passed before its rows were computed
+    │   └── BatchAbandonedError  504  its batch ran past the watchdog's limit (on two replicas,
+    │                                 or on the only healthy one): the model's doing, not the
+    │                                 deadline's (a canary's judge counts it whatever the deadline)
     ├── ModelInputError          422  the model raised on this request's rows (isolated from its
     │                                 batch-mates, who get their answers)
     └── BatchFailedError         500  the model or its stage processes failed on the batch
@@ -135,6 +136,10 @@ class DeadlineExceededError(ShardServeError):
     status_code = 504
 
 
+class BatchAbandonedError(DeadlineExceededError):
+    pass
+
+
 class BatchFailedError(ShardServeError):
     status_code = 500
 
@@ -156,7 +161,7 @@ def from_runner(exc: BaseException, rows: int) -> ShardServeError:
             return ModelInputError(f"the model failed on this input: {exc.message}")
         return BatchFailedError(f"model failed on a batch of {rows} rows: {exc.message}")
     if isinstance(exc, StageTimeoutError):
-        return DeadlineExceededError(f"the request's batch was abandoned: {exc.message}")
+        return BatchAbandonedError(f"the request's batch was abandoned: {exc.message}")
     if isinstance(exc, ReplicaRecoveringError):
         return RecoveringError(
             f"the model is unavailable: {exc.message}; retry shortly",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -56,9 +57,11 @@ def request_deadline(header: str | None, settings: Settings) -> float:
             asked = float(header)
         except ValueError:
             asked = float("nan")
-        if not asked > 0:
+        if not 0 < asked < math.inf:  # NaN too
             raise InvalidInputError(
-                f"header X-Request-Timeout-Ms must be a positive number of ms, got {header!r}"
+                f"header X-Request-Timeout-Ms must be a positive, finite number of ms, got "
+                f"{header!r}; leave it out for the server's deadline (request_timeout_ms="
+                f"{timeout_ms:g})"
             )
         timeout_ms = min(timeout_ms, asked)
     return time.monotonic() + timeout_ms / 1000.0

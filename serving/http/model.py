@@ -42,6 +42,11 @@ class RequestMetrics(Protocol):
     def observe_latency(self, status: int, seconds: float) -> None:
         """A request answered with ``status`` after ``seconds``."""
 
+    def observe_routed(self, failed: bool, seconds: float) -> None:
+        """A request whose version the server chose (it named none, nor a label) answered
+        after ``seconds``; ``failed``: the version failed it. Passed only where the version
+        is to blame either way (``serving.rollout.blame``): a canary's judge counts these."""
+
 
 class ModelHandle(Protocol):
     """One served model (name and version) as the routes use it.

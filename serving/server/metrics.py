@@ -144,8 +144,11 @@ class ModelMetrics:
         self._latency_by_status: dict[int, Any] = {}
         self._rejects_by_reason: dict[str, Any] = {}
         self._close_by_reason: dict[str, Any] = {}
-        # Called with every answered request's status and seconds (a canary's judge).
+        # Called with every answered request's status and seconds (the autoscaler's demand).
         self._listeners: list[Callable[[int, float], None]] = []
+        # Called with the outcome of each request the server chose this version for (a
+        # canary's judge): whether the version failed it, and its seconds.
+        self._routed_listeners: list[Callable[[bool, float], None]] = []
         # Every series without a label of its own exists from the start: a rate reads 0, not
         # absent, before the first batch (and before any length-padded one).
         self._batch_size = families.batch_size.labels(*key)
@@ -165,6 +168,14 @@ class ModelMetrics:
     def add_listener(self, listener: Callable[[int, float], None]) -> None:
         """``listener(status, seconds)`` after every answered request, whatever the protocol."""
         self._listeners.append(listener)
+
+    def add_routed_listener(self, listener: Callable[[bool, float], None]) -> None:
+        """``listener(failed, seconds)`` after each ``observe_routed``."""
+        self._routed_listeners.append(listener)
+
+    def observe_routed(self, failed: bool, seconds: float) -> None:
+        for listener in self._routed_listeners:
+            listener(failed, seconds)
 
     def observe_latency(self, status: int, seconds: float) -> None:
         for listener in self._listeners:

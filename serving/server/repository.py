@@ -45,7 +45,6 @@ from serving.server.repository_source import (
 from serving.server.rolling import Rolling
 from serving.server.rollout import Rollouts
 from serving.server.runner import RunnerFactory, plan_private_ray
-from serving.server.stop_budget import StopBudget
 from serving.server.switch_queue import narrow_queues, widen_queues
 
 if TYPE_CHECKING:
@@ -289,12 +288,9 @@ class Repository:
         await asyncio.gather(*(self._retire_one(m, reason) for m in models))
 
     async def _retire_one(self, model: ServedModel, reason: str) -> None:
-        """Refuse new requests, answer those held, end the actors, then stop routing to it."""
-        _refuse(model, reason)
-        budget = StopBudget.start(model.settings.stop_timeout_s)
-        await model.stop_jobs(budget.answer_left())
-        await model.drain(budget)
-        await model.close(budget.left())
+        """Refuse new requests, answer those admitted (``ServedModel.retire``), end the actors,
+        then stop routing to it."""
+        await model.retire(_refusal(model, reason))
         self.state.remove_model(model.name, model.version)
         self.rollouts.gone(model.name, model.version)
         self._failed.pop((model.name, model.version), None)
@@ -338,9 +334,11 @@ def _entry(name: str, version: str, state: VersionState, reason: str) -> IndexEn
 
 
 def _refuse(model: ServedModel, reason: str) -> None:
-    model.stop_accepting(
-        f"model {model.name!r} version {model.version} is being unloaded ({reason})"
-    )
+    model.stop_accepting(_refusal(model, reason))
+
+
+def _refusal(model: ServedModel, reason: str) -> str:
+    return f"model {model.name!r} version {model.version} is being unloaded ({reason})"
 
 
 if TYPE_CHECKING:

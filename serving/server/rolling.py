@@ -26,7 +26,6 @@ from serving.config import Settings
 from serving.rollout.split import WeightedSplit
 from serving.server.runner import ElasticRunner, ModelRunner, RunnerFactory
 from serving.server.scaling import Scaler, hold, release, serving_count
-from serving.server.stop_budget import StopBudget
 
 if TYPE_CHECKING:
     from serving.server.model import ServedModel
@@ -252,13 +251,9 @@ class Rolling:
         await self._retire(switch.new.name)
 
     async def _drain(self, model: ServedModel, why: str) -> None:
-        """Refuse, answer what it holds, end its actors (the manager then unloads it)."""
+        """Refuse, answer what it admitted, end its actors (the manager then unloads it)."""
         self.state.splits.pop(model.name, None)
-        model.stop_accepting(f"model {model.name!r} version {model.version} is unloaded ({why})")
-        budget = StopBudget.start(model.settings.stop_timeout_s)
-        await model.stop_jobs(budget.answer_left())
-        await model.drain(budget)
-        await model.close(budget.left())
+        await model.retire(f"model {model.name!r} version {model.version} is unloaded ({why})")
 
     async def _add(self, switch: Switch, model: ServedModel) -> tuple[bool, str]:
         """One more replica of ``model``; whether it serves, and what it waited for."""

@@ -3,11 +3,13 @@ while a newer one takes a share of the requests that name no version, judged aga
 
 ``Rollout`` is one model's controller: which version is ``stable`` and which the ``canary``,
 their weights, the weighted split (``serving.rollout.split``), each version's window of answered
-requests (fed by the versions' ``ModelMetrics`` listeners) and the judge
+requests (fed by the versions' ``ModelMetrics.observe_routed``) and the judge
 (``serving.rollout.judge``) after each answer (at most every ``_JUDGE_EVERY_S``) and every
 second. A rollback sets the canary to 0 at once and keeps it loaded; a promote (auto or through
 the admin API) makes the canary stable and asks the manager to retire the old one (drained:
-nothing dropped).
+nothing dropped). A window holds only the requests the split routed (none that named a version
+or a label) and counts only failures the version caused (``serving.rollout.blame``): a client
+can neither roll a canary back nor fail the stable until a canary is promoted.
 
 ``Rollouts`` is the repository manager's part: it arranges the roles as versions become READY
 (a new READY version while another serves becomes the canary, instead of the hand-over; a newer
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from serving.server.repository_source import ModelPlan
     from serving.server.state import ServerState
 
-__all__ = ["CHECK_EVERY_S", "Rollout", "RolloutState", "Rollouts", "failed"]
+__all__ = ["CHECK_EVERY_S", "Rollout", "RolloutState", "Rollouts"]
 
 log = logging.getLogger("shardserve")
 
@@ -46,12 +48,6 @@ CHECK_EVERY_S = 1.0  # the judge's tick: auto promotion and windows that empty w
 # judged every few answers, not every one (each under 64 answers in the window is judged).
 _JUDGE_SHARE = 64
 _JUDGE_EVERY_S = 0.05
-_MODEL_RAISED = 422  # ModelInputError: the model raised on the input
-
-
-def failed(status: int) -> bool:
-    """A failure to the judge: a 5xx, or the model raised on the input (422)."""
-    return status >= 500 or status == _MODEL_RAISED
 
 
 class Rollout:
@@ -106,12 +102,14 @@ class Rollout:
 
     # ---- outcomes
 
-    def record(self, version: str, status: int, seconds: float) -> None:
+    def record(self, version: str, failed: bool, seconds: float) -> None:
+        """A request the split routed to ``version`` answered; ``failed``: the version failed
+        it (``serving.rollout.blame``)."""
         window = self.windows.get(version)
         if window is None:
             return
         now = self._clock()
-        window.add(now, failed(status), seconds)
+        window.add(now, failed, seconds)
         if version != self.canary:
             return
         self._unjudged += 1
@@ -243,15 +241,16 @@ class Rollouts:
         self._on_change = on_change
 
     def listen(self, model: ServedModel) -> None:
-        """Its answers reach the model's rollout, if it has one (now or later)."""
+        """The answers the server chose it for reach the model's rollout, if it has one (now
+        or later)."""
         rollouts, name, version = self.state.rollouts, model.name, model.version
 
-        def answered(status: int, seconds: float) -> None:
+        def answered(failed: bool, seconds: float) -> None:
             rollout = rollouts.get(name)
             if rollout is not None:
-                rollout.record(version, status, seconds)
+                rollout.record(version, failed, seconds)
 
-        model.metrics.add_listener(answered)
+        model.metrics.add_routed_listener(answered)
 
     def arrange(self, name: str, plan: ModelPlan | None) -> set[str]:
         """Bring the roles in step with what serves; the versions the manager must keep."""

@@ -43,7 +43,8 @@ _MAX_WEIGHT = 1_000_000
 
 
 class WindowView(Body):
-    """One version's answered requests in the window: failures are 5xx and 422 answers."""
+    """One version's answered requests in the window, of those the split routed: failures are
+    those the version caused (5xx, 422), not a 4xx, a full queue or a client's own deadline."""
 
     requests: int
     failure_rate: float

@@ -10,6 +10,9 @@ mark of it, whatever the phases before them took:
 2. answer (up to ``answer_until``): what is still held (queued rows, batches on a stage that
    hangs) is failed with a 503, and those answers and the last ones are written.
 3. close (up to ``deadline``): gRPC stops, the runner's actors are released, the process exits.
+
+A version's retire (a switch, a promotion, an unload) has no orchestrator behind it: its drain
+lasts as long as the requests it admitted may (``StopBudget.retire``), then the same phases.
 """
 
 from __future__ import annotations
@@ -37,18 +40,34 @@ _ANSWER_SHARE, _ANSWER_MAX_S = 0.1, 2.0
 class StopBudget:
     total_s: float
     deadline: float  # time.monotonic()
+    # The close's and the answers' seconds at the end; None: their shares of ``total_s``.
+    close_s: float | None = None
+    answer_s: float | None = None
 
     @classmethod
     def start(cls, total_s: float) -> StopBudget:
         return cls(total_s, time.monotonic() + total_s)
 
+    @classmethod
+    def retire(cls, drain_s: float) -> StopBudget:
+        """A retire's: a drain of ``drain_s`` (the latest deadline a request it admitted may
+        have), then the longest answer and close phases a stop has."""
+        total_s = drain_s + _ANSWER_MAX_S + _CLOSE_MAX_S
+        return cls(total_s, time.monotonic() + total_s, _CLOSE_MAX_S, _ANSWER_MAX_S)
+
     @property
     def answer_until(self) -> float:
-        return self.deadline - min(_CLOSE_MAX_S, _CLOSE_SHARE * self.total_s)
+        close_s = self.close_s
+        if close_s is None:
+            close_s = min(_CLOSE_MAX_S, _CLOSE_SHARE * self.total_s)
+        return self.deadline - close_s
 
     @property
     def drain_until(self) -> float:
-        return self.answer_until - min(_ANSWER_MAX_S, _ANSWER_SHARE * self.total_s)
+        answer_s = self.answer_s
+        if answer_s is None:
+            answer_s = min(_ANSWER_MAX_S, _ANSWER_SHARE * self.total_s)
+        return self.answer_until - answer_s
 
     def left(self) -> float:
         """Seconds to the deadline (0 once past it)."""
@@ -70,8 +89,8 @@ async def drain_batcher(batcher: Batcher, budget: StopBudget) -> None:
     except TimeoutError:
         pass
     log.warning(
-        "stopping: %d row(s) queued and %d batch(es) in flight not done after %.1f s of the "
-        "%g s stop budget; failing them with 503",
+        "draining: %d row(s) queued and %d batch(es) in flight not done after %.1f s of the "
+        "%g s budget; failing them with 503",
         batcher.queued_rows,
         batcher.inflight_batches,
         budget.total_s - budget.left(),

@@ -11,6 +11,7 @@ import numpy as np
 
 from serving.errors import InvalidInputError
 from serving.protocols.v2.datatypes import datatype_of
+from serving.protocols.v2.parameters import timeout_s
 from serving.protocols.v2.proto import grpc_service_pb2 as pb
 from serving.protocols.v2.tensors import decode_tensor, encode_tensor
 from shards.signature import ModelSignature, TensorSpec
@@ -121,8 +122,7 @@ def request_timeout_s(request: pb.ModelInferRequest) -> float | None:
         raise InvalidInputError(
             f'parameter "timeout" is in microseconds (an integer), got a {kind or "empty value"}'
         )
-    micros = int(getattr(param, kind))
-    return micros / 1e6 if micros > 0 else None
+    return timeout_s(int(getattr(param, kind)))
 
 
 def encode_outputs(

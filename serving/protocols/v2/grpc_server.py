@@ -14,6 +14,13 @@ repository's calls (index, load, unload) are in ``grpc_repository``. Errors are 
     DeadlineExceededError                 DEADLINE_EXCEEDED (the client's deadline is the batcher's)
     BatchFailedError, anything else       INTERNAL
     a message over max_body_bytes         RESOURCE_EXHAUSTED (refused by gRPC before decoding)
+    a call past grpc_max_concurrent_rpcs  RESOURCE_EXHAUSTED (refused by gRPC before reading it)
+
+Every call's trailing metadata carries its ``x-request-id``; a refusal with a retry hint (a full
+queue, no healthy replica now) carries ``retry-after`` too, whole seconds as a string: HTTP's
+``Retry-After`` header, the same value. ``ModelInfer`` follows ``serving.http.predict``'s
+``serve_prediction`` step by step (model, headroom, deadline, the admission held across decode
+and submit, the same rejects and latency metrics), so both protocols behave alike.
 """
 
 from __future__ import annotations
@@ -41,8 +48,8 @@ from serving.errors import (
 )
 from serving.http.admission import check_headroom
 from serving.http.model import ModelDirectory, ModelHandle
-from serving.http.predict import check_sequence_length
-from serving.http.replies import log_failure, request_id_from
+from serving.http.predict import check_sequence_length, count_routed
+from serving.http.replies import log_failure, request_id_from, retry_after_seconds
 from serving.protocols.v2.grpc_codec import (
     decode_inputs,
     encode_outputs,
@@ -55,9 +62,11 @@ from serving.protocols.v2.proto import grpc_service_pb2 as pb
 from serving.protocols.v2.proto import grpc_service_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
+    from serving.batching.batcher import Batcher
     from serving.config import Settings
 
 log = logging.getLogger("shardserve")
+RETRY_AFTER_KEY = "retry-after"
 _Context: TypeAlias = grpc.aio.ServicerContext
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
@@ -135,6 +144,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         metrics = model.metrics
         status = 500
         error: ShardServeError | None = None
+        # The server's own deadline: a 504 before it was one the client shortened.
+        own_deadline = time.monotonic() + model.settings.request_timeout_ms / 1000.0
         try:
             batcher = model.require_batcher()
             try:
@@ -143,24 +154,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 metrics.reject("queue_full")
                 raise
             deadline = rpc_deadline(context.time_remaining(), model.settings.request_timeout_ms)
-            timeout_s = request_timeout_s(request)
-            if timeout_s is not None:
-                deadline = min(deadline, time.monotonic() + timeout_s)
-            signature = model.signature
-            inputs = decode_inputs(request, signature)
-            check_sequence_length(inputs, model)
-            names = requested_outputs(request, signature)
-            outputs = await batcher.submit(inputs, deadline=deadline, request_id=rid)
-            tensors, raw = encode_outputs(outputs, names, signature)
+            with model.admitted.hold():  # the model's drain waits for it (``Admitted``)
+                response = await _infer(request, model, batcher, deadline, rid)
             status = 200
             context.set_trailing_metadata((("x-request-id", rid),))
-            return pb.ModelInferResponse(
-                model_name=model.name,
-                model_version=model.version,
-                id=request.id,
-                outputs=tensors,
-                raw_output_contents=raw,
-            )
+            return response
         except ShardServeError as exc:
             status = exc.status_code
             if isinstance(exc, InvalidInputError | PayloadTooLargeError):
@@ -171,9 +169,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except BaseException:  # cancelled: the client went away or its deadline passed
             status = 499
             metrics.reject("client_gone")
+            log_failure(rid, 499, "the client went away before its answer was ready")
             raise
         finally:
-            metrics.observe_latency(status, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            metrics.observe_latency(status, seconds)
+            if not request.model_version:  # the server chose its version (a canary's split)
+                count_routed(metrics, status, error, own_deadline, seconds)
         await _abort(context, error, rid)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: _Context) -> Any:
@@ -199,6 +201,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return self._models.model(name, version or None, split=split)
         except ShardServeError as exc:
             await _abort(context, exc, rid)
+
+
+async def _infer(
+    request: pb.ModelInferRequest,
+    model: ModelHandle,
+    batcher: Batcher,
+    deadline: float,
+    rid: str,
+) -> pb.ModelInferResponse:
+    """The work of one admitted call (HTTP's ``Work``): decode, submit, encode."""
+    timeout_s = request_timeout_s(request)
+    if timeout_s is not None:
+        deadline = min(deadline, time.monotonic() + timeout_s)
+    signature = model.signature
+    inputs = decode_inputs(request, signature)
+    check_sequence_length(inputs, model)
+    names = requested_outputs(request, signature)
+    outputs = await batcher.submit(inputs, deadline=deadline, request_id=rid)
+    tensors, raw = encode_outputs(outputs, names, signature)
+    return pb.ModelInferResponse(
+        model_name=model.name,
+        model_version=model.version,
+        id=request.id,
+        outputs=tensors,
+        raw_output_contents=raw,
+    )
 
 
 async def _answer(
@@ -235,14 +263,19 @@ def _request_id(context: _Context) -> str:
 
 
 async def _abort(context: _Context, error: ShardServeError | None, rid: str) -> NoReturn:
-    """End the call with the error's status (``None``: an unexpected error, INTERNAL)."""
+    """End the call with the error's status (``None``: an unexpected error, INTERNAL), and its
+    retry hint where it has one (``RETRY_AFTER_KEY``)."""
+    metadata = [("x-request-id", rid)]
     if error is None:
         code, message = grpc.StatusCode.INTERNAL, "internal server error; see the server log"
         log_failure(rid, 500, message)
     else:
         code, message = status_code(error), error.message
         log_failure(rid, error.status_code, message)
-    await context.abort(code, message, trailing_metadata=(("x-request-id", rid),))
+        retry_after = retry_after_seconds(error)
+        if retry_after is not None:
+            metadata.append((RETRY_AFTER_KEY, str(retry_after)))
+    await context.abort(code, message, trailing_metadata=tuple(metadata))
     raise AssertionError("context.abort returns only by raising")
 
 
@@ -254,13 +287,15 @@ async def start_grpc_server(
     if not settings.grpc_port:
         return None
     server = grpc.aio.server(
+        # One more call is refused at once (RESOURCE_EXHAUSTED), before its message is read.
+        maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         options=[
             # The body cap of HTTP: a bigger message is refused before it is decoded.
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", -1),
             # gRPC shares a busy port by default (SO_REUSEPORT): make it an error instead.
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     servicer = InferenceServicer(models, RepositoryRpcs(repository, settings.admin_token))
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)

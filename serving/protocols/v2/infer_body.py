@@ -18,6 +18,7 @@ import orjson
 from serving.errors import InvalidInputError
 from serving.http.replies import JSON, OCTET_STREAM, Reply
 from serving.protocols.v2.datatypes import BINARY_ONLY
+from serving.protocols.v2.parameters import timeout_s
 from serving.protocols.v2.tensors import decode_tensor, encode_tensor, spec_datatype
 from shards.signature import ModelSignature, TensorSpec
 
@@ -150,12 +151,13 @@ def _parse(
         raise InvalidInputError(
             f'parameter "timeout" is in microseconds (an integer), got {timeout!r}'
         )
+    seconds = None if timeout is None else timeout_s(timeout)
     # Only a JSON header that holds true or false somewhere needs its data scanned for booleans.
     end = len(header)
     maybe_bool = body.find(b"true", 0, end) >= 0 or body.find(b"false", 0, end) >= 0
     inputs = _inputs(payload.get("inputs"), binary, signature, maybe_bool)
     outputs = _outputs(payload.get("outputs"), binary_default, signature)
-    return InferCall(inputs, outputs, rid, timeout / 1e6 if timeout else None)
+    return InferCall(inputs, outputs, rid, seconds)
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[memoryview, memoryview]:

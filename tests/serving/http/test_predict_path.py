@@ -6,6 +6,7 @@ on the model it was for."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,16 @@ import orjson
 import pytest
 
 from serving.config import Settings
-from serving.errors import NotFoundError, NotReadyError
+from serving.errors import (
+    BatchAbandonedError,
+    BatchFailedError,
+    DeadlineExceededError,
+    InvalidInputError,
+    ModelInputError,
+    NotFoundError,
+    NotReadyError,
+    QueueFullError,
+)
 from serving.http.admission import Admitted
 from serving.http.fast import FastRequest, ModelRef
 from serving.http.predict import serve_prediction
@@ -36,12 +46,16 @@ class Batcher:
 class Metrics:
     rejects: list[str] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)
+    routed: list[bool] = field(default_factory=list)  # what a canary's judge was told
 
     def reject(self, reason: str) -> None:
         self.rejects.append(reason)
 
     def observe_latency(self, status: int, seconds: float) -> None:
         self.statuses.append(status)
+
+    def observe_routed(self, failed: bool, seconds: float) -> None:
+        self.routed.append(failed)
 
 
 @dataclass
@@ -86,9 +100,14 @@ M = ModelRef("m")
 
 
 async def call(
-    model: Model, ref: ModelRef = M, directory: Directory | None = None, **headers: str
+    model: Model,
+    ref: ModelRef = M,
+    directory: Directory | None = None,
+    raises: Exception | None = None,
+    **headers: str,
 ) -> tuple[int, dict[bytes, bytes], Any]:
-    """POST a small body to a predict route of ``model`` whose work echoes the body."""
+    """POST a small body to a predict route of ``model`` whose work echoes the body (or
+    raises ``raises``)."""
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -100,6 +119,8 @@ async def call(
 
     async def work(request: FastRequest, handle: Any, batcher: Any, deadline: float) -> Reply:
         assert handle is model and batcher is model.batcher
+        if raises is not None:
+            raise raises
         return 200, await request.body(handle.settings.max_body_bytes, 30.0), JSON, []
 
     raw = [(k.replace("_", "-").lower().encode(), v.encode()) for k, v in headers.items()]
@@ -118,13 +139,19 @@ async def test_a_model_handle_is_served_and_counted() -> None:
     assert model.metrics.statuses == [200] and model.metrics.rejects == []
 
 
+OWN = "; leave it out for the server's deadline (request_timeout_ms=30000)"
+
+
 @pytest.mark.parametrize(
     ("change", "headers", "status", "reason", "message"),
     [
         ({}, {"Content_Length": "1025"}, 413, "invalid_input", "body of 1025 bytes is over the limit of 1024 bytes"),
         ({"batcher": Batcher(queued_rows=4)}, {}, 503, "queue_full", "queue full: 4 rows queued, max_queue_rows=4"),
         ({"loading": True}, {}, 503, None, "model is still loading"),
-        ({}, {"X_Request_Timeout_Ms": "0"}, 400, "invalid_input", "header X-Request-Timeout-Ms must be a positive number of ms, got '0'"),
+        ({}, {"X_Request_Timeout_Ms": "0"}, 400, "invalid_input", f"header X-Request-Timeout-Ms must be a positive, finite number of ms, got '0'{OWN}"),
+        ({}, {"X_Request_Timeout_Ms": "-5"}, 400, "invalid_input", f"header X-Request-Timeout-Ms must be a positive, finite number of ms, got '-5'{OWN}"),
+        ({}, {"X_Request_Timeout_Ms": "inf"}, 400, "invalid_input", f"header X-Request-Timeout-Ms must be a positive, finite number of ms, got 'inf'{OWN}"),
+        ({}, {"X_Request_Timeout_Ms": "NaN"}, 400, "invalid_input", f"header X-Request-Timeout-Ms must be a positive, finite number of ms, got 'NaN'{OWN}"),
     ],
 )  # fmt: skip
 async def test_admission_refuses_from_the_headers(
@@ -138,6 +165,50 @@ async def test_admission_refuses_from_the_headers(
     assert model.body_reads == 0
     if reason == "queue_full":
         assert sent_headers[b"retry-after"] == b"1"
+
+
+@pytest.mark.parametrize(
+    ("raises", "timeout_ms", "told"),
+    [
+        (None, None, [False]),
+        (ModelInputError("the model failed on this input"), None, [True]),
+        (BatchFailedError("model failed on a batch of 1 rows"), None, [True]),
+        (NotReadyError("the model is unavailable: no healthy replica of 1"), None, [True]),
+        (RuntimeError("a bug"), None, [True]),  # the 500 of an unexpected error
+        (BatchAbandonedError("the request's batch was abandoned"), "0.001", [True]),
+        # The client's own choices: not the version's doing.
+        (DeadlineExceededError("the request's deadline passed in the queue"), "0.001", []),
+        (QueueFullError("queue full: 4 rows queued, 4 more would pass max_queue_rows=4"), None, []),
+        (InvalidInputError("input 'x' has shape (3,); expected (n, 4)"), None, []),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
+async def test_a_canary_judge_is_told_only_what_the_version_did(
+    raises: Exception | None, timeout_ms: str | None, told: list[bool]
+) -> None:
+    headers = {} if timeout_ms is None else {"X_Request_Timeout_Ms": timeout_ms}
+    routed, named = Model(), Model()
+    await call(routed, ModelRef("m"), raises=raises, **headers)
+    await call(named, ModelRef("m", "1"), raises=raises, **headers)
+    assert routed.metrics.routed == told
+    assert named.metrics.routed == []  # named its version: the split did not route it
+    assert len(routed.metrics.statuses) == len(named.metrics.statuses) == 1
+
+
+async def test_a_504_past_the_servers_own_deadline_is_the_versions_failure() -> None:
+    model = Model(settings=Settings(model="m", request_timeout_ms=1))
+
+    async def late(request: FastRequest, handle: Any, batcher: Any, deadline: float) -> Reply:
+        while time.monotonic() < deadline:  # the server's own deadline: no header shortened it
+            await asyncio.sleep(deadline - time.monotonic())
+        raise DeadlineExceededError("the request's deadline passed in the queue")
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    scope = {"type": "http", "method": "POST", "path": "/p", "headers": []}
+    await serve_prediction(FastRequest(scope, None, send), Directory(model), M, late)  # type: ignore[arg-type]
+    assert model.metrics.statuses == [504] and model.metrics.routed == [True]
 
 
 async def test_an_unknown_model_is_404_and_counted_on_none() -> None:

@@ -18,7 +18,12 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from serving.config import Settings
-from serving.errors import InvalidInputError, NotFoundError, NotReadyError
+from serving.errors import (
+    DeadlineExceededError,
+    InvalidInputError,
+    NotFoundError,
+    NotReadyError,
+)
 from serving.server.app import create_app
 from serving.server.repository import Repository
 from serving.server.repository_source import Directory
@@ -53,10 +58,11 @@ class Runners:
 
 
 @contextlib.asynccontextmanager
-async def managed(root: Path, runners: Runners, poll_s: float = 0.0) -> AsyncIterator[Repository]:
-    settings = Settings(
-        model_repository=root, batch_timeout_ms=0.0, stop_timeout_s=5.0, repository_poll_s=poll_s
-    )
+async def managed(
+    root: Path, runners: Runners, poll_s: float = 0.0, **more: float
+) -> AsyncIterator[Repository]:
+    values = {"batch_timeout_ms": 0.0, "stop_timeout_s": 5.0, "repository_poll_s": poll_s, **more}
+    settings = Settings(model_repository=root, **values)
     state = ServerState(settings)
     repository = Repository(state, settings, runners)
     await repository.start()
@@ -273,6 +279,50 @@ async def test_an_app_over_two_models_asks_predict_to_name_one_and_its_stop_clos
     assert "several models ('a', 'b') and none is the default" in default.json()["error"]
     assert named.status_code == 200, named.text
     assert all(r.closed for r in runners.made.values()) and len(runners.made) == 2  # the stop
+
+
+async def test_a_retire_answers_what_it_admitted_past_the_stop_budget(tmp_path: Path) -> None:
+    version(tmp_path, "a", 1)
+    runners = Runners()
+    gate = runners.gates[("a", "1")] = asyncio.Event()
+    gate.set()  # its warm-up passes
+    async with managed(tmp_path, runners, stop_timeout_s=0.2) as repository:
+        model = repository.state.model("a", "1")
+        gate.clear()
+        # A deadline far past the stop budget (0.2 s), as the default 30 s is past the default 25.
+        held = asyncio.create_task(
+            model.require_batcher().submit(make_rows(1), deadline=time.monotonic() + WAIT_S)
+        )
+        await runners.made[("a", "1")].wait_started(2)  # in flight
+        unload = asyncio.create_task(repository.unload("a"))
+        await _until(lambda: model.refusing is not None)
+        # Past the whole stop budget: a drain bounded by it has failed the request by now.
+        await asyncio.sleep(0.5)
+        assert not held.done() and not unload.done()
+        gate.set()
+        answer = await asyncio.wait_for(held, WAIT_S)
+        await asyncio.wait_for(unload, WAIT_S)
+        assert answer["y"].shape == (1, 2)
+        assert runners.made[("a", "1")].closed
+        assert "a" not in repository.state.models
+
+
+async def test_a_retire_waits_no_longer_than_the_deadlines_it_admitted(tmp_path: Path) -> None:
+    version(tmp_path, "a", 1)
+    runners = Runners()
+    gate = runners.gates[("a", "1")] = asyncio.Event()
+    gate.set()
+    async with managed(tmp_path, runners, request_timeout_ms=300.0) as repository:
+        model = repository.state.model("a", "1")
+        gate.clear()  # its batch hangs for good
+        held = asyncio.create_task(
+            model.require_batcher().submit(make_rows(1), deadline=time.monotonic() + 0.3)
+        )
+        await runners.made[("a", "1")].wait_started(2)
+        await asyncio.wait_for(repository.unload("a"), WAIT_S)  # ends: no wait for the hang
+        with pytest.raises(DeadlineExceededError):  # its own deadline's answer, not a 503
+            await held
+        assert runners.made[("a", "1")].closed
 
 
 def test_an_incomplete_version_is_listed_once_its_files_stop_changing(tmp_path: Path) -> None:

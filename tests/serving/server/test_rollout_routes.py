@@ -101,13 +101,81 @@ async def test_a_canary_the_model_raises_on_is_rolled_back_kept_and_replaced(
         assert (kept.status_code, kept.json()["predictions"][0][0]) == (200, 2.0)
         view = (await client.get(ROLLOUT, headers=AUTH)).json()
         assert view["state"] == "rolled_back" and view["reason"] == why
-        assert view["versions"]["2"]["requests"] == 11  # the named request counts too
+        assert view["versions"]["2"]["requests"] == 10  # not the named one: the split did not
 
         await canary_of(client, tmp_path, 3)  # a newer version replaces the rolled-back one
         await _until(lambda: versions.made[2].closed)
         assert (state.rollouts["m"].state, state.rollouts["m"].weights) == ("canary", (50, 50))
         assert index(state)["m/2"][0] == "UNAVAILABLE"
         assert sorted(await tags(client, 4)) == [1.0, 1.0, 3.0, 3.0]  # type: ignore[type-var]
+
+
+async def flood(client: httpx.AsyncClient, version: str, n: int) -> list[int]:
+    """``n`` requests of each kind a client can send one version with a deadline it cut short
+    (1 us): TF Serving JSON by version and by label, V2 by version; each is a 504."""
+    label = "stable" if version == "1" else "canary"
+    short = {"X-Request-Timeout-Ms": "0.001"}
+    v2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": row(1)}]}
+    codes = []
+    for _ in range(n):
+        for path, body, headers in (
+            (f"/v1/models/m/versions/{version}:predict", {"instances": [row(1)]}, short),
+            (f"/v1/models/m/labels/{label}:predict", {"instances": [row(1)]}, short),
+            (f"/v2/models/m/versions/{version}/infer", {**v2, "parameters": {"timeout": 1}}, {}),
+        ):
+            codes.append((await client.post(path, json=body, headers=headers)).status_code)
+    return codes
+
+
+async def test_a_flood_of_short_deadlines_at_the_canary_does_not_roll_it_back(
+    tmp_path: Path,
+) -> None:
+    add_version(tmp_path, 1, TRAFFIC)
+    async with serve_repository(tmp_path, Versions()) as client:  # type: ignore[arg-type]
+        state: ServerState = client.shardserve  # type: ignore[attr-defined]
+        await canary_of(client, tmp_path, 2)
+        codes = await flood(client, "2", 20)
+        # Unversioned, so split between both: not counted against either, nor for it.
+        short = {"X-Request-Timeout-Ms": "0.001"}
+        for _ in range(20):
+            r = await client.post(PREDICT, json={"instances": [row(1)]}, headers=short)
+            codes.append(r.status_code)
+        negative = await client.post(
+            "/v2/models/m/versions/2/infer",
+            json={
+                "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": row(1)}],
+                "parameters": {"timeout": -1},
+            },
+        )
+        rollout = state.rollouts["m"]
+        counted = {v: w.count(rollout.now()) for v, w in rollout.windows.items()}
+        assert await tags(client, 20) == [1.0, 2.0] * 10  # the split, still 50/50
+    assert codes == [504] * 80
+    assert negative.status_code == 400
+    assert "must be a positive number of microseconds, got -1" in negative.json()["error"]
+    assert (rollout.state, rollout.canary, rollout.weights) == ("canary", "2", (50, 50))
+    assert counted == {"1": 0, "2": 0}
+
+
+async def test_a_flood_at_the_stable_does_not_save_a_canary_failing_a_fifth_of_its_share(
+    tmp_path: Path,
+) -> None:
+    add_version(tmp_path, 1, TRAFFIC + "promote = 'auto'\n")
+    async with serve_repository(tmp_path, Versions(poisoned={2})) as client:  # type: ignore[arg-type]
+        state: ServerState = client.shardserve  # type: ignore[attr-defined]
+        await canary_of(client, tmp_path, 2)
+        codes = await flood(client, "1", 20)  # 60 failures of the stable, were they counted
+        answered: list[object] = []
+        for pair in range(10):  # stable, canary in turn (50/50): every 5th canary row fails
+            answered += await tags(client, 1)
+            answered += await tags(client, 1, first=-1.0 if pair % 5 == 4 else 1.0)
+        rollout = state.rollouts["m"]
+    assert codes == [504] * 60
+    assert answered == [1.0, 2.0] * 4 + [1.0, 422] + [1.0, 2.0] * 4 + [1.0, 422]
+    assert (rollout.stable, rollout.state, rollout.weights) == ("1", "rolled_back", (50, 0))
+    assert rollout.reason == (
+        "rolled back: canary failure rate 0.20 > stable 0.00 + 0.02 over 10 requests"
+    )
 
 
 async def test_an_auto_canary_that_holds_its_window_becomes_stable_and_the_old_retires(

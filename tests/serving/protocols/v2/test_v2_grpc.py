@@ -405,6 +405,11 @@ def _bad(rows: np.ndarray, **tensor: Any) -> pb.ModelInferRequest:
     )
 
 
+def _timed(request: pb.ModelInferRequest, kind: str, micros: int) -> pb.ModelInferRequest:
+    setattr(request.parameters["timeout"], kind, micros)
+    return request
+
+
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
@@ -459,6 +464,16 @@ def _bad(rows: np.ndarray, **tensor: Any) -> pb.ModelInferRequest:
             pb.ModelInferRequest(model_name="fake"),
             "missing input(s) ['x']; the model's inputs are ['x']",
         ),
+        (
+            _timed(_bad(make_rows(1)["x"]), "int64_param", -5),
+            'parameter "timeout" must be a positive number of microseconds, got -5; leave it '
+            "out for the server's deadline (request_timeout_ms)",
+        ),
+        (
+            _timed(_bad(make_rows(1)["x"]), "uint64_param", 0),
+            'parameter "timeout" must be a positive number of microseconds, got 0; leave it '
+            "out for the server's deadline (request_timeout_ms)",
+        ),
     ],
     ids=[
         "datatype",
@@ -469,6 +484,8 @@ def _bad(rows: np.ndarray, **tensor: Any) -> pb.ModelInferRequest:
         "wrong-typed-field",
         "raw-count",
         "missing",
+        "negative-timeout",
+        "zero-timeout",
     ],
 )
 async def test_bad_input_is_invalid_argument(request_: pb.ModelInferRequest, message: str) -> None:
@@ -568,6 +585,21 @@ async def test_timeout_parameter_is_the_batchers_deadline() -> None:
         gate.set()
         await held
     assert [row_ids(b) for b in runner.batches[1:]] == [[0]]
+
+
+async def test_a_canary_judge_hears_of_routed_calls_and_not_of_a_deadline_the_client_cut() -> None:
+    async with serve(FakeRunner(), batch_timeout_ms=0) as s:
+        told: list[bool] = []
+        s.state.model().metrics.add_routed_listener(lambda failed, _: told.append(failed))
+        await s.stub.ModelInfer(infer_request(make_rows(1)["x"]))
+        named = infer_request(make_rows(1)["x"])
+        named.model_version = "1"  # named: the split did not route it
+        await s.stub.ModelInfer(named)
+        short = infer_request(make_rows(1)["x"])
+        short.parameters["timeout"].int64_param = 1  # microseconds: past before it is queued
+        code, _ = await failure(s.stub.ModelInfer(short))
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert told == [False]
 
 
 @pytest.mark.parametrize(

@@ -348,6 +348,9 @@ def test_a_repeated_binary_header_reads_each_request_s_own_bytes() -> None:
         np.testing.assert_array_equal(call.inputs["a"], a + k)
         np.testing.assert_array_equal(call.inputs["b"], b * k)
         assert call.inputs["b"].dtype == np.int32 and call.inputs["b"].shape == (2, 2, 2)
+    body, headers = binary_body({**header, "parameters": {"timeout": -1}}, a, b)
+    with pytest.raises(InvalidInputError, match='"timeout" must be a positive number of micro'):
+        parse_infer(body, headers["Inference-Header-Content-Length"], sig)
     body, headers = binary_body(header, a, b)
     with pytest.raises(InvalidInputError, match="bytes of binary data are left"):
         parse_infer(body[:-8], headers["Inference-Header-Content-Length"], sig)
@@ -438,6 +441,15 @@ X4 = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
         (
             {"inputs": [X4], "parameters": {"timeout": "soon"}},
             'parameter "timeout" is in microseconds',
+        ),
+        (
+            {"inputs": [X4], "parameters": {"timeout": -5}},
+            'parameter "timeout" must be a positive number of microseconds, got -5; leave it '
+            "out for the server's deadline (request_timeout_ms)",
+        ),
+        (
+            {"inputs": [X4], "parameters": {"timeout": 0}},
+            'parameter "timeout" must be a positive number of microseconds, got 0',
         ),
         (
             {"inputs": [{**X4, "datatype": "BF16"}]},
