@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError, ShardServeError
 from serving.http.admission import check_headroom, check_length, request_deadline
 from serving.http.fast import FastRequest, ModelRef
-from serving.http.model import ModelDirectory, ModelHandle
+from serving.http.model import ModelDirectory, ModelHandle, RequestMetrics
 from serving.http.replies import (
     ClientGone,
     Reply,
@@ -22,13 +22,17 @@ from serving.http.replies import (
     unexpected_reply,
 )
 from serving.length_settings import served_max_length
+from serving.rollout.blame import version_failed
 
 if TYPE_CHECKING:
     import numpy as np
 
     from serving.batching.batcher import Batcher
 
-__all__ = ["Work", "check_sequence_length", "serve_prediction"]
+__all__ = ["Work", "check_sequence_length", "count_routed", "serve_prediction"]
+
+# A deadline's timer may fire up to the event loop's clock resolution early.
+_TIMER_SLACK_S = 0.001
 
 # (request, model, its batcher, deadline as time.monotonic()) -> the answer
 Work = Callable[[FastRequest, ModelHandle, "Batcher", float], Awaitable[Reply]]
@@ -46,6 +50,10 @@ async def serve_prediction(
         await send_reply(request.send, rid, *error_reply(exc, rid))
         return
     metrics = model.metrics
+    # The server's own deadline, a moment before the request's: a 504 before it was a deadline
+    # the client shortened, not the version's failure (``count_routed``).
+    own_deadline = time.monotonic() + model.settings.request_timeout_ms / 1000.0
+    error: Exception | None = None
     try:
         batcher = model.require_batcher()
         settings = model.settings
@@ -66,12 +74,33 @@ async def serve_prediction(
     except ShardServeError as exc:
         if isinstance(exc, InvalidInputError | PayloadTooLargeError):
             metrics.reject("invalid_input")
+        error = exc
         reply = error_reply(exc, rid)
     except Exception as exc:
+        error = exc
         reply = unexpected_reply(request.scope, exc)
     status, body, content_type, headers = reply
-    metrics.observe_latency(status, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(status, seconds)
+    if ref.version is None and ref.label is None:  # the server chose its version
+        count_routed(metrics, status, error, own_deadline, seconds)
     await send_reply(request.send, rid, status, body, content_type, headers)
+
+
+def count_routed(
+    metrics: RequestMetrics,
+    status: int,
+    error: BaseException | None,
+    own_deadline: float,
+    seconds: float,
+) -> None:
+    """Tell a canary's judge how a request the server chose the version of ended, where the
+    version is to blame either way (``serving.rollout.blame``). ``own_deadline``: the server's
+    deadline for it (``time.monotonic()``), ``request_timeout_ms`` from its admission."""
+    past = time.monotonic() >= own_deadline - _TIMER_SLACK_S
+    failed = version_failed(status, error, past_own_deadline=past)
+    if failed is not None:
+        metrics.observe_routed(failed, seconds)
 
 
 def check_sequence_length(
