@@ -28,6 +28,7 @@ import ray
 import shards.pipeline.placement
 import shards.pipeline.replica
 import shards.pipeline.watchdog
+from serving.batching.batcher import Batcher, BatchSettings
 from shards.bundle.format import Manifest, read_manifest
 from shards.bundle.shipping import ShippedStage, ship_bundle, stages_off_node
 from shards.partition.cut import partition_to_bundle
@@ -219,6 +220,49 @@ class TestTwoReplicas:
         made = {key: after[key] - before[key] for key in after}
         assert made[(0, 0)] > 0 and made[(1, 0)] > 0
         assert made[(0, 0)] + made[(1, 0)] == 6
+
+    async def test_one_replica_a_killed_stage_under_load_loses_no_request(
+        self, two_replicas: ReplicaSet, seq_case: Case, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # Last in the class: it scales the set down to the one replica it is about.
+        group = two_replicas
+        _, model, inputs = seq_case
+        assert await group.remove_replica(drain_timeout_s=60.0)
+        assert group.replicas == 1 and group.health().healthy == 1
+        batcher = Batcher(
+            group.run_batch,
+            BatchSettings(
+                max_batch_size=3, batch_timeout_ms=1.0, max_inflight_batches=3, pad_batches=False
+            ),
+        )
+        await batcher.start()
+        rows = [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(3)] * 16
+        expected = [call_whole(model, r) for r in rows]
+        (info,) = [i for i in await group.describe() if i["stage_index"] == 1]
+        victim = info["pid"]
+        # Stopped, the stage holds every batch handed to the replica: those are surely in
+        # flight, unanswered, when it dies, and the rest queue in the batcher.
+        os.kill(victim, signal.SIGSTOP)
+        try:
+
+            async def client(start: int) -> list[dict[str, np.ndarray]]:
+                return [await batcher.submit(r) for r in rows[start::8]]
+
+            clients = [asyncio.ensure_future(client(i)) for i in range(8)]
+            await _until(lambda: sum(group.inflight) >= 3)
+            os.kill(victim, signal.SIGKILL)
+            answers = await asyncio.gather(*clients)  # Ray restarts the stage meanwhile
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+            await batcher.stop()
+
+        for start, got in enumerate(answers):
+            for out, want in zip(got, expected[start::8], strict=True):
+                _assert_matches(out, want)
+        assert "holding requests for the model's replica" in caplog.text
+        assert group.health().recoveries >= 1 and group.health().healthy == 1
+        assert batcher.held_rows == 0
 
 
 @pytest.mark.parametrize(
