@@ -39,30 +39,51 @@ def check_rows(rows: Sequence[Row]) -> list[str]:
 def stack_padded(rows: Sequence[Row], lengths: LengthPadding) -> tuple[Row, np.ndarray]:
     """The rows length padded to the longest of them and stacked, and each row's own length.
 
-    Rows must agree on every dimension but the padded one: those are no length padding's to
-    reconcile, so they are refused with the first row that differs."""
+    Each input is one array filled with its pad value and the rows copied in: a padded copy of
+    each row then a concatenation took twice the memory and a call per row (200,000 rows of
+    one token padded to 512 were 400 MB of copies). Rows must agree on every dimension but the
+    padded one: those are no length padding's to reconcile, so they are refused with the first
+    row that differs."""
     names = check_rows(rows)
+    first = rows[0]
     for name in names:
         for i, row in enumerate(rows):
-            if row[name].ndim != rows[0][name].ndim or row[name].ndim < lengths.axes.get(name, 0):
+            if row[name].ndim != first[name].ndim or row[name].ndim < lengths.axes.get(name, 0):
                 raise InvalidInputError(
                     f"row {i} of input {name!r} has {row[name].ndim} dimension(s), row 0 has "
-                    f"{rows[0][name].ndim}: rows may differ only in their length"
+                    f"{first[name].ndim}: rows may differ only in their length"
                 )
-    own = np.array([lengths.length_of({k: v[None] for k, v in row.items()}) for row in rows])
+    padded = [(name, axis - 1) for name, axis in lengths.axes.items() if name in first]
+    own = np.array([max((row[n].shape[axis] for n, axis in padded), default=0) for row in rows])
     longest = int(own.max())
-    stacked: Row = {}
-    for name in names:
-        parts = [lengths.pad_one(name, row[name][None], longest) for row in rows]
-        shapes = {part.shape for part in parts}
-        if len(shapes) > 1:
-            first = next(i for i, p in enumerate(parts) if p.shape != parts[0].shape)
-            raise InvalidInputError(
-                f"row {first} of input {name!r} has shape {tuple(rows[first][name].shape)}, row 0 "
-                f"has {tuple(rows[0][name].shape)}: rows may differ only in their length"
-            )
-        stacked[name] = np.concatenate(parts, axis=0)
+    stacked: Row = {name: _stack_one(rows, name, lengths, longest) for name in names}
     return stacked, own
+
+
+def _stack_one(rows: Sequence[Row], name: str, lengths: LengthPadding, longest: int) -> np.ndarray:
+    """Input ``name`` of every row in one array, padded along its length axis to ``longest``."""
+    axis = lengths.axes.get(name)
+    row_axis = None if axis is None else axis - 1
+    shape = list(rows[0][name].shape)
+    if row_axis is not None:
+        shape[row_axis] = longest
+    dtype = np.result_type(*(row[name].dtype for row in rows))
+    if row_axis is None:
+        batch = np.empty((len(rows), *shape), dtype=dtype)
+    else:
+        batch = np.full((len(rows), *shape), lengths.pad_values[name], dtype=dtype)
+    for i, row in enumerate(rows):
+        array = row[name]
+        own = list(array.shape)
+        if row_axis is not None:
+            own[row_axis] = longest
+        if own != shape:
+            raise InvalidInputError(
+                f"row {i} of input {name!r} has shape {tuple(array.shape)}, row 0 has "
+                f"{tuple(rows[0][name].shape)}: rows may differ only in their length"
+            )
+        batch[i][tuple(slice(0, d) for d in array.shape)] = array
+    return batch
 
 
 def group_by_shape(rows: Sequence[Row]) -> list[tuple[list[int], Row]]:
