@@ -10,6 +10,9 @@ wrong and what was expected.
 Rows may differ in length where the model leaves a dimension unknown (token ids): such a
 ragged ``instances`` body decodes to one dict of arrays per row (``Decoded.ragged``), each
 answered at its own length (``encode_rows``). The columnar form stays rectangular.
+
+A body is held to what the model's queue can take (``serving.protocols.limits``): its values
+counted before it is parsed, its rows right after, before any per-row work.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 import orjson
 
 from serving.errors import InvalidInputError
+from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from shards.signature import ModelSignature, TensorSpec
 
 Form = Literal["instances", "inputs"]
@@ -44,7 +48,12 @@ class _RaggedError(InvalidInputError):
     """An input's rows did not stack into one array (rows of different shapes)."""
 
 
-def decode_predict(body: bytes, signature: ModelSignature) -> Decoded:
+def decode_predict(
+    body: bytes, signature: ModelSignature, limits: RequestLimits = DEFAULT_LIMITS
+) -> Decoded:
+    """The body's arrays; refused before it is parsed where it holds more values than
+    ``limits`` let a request hold, and before any per-row work where it has too many rows."""
+    limits.check_json(body, signature)
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -63,10 +72,13 @@ def decode_predict(body: bytes, signature: ModelSignature) -> Decoded:
             'body must have exactly one of "instances" (rows) or "inputs" (columns)'
         )
     if "instances" in payload:
-        columns = _columns_from_instances(payload["instances"], signature)
+        columns = _columns_from_instances(payload["instances"], signature, limits)
         form: Form = "instances"
     else:
         columns = _columns_from_inputs(payload["inputs"], signature)
+        for column in columns.values():
+            if isinstance(column, list):
+                limits.check_rows(len(column))
         form = "inputs"
     # numpy reads [0.5, true] as [0.5, 1.0]; a body without true/false needs no scan for them.
     maybe_bool = b"true" in body or b"false" in body
@@ -178,13 +190,16 @@ def _shape(shape: tuple[int, ...]) -> str:
     return f"({shape[0]},)" if len(shape) == 1 else f"({', '.join(str(d) for d in shape)})"
 
 
-def _columns_from_instances(instances: Any, signature: ModelSignature) -> dict[str, Any]:
+def _columns_from_instances(
+    instances: Any, signature: ModelSignature, limits: RequestLimits
+) -> dict[str, Any]:
     if not isinstance(instances, list):
         raise InvalidInputError(
             f'"instances" must be a list of rows, got {type(instances).__name__}'
         )
     if not instances:
         raise InvalidInputError('"instances" is empty; send at least one row')
+    limits.check_rows(len(instances))
     names = signature.input_names
     keyed = isinstance(instances[0], dict)
     if len(names) == 1 and not keyed:

@@ -12,6 +12,7 @@ from serving.http.fast import FastRequest, ModelRef
 from serving.http.model import ModelHandle, served_models
 from serving.http.predict import check_sequence_length, serve_prediction
 from serving.http.replies import JSON, Reply
+from serving.protocols.limits import request_limits
 from serving.protocols.tfserving.codec import decode_predict, encode_predict, encode_rows
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ async def _predict(
     signature = model.signature
     # Inline, not on a thread: orjson and numpy hold the GIL while they parse, so a thread
     # stalled the loop as long and took no less time (bench looplag, docs/benchmarks.md).
-    decoded = decode_predict(body, signature)
+    decoded = decode_predict(body, signature, request_limits(model, batcher))
     if decoded.ragged is not None:
         # Rows of different lengths: each its own request row, answered at its own length.
         check_sequence_length(decoded.ragged, model)

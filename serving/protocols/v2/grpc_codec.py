@@ -5,15 +5,16 @@ one in ``raw_output_contents``. Raw contents become arrays with ``np.frombuffer`
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from serving.errors import InvalidInputError
-from serving.protocols.v2.datatypes import datatype_of
+from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from serving.protocols.v2.parameters import timeout_s
 from serving.protocols.v2.proto import grpc_service_pb2 as pb
-from serving.protocols.v2.tensors import decode_tensor, encode_tensor
+from serving.protocols.v2.tensors import check_datatype, check_shape, decode_tensor, encode_tensor
 from shards.signature import ModelSignature, TensorSpec
 
 __all__ = ["decode_inputs", "encode_outputs", "request_timeout_s", "requested_outputs"]
@@ -34,7 +35,11 @@ _CONTENTS_FIELD = {
 }
 
 
-def decode_inputs(request: pb.ModelInferRequest, signature: ModelSignature) -> dict[str, Any]:
+def decode_inputs(
+    request: pb.ModelInferRequest, signature: ModelSignature, limits: RequestLimits = DEFAULT_LIMITS
+) -> dict[str, Any]:
+    """The request's arrays, each declared shape held to ``limits`` before its contents are
+    read (a typed ``contents`` list becomes Python numbers: only once its length is right)."""
     names = signature.input_names
     specs = {spec.name: spec for spec in signature.inputs}
     raw = request.raw_input_contents
@@ -55,6 +60,9 @@ def decode_inputs(request: pb.ModelInferRequest, signature: ModelSignature) -> d
             raise InvalidInputError(
                 f"input {name!r} uses shared memory, which this server does not serve"
             )
+        where = f"input {name!r}"
+        check_datatype(where, tensor.datatype, spec)
+        dims = check_shape(where, list(tensor.shape), spec, limits)
         data: Any
         if raw:
             if tensor.HasField("contents"):
@@ -64,31 +72,38 @@ def decode_inputs(request: pb.ModelInferRequest, signature: ModelSignature) -> d
                 )
             data = raw[i]
         else:
-            data = _typed_contents(tensor, spec)
-        arrays[name] = decode_tensor(name, tensor.datatype, list(tensor.shape), data, spec)
+            data = _typed_contents(tensor, spec, math.prod(dims))
+        arrays[name] = decode_tensor(
+            name, tensor.datatype, list(tensor.shape), data, spec, limits=limits
+        )
     missing = [name for name in names if name not in arrays]
     if missing:
         raise InvalidInputError(f"missing input(s) {missing}; the model's inputs are {names}")
     return arrays
 
 
-def _typed_contents(tensor: pb.ModelInferRequest.InferInputTensor, spec: TensorSpec) -> Any:
+def _typed_contents(
+    tensor: pb.ModelInferRequest.InferInputTensor, spec: TensorSpec, count: int
+) -> Any:
     where = f"input {tensor.name!r}"
     field = _CONTENTS_FIELD.get(tensor.datatype)
-    if field is None:
-        if tensor.datatype == datatype_of(spec.dtype):
-            raise InvalidInputError(
-                f"{where} is {tensor.datatype}, which has no typed field in contents; "
-                "send its bytes in raw_input_contents"
-            )
-        return []  # decode_tensor refuses the datatype, naming the model's
+    if field is None:  # the model's own datatype (checked first), with no typed field
+        raise InvalidInputError(
+            f"{where} is {tensor.datatype}, which has no typed field in contents; "
+            "send its bytes in raw_input_contents"
+        )
     sent = [f.name for f, _ in tensor.contents.ListFields()]
     if any(name != field for name in sent):
         raise InvalidInputError(
             f"{where} is {tensor.datatype}, whose elements go in contents.{field}; "
             f"got contents.{', contents.'.join(sent)}"
         )
-    return list(getattr(tensor.contents, field))
+    contents = getattr(tensor.contents, field)
+    if len(contents) != count:
+        raise InvalidInputError(
+            f"{where} has {len(contents)} values; shape {list(tensor.shape)} holds {count}"
+        )
+    return list(contents)
 
 
 def requested_outputs(request: pb.ModelInferRequest, signature: ModelSignature) -> list[str]:

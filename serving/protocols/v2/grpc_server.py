@@ -50,6 +50,7 @@ from serving.http.admission import check_headroom
 from serving.http.model import ModelDirectory, ModelHandle
 from serving.http.predict import check_sequence_length, count_routed
 from serving.http.replies import log_failure, request_id_from, retry_after_seconds
+from serving.protocols.limits import request_limits
 from serving.protocols.v2.grpc_codec import (
     decode_inputs,
     encode_outputs,
@@ -215,7 +216,7 @@ async def _infer(
     if timeout_s is not None:
         deadline = min(deadline, time.monotonic() + timeout_s)
     signature = model.signature
-    inputs = decode_inputs(request, signature)
+    inputs = decode_inputs(request, signature, request_limits(model, batcher))
     check_sequence_length(inputs, model)
     names = requested_outputs(request, signature)
     outputs = await batcher.submit(inputs, deadline=deadline, request_id=rid)

@@ -26,6 +26,7 @@ from serving.http.fast import FastRequest, ModelRef, RawAnswer
 from serving.http.model import ModelHandle, served_models
 from serving.http.predict import check_sequence_length, serve_prediction
 from serving.http.replies import Reply
+from serving.protocols.limits import request_limits
 from serving.protocols.v2.infer_body import encode_infer, parse_infer
 from serving.protocols.v2.metadata import model_config, model_metadata, server_metadata
 
@@ -69,7 +70,7 @@ async def _infer(
     body = await request.body(settings.max_body_bytes, settings.body_read_timeout_s)
     signature = model.signature
     # Inline, as /predict decodes: a thread would hold the GIL as long.
-    call = parse_infer(body, request.header_length, signature)
+    call = parse_infer(body, request.header_length, signature, request_limits(model, batcher))
     check_sequence_length(call.inputs, model)
     if call.timeout_s is not None:
         deadline = min(deadline, time.monotonic() + call.timeout_s)

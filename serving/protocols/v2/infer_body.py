@@ -17,6 +17,7 @@ import orjson
 
 from serving.errors import InvalidInputError
 from serving.http.replies import JSON, OCTET_STREAM, Reply
+from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from serving.protocols.v2.datatypes import BINARY_ONLY
 from serving.protocols.v2.parameters import timeout_s
 from serving.protocols.v2.tensors import decode_tensor, encode_tensor, spec_datatype
@@ -92,7 +93,14 @@ _LAYOUT_HEADER_BYTES = 4096  # longer headers are not kept
 _LAYOUT_COUNT = 256
 
 
-def parse_infer(body: bytes, header_length: str | None, signature: ModelSignature) -> InferCall:
+def parse_infer(
+    body: bytes,
+    header_length: str | None,
+    signature: ModelSignature,
+    limits: RequestLimits = DEFAULT_LIMITS,
+) -> InferCall:
+    """The request's arrays and what it asks for. The JSON header is held to ``limits`` before
+    it is parsed, and each input's declared shape before its data is shaped by it."""
     header, binary = _split_body(body, header_length)
     key = bytes(header) if binary and len(header) <= _LAYOUT_HEADER_BYTES else None
     if key is not None:
@@ -103,7 +111,7 @@ def parse_infer(body: bytes, header_length: str | None, signature: ModelSignatur
             and layout.binary_bytes == len(binary)
         ):
             return layout.call(binary)
-    call = _parse(header, binary, body, signature)
+    call = _parse(header, binary, body, signature, limits)
     if key is not None and call.id is None:
         layout = _layout(call, binary, signature)
         if layout is not None:
@@ -130,8 +138,13 @@ def _layout(call: InferCall, binary: memoryview, signature: ModelSignature) -> _
 
 
 def _parse(
-    header: memoryview, binary: memoryview, body: bytes, signature: ModelSignature
+    header: memoryview,
+    binary: memoryview,
+    body: bytes,
+    signature: ModelSignature,
+    limits: RequestLimits,
 ) -> InferCall:
+    limits.check_json(body, signature, len(header))  # the header is the body's first bytes
     try:
         payload = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
@@ -155,7 +168,7 @@ def _parse(
     # Only a JSON header that holds true or false somewhere needs its data scanned for booleans.
     end = len(header)
     maybe_bool = body.find(b"true", 0, end) >= 0 or body.find(b"false", 0, end) >= 0
-    inputs = _inputs(payload.get("inputs"), binary, signature, maybe_bool)
+    inputs = _inputs(payload.get("inputs"), binary, signature, maybe_bool, limits)
     outputs = _outputs(payload.get("outputs"), binary_default, signature)
     return InferCall(inputs, outputs, rid, seconds)
 
@@ -194,7 +207,11 @@ def _flag(params: dict[str, Any], key: str, where: str) -> bool:
 
 
 def _inputs(
-    entries: Any, binary: memoryview, signature: ModelSignature, maybe_bool: bool
+    entries: Any,
+    binary: memoryview,
+    signature: ModelSignature,
+    maybe_bool: bool,
+    limits: RequestLimits,
 ) -> dict[str, np.ndarray]:
     parts = _parts(signature)
     names, specs = parts.input_names, parts.inputs
@@ -234,7 +251,7 @@ def _inputs(
         else:
             raise InvalidInputError(f'{where} has neither "data" nor binary_data_size')
         arrays[name] = decode_tensor(
-            name, entry.get("datatype"), entry.get("shape"), data, spec, maybe_bool
+            name, entry.get("datatype"), entry.get("shape"), data, spec, maybe_bool, limits
         )
     if offset != len(binary):
         raise InvalidInputError(

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from serving.errors import InvalidInputError
+from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from serving.protocols.v2.datatypes import BINARY_ONLY, DATATYPES, TO_NUMPY, datatype_of
 from shards.signature import TensorSpec
 
@@ -70,22 +71,17 @@ def decode_tensor(
     data: Raw | list[Any],
     spec: TensorSpec,
     maybe_bool: bool = False,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> np.ndarray:
     """The array of one request input; ``shape``'s first dimension is its rows.
 
     ``data`` is the tensor's raw little-endian bytes, or its elements as a (flat or nested) list;
-    ``maybe_bool``: the list came from JSON that holds true or false somewhere.
+    ``maybe_bool``: the list came from JSON that holds true or false somewhere. The shape is
+    held to ``limits`` before anything is shaped by it.
     """
     where = f"input {name!r}"
-    expected = spec_datatype(spec)
-    if datatype not in DATATYPES:
-        raise InvalidInputError(
-            f"{where} has datatype {datatype!r}, which is not a datatype of the protocol; "
-            f"the model expects {expected}"
-        )
-    if datatype != expected:
-        raise InvalidInputError(f"{where} has datatype {datatype}; the model expects {expected}")
-    dims = _check_shape(where, shape, spec)
+    check_datatype(where, datatype, spec)
+    dims = check_shape(where, shape, spec, limits)
     count = math.prod(dims)
     if isinstance(data, Raw):
         return _from_raw(where, datatype, dims, count, data, spec)
@@ -97,7 +93,22 @@ def decode_tensor(
     return _from_list(where, datatype, dims, count, data, spec, maybe_bool)
 
 
-def _check_shape(where: str, shape: Any, spec: TensorSpec) -> tuple[int, ...]:
+def check_datatype(where: str, datatype: Any, spec: TensorSpec) -> None:
+    expected = spec_datatype(spec)
+    if datatype not in DATATYPES:
+        raise InvalidInputError(
+            f"{where} has datatype {datatype!r}, which is not a datatype of the protocol; "
+            f"the model expects {expected}"
+        )
+    if datatype != expected:
+        raise InvalidInputError(f"{where} has datatype {datatype}; the model expects {expected}")
+
+
+def check_shape(
+    where: str, shape: Any, spec: TensorSpec, limits: RequestLimits = DEFAULT_LIMITS
+) -> tuple[int, ...]:
+    """The declared shape as a tuple: the model's row shape, at least one row, every dimension
+    within ``limits`` (so that their product, the element count, is bounded too)."""
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInputError(
             f"{where} has shape {shape!r}; a shape is a list of integers >= 0, expected "
@@ -112,6 +123,7 @@ def _check_shape(where: str, shape: Any, spec: TensorSpec) -> tuple[int, ...]:
         )
     if shape[0] < 1:
         raise InvalidInputError(f"{where} has shape {shape}: no rows; send at least one")
+    limits.check_dims(where, dims, spec)
     return dims
 
 
