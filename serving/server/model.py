@@ -295,6 +295,19 @@ class ServedModel:
         if self.batcher is not None:
             await drain_batcher(self.batcher, budget)
 
+    async def retire(self, reason: str) -> None:
+        """Refuse new requests (503 with ``reason``), answer every request it admitted within
+        that request's own deadline, end its jobs and its actors: every retire goes this way (a
+        switch, a promotion, an unload, a switch turned back). Its drain lasts up to the
+        version's ``request_timeout_ms`` from now, the latest deadline a request it admitted may
+        have; ``stop_timeout_s`` bounds the server's own stop only (a SIGTERM meanwhile drains
+        this version within that budget too)."""
+        self.stop_accepting(reason)
+        budget = StopBudget.retire(self.settings.request_timeout_ms / 1000.0)
+        await self.stop_jobs(budget.answer_left())
+        await self.drain(budget)
+        await self.close(budget.left())
+
     async def close(self, timeout_s: float) -> None:
         """Release the runner (its actors) within ``timeout_s``, and the mark that kept its
         cached bundle from a prune."""
