@@ -78,6 +78,11 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for /admin routes; unset = admin routes off."
     )
+    admin_token_file: Path | None = Field(
+        None,
+        description="File holding the admin token (a mounted Kubernetes secret), instead of "
+        "admin_token: off the command line and out of the environment.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the server; TensorFlow's own C++ log only at debug."
     )
@@ -283,6 +288,24 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         if not 0 <= ms <= 60_000:
             raise ValueError("must be a number of ms between 0 and 60000, or 'auto'")
         return ms
+
+    @model_validator(mode="after")
+    def _admin_token_from_file(self) -> Settings:
+        if self.admin_token_file is None:
+            return self
+        try:
+            token = self.admin_token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"admin_token_file {str(self.admin_token_file)!r}: {exc}") from None
+        if not token:
+            raise ValueError(f"admin_token_file {str(self.admin_token_file)!r} is empty")
+        # A version's settings are copied whole (serving.repository.model_config): the same
+        # token from both is that copy, not two sources.
+        given = self.admin_token
+        if given is not None and given.get_secret_value() != token:
+            raise ValueError("give either admin_token or admin_token_file, not both")
+        self.admin_token = SecretStr(token)
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:

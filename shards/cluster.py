@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import ray._private.ray_constants as ray_constants
 
 from shards.actor import tflog
 from shards.errors import InsufficientResourcesError, scrub
@@ -30,6 +31,9 @@ from shards.partition.memory_plan import format_size
 log = logging.getLogger(__name__)
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+LOOPBACK = "127.0.0.1"
+# Ray's switch for its multi-node mode (named for the platforms where it is off by default).
+_MULTI_NODE_ENV = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
 # Whether this process started its own private local Ray (connect(None)): that one is this
 # process's to stop; a joined cluster, or an instance someone else started, is not.
 _started_private = False
@@ -86,10 +90,12 @@ def _init(
     tf_log_level = os.environ.get(tflog.ENV, tflog.QUIET)
     runtime_env: dict[str, Any] = {"env_vars": {tflog.ENV: tf_log_level}}
     if address is None:
+        _loopback_only()
         # address="local" always starts a new private instance; a bare ray.init() would attach
         # to any cluster already running on this machine.
         ray.init(
             address="local",
+            _node_ip_address=LOOPBACK,
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             include_dashboard=False,
@@ -112,6 +118,16 @@ def _init(
             log.info("uploading local modules %s to the cluster's nodes (py_modules)", modules)
             runtime_env["py_modules"] = modules
         ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
+
+
+def _loopback_only() -> None:
+    """Have the private Ray listen on 127.0.0.1 only: it serves this process alone, and its
+    GCS, raylet, object manager and worker ports run code for whoever reaches them. Ray binds
+    them to all addresses unless the node's address is the loopback, and on Linux turns a
+    loopback ``_node_ip_address`` into the machine's address unless its multi-node mode is off:
+    off here (read at import) and in the processes Ray starts (which inherit the variable)."""
+    os.environ[_MULTI_NODE_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def local_py_modules(imports: Sequence[str]) -> list[str]:

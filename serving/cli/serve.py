@@ -92,7 +92,14 @@ def serve(
     run_server(settings)
 
 
+# Read into the settings; the processes this one starts (Ray's, the stage actors running model
+# code among them) inherit its environment, and the token has no business there.
+_SECRET_ENV = ("SHARDSERVE_ADMIN_TOKEN",)
+
+
 def run_server(settings: Settings) -> None:
+    for name in _SECRET_ENV:
+        os.environ.pop(name, None)
     # Read when grpc is first imported. Its fork handlers serve children that keep using gRPC;
     # this process forks only to exec (Ray starting its processes), and with the gRPC server up
     # the handlers bail out with a log line per fork.

@@ -57,6 +57,7 @@ SERVER_WIDE: dict[str, str] = {
     "grpc_port": "one gRPC server serves every model",
     "max_body_bytes": "the gRPC server's message limit is one for every model",
     "admin_token": "one admin token guards the server's admin routes",
+    "admin_token_file": "one admin token guards the server's admin routes",
     "log_level": "the server has one log",
     "stop_timeout_s": "a stop (SIGTERM) ends the whole server within one budget",
     "model": "the version directory is the model (<name>/<version>/)",

@@ -27,7 +27,11 @@ DOCS = ROOT / "docs" / "deploy.md"
 
 # Instance types with exactly one GPU; a shard actor asks for one GPU, so one stage per node.
 ONE_GPU_INSTANCE_TYPES = {"g4dn.xlarge", "g5.xlarge", "g5.2xlarge", "g6.xlarge", "g6.2xlarge"}
-SERVICE_PORTS = {8000, 6379, 8265, 10001}
+# What clients may reach: HTTP and gRPC. Ray's ports (GCS, dashboard and job API, Ray client,
+# object manager) run code for whoever reaches them: between the cluster's nodes only.
+SERVING_PORTS = {8000, 8001}
+RAY_PORTS = {6379, 8265, 10001, 8076}
+TOKEN_PATH = "~/.ray/auth_token"  # Ray's default token path: every process finds it there
 CLI_ONLY_FLAGS = {"help", "config"}
 
 
@@ -92,12 +96,12 @@ def test_aws_head_is_cpu_and_workers_have_one_gpu_each() -> None:
         assert 0 <= node_type["min_workers"] <= node_type["max_workers"] <= cfg["max_workers"]
 
 
-def test_aws_security_group_opens_service_ports_but_not_to_the_world() -> None:
+def test_aws_security_group_opens_only_the_serving_ports_to_clients() -> None:
     rules = _load(ROOT / "deploy" / "aws-gpu.yaml")["provider"]["security_group"]["IpPermissions"]
-    opened = {r["FromPort"] for r in rules if r["FromPort"] == r["ToPort"]}
-    assert opened >= SERVICE_PORTS
+    ranges = {(r["FromPort"], r["ToPort"]) for r in rules}
+    assert ranges == {(port, port) for port in SERVING_PORTS}, f"opened to clients: {ranges}"
     world = [r["FromPort"] for r in rules if {"CidrIp": "0.0.0.0/0"} in r.get("IpRanges", [])]
-    assert not set(world) & (SERVICE_PORTS - {8000}), f"Ray ports open to 0.0.0.0/0: {world}"
+    assert world == [], f"open to 0.0.0.0/0: {world}"
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -105,7 +109,46 @@ def test_head_starts_ray_on_the_documented_ports(path: Path) -> None:
     head_start = " ".join(_prepared(path)["head_start_ray_commands"])
     assert "--port=6379" in head_start
     assert "--ray-client-server-port=10001" in head_start
-    assert "--dashboard-host=0.0.0.0" in head_start
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_the_dashboard_listens_on_the_heads_localhost_only(path: Path) -> None:
+    # Reached through `ray dashboard CONFIG` (an ssh tunnel), never from the network.
+    head_start = " ".join(_prepared(path)["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head_start
+    anywhere = [c for c in _all_commands(_prepared(path)) if "0.0.0.0" in c]
+    assert anywhere == [], f"{path.name} binds something to every address: {anywhere}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_ray_start_uses_token_authentication(path: Path) -> None:
+    cfg = _prepared(path)
+    starts = [
+        c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in cfg[key]
+    ]
+    ray_starts = [c for c in starts if "ray start" in c]
+    assert len(ray_starts) == 2, starts
+    for command in ray_starts:
+        before = command.split("ray start")[0]
+        assert "export RAY_AUTH_MODE=token;" in before, f"{path.name}: {command!r}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_the_token_reaches_every_node_and_every_process_there(path: Path) -> None:
+    cfg = _prepared(path)
+    # file_mounts go to every node, workers included; at Ray's default path, so `ray exec`,
+    # job drivers (shardserve serve) and the autoscaler find it with no further setting.
+    assert cfg["file_mounts"].get(TOKEN_PATH) == TOKEN_PATH, cfg["file_mounts"]
+    assert "--env RAY_AUTH_MODE=token" in cfg["docker"]["run_options"]
+    # A token in the config itself would end up in version control and in every node's logs.
+    text = path.read_text()
+    assert "RAY_AUTH_TOKEN=" not in text
+
+
+def test_onprem_names_only_the_serving_ports_for_clients() -> None:
+    header = (ROOT / "deploy" / "onprem.yaml").read_text().split("cluster_name:")[0]
+    assert "8265 (dashboard)" not in header and "10001 (Ray client)" not in header
+    assert "8000 (HTTP)" in header and "8001" in header
 
 
 def test_onprem_uses_the_machines_listed() -> None:
@@ -145,3 +188,19 @@ def test_docs_serve_flags_are_settings() -> None:
     known = set(Settings.model_fields)
     unknown = sorted(f for f in flags - CLI_ONLY_FLAGS if f.replace("-", "_") not in known)
     assert unknown == [], f"docs use flags that are not settings: {unknown}"
+
+
+def test_docs_keep_ray_closed_and_the_admin_token_off_command_lines() -> None:
+    text = DOCS.read_text().replace("\\\n", " ")
+    assert "--dashboard-host=0.0.0.0" not in text
+    assert "8265 / 10001 if wanted" not in text
+    # A token on a command line is in the shell history, `ps` and the Ray job's record.
+    flags = re.findall(r"--admin-token(?:=|\s+)(\S+)", text)
+    assert flags == [], f"docs/deploy.md passes the admin token on a command line: {flags}"
+    assert "SHARDSERVE_ADMIN_TOKEN=" not in text
+    submits = [line for line in text.splitlines() if "ray job submit --" in line]
+    assert submits, "docs/deploy.md shows no ray job submit"
+    for line in submits:
+        assert "RAY_AUTH_MODE=token" in line, f"a job submit without the Ray token: {line}"
+    assert "--admin-token-file" in text
+    assert "RAY_AUTH_MODE=token ray get-auth-token --generate" in text

@@ -141,3 +141,29 @@ def test_replica_placement_waits_as_long_as_the_load_budget() -> None:
     # could name what it waited for.
     assert pipeline_options(load_settings()).ready_timeout_s == 600.0
     assert pipeline_options(load_settings(load_timeout_s=1200)).ready_timeout_s == 1200.0
+
+
+def test_the_admin_token_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mounted Kubernetes secret: off the command line, out of the environment."""
+    secret = tmp_path / "token"
+    secret.write_text("s3cret-token\n")  # as `kubectl create secret --from-file` keeps it
+    token = load_settings(admin_token_file=str(secret)).admin_token
+    assert token is not None and token.get_secret_value() == "s3cret-token"
+    monkeypatch.setenv("SHARDSERVE_ADMIN_TOKEN_FILE", str(secret))
+    from_env = load_settings()
+    assert from_env.admin_token is not None
+    assert from_env.admin_token.get_secret_value() == "s3cret-token"
+    # A version's settings copy every field of the server's (serving.repository.model_config).
+    copied = Settings(**{k: getattr(from_env, k) for k in Settings.model_fields})
+    assert copied.admin_token == from_env.admin_token
+
+
+def test_a_bad_admin_token_file_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"admin_token_file '.*nope'.*No such file"):
+        load_settings(admin_token_file=str(tmp_path / "nope"))
+    (tmp_path / "empty").write_text(" \n")
+    with pytest.raises(ConfigError, match=r"admin_token_file '.*empty' is empty"):
+        load_settings(admin_token_file=str(tmp_path / "empty"))
+    (tmp_path / "token").write_text("one")
+    with pytest.raises(ConfigError, match="either admin_token or admin_token_file, not both"):
+        load_settings(admin_token="two", admin_token_file=str(tmp_path / "token"))
