@@ -131,7 +131,8 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
     unsafe_deserialization: bool = Field(
         False,
         description="Load models and stages holding Lambda layers or other Python code (Keras "
-        "safe_mode off); only for models from a source you trust.",
+        "safe_mode off), and import the modules a bundle's manifest names without --import; "
+        "only for models from a source you trust.",
     )
     cache_dir: Path = Field(
         Path.home() / ".cache" / "shardserve",
