@@ -77,3 +77,29 @@ def test_plan_refuses_a_savedmodel_or_nothing(tmp_path: Path) -> None:
     result = runner.invoke(app, ["plan", str(tmp_path / "nothing.onnx")])
     assert result.exit_code == 1
     assert "cannot plan" in result.output and "demo-mlp" in result.output
+
+
+def test_plan_prints_the_models_own_bound_and_refuses_a_length_over_it(tmp_path: Path) -> None:
+    import keras_hub
+
+    model = tmp_path / "bert.keras"
+    keras_hub.models.BertBackbone(
+        vocabulary_size=100,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=32,
+    ).save(model)
+    out = tmp_path / "bundle"
+    written = runner.invoke(app, ["partition", str(model), "--out", str(out)])
+    assert written.exit_code == 0, written.output
+    for source in (str(model), str(out)):  # planned now, or the plan in the manifest
+        planned = runner.invoke(app, ["plan", source])
+        assert planned.exit_code == 0, planned.output
+        text = " ".join(planned.output.split())
+        assert "max sequence length 32, the model's own bound (positions: token_ids 32)" in text
+        assert "counted as 32 (--max-sequence-length)" in text
+    over = runner.invoke(app, ["plan", str(model), "--max-sequence-length", "64"])
+    assert over.exit_code == 1
+    assert "max_sequence_length=64 is over 32" in " ".join(over.output.split())
