@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from serving.config import default_queue_rows
 from serving.errors import InvalidInputError
+from serving.length_settings import served_max_length
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH
 from shards.signature import ModelSignature, TensorSpec
 
@@ -130,11 +131,9 @@ DEFAULT_LIMITS = RequestLimits(default_queue_rows(32, 2), DEFAULT_MAX_SEQUENCE_L
 
 
 def request_limits(model: ModelHandle, batcher: Batcher) -> RequestLimits:
-    """The limits of a request to ``model`` now (``max_queue_rows`` follows a reconfigure).
-    Where the model's length is bounded below ``max_sequence_length``, the request is refused
-    after decoding (``serving.http.predict.check_sequence_length``): this bound only has to
-    keep the decoding's work in proportion."""
-    length = model.settings.max_sequence_length or DEFAULT_MAX_SEQUENCE_LENGTH
+    """The limits of a request to ``model`` now: ``max_queue_rows`` as a reconfigure left it,
+    the length ``serving.http.predict.check_sequence_length`` holds decoded arrays to."""
+    length = served_max_length(model.settings.max_sequence_length, model.signature)
     return RequestLimits(batcher.policy.max_queue_rows, length)
 
 

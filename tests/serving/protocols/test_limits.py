@@ -213,6 +213,21 @@ async def test_the_issues_v2_shape_is_a_400_not_a_500() -> None:
     )
 
 
+async def test_a_shape_longer_than_the_models_own_bound_names_that_bound() -> None:
+    """Without --max-sequence-length a model whose position embedding has 32 rows is served
+    up to 32 (``TensorSpec.max_length``): a declared shape is held to that, not to 512."""
+    bounded = ModelSignature(
+        name="fake",
+        inputs=(TensorSpec("tokens", (None,), "int32", pad_value=0, max_length=32),),
+        outputs=(TensorSpec("y", (4,), "float32"),),
+    )
+    body = {"inputs": [{"name": "tokens", "shape": [1, 2**40], "datatype": "INT32", "data": []}]}
+    async with serve(FakeRunner(bounded)) as client:
+        r = await client.post("/v2/models/fake/infer", content=orjson.dumps(body))
+    assert r.status_code == 400
+    assert f"length {2**40} in dimension 1 is over max_sequence_length=32" in assert_clean_error(r)
+
+
 async def test_a_huge_grpc_shape_is_invalid_argument_raw_or_typed() -> None:
     tensor = pb.ModelInferRequest.InferInputTensor
     huge = tensor(name="tokens", datatype="INT32", shape=[2**62, 0])
