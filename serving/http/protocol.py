@@ -106,7 +106,8 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
                 self.transport.close()
                 return
             self.lingering = True
-            self.transport.write_eof()
+            if self.transport.can_write_eof():  # not over TLS: the close alone ends it there
+                self.transport.write_eof()
             self.flow.resume_reading()
             self.loop.call_later(_LINGER_S, self.transport.close)
 

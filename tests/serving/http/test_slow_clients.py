@@ -48,15 +48,18 @@ async def trickle_until_answered(
     answers: its status, headers, body, and what came after (``b""`` once it closed the
     connection)."""
     head = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
-    async with asyncio.timeout(30):
-        while not head.done():
-            if every_s is not None:
-                writer.write(b"1")
-                await writer.drain()
-            await asyncio.wait({head}, timeout=every_s)
-        status, headers, body = await read_answer(reader, head.result())
-        after = await reader.read()
-    writer.close()
+    try:
+        async with asyncio.timeout(30):
+            while not head.done():
+                if every_s is not None:
+                    writer.write(b"1")
+                    await writer.drain()
+                await asyncio.wait({head}, timeout=every_s)
+            status, headers, body = await read_answer(reader, head.result())
+            after = await reader.read()
+    finally:
+        head.cancel()
+        writer.close()  # unanswered, the request would hold the server's stop
     return status, headers, body, after
 
 
