@@ -75,6 +75,43 @@ def test_another_max_sequence_length_gets_another_cache_entry(
     assert [p.sequence_length if p else None for p in plans] == [64, 512]
 
 
+def test_a_model_with_its_own_bound_is_planned_at_it_and_a_longer_length_refused(
+    tmp_path: Path,
+) -> None:
+    """A position embedding of 32 rows: with no length asked for, the cached bundle is planned
+    at 32 (not 512) and says so in its signature; a bundle directory asked for 64 is refused
+    naming both numbers, and 16 is taken."""
+    import keras_hub
+
+    model = tmp_path / "bert.keras"
+    keras_hub.models.BertBackbone(
+        vocabulary_size=100,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=32,
+    ).save(model)
+    cache_dir = tmp_path / "cache"
+    bundle = resolve_bundle(str(model), stages=1, max_stage_bytes=None, cache_dir=cache_dir)
+    manifest = read_manifest(bundle)
+    assert manifest.signature.max_length == 32
+    assert [s.memory.sequence_length for s in manifest.stages if s.memory] == [32]
+    with pytest.raises(ValueError, match="max_sequence_length=64 is over 32"):
+        resolve_bundle(
+            str(model), stages=1, max_stage_bytes=None, cache_dir=cache_dir, max_sequence_length=64
+        )
+    with pytest.raises(ResolveError, match=r"max_sequence_length=64 is over 32, the longest"):
+        resolve_bundle(
+            str(bundle), stages=None, max_stage_bytes=None, cache_dir=cache_dir,
+            max_sequence_length=64,
+        )  # fmt: skip
+    shorter = resolve_bundle(
+        str(bundle), stages=None, max_stage_bytes=None, cache_dir=cache_dir, max_sequence_length=16
+    )
+    assert shorter == bundle
+
+
 def _answers(bundle: Path) -> np.ndarray:
     signature = read_manifest(bundle).signature
     rows = {
