@@ -56,8 +56,10 @@ class LoopLagPlan:
     rounds: int = 3
     max_batch_size: int = 256
     simulate_device_ms: float = 1.0
-    # Refused: the big bodies are read and decoded, then refused (more rows than max_queue_rows),
-    # so the probe never queues behind their rows and sees the loop's stalls alone.
+    # Refused: the big bodies are read and parsed, then refused (one row more than
+    # max_queue_rows), so the probe never queues behind their rows and sees the loop's stalls
+    # alone. One row over, not far over: a body of many more arrays than the queue's rows could
+    # hold is refused from its bytes before it is parsed (serving.protocols.limits).
     refuse_big: bool = False
     tree: Path = REPO_ROOT
     compare_tree: Path | None = None
@@ -117,7 +119,7 @@ def server_spec(plan: LoopLagPlan, tree: Path, label: str, port: int, rows: int)
     argv += ["--stages", "1", "--max-batch-size", str(plan.max_batch_size)]
     argv += ["--batch-timeout-ms", "0", "--simulate-device-ms", f"{plan.simulate_device_ms:g}"]
     argv += ["--max-body-bytes", str(plan.big_bytes + MiB)]
-    queue_rows = plan.max_batch_size if plan.refuse_big else (plan.clients + 2) * rows
+    queue_rows = rows - 1 if plan.refuse_big else (plan.clients + 2) * rows
     argv += ["--max-queue-rows", str(queue_rows)]
     argv += ["--cache-dir", str((plan.workdir / f"cache-{label}").resolve()), "--log-level"]
     argv += ["warning"]
@@ -335,7 +337,7 @@ def add_parsers(sub: Any) -> None:
     opts.add("max_batch_size", "simulate_device_ms")
     opts.own("--tree", type=resolved, help="code tree measured as 'new'")
     opts.own("--compare-tree", type=resolved, help="code tree measured as 'old'")
-    refuse = "decode the big bodies, then refuse them (503): the probe never queues behind them"
+    refuse = "parse the big bodies, then refuse them (400): the probe never queues behind them"
     opts.own("--refuse-big", action="store_true", help=refuse)
     opts.add("pin", "workdir")
 
