@@ -240,6 +240,19 @@ def test_missing_file_without_shipped_bytes_names_the_file(
         stage_dir_for(str(tmp_path / "elsewhere"), 1, shipped, tmp_path / "cache")
 
 
+def test_a_stage_cache_others_can_write_to_is_refused(
+    seq_bundle: tuple[Path, keras.Model, Inputs], tmp_path: Path
+) -> None:
+    """An entry found in the node's stage cache is loaded without hashing it again."""
+    bundle = seq_bundle[0]
+    shipped = ship_stage(bundle, read_manifest(bundle), 1, put=False)
+    shared = tmp_path / "stages"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(BundleError, match=r"cache directory .*stages' is not private"):
+        stage_dir_for(str(tmp_path / "elsewhere"), 1, shipped, shared)
+
+
 def test_savedmodel_directory_travels_as_a_tar_and_is_cached(
     ray_address: str, seq_bundle: tuple[Path, keras.Model, Inputs], tmp_path: Path
 ) -> None:
