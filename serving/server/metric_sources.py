@@ -50,7 +50,8 @@ class StageCollector:
         memory = GaugeMetricFamily(
             "shardserve_stage_memory_bytes",
             "A shard actor's memory: planned peak (weights + activations + device overhead), "
-            "measured RSS now and at its peak, and on a GPU TensorFlow's current and peak bytes",
+            "measured RSS now and at its peak, its weights, its RSS once TensorFlow was imported "
+            "(before any weight), and on a GPU TensorFlow's current and peak bytes",
             labels=[*MODEL_LABELS, "replica", "stage", "kind"],
         )
         # A copy: a model's poller or unload may change the dict while a scrape reads it.
@@ -70,10 +71,14 @@ def memory_figures(report: Any) -> dict[str, int]:
     """The figures of a stage actor's memory report (``ShardActor.memory``) by kind."""
     if not isinstance(report, dict):
         return {}
+    marks = report.get("rss_marks")
     figures = {
         "planned": report.get("planned_peak_bytes"),
         "measured": report.get("rss_bytes"),
         "measured_peak": report.get("rss_peak_bytes"),
+        # What "measured" holds above TensorFlow is the stage's own: compared with its weights.
+        "weights": report.get("weight_bytes"),
+        "tensorflow_baseline": marks.get("tensorflow") if isinstance(marks, dict) else None,
     }
     gpu = report.get("gpu")
     if isinstance(gpu, dict):

@@ -5,6 +5,12 @@ variable) before TensorFlow copies it into the variable. Freed, the pieces under
 threshold (32 MiB at most) stay in the heap's arenas, so a stage of many mid-sized layers kept
 1.2-1.9x its weights above a bare TensorFlow process (a 1.2 GB MLP of 17 MB layers, issue 12).
 ``malloc_trim`` returns the free pages; the variables are all that stays.
+
+Where TensorFlow's oneDNN ops are on (by default on a CPU with AVX-512 VNNI, BF16 or AMX), its
+CPU allocator keeps every buffer of 256 KiB or more in a BFC pool that never shrinks: the
+layers' initial values, freed once the saved weights are in, stayed there (1.9x a stage's
+weights above a bare TensorFlow process, out of ``malloc_trim``'s reach; issue 27).
+``use_system_allocator`` has those buffers come from malloc, which gives them back when freed.
 """
 
 from __future__ import annotations
@@ -13,10 +19,21 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
+
+# Read by TensorFlow once, at its first CPU allocation: set before the process runs any op.
+SYSTEM_ALLOCATOR_ENV = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"
+
+
+def use_system_allocator() -> None:
+    """TensorFlow's oneDNN CPU allocator hands large buffers to malloc instead of keeping them
+    in its pool; a value the user set is kept. Call it before this process's first TensorFlow
+    op (importing TensorFlow runs none); later it changes nothing."""
+    os.environ.setdefault(SYSTEM_ALLOCATOR_ENV, "1")
 
 
 def release_free_heap() -> bool:

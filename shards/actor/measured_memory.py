@@ -2,8 +2,8 @@
 ``/proc/self/status``) at the marks of its start-up, and on a GPU TensorFlow's allocator.
 
 The marks make "above a bare TensorFlow process" measurable inside the actor: ``start`` is the
-Ray worker before TensorFlow, ``tensorflow`` after importing and configuring it, ``loaded``
-after the stage loaded and warmed up at every batch size.
+Ray worker before TensorFlow, ``tensorflow`` after importing and configuring it, ``weights``
+after the stage loaded (before any batch ran), ``loaded`` after it warmed up at every batch size.
 """
 
 from __future__ import annotations

@@ -92,6 +92,9 @@ class ShardActor:
         if weight_dtype is not None:
             self._model = serve_weights_in(self._model, weight_dtype)
         self._weight_bytes = variable_bytes(self._model)
+        # Between loading and the warm-up: what the weights hold, apart from what running adds.
+        release_free_heap()
+        self._memory.mark("weights")
         # A plan made without this weight_dtype counted the weights as saved (float32): the
         # planned peak is compared with what the variables hold now.
         plan = self._spec.memory
@@ -261,7 +264,8 @@ def _configure_tensorflow() -> _Device:
     """Pick the device Ray gave this actor and size TensorFlow's thread pools to its CPUs."""
     import ray
 
-    # The first import of the actor's process: its start-up lines held to the job's level.
+    # The first import of the actor's process: its start-up lines held to the job's level, and
+    # TensorFlow's large buffers from malloc, not a pool that keeps them (shards.actor.heap_trim).
     tf = import_tensorflow()
     ray_gpus = ray.get_gpu_ids()
     physical = tf.config.list_physical_devices("GPU")

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from types import ModuleType
 
+from shards.actor.heap_trim import use_system_allocator
+
 ENV = "TF_CPP_MIN_LOG_LEVEL"
 QUIET = "3"  # errors too: on a CPU machine TensorFlow reports the missing GPU as one
 # "I0000 00:00:1795440280.951162    5727 cuda_platform.cc:52] message" (absl's format).
@@ -48,10 +50,15 @@ def min_level() -> int:
 def import_tensorflow() -> ModuleType:
     """``import tensorflow``, its start-up lines held to ``TF_CPP_MIN_LOG_LEVEL`` as well.
 
+    Every TensorFlow of the shards package comes through here (resolve task, shard actor, CLI),
+    so the allocator is chosen here too, before any op runs: a Ray worker that partitioned a
+    model may be started as a shard actor next (``heap_trim.use_system_allocator``).
+
     Whatever else reaches stderr meanwhile (another thread, a fatal error) is written out
     afterwards. A process that dies inside the import loses the held lines: ``--log-level
     debug`` imports with nothing held.
     """
+    use_system_allocator()
     level = min_level()
     if "tensorflow" in sys.modules or level <= 0:
         import tensorflow

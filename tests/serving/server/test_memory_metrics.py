@@ -62,6 +62,21 @@ def test_metrics_expose_planned_and_measured_per_stage() -> None:
     }
 
 
+def test_metrics_expose_the_weights_and_the_tensorflow_baseline() -> None:
+    metrics = Metrics()
+    report = {
+        **memory(900 * MiB, 1100 * MiB),
+        "weight_bytes": 320 * MiB,
+        "rss_marks": {"start": 100 * MiB, "tensorflow": 760 * MiB, "loaded": 1100 * MiB},
+    }
+    metrics.for_model("m", "1").set_stage_stats([{"stage_index": 0, "memory": report}])
+    gauges = memory_gauges(metrics)
+    # What the stage itself holds, per byte of its weights, reads off one scrape.
+    assert gauges[("0", "0", "weights")] == 320 * MiB
+    assert gauges[("0", "0", "tensorflow_baseline")] == 760 * MiB
+    assert gauges[("0", "0", "measured")] - gauges[("0", "0", "tensorflow_baseline")] == 340 * MiB
+
+
 async def test_start_up_logs_plan_vs_measured_per_stage(caplog: pytest.LogCaptureFixture) -> None:
     model = ServedModel("fake", Settings(), Metrics())
 
