@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import select
 import signal
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,6 +46,7 @@ def server(ray_address: str, model_path: Path) -> Iterator[Server]:
         "--cache-dir", str(model_path.parent / "cache"),
         "--max-batch-size", "8",
         "--batch-timeout-ms", "20",
+        "--body-read-timeout-s", "2",  # no other test's body takes a fraction of that
     ]  # fmt: skip
     with running_server(args, model_path.parent) as srv:
         yield srv
@@ -97,6 +100,30 @@ def test_metadata_and_bad_input(server: Server) -> None:
     r = httpx.post(f"{server.url}/predict", json={"instances": [[1.0, 2.0]]}, timeout=10)
     assert r.status_code == 400
     assert r.json() == {"error": "input 'features' has shape (1, 2); expected (n, 12) float32"}
+
+
+def test_a_trickled_body_gets_408_and_the_connection_closed(server: Server) -> None:
+    """A client sending its body a byte at a time, steadily (never 2 s apart), is cut at
+    --body-read-timeout-s all the same, and reads the whole 408 before the connection ends."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            b"POST /predict HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+            b"content-length: 100000\r\n\r\n" + b"1" * 10
+        )
+        sent = 10
+        while not select.select([sock], [], [], 0.05)[0]:
+            sock.sendall(b"1")
+            sent += 1
+            assert sent < 400, "no answer after 20 s of bytes, 50 ms apart"
+        answer = b""
+        while chunk := sock.recv(65536):  # until the server closes it
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 408 Request Timeout"
+    assert b"connection: close" in head.lower()
+    assert body.startswith(b'{"error":"the request body did not arrive within '
+                           b'body_read_timeout_s=2 s (')  # fmt: skip
 
 
 def test_sigterm_shuts_down_cleanly(server: Server) -> None:
