@@ -57,6 +57,9 @@ class Replica:
         self._seq = itertools.count()
         self._running: set[int] = set()
         self._fault_seq: int | None = None
+        # Each running batch's watchdog scope, and why they were all ended early (``abandon``).
+        self._scopes: dict[int, asyncio.Timeout] = {}
+        self._lost: str | None = None
         # Set by the last batch handed to stage 0 once it has left stage 0.
         self._first_stage_tail: asyncio.Future[None] | None = None
         self._routes = routes
@@ -89,6 +92,7 @@ class Replica:
         clock: BatchClock | None = None
         try:
             async with asyncio.timeout(None) as scope:
+                self._scopes[seq] = scope
                 clock = BatchClock(scope, lambda: watchdog.limit_s(rows) if watchdog else None)
                 outputs = await self._run(inputs, clock)
             if watchdog is not None and clock.started is not None:
@@ -99,7 +103,9 @@ class Replica:
                 exc, ray.exceptions.RayError
             )
             limit = clock.limit_s if clock is not None else None
-            if timed_out and limit is not None:
+            if timed_out and self._lost is not None:
+                exc = ReplicaLostError(f"{self._lost} (its compiled graph closed with it)")
+            elif timed_out and limit is not None:
                 past = f"the batch ran past the watchdog's limit of {limit:.3g} s"
                 dead = await self.dead_stage()
                 exc = (
@@ -116,6 +122,7 @@ class Replica:
         finally:
             if clock is not None:
                 clock.stop()
+            self._scopes.pop(seq, None)
             self._running.discard(seq)
             self.inflight -= 1
 
@@ -140,9 +147,18 @@ class Replica:
         found = await asyncio.gather(*(ask(actor) for actor in self.actors))
         return next((why for why in found if why is not None), None)
 
+    def abandon(self, why: str) -> None:
+        """End every batch in flight now, as lost with ``why``: a compiled graph is closed by a
+        stage actor's death, and Ray 2.60 leaves its batches waiting (until the watchdog)."""
+        self._lost = why
+        now = asyncio.get_running_loop().time()
+        for scope in self._scopes.values():
+            scope.reschedule(now)
+
     def clear_fault(self) -> None:
         """Back in the rotation: the next fault has a suspect of its own."""
         self._fault_seq = None
+        self._lost = None
 
     def _enter_first_stage(self, clock: BatchClock) -> asyncio.Future[None]:
         """Queue a batch at stage 0: its clock starts at once when no batch handed over before

@@ -226,6 +226,8 @@ class ReplicaSet(Elastic):
         log.warning("replica %d leaves the rotation: %s", index, error.message)
         pipeline.state = ReplicaState.SUSPECT
         self._left_at[index] = time.monotonic()
+        if pipeline.compiled is not None:
+            pipeline.abandon(error.message)  # its graph is closed: no batch in it will answer
         hung = isinstance(error, StageTimeoutError)
         task = asyncio.create_task(self._recover(index, hung), name=f"recover-replica-{index}")
         self._recovery[index] = task

@@ -10,7 +10,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from shards.errors import StageTimeoutError
+from shards.errors import ReplicaLostError, StageTimeoutError
 from shards.pipeline.replica import Replica
 from shards.pipeline.watchdog import Watchdog
 
@@ -111,3 +111,22 @@ async def test_a_completed_batch_is_observed_by_its_size() -> None:
 
     assert 0.0 < dog.limit_s(3) < 1.0
     assert dog.limit_s(3) == pytest.approx(dog.limit_s(6) / 2)  # scaled from the size seen
+
+
+async def test_abandon_ends_the_batches_in_a_closed_graph_at_once_as_lost() -> None:
+    # A stage actor died: the compiled graph is closed, and its batches would wait for the
+    # watchdog (10 s for the 2-row one) without ``abandon``.
+    loop = asyncio.get_running_loop()
+    never: list[asyncio.Future[None]] = [loop.create_future(), loop.create_future()]
+    pipeline, dog = replica(2, *never), watchdog()
+    batches = [asyncio.ensure_future(pipeline.run(rows(2), dog)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+
+    pipeline.abandon("a stage process failed: ActorUnavailableError")
+    errors = await asyncio.gather(*batches, return_exceptions=True)
+
+    assert [type(e) for e in errors] == [ReplicaLostError] * 2
+    assert [e.victim for e in errors] == [False, True]  # type: ignore[union-attr]
+    assert errors[0].message == (  # type: ignore[union-attr]
+        "a stage process failed: ActorUnavailableError (its compiled graph closed with it)"
+    )
