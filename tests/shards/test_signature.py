@@ -43,3 +43,17 @@ def test_a_pad_value_that_is_not_a_number_names_the_tensor() -> None:
     bad = {"name": "tokens", "shape": [None], "dtype": "int32", "pad_value": "zero"}
     with pytest.raises(ValueError, match=r"'tokens' has pad_value 'zero'"):
         TensorSpec.from_json(bad)
+
+
+def test_a_max_length_survives_json_and_an_older_manifest_has_none() -> None:
+    spec = TensorSpec("token_ids", (None,), "int32", pad_value=0, max_length=32)
+    assert spec.to_json()["max_length"] == 32
+    assert round_trip(spec) == spec
+    older = {"name": "token_ids", "shape": [None], "dtype": "int32"}  # written before bounds
+    assert TensorSpec.from_json(older).max_length is None
+    mask = TensorSpec("padding_mask", (None,), "int32")
+    signature = ModelSignature("bert", (spec, mask), ())
+    assert signature.max_length == 32
+    assert ModelSignature("old", (mask,), ()).max_length is None
+    with pytest.raises(ValueError, match="has max_length 0; expected an integer >= 1"):
+        TensorSpec.from_json({**older, "max_length": 0})
