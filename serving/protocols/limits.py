@@ -66,7 +66,7 @@ class RequestLimits:
         """400 for a declared shape (rows first) with more rows than fit, or longer than
         ``max_length`` where the model leaves a dimension unknown; ``dims`` already match the
         model's fixed dimensions."""
-        shown = list(dims)
+        shown = f"({', '.join(str(d) for d in dims)})"  # as check_sequence_length writes it
         if dims and dims[0] > self.max_rows:
             raise InvalidInputError(
                 f"{where} has shape {shown}: {dims[0]} rows, over max_queue_rows={self.max_rows}, "

@@ -180,12 +180,12 @@ def test_a_v2_body_of_many_inputs_or_values_is_refused_before_it_is_parsed() -> 
     [
         (
             [2**62, 0],
-            f"input 'tokens' has shape [{2**62}, 0]: {2**62} rows, over max_queue_rows=256, the "
+            f"input 'tokens' has shape ({2**62}, 0): {2**62} rows, over max_queue_rows=256, the "
             "most a request may hold; send at most 256 rows",
         ),
         (
             [1, 2**62],
-            f"input 'tokens' has shape [1, {2**62}]: length {2**62} in dimension 1 is over "
+            f"input 'tokens' has shape (1, {2**62}): length {2**62} in dimension 1 is over "
             "max_sequence_length=512, the longest this server takes; send at most 512",
         ),
     ],
@@ -209,7 +209,7 @@ async def test_the_issues_v2_shape_is_a_400_not_a_500() -> None:
         r = await client.post("/v2/models/fake/infer", content=orjson.dumps(body))
     assert r.status_code == 400
     assert assert_clean_error(r).startswith(
-        f"input 'tokens' has shape [{2**62}, 0]: {2**62} rows, over max_queue_rows=256"
+        f"input 'tokens' has shape ({2**62}, 0): {2**62} rows, over max_queue_rows=256"
     )
 
 
