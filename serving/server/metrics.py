@@ -2,6 +2,7 @@
 
 Every series is one served version's (labels ``model``, ``version``): ``Metrics.for_model``
 hands a ``ServedModel`` its ``ModelMetrics``, and ``Metrics.remove_model`` drops them on unload.
+One is the server's own: ``shardserve_background_errors_total{task}`` (``supervise``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,19 @@ from serving.server.metric_sources import (
 )
 from shards.pipeline.health import Health
 
-__all__ = ["MODEL_LABELS", "Metrics", "ModelMetrics", "memory_figures"]
+__all__ = ["BACKGROUND_TASKS", "MODEL_LABELS", "Metrics", "ModelMetrics", "memory_figures"]
 
+# The background tasks (``serving.server.supervise``), by the label their failures are counted in.
+BACKGROUND_TASKS = (
+    "load",
+    "load_waits",
+    "stats_poll",
+    "scaling",
+    "repository_poll",
+    "rollout_watch",
+    "settle",
+    "hand_over",
+)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -259,6 +271,20 @@ class Metrics:
         self._health = HealthCollector()
         self.registry.register(self._health)  # type: ignore[arg-type]
         self._models: dict[ModelKey, ModelMetrics] = {}
+        # The server's own, not a version's: every label exists from the start (a rate reads 0).
+        self._background_errors = Counter(
+            "shardserve_background_errors_total",
+            "Background tasks that raised (logged with the traceback; a loop started again, a "
+            "one-shot task's version marked unavailable), by task",
+            ["task"],
+            registry=self.registry,
+        )
+        for task in BACKGROUND_TASKS:
+            self._background_errors.labels(task)
+
+    def background_error(self, task: str) -> None:
+        """One failure of the background task ``task`` (``serving.server.supervise``)."""
+        self._background_errors.labels(task).inc()
 
     def for_model(self, name: str, version: str) -> ModelMetrics:
         """The series of ``name`` at ``version`` (the same object on every call until removed)."""

@@ -10,7 +10,6 @@ several of these, not more fields on the server's state.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 from collections.abc import Callable
@@ -25,23 +24,18 @@ from serving.errors import NotReadyError
 from serving.http.admission import Admitted
 from serving.length_settings import served_max_length
 from serving.server.length_check import LengthPlan, plan_length_padding
-from serving.server.metrics import Metrics, ModelMetrics, memory_figures
+from serving.server.metrics import Metrics, ModelMetrics
 from serving.server.runner import ModelRunner, RunnerFactory, release_bundle
 from serving.server.scaling import ScaleStatus, run_scaling
 from serving.server.shape_log import ShapeLog
+from serving.server.stage_stats import log_memory, poll_stats
 from serving.server.stop_budget import StopBudget, drain_batcher
+from serving.server.supervise import supervise
 from shards.errors import one_line
-from shards.partition.memory_plan import format_size
 from shards.pipeline.health import Health
 from shards.signature import ModelSignature
 
 log = logging.getLogger("shardserve")
-# The stats poll is also the replicas' health check between batches, and it brings the
-# stages' compute per batch size to the batching settings: often enough to follow a load change.
-STATS_PERIOD_S = 2.0
-# A stage actor that hangs (not dead) would hold the poll, and with it the health check, for ever;
-# a poll that takes longer is dropped and the next one tried.
-STATS_TIMEOUT_S = 10.0
 # While loading, how often /readyz's account of what the load waits for is refreshed.
 WAITS_PERIOD_S = 1.0
 
@@ -65,7 +59,7 @@ class ServedModel:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     loaded: asyncio.Event = field(default_factory=asyncio.Event)  # loaded or failed to
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
-    _shapes: ShapeLog = field(default_factory=ShapeLog, repr=False)
+    shapes: ShapeLog = field(default_factory=ShapeLog, repr=False)  # what the stages ran
     admitted: Admitted = field(default_factory=Admitted, repr=False)
     metrics: ModelMetrics = field(init=False, repr=False)
 
@@ -138,11 +132,29 @@ class ServedModel:
 
     def start(self, factory: RunnerFactory, on_failure: Callable[[str], None] | None) -> None:
         """Load in the background (so /healthz and /readyz answer meanwhile) and poll the
-        stages' stats from now until ``stop_jobs``."""
+        stages' stats from now until ``stop_jobs``; each job under ``supervise``: a loop that
+        raises starts again, a load that raises past its own handling fails the version."""
+        where = f"model {self.name!r} version {self.version}'s"
+
+        def failed(reason: str) -> None:
+            if self.load_error is None:  # else the load said why already
+                self.load_error = reason
+                if on_failure is not None:
+                    on_failure(reason)
+            self.loaded.set()
+
+        metrics = self.server_metrics
         self._jobs = [
-            asyncio.create_task(self.load(factory, on_failure)),
-            asyncio.create_task(self._poll_stats()),
-            asyncio.create_task(run_scaling(self)),
+            supervise(
+                "load",
+                lambda: self.load(factory, on_failure),
+                metrics,
+                what=f"{where} load",
+                restart=False,
+                on_failure=failed,
+            ),
+            supervise("stats_poll", lambda: poll_stats(self), metrics, what=f"{where} stats poll"),
+            supervise("scaling", lambda: run_scaling(self), metrics, what=f"{where} scaling loop"),
         ]
 
     async def wait_load(self) -> None:
@@ -155,7 +167,8 @@ class ServedModel:
         ``load_waiting`` saying what the load waits for. Any failure, the timeout included,
         becomes ``load_error`` (for ``/readyz``) and ``on_failure``: never a silent hang."""
         timeout_s = self.settings.load_timeout_s
-        watcher = asyncio.create_task(self._watch_waits())
+        what = f"model {self.name!r} version {self.version}'s look at what its load waits for"
+        watcher = supervise("load_waits", self._watch_waits, self.server_metrics, what=what)
         started: list[Batcher] = []
         try:
             async with asyncio.timeout(timeout_s) as deadline:
@@ -203,7 +216,7 @@ class ServedModel:
         # Before any request is queued: the batcher keys its queues by the padding in force.
         self.length_plan = await plan_length_padding(runner, self.settings)
         batcher.set_length_padding(self.length_plan.padding)
-        await self._log_memory(runner)
+        await log_memory(self, runner)
         self.batcher = batcher
         self.ready.set()
         log.info(
@@ -248,33 +261,6 @@ class ServedModel:
                 continue
             self.load_waiting = waiting
 
-    async def _log_memory(self, runner: ModelRunner) -> None:
-        """One line per stage actor: the memory plan beside what the actor holds; the same
-        figures go to /metrics (shardserve_stage_memory_bytes) from here on."""
-        try:
-            rows = await runner.stats()
-        except Exception:
-            log.warning("could not read the stage actors' memory", exc_info=True)
-            return
-        self.metrics.set_stage_stats(rows)
-        for row in rows:
-            line = _memory_line(row)
-            if line is not None:
-                log.info("%s", line)
-
-    async def _poll_stats(self) -> None:
-        while True:
-            runner = self.runner
-            if runner is not None:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(STATS_TIMEOUT_S):
-                        stats = await runner.stats()
-                    self.metrics.set_stage_stats(stats)
-                    self._shapes.observe(stats)
-                    if self.batcher is not None:
-                        self.batcher.observe_compute(stats)
-            await asyncio.sleep(STATS_PERIOD_S)
-
     def stop_accepting(self, reason: str) -> None:
         """Refuse new requests (503 with ``reason``) from now on; those held are answered."""
         if self.refusing is None:
@@ -296,12 +282,9 @@ class ServedModel:
             await drain_batcher(self.batcher, budget)
 
     async def retire(self, reason: str) -> None:
-        """Refuse new requests (503 with ``reason``), answer every request it admitted within
-        that request's own deadline, end its jobs and its actors: every retire goes this way (a
-        switch, a promotion, an unload, a switch turned back). Its drain lasts up to the
-        version's ``request_timeout_ms`` from now, the latest deadline a request it admitted may
-        have; ``stop_timeout_s`` bounds the server's own stop only (a SIGTERM meanwhile drains
-        this version within that budget too)."""
+        """Refuse new requests (503 with ``reason``), answer each one it admitted within its own
+        deadline (up to ``request_timeout_ms`` from now; ``stop_timeout_s`` bounds a SIGTERM
+        only), end its jobs and actors: every retire (switch, promotion, unload) goes this way."""
         self.stop_accepting(reason)
         budget = StopBudget.retire(self.settings.request_timeout_ms / 1000.0)
         await self.stop_jobs(budget.answer_left())
@@ -363,19 +346,3 @@ def _timed_out(timeout_s: float, waiting: str | None) -> str:
     if waiting:
         return f"{message} ({waiting}); free or add those resources, or raise load_timeout_s"
     return f"{message}; the server log says how far it got; raise load_timeout_s if it needs longer"
-
-
-def _memory_line(row: dict[str, object]) -> str | None:
-    figures = memory_figures(row.get("memory"))
-    if "planned" not in figures or "measured" not in figures:
-        return None
-    planned, measured = figures["planned"], figures["measured"]
-    gpu = ""
-    if "gpu_measured_peak" in figures:
-        gpu = f", GPU peak {format_size(figures['gpu_measured_peak'])}"
-    return (
-        f"stage {row.get('stage_index')} (replica {row.get('replica', 0)}) memory: planned peak "
-        f"{format_size(planned)}, measured RSS {format_size(measured)} "
-        f"({measured / planned if planned else 0.0:.2f}x the plan; process peak "
-        f"{format_size(figures.get('measured_peak', 0))}){gpu}"
-    )

@@ -33,6 +33,7 @@ from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.server.labels import Labels
 from serving.server.model import ServedModel
 from serving.server.readiness import version_state
+from serving.server.repository_index import UNLOADED, index_entries
 from serving.server.repository_source import (
     REMOVED,
     ModelPlan,
@@ -45,17 +46,17 @@ from serving.server.repository_source import (
 from serving.server.rolling import Rolling
 from serving.server.rollout import Rollouts
 from serving.server.runner import RunnerFactory, plan_private_ray
+from serving.server.supervise import supervise
 from serving.server.switch_queue import narrow_queues, widen_queues
 
 if TYPE_CHECKING:
-    from serving.http.model import IndexEntry, RepositoryControl, VersionState
+    from serving.http.model import IndexEntry, RepositoryControl
     from serving.server.state import ServerState
 
 __all__ = ["UNLOADED", "Repository"]
 
 log = logging.getLogger("shardserve")
 
-UNLOADED = "unloaded through the repository API"
 _THROUGH_API = "through the repository API"
 _RETRIED = "to load it again: its files changed since its load failed"
 # Ending a failed version's actors: milliseconds on a live cluster; a Ray that is gone is not
@@ -111,8 +112,8 @@ class Repository:
                 ", ".join(repr(n) for n in sorted(plans)) or "nothing",
             )
         if self.settings.repository_poll_s > 0:
-            self._spawn(self._poll_forever())
-        self._spawn(self.rollouts.watch())
+            self._spawn("repository_poll", self._poll_forever, "the model repository's poll")
+        self._spawn("rollout_watch", self.rollouts.watch, "the canaries' judge")
 
     async def stop(self, timeout_s: float) -> None:
         """End the polling and the watch on loads (the server's stop drains and closes what is
@@ -136,22 +137,7 @@ class Repository:
     # ---- the repository API
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        entries: list[IndexEntry] = []
-        for name in sorted(set(self._plans) | set(self.state.models)):
-            plan = self._plans.get(name)
-            served = self.state.models.get(name, {})
-            versions = {int(v) for v in served} | set(plan.versions if plan else ())
-            if not versions:
-                why = (plan.error if plan else None) or "no complete version in the repository"
-                entries.append(_entry(name, "", "UNAVAILABLE", why))
-            for v in sorted(versions):
-                model = served.get(str(v))
-                if model is not None:
-                    state, reason = version_state(model)
-                    reason = reason or self.rollouts.note(name, str(v))
-                    entries.append(_entry(name, str(v), state, reason))
-                else:
-                    entries.append(_entry(name, str(v), "UNAVAILABLE", self._why_not(name, v)))
+        entries = index_entries(self.state, self._plans, self._held, self.rollouts.note)
         return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
     async def load(self, name: str) -> None:
@@ -259,26 +245,39 @@ class Repository:
         self.rollouts.listen(model)
         model.start(self.rolling.factory(model, plan, self._factory), self._on_load_failure)
         log.info("model %r version %d: loading", name, version)
-        self._spawn(self._settle(model, found.fingerprint))
+        what = f"model {name!r} version {version}'s settle (the end of its load)"
+        self._spawn("settle", lambda: self._settle(model, found.fingerprint), what, restart=False)
 
     async def _settle(self, model: ServedModel, fingerprint: str) -> None:
         """Once its load ends: a failed version's actors end (its reason stays in the index);
-        then what it was to replace is retired, or kept if it failed."""
-        await self.rolling.settle(model)  # a switch replica by replica ends first
-        key = (model.name, model.version)
-        if model.load_error:
-            self._failed[key] = fingerprint
-            await model.stop_jobs(_CLOSE_FAILED_S)
-            await model.close(_CLOSE_FAILED_S)
-        else:
-            self._failed.pop(key, None)
-        await self._locked_hand_over(model.name)
-        narrow_queues(model.name, self.state.models.get(model.name, {}).values())
+        then what it was to replace is retired, or kept if it failed. Whatever fails here, the
+        queues widened for its load narrow, and a hand-over that did not happen is tried again
+        until it does (the failure goes to ``supervise``, which logs and counts it)."""
+        try:
+            await self.rolling.settle(model)  # a switch replica by replica ends first
+            key = (model.name, model.version)
+            if model.load_error:
+                self._failed[key] = fingerprint
+                await model.stop_jobs(_CLOSE_FAILED_S)
+                await model.close(_CLOSE_FAILED_S)
+            else:
+                self._failed.pop(key, None)
+            await self._locked_hand_over(model.name)
+        except Exception:
+            # The hand-over reads what is served now: running it again is safe.
+            self._spawn_hand_over(model.name)
+            raise
+        finally:
+            narrow_queues(model.name, self.state.models.get(model.name, {}).values())
 
     def _roles_changed(self, name: str) -> None:
         """A promote retires the old stable; every change of role moves the labels."""
         self._set_labels(name)
-        self._spawn(self._locked_hand_over(name))
+        self._spawn_hand_over(name)
+
+    def _spawn_hand_over(self, name: str) -> None:
+        what = f"model {name!r}'s hand-over (retiring what it no longer serves)"
+        self._spawn("hand_over", lambda: self._locked_hand_over(name), what)
 
     async def _locked_hand_over(self, name: str) -> None:
         async with self._locks[name]:
@@ -301,36 +300,24 @@ class Repository:
     def _set_labels(self, name: str) -> None:
         self._labels.set(name, self._plans.get(name), self.rollouts.roles(name))
 
-    def _why_not(self, name: str, version: int) -> str:
-        plan = self._plans.get(name)
-        if name in self._held:
-            return UNLOADED
-        found = plan.versions.get(version) if plan else None
-        if plan is None or found is None:
-            return REMOVED
-        if found.error is not None:
-            return found.error
-        if version not in plan.selected:
-            return f"not selected by its version policy ({plan.policy})"
-        return "not loaded yet"
-
     async def _poll_forever(self) -> None:
-        every = self.settings.repository_poll_s
+        # A poll that raises ends this loop; ``supervise`` logs it and starts it again.
         while True:
-            await asyncio.sleep(every)
-            try:
-                await self.poll_once()
-            except Exception:  # one bad poll must not end the polling
-                log.exception("model repository poll failed; trying again in %g s", every)
+            await asyncio.sleep(self.settings.repository_poll_s)
+            await self.poll_once()
 
-    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(job)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-
-def _entry(name: str, version: str, state: VersionState, reason: str) -> IndexEntry:
-    return {"name": name, "version": version, "state": state, "reason": reason}
+    def _spawn(
+        self,
+        task: str,
+        job: Callable[[], Coroutine[Any, Any, None]],
+        what: str,
+        *,
+        restart: bool = True,
+    ) -> None:
+        """Start ``job`` under ``supervise`` (``task``: its counter label); ``stop`` ends it."""
+        started = supervise(task, job, self.state.metrics, what=what, restart=restart)
+        self._tasks.add(started)
+        started.add_done_callback(self._tasks.discard)
 
 
 def _refuse(model: ServedModel, reason: str) -> None:

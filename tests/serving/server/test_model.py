@@ -173,14 +173,14 @@ class _HangingStats(FakeRunner):
 async def test_a_stats_poll_that_hangs_is_dropped_and_the_next_one_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import serving.server.model as served
+    import serving.server.stage_stats as polled
 
-    monkeypatch.setattr(served, "STATS_PERIOD_S", 0.01)
-    monkeypatch.setattr(served, "STATS_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(polled, "STATS_PERIOD_S", 0.01)
+    monkeypatch.setattr(polled, "STATS_TIMEOUT_S", 0.05)
     model = _state("a").model("a")
     runner = _HangingStats()
     model.runner = runner
-    poll = asyncio.create_task(model._poll_stats())
+    poll = asyncio.create_task(polled.poll_stats(model))
     try:
         await asyncio.wait_for(runner.answered.wait(), timeout=10)
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import zipfile
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +30,7 @@ from serving.server.repository import Repository
 from serving.server.repository_source import Directory
 from serving.server.state import ServerState
 from tests.fakes import WAIT_S, FakeRunner, make_rows
+from tests.metrics_text import metric
 from tests.serving.served_app import row
 
 UNLOADED = "unloaded through the repository API"
@@ -323,6 +325,44 @@ async def test_a_retire_waits_no_longer_than_the_deadlines_it_admitted(tmp_path:
         with pytest.raises(DeadlineExceededError):  # its own deadline's answer, not a 503
             await held
         assert runners.made[("a", "1")].closed
+
+
+async def test_a_settle_that_raises_is_logged_counted_and_its_hand_over_done_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("serving.server.supervise.RESTART_S", (0.0, 0.0))
+    caplog.set_level(logging.ERROR, logger="shardserve")
+    version(tmp_path, "m", 1)
+    runners = Runners()
+    async with managed(tmp_path, runners) as repository:
+        state = repository.state
+        old = state.model("m", "1")
+        own_rows = old.require_batcher().policy.max_queue_rows
+        loads = runners.gates[("m", "2")] = asyncio.Event()  # version 2's warm-up waits
+        version(tmp_path, "m", 2)
+        await repository.poll_once()
+        assert old.require_batcher().policy.max_queue_rows == 8 * own_rows  # while it loads
+        keep, looks = repository.rolling.keep, []
+
+        def keep_once_failing(name: str) -> set[str]:
+            looks.append(name)
+            if len(looks) == 1:
+                raise RuntimeError("the switch table changed while it was read")
+            return keep(name)
+
+        monkeypatch.setattr(repository.rolling, "keep", keep_once_failing)
+        loads.set()
+        await _until(lambda: list(state.models["m"]) == ["2"])  # the hand-over, done again
+        assert runners.made[("m", "1")].closed
+        assert old.batcher is not None and old.batcher.policy.max_queue_rows == own_rows
+        text = state.metrics.render().decode()
+        assert metric(text, "shardserve_background_errors_total", task="settle") == 1.0
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and errors[0].exc_info is not None
+        assert errors[0].getMessage() == (
+            "model 'm' version 2's settle (the end of its load) failed (RuntimeError: the "
+            "switch table changed while it was read)"
+        )
 
 
 def test_an_incomplete_version_is_listed_once_its_files_stop_changing(tmp_path: Path) -> None:

@@ -1,0 +1,102 @@
+"""A served version's background loops under ``serving.server.supervise``: a scaling tick that
+raises and a stats poll that raises are logged with their traceback, counted in
+``shardserve_background_errors_total{task}``, and their loops go on."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from serving.server.metrics import BACKGROUND_TASKS
+from shards.pipeline.health import Health
+from tests.fakes import FakeRunner
+from tests.metrics_text import metric
+from tests.serving.server.test_scaling_loop import ElasticFake, elastic_settings, served, until
+
+ERRORS = "shardserve_background_errors_total"
+
+
+@pytest.fixture(autouse=True)
+def restart_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("serving.server.supervise.RESTART_S", (0.0, 0.0))
+
+
+class TickFails(ElasticFake):
+    """Its first look at the replicas' health (the scaling loop's first tick) raises."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.looks = 0
+
+    def health(self) -> Health:
+        self.looks += 1
+        if self.looks == 1:
+            raise RuntimeError("the replica table changed while it was read")
+        return super().health()
+
+
+class StatsFail(FakeRunner):
+    """Its stats raise while ``failing`` is set."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failing = True
+        self.polled = 0
+
+    async def stats(self) -> list[dict[str, Any]]:
+        if self.failing:
+            raise ValueError("a stage answered its stats with None")
+        self.polled += 1
+        return await super().stats()
+
+
+async def test_a_scaling_tick_that_raises_is_logged_counted_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="shardserve")
+    runner = TickFails()
+    model = await served(elastic_settings(), runner)
+    try:
+        await until(lambda: runner.looks >= 3)  # ticks again after the one that raised
+        loop = model._jobs[-1]
+        assert not loop.done()
+        text = model.server_metrics.render().decode()
+        assert metric(text, ERRORS, task="scaling") == 1.0
+        # Every task's series is there from the start.
+        assert {task: metric(text, ERRORS, task=task) for task in BACKGROUND_TASKS} == {
+            task: 1.0 if task == "scaling" else 0.0 for task in BACKGROUND_TASKS
+        }
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and errors[0].exc_info is not None  # once, with its traceback
+        assert errors[0].getMessage() == (
+            "model 'm' version 1's scaling loop failed (RuntimeError: the replica table changed "
+            "while it was read); starting it again in 0 s"
+        )
+        assert model.not_ready_reason() is None  # the version serves on
+    finally:
+        await model.stop_jobs(1.0)
+
+
+async def test_a_stats_poll_that_raises_is_logged_counted_and_polls_again(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("serving.server.stage_stats.STATS_PERIOD_S", 0.01)
+    caplog.set_level(logging.ERROR, logger="shardserve")
+    runner = StatsFail()
+    model = await served(elastic_settings(min_replicas=1, max_replicas=1), runner)
+    try:
+
+        def counted() -> float:
+            return metric(model.server_metrics.render().decode(), ERRORS, task="stats_poll")
+
+        await until(lambda: counted() >= 1)
+        runner.failing = False
+        await until(lambda: runner.polled >= 2)  # the poll runs on
+        failures = counted()
+        errors = [r for r in caplog.records if "stats poll failed" in r.getMessage()]
+        assert len(errors) == failures and all(r.exc_info is not None for r in errors)
+        assert "(ValueError: a stage answered its stats with None)" in errors[0].getMessage()
+    finally:
+        await model.stop_jobs(1.0)
