@@ -79,8 +79,9 @@ class Directory:
     """``--model-repository``: ``root/<name>/<version>/`` and ``root/<name>/config.toml``.
 
     A version directory whose files are not complete is left out while a copy may be under way;
-    once they have not changed for two poll periods (at once without polling) it will not
-    complete by itself, and its plan lists it with why (a ``.keras`` that is not a zip)."""
+    once a later scan finds them unchanged two poll periods on (without polling: the next scan,
+    a load through the API), it will not complete by itself, and its plan lists it with why (a
+    ``.keras`` that is not a zip)."""
 
     def __init__(
         self, root: Path, settings: Settings, clock: Callable[[], float] = time.monotonic
@@ -105,16 +106,18 @@ class Directory:
     def _stuck(
         self, partial: dict[str, dict[int, Incomplete]], now: float
     ) -> dict[str, dict[int, Incomplete]]:
-        """The incomplete versions whose files have not changed for two poll periods."""
+        """The incomplete versions whose files an earlier scan saw as they are, at least two
+        poll periods ago."""
         quiet_s = 2 * self.settings.repository_poll_s
         seen: dict[tuple[str, int], tuple[str, float]] = {}
         stuck: dict[str, dict[int, Incomplete]] = {}
         for name, versions in partial.items():
             for v, found in versions.items():
                 before = self._incomplete.get((name, v))
-                since = before[1] if before and before[0] == found.fingerprint else now
+                unchanged = before is not None and before[0] == found.fingerprint
+                since = before[1] if before is not None and unchanged else now
                 seen[(name, v)] = (found.fingerprint, since)
-                if now - since >= quiet_s:
+                if unchanged and now - since >= quiet_s:
                     stuck.setdefault(name, {})[v] = found
         self._incomplete = seen
         return stuck

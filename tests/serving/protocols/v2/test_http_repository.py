@@ -62,9 +62,14 @@ async def test_the_index_lists_a_version_that_will_not_complete_with_why(
     broken = repository / "b" / "2"
     broken.mkdir()
     (broken / "b.keras").write_bytes(b"not a zip: a copy cut short")
-    async with serve_repository(repository, Runners()) as client:
+    async with serve_repository(repository, Runners(), admin_token=TOKEN) as client:
+        first = (await client.post("/v2/repository/index")).json()
+        # The next read of the repository (no polling: a load) finds it unchanged.
+        loaded = await client.post("/v2/repository/models/b/load", headers=AUTH)
         index = (await client.post("/v2/repository/index")).json()
         served = await client.post("/v1/models/b:predict", json=BODY)
+    assert ("b", "2") not in {(e["name"], e["version"]) for e in first}  # a copy under way?
+    assert loaded.status_code == 200, loaded.text
     b_entries = {e["version"]: (e["state"], e["reason"]) for e in index if e["name"] == "b"}
     assert b_entries["1"] == ("READY", "")  # the complete version serves
     state, reason = b_entries["2"]
