@@ -88,12 +88,12 @@ async def test_a_killed_stage_actor_gets_its_replica_rebuilt(
     try:
         victim = (await group.describe())[1]["pid"]
         os.kill(victim, signal.SIGKILL)
-        # No other replica to retry on: the batch is not retried on this one. The graph is
-        # closed by the death and the batch refused, told when to come back, while the replica
-        # is rebuilt; on a loaded machine Ray may notice the death only after the watchdog's
-        # limit, and then the batch is the watchdog's (504), as a hung stage's would be. That
-        # happens on a quiet machine too (Ray 2.60 noticed it after 30 s in 2 runs of 2), so the
-        # limit is short: a batch of 3 rows takes milliseconds.
+        # No other replica to retry on: the graph is closed by the death and the batch handed
+        # back (a ReplicaRecoveringError: the batcher holds it) while the replica is rebuilt. Ray
+        # 2.60 may notice the death only after the watchdog's limit (after 30 s in 2 runs of 2
+        # on a quiet machine), so the limit is short: a batch of 3 rows takes milliseconds. Then
+        # the stage actors are asked whether they are alive: one Ray knows dead makes the batch
+        # lost (held), one that does not answer within a second leaves it the watchdog's (504).
         with pytest.raises((NoHealthyReplicaError, StageTimeoutError)) as refused:
             await group.run(inputs)
         deadline = time.monotonic() + 120
