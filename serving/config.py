@@ -58,9 +58,10 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         30.0,
         gt=0,
         le=3600,
-        description="Longest a request's body may take to arrive, from when its handler starts "
-        "reading it; past it 408 and the connection is closed (a slow client holds no queue "
-        "room, buffer or drain for longer).",
+        description="Longest a request's head may take to arrive (from its first byte, or from "
+        "the connection's start), and its body (from when its handler starts reading it); past "
+        "it 408 and the connection is closed (a slow client holds no connection, queue room, "
+        "buffer or drain for longer).",
     )
     max_connections: int = Field(
         1024,

@@ -1,6 +1,7 @@
 """The body-read deadline (``body_read_timeout_s``): a client that trickles its body holds a
 connection and a buffer, and on a predict route its model's admission, which a drain waits for;
-so a read that outlasts its deadline ends in a 408 (``serving.http.replies.read_body``).
+so a read that outlasts its deadline ends in a 408 (``serving.http.replies.read_body``). The
+same ``Deadlines`` times the heads of requests (``serving.http.protocol``).
 
 uvicorn has no such timeout: its keep-alive timer stops at the request's first byte. One timer
 per event loop watches every read in progress, rather than one per request: an
@@ -17,49 +18,47 @@ import asyncio
 import math
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
-__all__ = ["BodyDeadlines", "body_deadlines"]
+__all__ = ["BodyDeadlines", "Deadlines", "body_deadlines"]
 
-# A timer may fire a little before its time (the loop's clock, its resolution): a read this
+K = TypeVar("K")
+
+# A timer may fire a little before its time (the loop's clock, its resolution): a wait this
 # close to its deadline is past it, rather than the timer re-armed for a moment.
 _SLACK_S = 0.001
 
 
-class BodyDeadlines:
-    """The body reads in progress on one event loop, each with its deadline."""
+class Deadlines(Generic[K]):
+    """Things waiting on one event loop, each until its deadline, watched by one timer that
+    calls ``expire(thing)`` for each one past its deadline (and forgets it)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, expire: Callable[[K], None]) -> None:
         self.loop = loop
-        self._reads: dict[asyncio.Task[Any], float] = {}
-        self._expired: set[asyncio.Task[Any]] = set()
+        self._expire = expire
+        self._waiting: dict[K, float] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
 
-    def start(self, task: asyncio.Task[Any], timeout_s: float) -> None:
-        """``task`` reads a body from now, for at most ``timeout_s``."""
+    def start(self, key: K, timeout_s: float) -> None:
+        """``key`` waits from now, for at most ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        self._reads[task] = deadline
+        self._waiting[key] = deadline
         if deadline < self._timer_at:
             if self._timer is not None:
                 self._timer.cancel()
             self._arm(deadline)
 
-    def end(self, task: asyncio.Task[Any]) -> None:
-        """``task``'s read is over (read whole, refused, or failed)."""
-        self._reads.pop(task, None)
-        self._expired.discard(task)
+    def end(self, key: K) -> None:
+        """``key`` waits no more (a no-op for one that never waited, or expired)."""
+        self._waiting.pop(key, None)
 
-    def expired(self, task: asyncio.Task[Any]) -> bool:
-        """Whether ``task`` was cancelled here, its deadline passed (once: it is forgotten)."""
-        if task in self._expired:
-            self._expired.discard(task)
-            return True
-        return False
+    def __contains__(self, key: object) -> bool:
+        return key in self._waiting
 
-    @property
-    def reading(self) -> int:
-        return len(self._reads)
+    def __len__(self) -> int:
+        return len(self._waiting)
 
     def _arm(self, at: float) -> None:
         self._timer_at = at
@@ -69,15 +68,38 @@ class BodyDeadlines:
         self._timer, self._timer_at = None, math.inf
         now = time.monotonic() + _SLACK_S
         following = math.inf
-        for task, deadline in list(self._reads.items()):
+        for key, deadline in list(self._waiting.items()):
             if deadline <= now:
-                del self._reads[task]
-                self._expired.add(task)
-                task.cancel()
+                del self._waiting[key]
+                self._expire(key)
             elif deadline < following:
                 following = deadline
         if following < math.inf:
             self._arm(following)
+
+
+class BodyDeadlines(Deadlines[asyncio.Task[Any]]):
+    """The body reads in progress on one event loop: a read past its deadline has its task
+    cancelled, which ``read_body`` turns into a 408 (``expired``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop, self._cancel)
+        self._expired: set[asyncio.Task[Any]] = set()
+
+    def end(self, key: asyncio.Task[Any]) -> None:
+        super().end(key)
+        self._expired.discard(key)
+
+    def expired(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` was cancelled here, its deadline passed (once: it is forgotten)."""
+        if task in self._expired:
+            self._expired.discard(task)
+            return True
+        return False
+
+    def _cancel(self, task: asyncio.Task[Any]) -> None:
+        self._expired.add(task)
+        task.cancel()
 
 
 # One per thread (a loop runs in one thread; a test client may run another loop in its own):

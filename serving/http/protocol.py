@@ -1,6 +1,12 @@
-"""shardserve's HTTP protocol for uvicorn (httptools): the cap on open connections and queue-full
-refusals answered before any ASGI work, and a hang-up reported to the request's handler without
-a watcher task.
+"""shardserve's HTTP protocol for uvicorn (httptools): a deadline on each request's head, the cap
+on open connections and queue-full refusals answered before any ASGI work, and a hang-up
+reported to the request's handler without a watcher task.
+
+**Slow heads.** uvicorn waits for a request's head for ever (its keep-alive timer stops at the
+first byte and is armed only after an answer), so a connection that sends nothing, or its head
+a byte at a time, would hold one of the ``max_connections`` for good: a head not complete within
+``body_read_timeout_s`` of its first byte (of the connection's start, for the first) gets a 408
+and the connection is closed; one timer watches every connection (``Deadlines``).
 
 **The cap.** A request on a connection past ``max_connections`` (or while as many requests are
 in progress) gets a 503 with ``Retry-After`` and its connection is closed: a flood of idle or
@@ -29,6 +35,7 @@ where its handler puts a callback, called when the connection is lost before the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -38,6 +45,7 @@ import orjson
 
 from serving.errors import ShardServeError
 from serving.http.admission import queue_full_message
+from serving.http.body_deadline import Deadlines
 from serving.http.fast import DISCONNECT_KEY, FastRoutes
 from serving.http.model import ModelDirectory
 from serving.http.replies import request_id_from
@@ -63,12 +71,53 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
     except ImportError:  # uvicorn without httptools: h11, refusals through the app
         return "auto"
     refuser = _Refuser(app)
+    watches: list[Deadlines[Any]] = []  # the running loop's heads being waited for
+
+    def heads(loop: asyncio.AbstractEventLoop) -> Deadlines[Any]:
+        if not watches or watches[0].loop is not loop:
+            watches[:] = [Deadlines(loop, lambda protocol: protocol.head_timed_out())]
+        return watches[0]
 
     class ShardServeProtocol(HttpToolsProtocol):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.limit_concurrency = None  # the cap is applied below, in the server's words
             self.lingering = False
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._wait_for_head()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self not in heads(self.loop):  # a connection's first head is timed from its start
+                self._wait_for_head()
+
+        def on_headers_complete(self) -> None:
+            heads(self.loop).end(self)
+            super().on_headers_complete()
+
+        def _wait_for_head(self) -> None:
+            timeout_s = refuser.read_timeout_s()
+            if timeout_s is not None:
+                heads(self.loop).start(self, timeout_s)
+
+        def head_timed_out(self) -> None:
+            """A request's head (or a connection's first byte) did not come within
+            ``body_read_timeout_s``: uvicorn would wait for ever (its keep-alive timer stops
+            at the first byte, and starts only after an answer), holding a connection of the
+            ``max_connections`` that everyone shares."""
+            if self.transport.is_closing():
+                return
+            cycle: Any = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                self._wait_for_head()  # the next head of a pipeline: the answer first
+                return
+            head = [b"HTTP/1.1 408 Request Timeout\r\n"]
+            for name, value in self.server_state.default_headers:
+                head += [name, b": ", value, b"\r\n"]
+            self.transport.write(b"".join([*head, refuser.head_timeout_answer()]))
+            self._linger()  # the client may still be sending its head
 
         def _start_asgi_task(self, cycle: Any, asgi: Any) -> None:
             cap = refuser.max_connections()
@@ -105,6 +154,9 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             if not cycle.more_body or self.transport.is_closing():
                 self.transport.close()
                 return
+            self._linger()
+
+        def _linger(self) -> None:
             self.lingering = True
             if self.transport.can_write_eof():  # not over TLS: the close alone ends it there
                 self.transport.write_eof()
@@ -122,6 +174,7 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            heads(self.loop).end(self)
             cycle: Any = self.cycle
             super().connection_lost(exc)
             if cycle is not None and not cycle.response_complete:
@@ -154,8 +207,34 @@ class _Refuser:
         self.app = app
         self._bodies: dict[tuple[int, int], bytes] = {}
         self._cap: int | None = None
+        self._read_timeout_s: float | None = None
         self._over_cap = 0  # refused since the last log line
         self._warn_at = 0.0
+
+    def read_timeout_s(self) -> float | None:
+        """The server's ``body_read_timeout_s`` (``None`` before its lifespan made its state)."""
+        if self._read_timeout_s is None:
+            settings = getattr(getattr(self.app.state, "shardserve", None), "settings", None)
+            if settings is not None:
+                self._read_timeout_s = settings.body_read_timeout_s
+        return self._read_timeout_s
+
+    def head_timeout_answer(self) -> bytes:
+        """The headers (after the status line) and body of a 408 for a head that did not
+        come in time."""
+        body = orjson.dumps(
+            {
+                "error": f"the request head did not arrive within body_read_timeout_s="
+                f"{self._read_timeout_s:g} s; send it whole, or raise body_read_timeout_s"
+            }
+        )
+        return b"".join(
+            [
+                b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
+                b"connection: close\r\n\r\n",
+                body,
+            ]
+        )
 
     def max_connections(self) -> int | None:
         """The server's ``max_connections`` (``None`` before its lifespan made its state)."""

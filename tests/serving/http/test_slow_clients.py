@@ -162,6 +162,35 @@ async def test_the_drain_waits_for_no_body_past_its_timeout() -> None:
     assert status == 408
 
 
+@pytest.mark.parametrize("head", [b"", b"POST /predict HTTP/1.1\r\nhost: t\r\n"])
+async def test_a_head_that_does_not_come_gets_408_and_its_connection_closed(head: bytes) -> None:
+    """A connection that sends nothing, or a head one header line at a time (never complete):
+    uvicorn alone would hold it for ever, one of the max_connections everyone shares."""
+    async with running(body_read_timeout_s=0.5) as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.client.base_url.port)
+        writer.write(head)
+        first = asyncio.ensure_future(reader.readuntil(b"\r\n"))
+        try:
+            async with asyncio.timeout(30):
+                while not first.done():
+                    if head:
+                        writer.write(b"x-more: 1\r\n")
+                    await asyncio.wait({first}, timeout=0.05)
+                status_line = first.result().rstrip()
+                rest = await reader.read()  # until the server closes it
+        finally:
+            first.cancel()
+            writer.close()
+        seen = s.counting.http
+    assert status_line == b"HTTP/1.1 408 Request Timeout"
+    assert b"connection: close" in rest
+    assert orjson.loads(rest.partition(b"\r\n\r\n")[2]) == {
+        "error": "the request head did not arrive within body_read_timeout_s=0.5 s; send it "
+        "whole, or raise body_read_timeout_s"
+    }
+    assert seen == 0  # never reached the app
+
+
 async def raw_get(port: int, path: bytes = b"/healthz") -> Answer:
     """A GET on a connection of its own, answered whole; the connection is then left open
     unless the server closed it (``after`` is ``b""``), or else closed here."""
