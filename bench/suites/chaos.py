@@ -64,8 +64,9 @@ class ChaosPlan:
         options.require(self, positive=("seconds", "rate", "kill_every_s", "request_timeout_s"))
         if not 0 <= self.poison_fraction < 1:
             raise ValueError(f"poison_fraction must be in [0, 1), got {self.poison_fraction}")
-        if self.replicas < 2:
-            raise ValueError(f"replicas must be >= 2 (one is killed), got {self.replicas}")
+        # One replica is a valid plan: its requests wait for the killed actor's restart.
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
 
 
 def make_rows(plan: ChaosPlan) -> tuple[np.ndarray, np.ndarray]:
