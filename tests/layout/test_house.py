@@ -1,15 +1,18 @@
-"""The layout's rules that import-linter cannot say: how deep module-level imports chain inside
-``serving/``, and how long a hand-written module may grow."""
+"""The layout's rules that import-linter cannot say: a long module says why it is one idea, and
+docs/architecture.md names every module.
+
+A line count is a smell detector, never a target (STYLE.md): the 350-line cap and the 7-module
+import chain that stood here became targets (config split to stay under a number), so they are
+gone; past ~400 lines a module is asking to split by idea, and past 500 it must say in its
+docstring why it is one idea."""
 
 from __future__ import annotations
 
 import ast
-import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_CHAIN = 7
-MAX_LINES = 350
+MAX_LINES = 500
 # Generated gRPC stubs are not hand-written.
 GENERATED = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
 
@@ -25,81 +28,29 @@ def _modules(package: str) -> dict[str, Path]:
     }
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _top_level_imports(tree: ast.Module) -> list[str]:
-    """Imports run when the module is imported: not those inside functions or TYPE_CHECKING."""
-    found: list[str] = []
-    todo: list[ast.stmt] = list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Import):
-            found += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-        elif isinstance(node, ast.If) and not _is_type_checking(node):
-            todo += node.body + node.orelse
-        elif isinstance(node, ast.Try):
-            todo += node.body + node.orelse + node.finalbody
-            for handler in node.handlers:
-                todo += handler.body
-        elif isinstance(node, (ast.With, ast.ClassDef)):
-            todo += node.body
+def _unexplained_long_modules(paths: list[Path]) -> dict[str, int]:
+    found = {}
+    for path in paths:
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines > MAX_LINES and "one idea" not in (ast.get_docstring(ast.parse(text)) or ""):
+            found[path.name] = lines
     return found
 
 
-def _graph(package: str) -> dict[str, set[str]]:
-    modules = _modules(package)
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        targets = set()
-        for imported in _top_level_imports(ast.parse(path.read_bytes())):
-            if imported in modules and imported != name:
-                targets.add(imported)
-        graph[name] = targets
-    return graph
+def test_a_module_over_500_lines_says_in_its_docstring_why_it_is_one_idea() -> None:
+    paths = [p for package in ("serving", "shards", "bench") for p in _modules(package).values()]
+    long = _unexplained_long_modules(paths)
+    assert not long, f"modules over {MAX_LINES} lines whose docstring does not say why: {long}"
 
 
-def longest_chain(package: str) -> list[str]:
-    graph = _graph(package)
-
-    @functools.cache
-    def longest_from(name: str, stack: frozenset[str] = frozenset()) -> tuple[str, ...]:
-        best: tuple[str, ...] = ()
-        for target in graph[name]:
-            if target in stack:
-                continue  # a cycle: import-linter's contracts refuse those
-            chain = longest_from(target, stack | {name})
-            if len(chain) > len(best):
-                best = chain
-        return (name, *best)
-
-    return list(max((longest_from(n) for n in graph), key=len))
-
-
-def test_module_level_imports_inside_serving_chain_at_most_seven_modules() -> None:
-    chain = longest_chain("serving")
-    assert len(chain) <= MAX_CHAIN, " -> ".join(chain)
-
-
-def test_the_chain_walker_sees_a_real_chain() -> None:
-    # The app's module imports at least the server package, a protocol and the batcher below it.
-    assert len(longest_chain("serving")) >= 3
-
-
-def test_no_hand_written_module_is_over_350_lines() -> None:
-    long = {
-        str(path.relative_to(ROOT)): n
-        for package in ("serving", "shards", "bench")
-        for path in _modules(package).values()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert not long, f"modules over {MAX_LINES} lines: {long}"
+def test_the_rule_sees_a_long_module_without_a_reason(tmp_path: Path) -> None:
+    body = "x = 1\n" * (MAX_LINES + 1)
+    bare = tmp_path / "bare.py"
+    bare.write_text('"""Many things."""\n' + body)
+    explained = tmp_path / "explained.py"
+    explained.write_text('"""The router: one idea, every route needs the same table."""\n' + body)
+    assert _unexplained_long_modules([bare, explained]) == {"bare.py": MAX_LINES + 2}
 
 
 def test_the_architecture_doc_names_every_module() -> None:
