@@ -14,6 +14,7 @@ repository's calls (index, load, unload) are in ``grpc_repository``. Errors are 
     DeadlineExceededError                 DEADLINE_EXCEEDED (the client's deadline is the batcher's)
     BatchFailedError, anything else       INTERNAL
     a message over max_body_bytes         RESOURCE_EXHAUSTED (refused by gRPC before decoding)
+    more inputs or values than fit        INVALID_ARGUMENT (before it is parsed: ``grpc_bounds``)
     a call past grpc_max_concurrent_rpcs  RESOURCE_EXHAUSTED (refused by gRPC before reading it)
 
 Every call's trailing metadata carries its ``x-request-id``; a refusal with a retry hint (a full
@@ -27,7 +28,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
@@ -51,6 +53,7 @@ from serving.http.model import ModelDirectory, ModelHandle
 from serving.http.predict import check_sequence_length, count_routed
 from serving.http.replies import log_failure, request_id_from, retry_after_seconds
 from serving.protocols.limits import request_limits
+from serving.protocols.v2.grpc_bounds import InferBounds, scan_infer_request
 from serving.protocols.v2.grpc_codec import (
     decode_inputs,
     encode_outputs,
@@ -106,6 +109,32 @@ def _no_repository() -> None:
     return None
 
 
+@dataclass(frozen=True)
+class Refused:
+    """What ``ModelInfer`` gets instead of a message refused before it was parsed (a
+    deserializer that raised would end the call UNKNOWN, not with the refusal's status)."""
+
+    error: ShardServeError
+    model: ModelHandle | None  # the model it named, where there is one
+
+
+class _Handlers:
+    """Takes the generated stubs' method handlers in place of a server, so that one can be
+    replaced before the server gets them (the registered handlers win over a generic one)."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        pass
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, models: ModelDirectory, repository: RepositoryRpcs) -> None:
         self._models = models
@@ -136,9 +165,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         config = await _answer(context, model_config, model)
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: _Context) -> Any:
+    def read_infer(self, data: bytes) -> pb.ModelInferRequest | Refused:
+        """``ModelInfer``'s deserializer: the message, or its refusal where it holds more than
+        a request to the model it names could (``grpc_bounds``), before protobuf parses it."""
+        named: list[ModelHandle] = []
+
+        def bounds_of(name: str, version: str) -> InferBounds:
+            model = self._models.model(name, version or None, split=False)
+            named.append(model)
+            limits = request_limits(model, model.require_batcher())
+            return InferBounds.of(model.name, model.signature, limits)
+
+        try:
+            scan_infer_request(data, bounds_of)
+        except ShardServeError as exc:
+            return Refused(exc, named[-1] if named else None)
+        return pb.ModelInferRequest.FromString(data)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest | Refused, context: _Context) -> Any:
         started = time.perf_counter()
         rid = _request_id(context)
+        if isinstance(request, Refused):
+            await _refuse(context, request, rid, started)
         model = await self._model(
             context, request.model_name, request.model_version, rid, split=True
         )
@@ -204,6 +252,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc, rid)
 
 
+async def _refuse(context: _Context, refused: Refused, rid: str, started: float) -> NoReturn:
+    """End a call refused before its message was parsed, counted as ``ModelInfer`` counts."""
+    error, model = refused.error, refused.model
+    if model is not None:
+        if isinstance(error, InvalidInputError):
+            model.metrics.reject("invalid_input")
+        model.metrics.observe_latency(error.status_code, time.perf_counter() - started)
+    await _abort(context, error, rid)
+
+
 async def _infer(
     request: pb.ModelInferRequest,
     model: ModelHandle,
@@ -264,12 +322,12 @@ def _request_id(context: _Context) -> str:
 
 
 async def _abort(context: _Context, error: ShardServeError | None, rid: str) -> NoReturn:
-    """End the call with the error's status (``None``: an unexpected error, INTERNAL), and its
-    retry hint where it has one (``RETRY_AFTER_KEY``)."""
+    """End the call with the error's status (``None``: an unexpected error, INTERNAL, which its
+    caller logged with its traceback and request id), and its retry hint where it has one
+    (``RETRY_AFTER_KEY``)."""
     metadata = [("x-request-id", rid)]
     if error is None:
         code, message = grpc.StatusCode.INTERNAL, "internal server error; see the server log"
-        log_failure(rid, 500, message)
     else:
         code, message = status_code(error), error.message
         log_failure(rid, error.status_code, message)
@@ -299,7 +357,19 @@ async def start_grpc_server(
         ],
     )
     servicer = InferenceServicer(models, RepositoryRpcs(repository, settings.admin_token))
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    generated = _Handlers()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, generated)  # type: ignore[arg-type]
+    handlers = generated.handlers
+    # ModelInfer's message is checked against its model's limits before it is parsed.
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer,
+        request_deserializer=servicer.read_infer,
+        response_serializer=pb.ModelInferResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(generated.service, handlers),)
+    )
+    server.add_registered_method_handlers(generated.service, handlers)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.grpc_port}"
     try:

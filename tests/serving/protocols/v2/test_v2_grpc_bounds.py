@@ -1,0 +1,137 @@
+"""A ``ModelInferRequest`` with more inputs or typed values than its model's queue can take is
+refused before protobuf parses it (``serving.protocols.v2.grpc_bounds``), as an HTTP body is
+before it is decoded; one at the limit is served.
+
+Protobuf parses into its own arena, which ``tracemalloc`` does not see (its peak is the received
+message, the same with the bound or without), so the cost of a parse is read from the process's
+peak RSS: ``VmHWM``, reset through ``/proc/self/clear_refs`` right before the call."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from serving.protocols.v2 import grpc_server
+from serving.protocols.v2.grpc_bounds import InferBounds, scan_infer_request
+from serving.protocols.v2.proto import grpc_service_pb2 as pb
+from serving.protocols.v2.proto import grpc_service_pb2_grpc as pb_grpc
+from shards.signature import ModelSignature, TensorSpec
+from tests.fakes import FakeRunner, make_rows
+from tests.serving.protocols.v2.test_v2_grpc import failure, infer_request, rejects, serve
+
+Tensor = pb.ModelInferRequest.InferInputTensor
+TOKENS = ModelSignature(
+    name="fake",
+    inputs=(TensorSpec("tokens", (None,), "int32", pad_value=0),),
+    outputs=(TensorSpec("y", (4,), "float32"),),
+)
+# 256 rows (max_queue_rows) of 512 tokens (the default max_sequence_length).
+MOST_VALUES = 256 * 512
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+MiB = 1 << 20
+
+
+def _status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {key} in /proc/self/status")
+
+
+async def peak_growth(served_port: int, message: bytes) -> tuple[int, grpc.StatusCode, str]:
+    """(peak RSS growth in bytes, status, details) of sending ``message`` as it is."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{served_port}") as channel:
+        call = channel.unary_unary(METHOD)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await call(pb.ModelInferRequest().SerializeToString())  # the channel is up
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        except OSError:
+            pytest.skip("this kernel does not let a process reset its peak RSS")
+        before = _status("VmRSS")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call(message)
+        return _status("VmHWM") - before, info.value.code(), info.value.details() or ""
+
+
+async def test_a_message_of_400k_inputs_is_refused_before_it_is_parsed() -> None:
+    one = Tensor(name="tokens", datatype="INT32", shape=[1, 1])
+    message = pb.ModelInferRequest(model_name="fake", inputs=[one] * 400_000).SerializeToString()
+    assert len(message) > 7 * MiB
+    async with serve(FakeRunner(TOKENS), max_queue_rows=256) as s:
+        growth, code, details = await peak_growth(s.port, message)
+        assert rejects(s.state, "invalid_input") == 1
+    # Parsed, it took 60 MiB more (protobuf's arena): now little more than the message itself.
+    assert growth < 20 * MiB, growth / MiB
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        details == "the message has 2+ inputs; model 'fake' takes 1: send each of its inputs once"
+    )
+
+
+async def test_a_message_of_7m_typed_values_is_refused_before_it_is_parsed() -> None:
+    tensor = Tensor(name="tokens", datatype="INT32", shape=[256, 512])
+    tensor.contents.int_contents.extend(np.ones(7_000_000, np.int32).tolist())
+    message = pb.ModelInferRequest(model_name="fake", inputs=[tensor]).SerializeToString()
+    async with serve(FakeRunner(TOKENS), max_queue_rows=256) as s:
+        growth, code, details = await peak_growth(s.port, message)
+    assert growth < 20 * MiB, growth / MiB  # parsed: 33 to 58 MiB
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"a request to model 'fake' holds at most {MOST_VALUES} (max_queue_rows" in details
+    assert details.startswith("the message has 1048576+ typed values in contents")
+
+
+async def test_a_request_at_the_limit_is_served() -> None:
+    tensor = Tensor(name="tokens", datatype="INT32", shape=[256, 512])
+    tensor.contents.int_contents.extend([1] * MOST_VALUES)
+    request = pb.ModelInferRequest(
+        model_name="fake",
+        inputs=[tensor],
+        outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="y")],
+    )
+    request.parameters["timeout"].int64_param = 20_000_000
+    async with serve(FakeRunner(TOKENS), max_queue_rows=256, max_batch_size=256) as s:
+        response = await s.stub.ModelInfer(request)
+    assert list(response.outputs[0].shape) == [256, 4]
+
+
+def test_values_sent_one_field_each_count_as_packed_ones() -> None:
+    bounds = InferBounds(model="fake", inputs=1, outputs=1, rank=2, values=3)
+
+    def message(values: int) -> bytes:
+        contents = b"\x10\x01" * values  # int_contents (field 2), unpacked: a tag and a varint each
+        tensor = b"\x0a\x06tokens" + b"\x2a" + bytes([len(contents)]) + contents
+        return b"\x0a\x04fake" + b"\x2a" + bytes([len(tensor)]) + tensor
+
+    scan_infer_request(message(3), lambda name, version: bounds)
+    with pytest.raises(Exception, match=r"4\+ typed values in contents; .* at most 3"):
+        scan_infer_request(message(4), lambda name, version: bounds)
+    assert pb.ModelInferRequest.FromString(message(3)).inputs[0].contents.int_contents == [1] * 3
+
+
+async def test_an_unexpected_error_is_logged_once_with_the_request_id(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("encoder bug")
+
+    monkeypatch.setattr(grpc_server, "encode_outputs", broken)
+    rows = make_rows(1)["x"]
+    async with serve(FakeRunner(), batch_timeout_ms=0) as s:
+        stub: pb_grpc.GRPCInferenceServiceStub = s.stub
+        with caplog.at_level(logging.INFO, logger="shardserve"):
+            code, details = await failure(
+                stub.ModelInfer(infer_request(rows), metadata=(("x-request-id", "boom-1"),))
+            )
+    assert (code, details) == (
+        grpc.StatusCode.INTERNAL,
+        "internal server error; see the server log",
+    )
+    lines = [r for r in caplog.records if "boom-1" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].exc_info is not None  # with its traceback
