@@ -15,8 +15,10 @@ attributes) because some are raised inside Ray actors and cross a process bounda
     ├── QueueFullError           503  no room for the rows; carries retry_after_s
     ├── NotReadyError            503  model not loaded/warmed yet, shutting down, or no replica
     │   │                             healthy now (then with retry_after_s)
-    │   └── RecoveringError      503  ... and one is being brought back: the batcher holds the
-    │                                 rows for it (``serving.batching.hold``) instead
+    │   ├── RecoveringError      503  ... and one is being brought back: the batcher holds the
+    │   │                             rows for it (``serving.batching.hold``) instead
+    │   └── BodyCutError         503  the server's stop reached its drain mark while the body
+    │                                 was still arriving (the connection is closed after it)
     ├── DeadlineExceededError    504  the request's deadline passed before its rows were computed
     │   └── BatchAbandonedError  504  its batch ran past the watchdog's limit (on two replicas,
     │                                 or on the only healthy one): the model's doing, not the
@@ -130,6 +132,14 @@ class RecoveringError(NotReadyError):
         super().__init__(message, retry_after_s)
         self.back = back
         self.suspect = suspect
+
+
+class BodyCutError(NotReadyError):
+    """A body read cut by the server's stop: this server will not read the rest, another
+    may (a load balancer retries a 503 elsewhere; a 408 would blame the client)."""
+
+    # Mid-body: nothing more can be read from the connection.
+    closes_connection = True
 
 
 class DeadlineExceededError(ShardServeError):

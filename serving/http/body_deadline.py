@@ -80,15 +80,34 @@ class Deadlines(Generic[K]):
 
 class BodyDeadlines(Deadlines[asyncio.Task[Any]]):
     """The body reads in progress on one event loop: a read past its deadline has its task
-    cancelled, which ``read_body`` turns into a 408 (``expired``)."""
+    cancelled, which ``read_body`` turns into a 408 (``expired``); the server's stop cuts
+    those left at its drain mark (``cut_all``), a 503 (``cut``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop, self._cancel)
         self._expired: set[asyncio.Task[Any]] = set()
+        self._cut: set[asyncio.Task[Any]] = set()
 
     def end(self, key: asyncio.Task[Any]) -> None:
         super().end(key)
         self._expired.discard(key)
+        self._cut.discard(key)
+
+    def cut_all(self) -> int:
+        """Cancel every read in progress (the server is stopping); how many there were."""
+        tasks = list(self._waiting)
+        self._waiting.clear()
+        for task in tasks:
+            self._cut.add(task)
+            task.cancel()
+        return len(tasks)
+
+    def cut(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` was cancelled by ``cut_all`` (once: it is forgotten)."""
+        if task in self._cut:
+            self._cut.discard(task)
+            return True
+        return False
 
     def expired(self, task: asyncio.Task[Any]) -> bool:
         """Whether ``task`` was cancelled here, its deadline passed (once: it is forgotten)."""

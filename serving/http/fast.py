@@ -40,6 +40,7 @@ from serving.errors import ShardServeError
 from serving.http.replies import (
     REQUEST_ID_HEADER,
     REQUEST_ID_KEY,
+    Body,
     ClientGone,
     as_response,
     error_reply,
@@ -249,10 +250,12 @@ class FastRequest:
     def request_id(self) -> str:
         return self.rid.decode()
 
-    async def body(self, limit: int, timeout_s: float) -> bytes:
+    async def body(self, limit: int, timeout_s: float) -> Body:
         """The whole body, at most ``limit`` bytes (413 past it) within ``timeout_s`` (408
         past it); ``ClientGone`` on a hang-up."""
-        return await read_body(self.receive, limit, timeout_s)
+        length = self.content_length
+        declared = int(length) if length is not None and length.isdigit() else None
+        return await read_body(self.receive, limit, timeout_s, declared)
 
     async def until_disconnect(self, work: Awaitable[T]) -> T:
         """Await ``work``; if the client goes away first, cancel it (its rows are then dropped).

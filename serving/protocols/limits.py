@@ -80,7 +80,9 @@ class RequestLimits:
                     f"send at most {self.max_length}"
                 )
 
-    def check_json(self, body: bytes, signature: ModelSignature, end: int | None = None) -> None:
+    def check_json(
+        self, body: bytes | bytearray, signature: ModelSignature, end: int | None = None
+    ) -> None:
         """400 for the JSON ``body[:end]`` with more arrays and objects, or more values, than
         a request of ``max_rows`` rows at ``max_length`` could hold, however it is laid out.
 

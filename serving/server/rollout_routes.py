@@ -109,7 +109,7 @@ def rollout_view(rollout: Rollout, now: float) -> RolloutView:
     )
 
 
-def _weights(raw: bytes) -> WeightsChange:
+def _weights(raw: bytes | bytearray) -> WeightsChange:
     try:
         body = WeightsChange.model_validate_json(raw)
     except ValidationError as exc:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from serving.batching.dispatch import SHUTTING_DOWN
 from serving.config import Settings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
+from serving.http.body_deadline import body_deadlines
 from serving.server.metrics import Metrics
 from serving.server.readiness import readiness
 from serving.server.scaling import inherit_count
@@ -200,8 +201,20 @@ class ServerState:
         return self.stop_budget
 
     async def drain(self, budget: StopBudget) -> None:
-        """Every served version answers what it holds, until the budget's drain mark."""
-        await asyncio.gather(*(model.drain(budget) for model in self.served()))
+        """Every served version answers what it holds, until the budget's drain mark.
+
+        A body still arriving then is cut with a 503 and its connection closed
+        (``BodyDeadlines.cut_all``): ``body_read_timeout_s`` (30 s) outlasts the drain (18 s
+        of the 25 s budget), so a client trickling its body would otherwise hold its version's
+        drain to the mark and the stop's answer phase to its end, then be cut unanswered."""
+        served = self.served()
+        await asyncio.gather(*(model.admitted.wait_idle(budget.drain_left()) for model in served))
+        if body_deadlines().cut_all():
+            # Each answers its 503 at once and lets go of its admission.
+            await asyncio.gather(
+                *(model.admitted.wait_idle(budget.answer_left()) for model in served)
+            )
+        await asyncio.gather(*(model.drain(budget) for model in served))
 
 
 def _version_key(version: str) -> tuple[int, str]:

@@ -49,7 +49,7 @@ class _RaggedError(InvalidInputError):
 
 
 def decode_predict(
-    body: bytes, signature: ModelSignature, limits: RequestLimits = DEFAULT_LIMITS
+    body: bytes | bytearray, signature: ModelSignature, limits: RequestLimits = DEFAULT_LIMITS
 ) -> Decoded:
     """The body's arrays; refused before it is parsed where it holds more values than
     ``limits`` let a request hold, and before any per-row work where it has too many rows."""

@@ -41,7 +41,7 @@ _UNLOAD_PARAMETERS = {"unload_dependents": bool}
 NO_REPOSITORY = "the model repository is not running (the server is starting or stopping); retry"
 
 
-def parse_body(raw: bytes, fields: Mapping[str, tuple[type, ...]]) -> dict[str, Any]:
+def parse_body(raw: bytes | bytearray, fields: Mapping[str, tuple[type, ...]]) -> dict[str, Any]:
     """An optional JSON object body of some of ``fields`` (name -> the types it may hold);
     empty: ``{}``. Anything else is a 400 naming what was wrong."""
     if not raw.strip():
@@ -52,7 +52,7 @@ def parse_body(raw: bytes, fields: Mapping[str, tuple[type, ...]]) -> dict[str, 
         raise InvalidInputError(f"body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidInputError(
-            f"body must be a JSON object with some of {list(fields)}, got {raw[:80]!r}"
+            f"body must be a JSON object with some of {list(fields)}, got {bytes(raw[:80])!r}"
         )
     for key, value in body.items():
         if key not in fields:
@@ -100,7 +100,7 @@ def install_repository_routes(
     load and unload are listed in the document only where the admin token turns them on; a
     body must arrive within ``body_timeout_s`` (``body_read_timeout_s``)."""
 
-    async def _body(request: Request) -> bytes:
+    async def _body(request: Request) -> bytes | bytearray:
         check_length(request.headers.get("content-length"), _BODY_LIMIT)
         return await read_body(request.receive, _BODY_LIMIT, body_timeout_s)
 

@@ -94,7 +94,7 @@ _LAYOUT_COUNT = 256
 
 
 def parse_infer(
-    body: bytes,
+    body: bytes | bytearray,
     header_length: str | None,
     signature: ModelSignature,
     limits: RequestLimits = DEFAULT_LIMITS,
@@ -140,7 +140,7 @@ def _layout(call: InferCall, binary: memoryview, signature: ModelSignature) -> _
 def _parse(
     header: memoryview,
     binary: memoryview,
-    body: bytes,
+    body: bytes | bytearray,
     signature: ModelSignature,
     limits: RequestLimits,
 ) -> InferCall:
@@ -173,7 +173,9 @@ def _parse(
     return InferCall(inputs, outputs, rid, seconds)
 
 
-def _split_body(body: bytes, header_length: str | None) -> tuple[memoryview, memoryview]:
+def _split_body(
+    body: bytes | bytearray, header_length: str | None
+) -> tuple[memoryview, memoryview]:
     view = memoryview(body)
     if header_length is None:
         return view, view[:0]

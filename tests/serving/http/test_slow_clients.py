@@ -1,7 +1,8 @@
 """Slow clients against a real uvicorn server in this event loop, over raw sockets: a body that
 trickles in ends in a 408 at ``body_read_timeout_s`` with its connection closed (on the fast
-routes and the routed ones, and during a SIGTERM drain, which it then no longer holds), and a
-request on a connection past ``max_connections`` gets a 503."""
+routes and the routed ones, and during a SIGTERM drain, which it then no longer holds), or in a
+503 at the stop's drain mark where that comes first, and a request on a connection past
+``max_connections`` gets a 503."""
 
 from __future__ import annotations
 
@@ -160,6 +161,61 @@ async def test_the_drain_waits_for_no_body_past_its_timeout() -> None:
         async with asyncio.timeout(10):
             assert await drain is True  # idle, well before the drain mark
     assert status == 408
+
+
+def cut_by_the_stop(came: int) -> str:
+    return (
+        "server is shutting down: the request body was still arriving at the end of its drain "
+        f"({came} bytes came); send the request again"
+    )
+
+
+async def test_a_body_still_arriving_at_the_drain_mark_gets_503_and_the_stop_goes_on(
+    raised: list[int],
+) -> None:
+    """With the default body_read_timeout_s (30 s) longer than this 3 s stop's drain (to its
+    mark at 2.1 s), a trickling client admitted at SIGTERM held the drain to the mark, the
+    stop's answer phase to its end, and was then cut without an answer."""
+    async with serve(FakeRunner(), stop_timeout_s=3) as served:
+        model = served.state.model()
+        reader, writer = await start_trickle(served.client.base_url.port)
+        async with asyncio.timeout(5):
+            while model.admitted.count != 1:
+                await asyncio.sleep(0.005)
+        served.server.handle_exit(signal.SIGTERM, None)
+        # Idle, as above: uvicorn's own protocol here closes at once after the answer.
+        status, headers, body, after = await trickle_until_answered(reader, writer, None)
+        admitted = model.admitted.count
+        async with asyncio.timeout(20):
+            await served.serving
+    assert (status, after, admitted) == (503, b"", 0)
+    assert headers[b"connection"] == b"close"
+    message = orjson.loads(body)["error"]
+    assert message == cut_by_the_stop(bytes_came(message))
+    assert raised == [signal.SIGTERM]
+
+
+async def test_the_stop_drain_cuts_a_trickling_body_at_its_mark() -> None:
+    """The same through the state's drain alone, on shardserve's own protocol (which lingers
+    after the answer, so the client may go on sending): the drain ends once the body read it
+    cut was answered, well before the answer mark."""
+    async with running() as s:  # body_read_timeout_s: the default 30 s
+        state = s.app.state.shardserve
+        model = state.model()
+        reader, writer = await start_trickle(s.client.base_url.port)
+        async with asyncio.timeout(5):
+            while model.admitted.count != 1:
+                await asyncio.sleep(0.005)
+        budget = StopBudget.start(1.0)  # the drain mark at 0.7 s
+        drain = asyncio.create_task(state.drain(budget))
+        status, headers, body, _ = await trickle_until_answered(reader, writer)
+        async with asyncio.timeout(10):
+            await drain
+        left = (model.admitted.count, model.batcher.queued_rows)
+    assert (status, headers[b"connection"], left) == (503, b"close", (0, 0))
+    message = orjson.loads(body)["error"]
+    assert message == cut_by_the_stop(bytes_came(message))
+    assert bytes_came(message) > 10  # it was still sending when it was cut
 
 
 @pytest.mark.parametrize("head", [b"", b"POST /predict HTTP/1.1\r\nhost: t\r\n"])
