@@ -133,7 +133,7 @@ class _Scan:
         for index, (start, stop) in enumerate(inputs):
             self.input(bounds, index, start, stop)
         for index, (start, stop) in enumerate(outputs):
-            self.fields_within(start, stop, 2 + _PARAMETER_SLACK, f"output #{index}")
+            self.fields_within(start, stop, 1 + _PARAMETER_SLACK, f"output #{index}")
 
     def check_top(self, bounds: InferBounds, counts: dict[int, int], fields: int) -> None:
         if counts[_INPUTS] > bounds.inputs:
@@ -164,8 +164,8 @@ class _Scan:
                 dims += self.varints(start, pos, bounds.rank) if wire == _DELIMITED else 1
                 if dims > bounds.rank:
                     raise InvalidInputError(
-                        f"{where} has a shape of {dims}+ dimensions; model {bounds.model!r}'s "
-                        f"inputs have at most {bounds.rank} (rows first)"
+                        f"{where} has a shape of {dims}+ dimensions; the inputs of model "
+                        f"{bounds.model!r} have at most {bounds.rank} (rows first)"
                     )
             elif field == _CONTENTS and wire == _DELIMITED:
                 self.contents(bounds, start, pos)
@@ -202,7 +202,10 @@ class _Scan:
             _, _, pos, _ = self.field(pos, end)
             fields += 1
             if fields > most:
-                raise InvalidInputError(f"{where} has {fields}+ fields; at most {most} are taken")
+                raise InvalidInputError(
+                    f"{where} has {fields}+ fields; an output has at most {most} (its name and "
+                    f"{_PARAMETER_SLACK} parameters)"
+                )
 
     def field(self, pos: int, end: int) -> tuple[int, int, int, int]:
         """(field number, wire type, where the next field starts, where this one's value

@@ -16,6 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
+from serving.errors import InvalidInputError
 from serving.protocols.v2 import grpc_server
 from serving.protocols.v2.grpc_bounds import InferBounds, scan_infer_request
 from serving.protocols.v2.proto import grpc_service_pb2 as pb
@@ -109,7 +110,7 @@ def test_values_sent_one_field_each_count_as_packed_ones() -> None:
         return b"\x0a\x04fake" + b"\x2a" + bytes([len(tensor)]) + tensor
 
     scan_infer_request(message(3), lambda name, version: bounds)
-    with pytest.raises(Exception, match=r"4\+ typed values in contents; .* at most 3"):
+    with pytest.raises(InvalidInputError, match=r"4\+ typed values in contents; .* at most 3"):
         scan_infer_request(message(4), lambda name, version: bounds)
     assert pb.ModelInferRequest.FromString(message(3)).inputs[0].contents.int_contents == [1] * 3
 
@@ -135,3 +136,57 @@ async def test_an_unexpected_error_is_logged_once_with_the_request_id(
     lines = [r for r in caplog.records if "boom-1" in r.getMessage()]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert lines[0].exc_info is not None  # with its traceback
+
+
+def _parameters(count: int) -> dict[str, pb.InferParameter]:
+    return {str(i): pb.InferParameter(bool_param=True) for i in range(count)}
+
+
+@pytest.mark.parametrize(
+    ("message", "words"),
+    [
+        (
+            pb.ModelInferRequest(model_name="fake", parameters=_parameters(100)),
+            "the message has 71+ fields; a request to model 'fake' has at most 70",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name="fake", inputs=[Tensor(name="tokens", parameters=_parameters(100))]
+            ),
+            "input #0 has 70+ fields; an input has at most 69",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name="fake",
+                outputs=[
+                    pb.ModelInferRequest.InferRequestedOutputTensor(
+                        name="y", parameters=_parameters(100)
+                    )
+                ],
+            ),
+            "output #0 has 66+ fields; an output has at most 65",
+        ),
+        (
+            pb.ModelInferRequest(model_name="fake", inputs=[Tensor(shape=[1] * 1000)]),
+            "input #0 has a shape of 1000+ dimensions; the inputs of model 'fake' have at most 2",
+        ),
+        (
+            pb.ModelInferRequest(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor()] * 300),
+            "the message has over 256 fields before its model_name; send model_name first",
+        ),
+    ],
+    ids=["request-parameters", "input-parameters", "output-parameters", "shape", "name-last"],
+)
+def test_every_repeated_part_of_the_message_is_bounded(
+    message: pb.ModelInferRequest, words: str
+) -> None:
+    bounds = InferBounds(model="fake", inputs=1, outputs=1, rank=2, values=MOST_VALUES)
+    with pytest.raises(InvalidInputError) as refused:
+        scan_infer_request(message.SerializeToString(), lambda name, version: bounds)
+    assert words in refused.value.message
+
+
+def test_bytes_that_are_no_message_are_invalid() -> None:
+    bounds = InferBounds(model="fake", inputs=1, outputs=1, rank=2, values=MOST_VALUES)
+    with pytest.raises(InvalidInputError, match="is not a valid ModelInferRequest"):
+        scan_infer_request(b"\x0a\x04fake\xff", lambda name, version: bounds)
