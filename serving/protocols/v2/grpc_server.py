@@ -15,6 +15,7 @@ repository's calls (index, load, unload) are in ``grpc_repository``. Errors are 
     BatchFailedError, anything else       INTERNAL
     a message over max_body_bytes         RESOURCE_EXHAUSTED (refused by gRPC before decoding)
     more inputs or values than fit        INVALID_ARGUMENT (before it is parsed: ``grpc_bounds``)
+    bytes that are no ModelInferRequest   INVALID_ARGUMENT (gRPC's own answer was UNKNOWN)
     a call past grpc_max_concurrent_rpcs  RESOURCE_EXHAUSTED (refused by gRPC before reading it)
 
 Every call's trailing metadata carries its ``x-request-id``; a refusal with a retry hint (a full
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from serving.errors import (
     BatchFailedError,
@@ -178,9 +180,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         try:
             scan_infer_request(data, bounds_of)
+            return pb.ModelInferRequest.FromString(data)
         except ShardServeError as exc:
             return Refused(exc, named[-1] if named else None)
-        return pb.ModelInferRequest.FromString(data)
+        except DecodeError:  # a string that is not UTF-8, a broken parameter: gRPC says UNKNOWN
+            invalid = InvalidInputError(
+                "the message is not a valid ModelInferRequest (protobuf could not parse it); "
+                "send one your client's V2 (KServe, Triton) stubs serialize"
+            )
+            return Refused(invalid, named[-1] if named else None)
 
     async def ModelInfer(self, request: pb.ModelInferRequest | Refused, context: _Context) -> Any:
         started = time.perf_counter()

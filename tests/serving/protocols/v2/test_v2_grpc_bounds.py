@@ -190,3 +190,19 @@ def test_bytes_that_are_no_message_are_invalid() -> None:
     bounds = InferBounds(model="fake", inputs=1, outputs=1, rank=2, values=MOST_VALUES)
     with pytest.raises(InvalidInputError, match="is not a valid ModelInferRequest"):
         scan_infer_request(b"\x0a\x04fake\xff", lambda name, version: bounds)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [b"\x0a\x04fake\xff", b"\x0a\x04fake\x1a\x02\xff\xfe"],
+    ids=["cut-varint", "id-not-utf8"],
+)
+async def test_bytes_that_are_no_message_are_invalid_argument(message: bytes) -> None:
+    """Not UNKNOWN naming protobuf's exception, as a deserializer that raised answered."""
+    async with (
+        serve(FakeRunner(TOKENS)) as s,
+        grpc.aio.insecure_channel(f"127.0.0.1:{s.port}") as channel,
+    ):
+        code, details = await failure(channel.unary_unary(METHOD)(message))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("the message is not a valid ModelInferRequest (")
