@@ -207,14 +207,16 @@ class ServerState:
         (``BodyDeadlines.cut_all``): ``body_read_timeout_s`` (30 s) outlasts the drain (18 s
         of the 25 s budget), so a client trickling its body would otherwise hold its version's
         drain to the mark and the stop's answer phase to its end, then be cut unanswered."""
-        served = self.served()
-        await asyncio.gather(*(model.admitted.wait_idle(budget.drain_left()) for model in served))
-        if body_deadlines().cut_all():
-            # Each answers its 503 at once and lets go of its admission.
-            await asyncio.gather(
-                *(model.admitted.wait_idle(budget.answer_left()) for model in served)
-            )
-        await asyncio.gather(*(model.drain(budget) for model in served))
+
+        async def drain_one(model: ServedModel) -> None:
+            if not await model.admitted.wait_idle(budget.drain_left()):
+                # Every version is at the mark: the reads of all of them are cut. Each answers
+                # its 503 and lets go of its admission on its own, while the batcher's drain
+                # fails what it still holds (not waited for here: a hung batch holds some).
+                body_deadlines().cut_all()
+            await model.drain(budget)
+
+        await asyncio.gather(*(drain_one(model) for model in self.served()))
 
 
 def _version_key(version: str) -> tuple[int, str]:
