@@ -175,20 +175,28 @@ async def test_a_body_still_arriving_at_the_drain_mark_gets_503_and_the_stop_goe
 ) -> None:
     """With the default body_read_timeout_s (30 s) longer than this 3 s stop's drain (to its
     mark at 2.1 s), a trickling client admitted at SIGTERM held the drain to the mark, the
-    stop's answer phase to its end, and was then cut without an answer."""
-    async with serve(FakeRunner(), stop_timeout_s=3) as served:
+    stop's answer phase to its end, and was then cut without an answer (uvicorn's 500). A
+    request on a batch that hangs, held as long, gets its 503 at the mark too."""
+    runner = FakeRunner()
+    async with serve(runner, stop_timeout_s=3) as served:
         model = served.state.model()
+        runner.gate = asyncio.Event()  # never set: every batch from now on hangs
+        hung = asyncio.create_task(served.client.post("/predict", json={"instances": [[1] * 4]}))
+        await runner.wait_started(2)  # the warm-up's, then its
         reader, writer = await start_trickle(served.client.base_url.port)
         async with asyncio.timeout(5):
-            while model.admitted.count != 1:
+            while model.admitted.count != 2:
                 await asyncio.sleep(0.005)
         served.server.handle_exit(signal.SIGTERM, None)
         # Idle, as above: uvicorn's own protocol here closes at once after the answer.
         status, headers, body, after = await trickle_until_answered(reader, writer, None)
-        admitted = model.admitted.count
         async with asyncio.timeout(20):
+            on_hung = await hung
             await served.serving
+        admitted = model.admitted.count
     assert (status, after, admitted) == (503, b"", 0)
+    assert on_hung.status_code == 503
+    assert on_hung.json() == {"error": "server is shutting down: the batch was cancelled"}
     assert headers[b"connection"] == b"close"
     message = orjson.loads(body)["error"]
     assert message == cut_by_the_stop(bytes_came(message))
