@@ -30,6 +30,8 @@ BACKGROUND_TASKS = (
     "load_waits",
     "stats_poll",
     "scaling",
+    "scale_up",
+    "scale_down",
     "repository_poll",
     "rollout_watch",
     "settle",

@@ -6,8 +6,9 @@ healthy replicas.
 ``run_scaling`` is one of a ``ServedModel``'s jobs: it starts once the version is READY and
 ends with its jobs (``ServedModel.stop_jobs``). A version with a fixed count, or whose runner
 cannot change its count (the tests' fakes), is never scaled; its ``ScaleStatus`` says so.
-Adds and removes run as tasks of their own, so that the loop keeps sampling while a replica
-waits minutes for a node; at most one of each runs at a time.
+Adds and removes run as tasks of their own (``serving.server.supervise``: one that raises is
+logged and counted, an add then given up as one that found no room), so that the loop keeps
+sampling while a replica waits minutes for a node; at most one of each runs at a time.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from weakref import WeakKeyDictionary
 from serving.batching.scaling import Autoscaler, ScaleDecision, ScalePolicy, replica_rows
 from serving.config import Settings, default_queue_rows
 from serving.server.runner import ElasticRunner
+from serving.server.supervise import supervise
 from serving.server.switch_queue import queue_factor
 
 if TYPE_CHECKING:
@@ -241,11 +243,25 @@ class Scaler:
             if self.removing is not None:
                 return
             self._event(decision)
-            self.removing = asyncio.create_task(self._remove(), name="shardserve-scale-down")
+            self.removing = supervise(
+                "scale_down", self._remove, self.model.server_metrics,
+                what=f"{self._where}'s scale-down", restart=False,
+            )  # fmt: skip
 
     def _start_add(self, now: float) -> None:
         if now >= self._retry_at:
-            self.adds.append(asyncio.create_task(self._add(), name="shardserve-scale-up"))
+            # A raise is logged and counted once by the supervisor, and the add given up (the
+            # next scale-up decides again, after the retry pause).
+            add = supervise(
+                "scale_up", self._add, self.model.server_metrics,
+                what=f"{self._where}'s scale-up", restart=False,
+                on_failure=lambda _: self._given_up(),
+            )  # fmt: skip
+            self.adds.append(add)
+
+    @property
+    def _where(self) -> str:
+        return f"model {self.model.name!r} version {self.model.version}"
 
     def follow_limits(self, healthy: int) -> None:
         """The batcher's in-flight batches, queue rows and pipeline depth for ``healthy``
@@ -288,25 +304,23 @@ class Scaler:
     async def _add(self) -> None:
         try:
             added = await self.runner.add_replica(self.settings.replica_pending_timeout_s)
-        except Exception:
-            log.exception("model %r: adding a replica failed", self.model.name)
-            added = False
         finally:
-            task = asyncio.current_task()
+            task = asyncio.current_task()  # the supervisor's task, which ``adds`` holds
             self.adds = [t for t in self.adds if t is not task]
         if added:
             self._retry_s = RETRY_S[0]
             return
-        self._want = 0  # a replica given up: the next scale-up decides again
-        # The runner logged why (what the replica waited for); try again later.
+        # The runner logged why (what the replica waited for).
+        self._given_up()
+
+    def _given_up(self) -> None:
+        self._want = 0  # a replica given up: the next scale-up decides again, later
         self._retry_at = self._now + self._retry_s
         self._retry_s = min(self._retry_s * 2, RETRY_S[1])
 
     async def _remove(self) -> None:
         try:
             await self.runner.remove_replica(self.settings.drain_timeout_s)
-        except Exception:
-            log.exception("model %r: removing a replica failed", self.model.name)
         finally:
             self.removing = None
 

@@ -1,17 +1,20 @@
 """A served version's background loops under ``serving.server.supervise``: a scaling tick that
 raises and a stats poll that raises are logged with their traceback, counted in
-``shardserve_background_errors_total{task}``, and their loops go on."""
+``shardserve_background_errors_total{task}``, and their loops go on; a scale-up that raises is
+logged and counted, and the next scale-up adds the replica."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 import pytest
 
 from serving.server.metrics import BACKGROUND_TASKS
+from serving.server.scaling import Scaler
 from shards.pipeline.health import Health
-from tests.fakes import FakeRunner
+from tests.fakes import WAIT_S, FakeRunner, make_rows, spawn
 from tests.metrics_text import metric
 from tests.serving.server.test_scaling_loop import ElasticFake, elastic_settings, served, until
 
@@ -100,3 +103,51 @@ async def test_a_stats_poll_that_raises_is_logged_counted_and_polls_again(
         assert "(ValueError: a stage answered its stats with None)" in errors[0].getMessage()
     finally:
         await model.stop_jobs(1.0)
+
+
+class AddFails(ElasticFake):
+    """Its first ``add_replica`` raises (a bug below the scaler, not a replica given up)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.adds = 0
+
+    async def add_replica(self, pending_timeout_s: float) -> bool:
+        self.adds += 1
+        if self.adds == 1:
+            raise KeyError("replica 1")
+        return await super().add_replica(pending_timeout_s)
+
+
+async def test_a_scale_up_that_raises_is_logged_counted_and_the_next_one_adds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="shardserve")
+    gate = asyncio.Event()
+    gate.set()  # the warm-up batch goes through
+    runner = AddFails(gate=gate)
+    model = await served(elastic_settings(upscale_delay_s=1), runner)
+    gate.clear()
+    await model.stop_jobs(WAIT_S)  # the test ticks the scaler itself
+    batcher = model.require_batcher()
+    requests = [await spawn(batcher.submit(make_rows(4, start=i * 4))) for i in range(4)]
+    await runner.wait_started(3)  # the warm-up, then 2 batches: rows queue behind them
+    scaler = Scaler(model, runner, batcher)
+    scaler.tick(0.0)
+    assert scaler.tick(1.0).direction == "up"
+    await until(lambda: not scaler.adds)
+    text = model.server_metrics.render().decode()
+    assert metric(text, ERRORS, task="scale_up") == 1.0
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None  # once, with its traceback
+    assert errors[0].getMessage().startswith(
+        "model 'm' version 1's scale-up failed (KeyError: 'replica 1')"
+    )
+    # Given up like an add that found no room: the next scale-up, past the retry pause, adds.
+    assert scaler.tick(5.0).direction == ""
+    runner.place.set()
+    assert scaler.tick(12.0).direction == "up"
+    await until(lambda: runner.states == ["healthy", "healthy"] and not scaler.adds)
+    assert metric(model.server_metrics.render().decode(), ERRORS, task="scale_up") == 1.0
+    gate.set()
+    await asyncio.gather(*requests)
