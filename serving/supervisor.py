@@ -94,7 +94,7 @@ async def run_supervised(
             if now - started > pause[1]:
                 wait = pause[0]
             log.exception("%s; starting it again in %g s", reason, wait)
-        await asyncio.sleep(wait)
+        await asyncio.sleep(wait)  # even with none: a job that raises at once must not spin
         wait = min(wait * 2, pause[1])
 
 

@@ -7,7 +7,8 @@ long as its wait policy allows (``serving.batching.wait``); up to ``max_inflight
 run at once so that pipeline stages overlap (``serving.batching.dispatch`` sends and runs them).
 Every request is answered exactly once: with its rows' outputs, or with one error from
 ``serving.errors``. This module is the batcher's face (submit, reconfigure, stop) and its loop,
-restarted after a crash. Pure asyncio and numpy: no Ray, no TensorFlow, no HTTP.
+restarted after a crash by the supervisor every background task shares (``serving.supervisor``).
+Pure asyncio and numpy: no Ray, no TensorFlow, no HTTP.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from serving.batching.rows import PendingRequest, RowQueues, Segment, check_size
 from serving.batching.settings import BatchSettings
 from serving.batching.wait import WaitPolicy, wait_policy
 from serving.errors import BatchFailedError, DeadlineExceededError, NotReadyError, ShardServeError
+from serving.supervisor import start_supervised
 
 __all__ = ["BatchSettings", "Batcher", "RunBatch"]
 
@@ -52,16 +54,18 @@ class Batcher:
         lengths: LengthPadding | None = None,
         on_batch: Callable[[BatchRecord], None] | None = None,
         on_reject: Callable[[str], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_error(task)`` counts a crash of the loop (the server's background errors)."""
         self._policy = policy
         self._on_reject = on_reject
+        self._on_error = on_error
         self._queues = RowQueues()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._accepting = False
         self._draining = False
         self._stopped = False
-        self._crashes: list[float] = []  # when the loop crashed, within the last window
         self._failure: str | None = None
         self._runtime = RunTimeModel()
         self._wait: WaitPolicy = wait_policy(policy, self._runtime)
@@ -124,7 +128,13 @@ class Batcher:
         if self._loop_task is not None:
             return
         self._accepting = True
-        self._loop_task = asyncio.create_task(self._supervise(), name="shardserve-batcher")
+        # A crash has failed what was queued (``_serve``); in-flight batches answer on their own,
+        # so the loop starts again at once and loses nothing more.
+        self._loop_task = start_supervised(
+            "batcher", self._serve, what="the batcher loop", on_error=self._on_error,
+            pause=(0.0, 0.0), give_up=(LOOP_MAX_RESTARTS, LOOP_CRASH_WINDOW_S),
+            on_failure=self._down,
+        )  # fmt: skip
 
     def reconfigure(self, **changes: Any) -> BatchSettings:
         """Swap in a validated policy; it applies to the next batch, queued rows stay queued."""
@@ -225,42 +235,22 @@ class Batcher:
         except asyncio.CancelledError:
             self._abort()
             raise
-        except Exception:
-            log.exception("batcher loop failed while draining")
+        if self._failure is not None:  # it kept crashing while draining: fail what is left
             await self._abort_and_wait()
 
     # --- the loop
 
-    async def _supervise(self) -> None:
-        """Run the loop, and run it again after a crash (``_serve`` logs the traceback and fails
-        what was queued): in-flight batches answer on their own, so a restarted loop loses
-        nothing more. After ``LOOP_MAX_RESTARTS`` restarts within ``LOOP_CRASH_WINDOW_S`` the
-        next crash leaves the batcher down with ``failure`` set, which readiness reports."""
-        while True:
-            try:
-                await self._serve()
-                return
-            except Exception:
-                if self._draining or self._stopped:
-                    raise  # stop() is waiting on this task and fails what is left
-                now = time.monotonic()
-                self._crashes = [t for t in self._crashes if now - t < LOOP_CRASH_WINDOW_S]
-                self._crashes.append(now)
-                if len(self._crashes) > LOOP_MAX_RESTARTS:
-                    self._failure = (
-                        f"the batcher crashed {len(self._crashes)} times in "
-                        f"{LOOP_CRASH_WINDOW_S:g} s and was not restarted; restart the server "
-                        "(its log has the tracebacks)"
-                    )
-                    log.error("batcher loop not restarted: %s", self._failure)
-                    return
-                log.warning(
-                    "restarting the batcher loop (restart %d of at most %d in %g s)",
-                    len(self._crashes),
-                    LOOP_MAX_RESTARTS,
-                    LOOP_CRASH_WINDOW_S,
-                )
-                self._accepting = True
+    def _down(self, _: str) -> None:
+        """The loop crashed more than ``LOOP_MAX_RESTARTS`` times within ``LOOP_CRASH_WINDOW_S``:
+        a bug that restarts cannot fix, so the batcher stays down and readiness says why (in
+        words for clients: the exception's text, in the supervisor's log line, may hold
+        anything)."""
+        self._failure = (
+            f"the batcher crashed {LOOP_MAX_RESTARTS + 1} times in {LOOP_CRASH_WINDOW_S:g} s "
+            "and was not restarted; restart the server (its log has the tracebacks)"
+        )
+        self._accepting = False
+        self._fail_queued(NotReadyError(self._failure))  # submitted since the last crash
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -281,9 +271,9 @@ class Batcher:
                     if timer is not None:
                         timer.cancel()
         except Exception as exc:
-            log.exception("batcher loop crashed")
-            self._accepting = False
-            # The exception's text is for the log above, not for clients: it may hold anything.
+            # The supervisor logs it with its traceback, counts it and starts the loop again
+            # (what is submitted meanwhile queues for it); ``_down`` where it does not.
+            # The exception's text is for that log line, not for clients: it may hold anything.
             self._fail_queued(
                 BatchFailedError(
                     f"the batcher failed ({type(exc).__name__}); the server log has the detail"

@@ -27,6 +27,7 @@ __all__ = ["BACKGROUND_TASKS", "MODEL_LABELS", "Metrics", "ModelMetrics", "memor
 # The background tasks (``serving.server.supervise``), by the label their failures are counted in.
 BACKGROUND_TASKS = (
     "load",
+    "batcher",
     "load_waits",
     "stats_poll",
     "scaling",

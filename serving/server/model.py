@@ -202,6 +202,7 @@ class ServedModel:
             batch_settings(self.settings, runner),
             on_batch=metrics.observe_batch,
             on_reject=metrics.reject,
+            on_error=self.server_metrics.background_error,
         )
         await batcher.start()
         started.append(batcher)
