@@ -33,6 +33,7 @@ BACKGROUND_TASKS = (
     "scaling",
     "scale_up",
     "scale_down",
+    "recovery",
     "repository_poll",
     "rollout_watch",
     "settle",

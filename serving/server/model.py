@@ -195,6 +195,10 @@ class ServedModel:
     async def _load(self, factory: RunnerFactory, started: list[Batcher]) -> None:
         runner = await factory(self.settings)
         self.runner = runner
+        # A replica set's own background tasks (a replica's recovery) count here too.
+        task_errors = getattr(runner, "task_errors", None)
+        if isinstance(task_errors, list):
+            task_errors.append(self.server_metrics.background_error)
         self.loaded.set()
         metrics = self.metrics
         batcher = Batcher(

@@ -30,7 +30,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from shards.errors import (
     ReplicaRecoveringError,
     RunError,
     StageTimeoutError,
+    one_line,
 )
 from shards.pipeline.faults import is_replica_fault, translate
 from shards.pipeline.health import Health, ReplicaState
@@ -105,6 +106,9 @@ class ReplicaSet(Elastic):
         # for while none is in the rotation. A failed recovery refuses batches until one rejoins.
         self._back: asyncio.Future[str | None] | None = None
         self._recovery_failed: str | None = None
+        # Told the name of a background task of the set (``recovery``) that raised past its own
+        # handling: the server appends its error counter here (shards imports no serving).
+        self.task_errors: list[Callable[[str], None]] = []
 
     @classmethod
     async def create(cls, bundle_dir: str | Path, options: PipelineOptions) -> ReplicaSet:
@@ -233,21 +237,43 @@ class ReplicaSet(Elastic):
         self._recovery[index] = task
 
     async def _recover(self, index: int, hung: bool) -> None:
-        how = await recover(
-            self._replicas[index],
-            index,
-            self._layout,
-            self.signature,
-            hung=hung,
-            closed=lambda: self._closed,
-            failed=self._recovery_failing,
-        )
+        try:
+            how = await recover(
+                self._replicas[index],
+                index,
+                self._layout,
+                self.signature,
+                hung=hung,
+                closed=lambda: self._closed,
+                failed=self._recovery_failing,
+            )
+        except Exception as exc:
+            self._recovery_broke(index, exc)
+            return
         if how is Recovered.PROBED:
             self._recoveries += 1
         elif how is Recovered.REBUILT:
             self._rebuilds += 1
         if how is not None:
             self._rejoin(index, how.value)
+
+    def _recovery_broke(self, index: int, exc: Exception) -> None:
+        """``recover`` retries every rebuild that fails, so what escapes it is a bug: logged
+        once with its traceback and counted (``task_errors``); the replica stays out of the
+        rotation, dead, and the batches held for it are refused with the reason instead of
+        waiting for a recovery that no longer runs."""
+        why = one_line(exc)
+        log.exception(
+            "replica %d: its recovery failed (%s); it stays out of the rotation", index, why
+        )
+        for hook in self.task_errors:
+            hook("recovery")
+        self._recovery.pop(index, None)
+        self._last_fault = f"replica {index}'s recovery failed: {why}"  # what refusals now say
+        replica = self._replicas.get(index)
+        if replica is not None and replica.state is not ReplicaState.DRAINING:
+            replica.state = ReplicaState.DEAD
+        self._recovery_failing(why)
 
     def _recovery_failing(self, why: str) -> None:
         """A rebuild attempt failed: the replica is not expected back soon, so the batches held

@@ -5,12 +5,14 @@ cause (a victim) is retried without counting; where no other replica is healthy 
 hung gets its ``StageTimeoutError``, every other one a ``ReplicaRecoveringError`` whose ``back``
 is done when the replica rejoins (the batcher holds the rows until then), the batch that was
 oldest when a stage died marked ``suspect``; once a rebuild fails, batches are refused with a
-``NoHealthyReplicaError`` that says when to try again; a close during a recovery ends it.
+``NoHealthyReplicaError`` that says when to try again; a close during a recovery ends it; a
+recovery that raises past its own handling is logged, counted and its replica marked dead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -310,3 +312,36 @@ async def test_close_during_a_recovery_ends_it_and_fails_the_batches_still_runni
     assert all(f.closed.is_set() for f in fakes)
     with pytest.raises(NoHealthyReplicaError, match="shut down"):
         await group.run(BATCH)
+
+
+async def test_a_recovery_that_raises_is_logged_counted_and_its_replica_marked_dead(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="shardserve")
+    group, (replica,) = make_group(Script(hung()))
+    counted: list[str] = []
+    group.task_errors.append(counted.append)
+
+    def kill_fails() -> None:
+        raise RuntimeError("the actor table is locked")
+
+    monkeypatch.setattr(replica, "kill_actors", kill_fails)  # raises past recover's own handling
+    try:
+        with pytest.raises(StageTimeoutError):
+            await group.run(BATCH)
+        await until(lambda: counted == ["recovery"])
+        logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(logged) == 1 and logged[0].exc_info is not None  # once, with its traceback
+        assert logged[0].getMessage() == (
+            "replica 0: its recovery failed (RuntimeError: the actor table is locked); "
+            "it stays out of the rotation"
+        )
+        health = group.health()
+        assert health.states == ("dead",) and not health.recovering
+        # Refused at once with the reason, not held for a recovery that no longer runs.
+        with pytest.raises(NoHealthyReplicaError) as refused:
+            await group.run(BATCH)
+        assert not isinstance(refused.value, ReplicaRecoveringError)
+        assert "the actor table is locked" in refused.value.message
+    finally:
+        await group.close()
