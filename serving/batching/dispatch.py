@@ -169,6 +169,8 @@ class Dispatcher:
         self.inflight_rows += rows
         if last_try:
             self._alone = True
+        # Not supervised: a batch is no loop to restart, and ``_run``'s one try/except delivers
+        # its every outcome (answers, a failure, a cancel) to its requests' futures.
         task = asyncio.create_task(
             self._run(segments, rows, reason, now - oldest, policy, alone=alone, last_try=last_try)
         )

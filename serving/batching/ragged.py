@@ -123,6 +123,7 @@ async def submit_ragged(
         outputs = await batcher.submit_lengths(stacked, len(rows), deadline, request_id, own)
         return split_rows(outputs, own, lengths)
     groups = group_by_shape(rows)
+    # Parts of this request, not background tasks: gathered here, each raise the request's.
     tasks = [
         asyncio.ensure_future(batcher.submit(inputs, deadline=deadline, request_id=request_id))
         for _, inputs in groups

@@ -276,6 +276,7 @@ class FastRequest:
         if hooks is not None:  # shardserve's protocol calls it (serving.http.protocol)
             hooks.append(gone)
         else:
+            # Not supervised: it lives and dies with this request (cancelled in ``finally``).
             watcher = asyncio.ensure_future(self._wait_disconnect())
             watcher.add_done_callback(lambda w: None if w.cancelled() else gone())
         try:

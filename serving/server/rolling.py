@@ -259,6 +259,8 @@ class Rolling:
         """One more replica of ``model``; whether it serves, and what it waited for."""
         runner = model.runner
         assert isinstance(runner, ElasticRunner)
+        # Not a background task (no supervisor): this switch step awaits it and handles its
+        # raise below; a task only so that the step can look at what the replica waits for.
         task = asyncio.ensure_future(runner.add_replica(model.settings.replica_pending_timeout_s))
         waited = ""
         try:

@@ -77,7 +77,9 @@ class Elastic:
         replica = new_replica(self._layout)
         replica.state = ReplicaState.PENDING
         self._replicas[rid] = replica
-        # Its own task: a scale-down cancels the start without cancelling this caller.
+        # Its own task: a scale-down cancels the start without cancelling this caller. Not a
+        # background task: this call awaits it and returns its result (``_start`` turns a
+        # failure into False, logged), so its raise is its caller's.
         task = asyncio.create_task(self._start(rid, replica, pending_timeout_s), name=f"add-{rid}")
         self._starting[rid] = task
         try:
@@ -112,7 +114,7 @@ class Elastic:
         """Return once the replica's placement group is placed; while it waits, keep what it
         waits for; past ``timeout_s`` raise saying so."""
         began = time.monotonic()
-        ready = asyncio.ensure_future(replica.placement_group.ready())
+        ready = asyncio.ensure_future(replica.placement_group.ready())  # awaited below, raise too
         try:
             poll = 0.1  # a group that can be placed is placed in milliseconds
             while True:
