@@ -211,12 +211,15 @@ class _Refuser:
         self._over_cap = 0  # refused since the last log line
         self._warn_at = 0.0
 
+    def _settings(self) -> Any:
+        """The server's settings (``None`` before its lifespan made its state): the server's state
+        (serving.server.state), which the directory protocol of the routes does not name."""
+        return getattr(getattr(self.app.state, "shardserve", None), "settings", None)
+
     def read_timeout_s(self) -> float | None:
         """The server's ``body_read_timeout_s`` (``None`` before its lifespan made its state)."""
-        if self._read_timeout_s is None:
-            settings = getattr(getattr(self.app.state, "shardserve", None), "settings", None)
-            if settings is not None:
-                self._read_timeout_s = settings.body_read_timeout_s
+        if self._read_timeout_s is None and (settings := self._settings()) is not None:
+            self._read_timeout_s = settings.body_read_timeout_s
         return self._read_timeout_s
 
     def head_timeout_answer(self) -> bytes:
@@ -238,12 +241,8 @@ class _Refuser:
 
     def max_connections(self) -> int | None:
         """The server's ``max_connections`` (``None`` before its lifespan made its state)."""
-        if self._cap is None:
-            # The server's state (serving.server.state), which the directory protocol of the
-            # routes does not name.
-            settings = getattr(getattr(self.app.state, "shardserve", None), "settings", None)
-            if settings is not None:
-                self._cap = settings.max_connections
+        if self._cap is None and (settings := self._settings()) is not None:
+            self._cap = settings.max_connections
         return self._cap
 
     def over_cap(self, scope: dict[str, Any], connections: int, cap: int) -> bytes:
