@@ -24,6 +24,7 @@ from serving.errors import NotReadyError
 from serving.http.fast import ModelRef, RawAnswer, RawHandler
 from serving.openapi.bodies import ModelMetadata, ModelStatus, errors, ok
 from serving.openapi.tfserving import PREDICT_REQUEST, PREDICT_RESPONSE
+from serving.server.readiness import replicas_unavailable
 
 if TYPE_CHECKING:
     from serving.server.model import ServedModel
@@ -65,7 +66,9 @@ def version_status(model: ServedModel) -> dict[str, Any]:
     """One entry of ``model_version_status``: TF Serving's state of one served version."""
     health = model.health()
     failure = model.load_error or model.batcher_failure
-    ready = model.ready.is_set() and not failure and (health is None or health.ok)
+    # A replica being brought back while requests wait for it (readiness's rule) is still
+    # AVAILABLE: /readyz and V2 ready say 200 then, and the replica counts say why.
+    ready = model.ready.is_set() and not failure and replicas_unavailable(model) is None
     if ready and model.refusing is not None:
         state, ready = "UNLOADING", False
     elif ready:

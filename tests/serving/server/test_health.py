@@ -55,12 +55,18 @@ async def test_readyz_stays_200_while_requests_wait_for_a_replica_being_brought_
         assert (await client.get("/readyz")).status_code == 200  # a Service keeps the pod
         assert (await client.get("/v2/health/ready")).status_code == 200
         assert metric((await client.get("/metrics")).text, "shardserve_held_rows") == 1.0
+        status = (await client.get(f"/v1/models/{model.name}")).json()["model_version_status"]
+        assert [(v["state"], v["replicas"]) for v in status] == [
+            ("AVAILABLE", {"total": 1, "healthy": 0})
+        ]  # what /readyz says, with the replica counts saying why
         runner.back_in_s = 60.0  # past the 30 s a request may wait: no more
         r = await client.get("/readyz")
         assert r.status_code == 503
         assert assert_clean_error(r).startswith(
             "no healthy replica of 1; rebuilding, expected back in 60 s, past a request's deadline"
         )
+        status = (await client.get(f"/v1/models/{model.name}")).json()["model_version_status"]
+        assert [v["state"] for v in status] == ["LOADING"]
         runner.back_in_s = 5.0
         queued = [
             asyncio.ensure_future(client.post("/predict", json={"instances": [row(i)]}))
