@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.serverproc import Server, running_server
+from tests.shards.model_zoo import small_bert
 
 POSITIONS = 32
 
@@ -30,17 +31,9 @@ def _row(length: int) -> dict[str, list[int]]:
 def bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
     """The model saved as a user would (a ``.keras`` file) and its answer to a 32-token row."""
     import keras
-    import keras_hub
 
     keras.utils.set_random_seed(27)
-    model = keras_hub.models.BertBackbone(
-        vocabulary_size=100,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=POSITIONS,
-    )
+    model = small_bert(POSITIONS, num_layers=2)
     path = tmp_path_factory.mktemp("bert") / "bert.keras"
     model.save(path)
     row = {k: np.asarray([v], dtype="int32") for k, v in _row(POSITIONS).items()}

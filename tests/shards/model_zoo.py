@@ -132,3 +132,18 @@ def call_whole(model: keras.Model, inputs: Inputs) -> dict[str, np.ndarray]:
     if isinstance(out, list | tuple):
         return {n: keras.ops.convert_to_numpy(v) for n, v in zip(names, out, strict=True)}
     return {names[0]: keras.ops.convert_to_numpy(out)}
+
+
+def small_bert(positions: int = 32, num_layers: int = 1) -> keras.Model:
+    """A keras_hub BERT encoder of ``positions`` positions, small enough for a test (random
+    weights, built in code: no download); its position embedding bounds its inputs' length."""
+    import keras_hub
+
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=100,
+        num_layers=num_layers,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=positions,
+    )

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from serving.cli.main import app
 from serving.cli.plan_table import plan_rows
 from shards.bundle.format import read_manifest
+from tests.shards.model_zoo import small_bert
 
 runner = CliRunner()
 OPTIONS = [
@@ -80,17 +81,8 @@ def test_plan_refuses_a_savedmodel_or_nothing(tmp_path: Path) -> None:
 
 
 def test_plan_prints_the_models_own_bound_and_refuses_a_length_over_it(tmp_path: Path) -> None:
-    import keras_hub
-
     model = tmp_path / "bert.keras"
-    keras_hub.models.BertBackbone(
-        vocabulary_size=100,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=32,
-    ).save(model)
+    small_bert(32).save(model)
     out = tmp_path / "bundle"
     written = runner.invoke(app, ["partition", str(model), "--out", str(out)])
     assert written.exit_code == 0, written.output

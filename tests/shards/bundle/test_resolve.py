@@ -17,6 +17,7 @@ from shards.bundle.format import BundleError, read_manifest
 from shards.bundle.resolve import DEMO_NAMES, ResolveError, resolve_bundle
 from shards.partition.cut import partition_to_bundle, run_chain
 from shards.partition.demo_models import DEMO_MODELS, build_demo
+from tests.shards.model_zoo import small_bert
 
 
 @pytest.fixture
@@ -81,17 +82,8 @@ def test_a_model_with_its_own_bound_is_planned_at_it_and_a_longer_length_refused
     """A position embedding of 32 rows: with no length asked for, the cached bundle is planned
     at 32 (not 512) and says so in its signature; a bundle directory asked for 64 is refused
     naming both numbers, and 16 is taken."""
-    import keras_hub
-
     model = tmp_path / "bert.keras"
-    keras_hub.models.BertBackbone(
-        vocabulary_size=100,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=32,
-    ).save(model)
+    small_bert(32).save(model)
     cache_dir = tmp_path / "cache"
     bundle = resolve_bundle(str(model), stages=1, max_stage_bytes=None, cache_dir=cache_dir)
     manifest = read_manifest(bundle)
