@@ -265,15 +265,7 @@ class _Refuser:
                 cap,
             )
             self._over_cap, self._warn_at = 0, now + _WARN_EVERY_S
-        return b"".join(
-            [
-                b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
-                b"retry-after: 1\r\nx-request-id: ",
-                rid,
-                b"\r\n\r\n",
-                body,
-            ]
-        )
+        return _retry_later(rid, body)
 
     def answer(self, scope: dict[str, Any]) -> bytes | None:
         """The headers and body of a 503 after the status line, or None to let the app
@@ -315,15 +307,7 @@ class _Refuser:
         model.metrics.observe_latency(503, time.perf_counter() - started)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request %s: 503 queue full (refused from its headers)", rid.decode())
-        return b"".join(
-            [
-                b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
-                b"retry-after: 1\r\nx-request-id: ",
-                rid,
-                b"\r\n\r\n",
-                body,
-            ]
-        )
+        return _retry_later(rid, body)
 
     def _body(self, queued: int, limit: int) -> bytes:
         # The words of admission.check_headroom's refusal, one body per (queued, limit).
@@ -334,3 +318,16 @@ class _Refuser:
             message = queue_full_message(queued, limit)
             body = self._bodies[(queued, limit)] = orjson.dumps({"error": message})
         return body
+
+
+def _retry_later(rid: bytes, body: bytes) -> bytes:
+    """The headers (after the status line) and JSON body of a 503 with ``Retry-After: 1``."""
+    return b"".join(
+        [
+            b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
+            b"retry-after: 1\r\nx-request-id: ",
+            rid,
+            b"\r\n\r\n",
+            body,
+        ]
+    )
