@@ -1,5 +1,5 @@
 """Whether more replicas fit in what the cluster has free now: a version switch asks it before
-the new version places its replicas beside the old one's (``serving.server.rolling``).
+the new version places its replicas beside the old one's (``serving.repository.replica_switch``).
 
 ``shards.cluster.check_cluster_fits`` asks whether a pipeline could ever be placed (the cluster's
 totals); this asks whether it can be placed now, beside everything already placed: each replica's

@@ -1,6 +1,6 @@
 """A fake model runner for tests that need a model but neither Ray nor TensorFlow.
 
-``FakeRunner`` has the shape of ``serving.server.runner.ModelRunner``. Every output row is a
+``FakeRunner`` has the shape of ``serving.version.runner.ModelRunner``. Every output row is a
 deterministic function of its own input row, so a test can tell rows apart and check their order:
 for each output, the row is filled with ``[s, m, s, m, ...]`` where ``s`` is the sum and ``m`` the
 maximum of all elements of that row over every input (dimensions of size ``None`` count as 1).

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from serving.batching.admit import refusal
+from serving.batching.batch_run import RunBatch
 from serving.batching.cost import RunTimeModel
 from serving.batching.dispatch import SHUTTING_DOWN, Dispatcher
 from serving.batching.lengths import LengthPadding
-from serving.batching.poison import RunBatch
 from serving.batching.ragged import Row, submit_ragged
 from serving.batching.record import BatchRecord
 from serving.batching.rows import PendingRequest, RowQueues, Segment, check_size, row_count

@@ -15,15 +15,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from serving.batching.batch_run import Outcome, batch_length, isolation_depth, settle
 from serving.batching.hold import Hold
-from serving.batching.poison import Outcome, batch_length, isolation_depth, settle
 from serving.batching.record import BatchRecord
 from serving.errors import NotReadyError, RecoveringError, ShardServeError
 
 if TYPE_CHECKING:
+    from serving.batching.batch_run import FailSegments, RunBatch
     from serving.batching.cost import RunTimeModel
     from serving.batching.lengths import LengthPadding
-    from serving.batching.poison import FailSegments, RunBatch
     from serving.batching.rows import PendingRequest, QueueKey, RowQueues, Segment
     from serving.batching.settings import BatchSettings
     from serving.batching.wait import WaitPolicy

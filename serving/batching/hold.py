@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from serving.errors import BatchFailedError, NotReadyError, RecoveringError
 
 if TYPE_CHECKING:
-    from serving.batching.poison import FailSegments
+    from serving.batching.batch_run import FailSegments
     from serving.batching.rows import PendingRequest, Segment
 
 log = logging.getLogger("shardserve")

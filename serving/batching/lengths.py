@@ -7,7 +7,7 @@ smallest length bucket that holds the batch's longest row. The rows then stack, 
 dimension follows the padded length (found at warm-up) is cut back to each request's own length.
 
 Whether padding is safe for a model (it masks the pad positions) is the server's question, asked
-at warm-up (``serving.server.length_check``); this module only does the padding it is given.
+at warm-up (``serving.version.length_check``); this module only does the padding it is given.
 "Padding" without "length" is the row-count padding of a batch (``BatchSettings.pad_batches``).
 Pure numpy.
 """

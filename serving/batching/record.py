@@ -1,6 +1,6 @@
 """What one batch did, as the batcher reports it to its ``on_batch`` callback (the metrics).
 
-Its own module so that a reader of the record (``serving.server.metrics``) needs no batcher.
+Its own module so that a reader of the record (``serving.metrics.series``) needs no batcher.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The batcher's rows: queued per input signature, taken into batches, and put back together per
-request once computed (stacking a batch and cutting its outputs is ``serving.batching.poison``).
+request once computed (stacking a batch and cutting its outputs is ``serving.batching.batch_run``).
 
 With length padding (``serving.batching.lengths``) the signature leaves the padded axis out, so
 rows of every length share one queue; each request keeps its own length to be cut back to.

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from serving.config import padded_batch_sizes
+from serving.settings.config import padded_batch_sizes
 
 
 def _is_int(value: object) -> bool:

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from serving.config import ConfigError, Settings, load_settings
+from serving.settings.config import ConfigError, Settings, load_settings
 from shards.bundle import cache
 from shards.partition.memory_plan import format_size, parse_bytes
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from serving.config import ConfigError, Settings, load_settings
+from serving.settings.config import ConfigError, Settings, load_settings
 
 err = Console(stderr=True)
 

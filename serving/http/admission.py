@@ -21,7 +21,7 @@ from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullErr
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
-    from serving.config import Settings
+    from serving.settings.config import Settings
 
 __all__ = ["check_headroom", "check_length", "queue_full_message", "request_deadline"]
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
-    from serving.config import Settings
     from serving.http.admission import Admitted
+    from serving.settings.config import Settings
     from shards.signature import ModelSignature
 
 __all__ = [
@@ -45,7 +45,7 @@ class RequestMetrics(Protocol):
     def observe_routed(self, failed: bool, seconds: float) -> None:
         """A request whose version the server chose (it named none, nor a label) answered
         after ``seconds``; ``failed``: the version failed it. Passed only where the version
-        is to blame either way (``serving.rollout.blame``): a canary's judge counts these."""
+        is to blame either way (``serving.canary.blame``): a canary's judge counts these."""
 
 
 class ModelHandle(Protocol):

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from serving.canary.blame import version_failed
 from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError, ShardServeError
 from serving.http.admission import check_headroom, check_length, request_deadline
 from serving.http.fast import FastRequest, ModelRef
@@ -21,8 +22,7 @@ from serving.http.replies import (
     send_reply,
     unexpected_reply,
 )
-from serving.length_settings import served_max_length
-from serving.rollout.blame import version_failed
+from serving.settings.lengths import served_max_length
 
 if TYPE_CHECKING:
     import numpy as np
@@ -95,7 +95,7 @@ def count_routed(
     seconds: float,
 ) -> None:
     """Tell a canary's judge how a request the server chose the version of ended, where the
-    version is to blame either way (``serving.rollout.blame``). ``own_deadline``: the server's
+    version is to blame either way (``serving.canary.blame``). ``own_deadline``: the server's
     deadline for it (``time.monotonic()``), ``request_timeout_ms`` from its admission."""
     past = time.monotonic() >= own_deadline - _TIMER_SLACK_S
     failed = version_failed(status, error, past_own_deadline=past)

@@ -27,9 +27,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from serving.config import default_queue_rows
 from serving.errors import InvalidInputError
-from serving.length_settings import served_max_length
+from serving.settings.config import default_queue_rows
+from serving.settings.lengths import served_max_length
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH
 from shards.signature import ModelSignature, TensorSpec
 

@@ -9,7 +9,7 @@ zip's central directory, never a model's weights. Anything else (hidden entries,
 not a model name or a positive integer, files) is ignored with a debug log line; users copy a
 new version into a hidden directory and rename it, so it appears whole. A version directory that
 holds a model's files but is not complete is reported (``scan_all``): the server lists one that
-stops changing as unavailable, with why (``serving.server.repository_source``).
+stops changing as unavailable, with why (``serving.repository.source``).
 
 Reasons and log lines name entries relative to the repository (``resnet/3``), never the
 server's own paths: the index shows them to clients.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from serving.repository_settings import MODEL_NAME_PATTERN
+from serving.settings.repository import MODEL_NAME_PATTERN
 
 __all__ = [
     "MANIFEST_NAME",

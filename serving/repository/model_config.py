@@ -2,7 +2,7 @@
 
 Its keys are the server's own settings (``stages``, ``replicas``, ``max_batch_size``, ...), each
 defaulting to the server-wide value, plus the tables below (and ``[traffic]`` / ``[canary]``, a
-canary's share and rules: ``serving.repository.traffic``)::
+canary's share and rules: ``serving.canary.config``)::
 
     max_batch_size = 16
     [versions]
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from serving.config import ConfigError, Settings
-from serving.repository.policy import VersionPolicy
-from serving.repository.traffic import TrafficConfig, read_traffic
-from serving.repository_settings import MODEL_NAME_PATTERN, RepositorySettings
+from serving.canary.config import TrafficConfig, read_traffic
+from serving.repository.version_policy import VersionPolicy
+from serving.settings.config import ConfigError, Settings
+from serving.settings.repository import MODEL_NAME_PATTERN, RepositorySettings
 
 if TYPE_CHECKING:
     from serving.repository.layout import VersionDir
@@ -87,7 +87,7 @@ class ModelConfig:
     overrides: dict[str, Any] = field(default_factory=dict)
     policy: VersionPolicy = field(default_factory=VersionPolicy)
     labels: dict[str, int] = field(default_factory=dict)
-    traffic: TrafficConfig | None = None  # [traffic] and [canary]: serving.repository.traffic
+    traffic: TrafficConfig | None = None  # [traffic] and [canary]: serving.canary.config
 
 
 def model_keys() -> list[str]:

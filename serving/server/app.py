@@ -13,7 +13,6 @@ from fastapi import FastAPI
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from serving.config import Settings
 from serving.http.fast import FastPathLayer, FastRoutes
 from serving.http.replies import REQUEST_ID_KEY, request_id_from, send_with_request_id
 from serving.openapi.document import Served, document
@@ -22,15 +21,16 @@ from serving.openapi.v2_bodies import ROUTE_DOCS as V2_ROUTE_DOCS
 from serving.protocols.tfserving.predict import predict as predict_model
 from serving.protocols.v2.http import install_v2_routes, v2_infer
 from serving.protocols.v2.http_repository import install_repository_routes
-from serving.server.admin import install_admin_routes
+from serving.repository.manager import Repository
+from serving.server.admin_routes import install_admin_routes
+from serving.server.canary_routes import install_rollout_routes
 from serving.server.error_handlers import install_error_handlers
 from serving.server.lifespan import make_lifespan
-from serving.server.repository import Repository
-from serving.server.rollout_routes import install_rollout_routes
 from serving.server.routes import install_routes
-from serving.server.runner import RunnerFactory, build_runner
 from serving.server.state import ServerState
 from serving.server.tfserving_routes import install_tfserving_routes
+from serving.settings.config import Settings
+from serving.version.runner import RunnerFactory, build_runner
 
 if TYPE_CHECKING:
     from shards.signature import ModelSignature

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from serving.config import Settings
 from serving.protocols.v2.grpc_server import start_grpc_server, stop_grpc_server
-from serving.server.runner import release_cluster
 from serving.server.state import ServerState
+from serving.settings.config import Settings
+from serving.version.runner import release_cluster
 
 if TYPE_CHECKING:
     import grpc
 
-    from serving.server.repository import Repository
+    from serving.repository.manager import Repository
 
 log = logging.getLogger("shardserve")
 
@@ -31,7 +31,7 @@ Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 def make_lifespan(
     settings: Settings, repository_of: Callable[[ServerState], Repository]
 ) -> Lifespan:
-    """``repository_of`` makes the state's repository manager (``serving.server.repository``;
+    """``repository_of`` makes the state's repository manager (``serving.repository.manager``;
     the app passes it, which keeps this module's imports short)."""
 
     @contextlib.asynccontextmanager

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from serving.openapi.bodies import Alive, Readiness
-from serving.server.readiness import readiness
+from serving.version.readiness import readiness
 
 if TYPE_CHECKING:
     from serving.server.state import ServerState

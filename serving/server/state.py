@@ -1,6 +1,6 @@
 """What one server holds while it runs: its settings, metrics, whether it takes requests, the
-stop's budget, its repository manager (``serving.server.repository``), and the versions it
-serves (``serving.server.model``) by model name and version, with the labels that point at them.
+stop's budget, its repository manager (``serving.repository.manager``), and the versions it
+serves (``serving.version.served``) by model name and version, with the labels that point at them.
 """
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from serving.batching.dispatch import SHUTTING_DOWN
-from serving.config import Settings
+from serving.elastic.loop import inherit_count
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.http.body_deadline import body_deadlines
-from serving.server.metrics import Metrics
-from serving.server.readiness import readiness
-from serving.server.scaling import inherit_count
+from serving.metrics.series import Metrics
 from serving.server.stop_budget import StopBudget
+from serving.settings.config import Settings
+from serving.version.readiness import readiness
 
 if TYPE_CHECKING:
-    from serving.server.model import ServedModel
-    from serving.server.repository import Repository
-    from serving.server.rolling import RollingSplit
-    from serving.server.rollout import Rollout
+    from serving.canary.controller import Rollout
+    from serving.repository.manager import Repository
+    from serving.repository.replica_switch import RollingSplit
+    from serving.version.served import ServedModel
 
 __all__ = ["NO_MODEL", "SHUTTING_DOWN", "ServerState"]
 
@@ -41,7 +41,8 @@ class ServerState:
     # name -> its canary's controller (a model whose config.toml has [traffic]): it splits the
     # requests that name no version between its stable version and its canary
     rollouts: dict[str, Rollout] = field(default_factory=dict)
-    # name -> the split of a version switch replica by replica (``serving.server.rolling``):
+    # name -> the split of a version switch replica by replica
+    # (``serving.repository.replica_switch``):
     # requests that name no version go to the old or the new version by their healthy replicas
     splits: dict[str, RollingSplit] = field(default_factory=dict)
     repository: Repository | None = None
@@ -188,7 +189,7 @@ class ServerState:
 
     def not_ready_reason(self) -> str | None:
         """Why the server as a whole is not ready, or ``None``: ready once no version is still
-        loading and at least one is ready (``serving.server.readiness``)."""
+        loading and at least one is ready (``serving.version.readiness``)."""
         return readiness(self).reason
 
     def begin_stop(self) -> StopBudget:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from serving.server.metrics import Metrics
+from serving.metrics.series import Metrics
 from serving.supervisor import Job, start_supervised
 
 __all__ = ["RESTART_S", "supervise"]

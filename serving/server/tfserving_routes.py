@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request, Response
 from starlette.convertors import Convertor, register_url_convertor
 
-from serving.config import Settings
 from serving.errors import NotReadyError
 from serving.http.fast import ModelRef, RawAnswer, RawHandler
 from serving.openapi.bodies import ModelMetadata, ModelStatus, errors, ok
 from serving.openapi.tfserving import PREDICT_REQUEST, PREDICT_RESPONSE
-from serving.server.readiness import replicas_unavailable
+from serving.settings.config import Settings
+from serving.version.readiness import replicas_unavailable
 
 if TYPE_CHECKING:
-    from serving.server.model import ServedModel
     from serving.server.state import ServerState
+    from serving.version.served import ServedModel
 
 __all__ = ["install_tfserving_routes", "version_status"]
 

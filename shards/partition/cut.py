@@ -42,7 +42,8 @@ from shards.signature import ModelSignature
 __all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_chain"]
 
 Progress = Callable[[str], None]
-# The server's default max_batch_size (serving.config): the batch a plan sizes activations at.
+# The server's default max_batch_size (serving.settings.config): the batch a plan sizes
+# activations at.
 DEFAULT_MAX_BATCH_SIZE = 32
 
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from serving.config import Settings
+from serving.settings.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "deploy").glob("*.yaml"))

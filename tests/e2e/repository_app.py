@@ -11,7 +11,7 @@ from pathlib import Path
 
 import keras
 
-from serving.config import Settings
+from serving.settings.config import Settings
 
 DEADLINE_S = 120.0
 

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.config import Settings
-from serving.server.repository import Repository
-from serving.server.runner import build_runner
+from serving.repository.manager import Repository
 from serving.server.state import ServerState
+from serving.settings.config import Settings
+from serving.version.runner import build_runner
 from shards.bundle.format import read_manifest
 from tests.serverproc import ray_env
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.server.admin import ADMIN_FIELDS
+from serving.server.admin_routes import ADMIN_FIELDS
 from tests.serverproc import BIN, Server, running_server
 
 TOKEN = "contract-token"

@@ -49,8 +49,8 @@ async def test_a_repository_serves_loads_and_unloads_models_and_versions(
     from asgi_lifespan import LifespanManager
     from tritonclient.grpc.aio import InferenceServerClient
 
-    from serving.config import Settings
     from serving.server.app import create_app
+    from serving.settings.config import Settings
 
     (grpc_port,) = free_ports(1)
     settings = Settings(

@@ -58,8 +58,8 @@ async def _serving(
 ) -> AsyncIterator[tuple[httpx.AsyncClient, object]]:
     from asgi_lifespan import LifespanManager
 
-    from serving.config import Settings
     from serving.server.app import create_app
+    from serving.settings.config import Settings
 
     settings = Settings(
         model=str(model),

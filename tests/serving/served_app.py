@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 from asgi_lifespan import LifespanManager
 
-from serving.config import Settings
 from serving.server.app import create_app
+from serving.settings.config import Settings
 from tests.fakes import WAIT_S, FakeRunner, expected_outputs
 
 

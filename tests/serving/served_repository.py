@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 from asgi_lifespan import LifespanManager
 
-from serving.config import Settings
 from serving.server.app import create_app
+from serving.settings.config import Settings
 from tests.fakes import WAIT_S, FakeRunner
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from serving.cli.serve import flag_name
-from serving.config import Settings
+from serving.settings.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

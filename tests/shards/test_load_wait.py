@@ -16,8 +16,8 @@ import ray
 from asgi_lifespan import LifespanManager
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from serving.config import Settings
 from serving.server.app import create_app
+from serving.settings.config import Settings
 from shards.bundle.remote import resolve_bundle_remote
 from shards.cluster import pending_placement
 from shards.partition.cut import partition_to_bundle

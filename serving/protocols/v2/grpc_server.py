@@ -69,7 +69,7 @@ from serving.protocols.v2.proto import grpc_service_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
-    from serving.config import Settings
+    from serving.settings.config import Settings
 
 log = logging.getLogger("shardserve")
 RETRY_AFTER_KEY = "retry-after"

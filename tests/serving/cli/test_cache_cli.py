@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from serving.cli.main import app
-from serving.config import ConfigError, load_settings
+from serving.settings.config import ConfigError, load_settings
 from shards.bundle import cache
 from shards.bundle.format import FORMAT_VERSION, MANIFEST_NAME
 

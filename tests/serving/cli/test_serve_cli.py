@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from serving.cli import serve as serve_cli
 from serving.cli.main import app
-from serving.config import Settings
+from serving.settings.config import Settings
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ from fastapi import Request, Response
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.config import Settings
 from serving.errors import NotReadyError
 from serving.http.fast import FastRoutes, ModelRef
 from serving.server.app import ShardServeApp, create_app
+from serving.settings.config import Settings
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, expected_outputs
 

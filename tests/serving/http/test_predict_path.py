@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 import pytest
 
-from serving.config import Settings
 from serving.errors import (
     BatchAbandonedError,
     BatchFailedError,
@@ -28,6 +27,7 @@ from serving.http.admission import Admitted
 from serving.http.fast import FastRequest, ModelRef
 from serving.http.predict import serve_prediction
 from serving.http.replies import JSON, Reply
+from serving.settings.config import Settings
 from shards.signature import ModelSignature
 
 

@@ -10,9 +10,9 @@ import inspect
 from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from serving.config import Settings
 from serving.http.protocol import http_protocol
 from serving.server.app import _untraced
+from serving.settings.config import Settings
 
 _UPGRADE = "pin the version in pyproject.toml or port serving/http/protocol.py to the new API"
 

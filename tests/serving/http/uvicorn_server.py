@@ -14,9 +14,9 @@ import httpx
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from serving.config import Settings
 from serving.http.protocol import http_protocol
 from serving.server.app import create_app
+from serving.settings.config import Settings
 from tests.fakes import FakeRunner
 from tests.serverproc import free_ports
 from tests.serving.http.test_fast_routes import Recorder

@@ -13,9 +13,9 @@ import jsonschema
 import pytest
 from asgi_lifespan import LifespanManager
 
-from serving.config import Settings
 from serving.openapi.tfserving import predict_schemas
 from serving.server.app import create_app
+from serving.settings.config import Settings
 from shards.signature import ModelSignature, TensorSpec
 from tests.fakes import FakeRunner
 from tests.serving.served_repository import Runners, serve_repository, write_repository

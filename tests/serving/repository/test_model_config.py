@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from serving.config import ConfigError, Settings, load_settings
 from serving.repository.layout import VersionDir, scan
 from serving.repository.model_config import (
     SERVER_WIDE,
@@ -18,7 +17,8 @@ from serving.repository.model_config import (
     model_settings,
     read_model_config,
 )
-from serving.repository.policy import VersionPolicy
+from serving.repository.version_policy import VersionPolicy
+from serving.settings.config import ConfigError, Settings, load_settings
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 from asgi_lifespan import LifespanManager
 
-from serving.config import Settings
 from serving.server.app import create_app
+from serving.settings.config import Settings
 from tests.fakes import FakeRunner, expected_outputs, make_rows
 from tests.serving.served_repository import Runners, serve_repository, write_repository
 

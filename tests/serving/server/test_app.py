@@ -11,10 +11,10 @@ import orjson
 import pytest
 from asgi_lifespan import LifespanManager
 
-from serving.config import Settings
 from serving.errors import from_runner
 from serving.http.replies import as_response, error_reply
 from serving.server.app import create_app
+from serving.settings.config import Settings
 from shards.errors import NoHealthyReplicaError, StageTimeoutError
 from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error

@@ -14,9 +14,9 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from serving.batching.batcher import Batcher, BatchSettings
-from serving.config import Settings
 from serving.errors import BatchFailedError
 from serving.server.app import create_app
+from serving.settings.config import Settings
 from shards.errors import ResolveError
 from tests.errorcheck import assert_clean_error
 from tests.fakes import WAIT_S, FakeRunner, make_rows

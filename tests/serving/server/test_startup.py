@@ -12,9 +12,9 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from serving.config import Settings
 from serving.server.app import create_app
-from serving.server.runner import build_runner
+from serving.settings.config import Settings
+from serving.version.runner import build_runner
 from shards import cluster as runtime
 
 # What a fake Ray start waits at most: without the fix the event loop is held this long.

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from serving.config import Settings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
-from serving.server.model import ServedModel
-from serving.server.readiness import readiness
 from serving.server.state import ServerState
+from serving.settings.config import Settings
+from serving.version.readiness import readiness
+from serving.version.served import ServedModel
 from tests.fakes import FakeRunner
 from tests.serving.served_app import row
 from tests.serving.served_repository import Runners, serve_repository, write_repository

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from serving.server.metrics import BACKGROUND_TASKS
-from serving.server.scaling import Scaler
+from serving.elastic.loop import Scaler
+from serving.metrics.series import BACKGROUND_TASKS
 from shards.pipeline.health import Health
 from tests.fakes import WAIT_S, FakeRunner, make_rows, spawn
 from tests.metrics_text import metric
-from tests.serving.server.test_scaling_loop import ElasticFake, elastic_settings, served, until
+from tests.serving.elastic.test_scaling_loop import ElasticFake, elastic_settings, served, until
 
 ERRORS = "shardserve_background_errors_total"
 
@@ -85,7 +85,7 @@ async def test_a_scaling_tick_that_raises_is_logged_counted_and_the_loop_goes_on
 async def test_a_stats_poll_that_raises_is_logged_counted_and_polls_again(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("serving.server.stage_stats.STATS_PERIOD_S", 0.01)
+    monkeypatch.setattr("serving.version.stage_stats.STATS_PERIOD_S", 0.01)
     caplog.set_level(logging.ERROR, logger="shardserve")
     runner = StatsFail()
     model = await served(elastic_settings(min_replicas=1, max_replicas=1), runner)
@@ -140,8 +140,10 @@ async def test_a_scale_up_that_raises_is_logged_counted_and_the_next_one_adds(
     assert metric(text, ERRORS, task="scale_up") == 1.0
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].exc_info is not None  # once, with its traceback
-    assert errors[0].getMessage().startswith(
-        "model 'm' version 1's scale-up failed (KeyError: 'replica 1')"
+    assert (
+        errors[0]
+        .getMessage()
+        .startswith("model 'm' version 1's scale-up failed (KeyError: 'replica 1')")
     )
     # Given up like an add that found no room: the next scale-up, past the retry pause, adds.
     assert scaler.tick(5.0).direction == ""

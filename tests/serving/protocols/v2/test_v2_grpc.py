@@ -18,12 +18,12 @@ import psutil
 import pytest
 from asgi_lifespan import LifespanManager
 
-from serving.config import ConfigError, Settings, load_settings
 from serving.protocols.v2.grpc_server import rpc_deadline
 from serving.protocols.v2.proto import grpc_service_pb2 as pb
 from serving.protocols.v2.proto import grpc_service_pb2_grpc as pb_grpc
 from serving.server.app import create_app
 from serving.server.state import ServerState
+from serving.settings.config import ConfigError, Settings, load_settings
 from shards.signature import ModelSignature, TensorSpec
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, expected_outputs, make_rows, row_ids, spawn

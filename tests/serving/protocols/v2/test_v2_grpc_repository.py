@@ -18,14 +18,14 @@ from tritonclient.grpc import InferInput, service_pb2
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
-from serving.config import Settings
 from serving.errors import NotFoundError
 from serving.http.model import IndexEntry, RepositoryControl
+from serving.metrics.series import Metrics
 from serving.protocols.v2.grpc_server import start_grpc_server, stop_grpc_server
 from serving.server.app import create_app
-from serving.server.metrics import Metrics
-from serving.server.model import ServedModel
 from serving.server.state import ServerState
+from serving.settings.config import Settings
+from serving.version.served import ServedModel
 from tests.errorcheck import assert_clean_error
 from tests.fakes import WAIT_S, FakeRunner, expected_outputs, make_rows
 from tests.serverproc import free_ports

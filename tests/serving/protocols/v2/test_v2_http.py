@@ -118,8 +118,8 @@ async def test_not_ready_while_loading() -> None:
 
     from asgi_lifespan import LifespanManager
 
-    from serving.config import Settings
     from serving.server.app import create_app
+    from serving.settings.config import Settings
 
     app = create_app(Settings(model="fake", batch_timeout_ms=0), slow)
     async with LifespanManager(app) as manager:

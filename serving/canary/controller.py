@@ -1,0 +1,347 @@
+"""Canaries: a model whose ``config.toml`` has ``[traffic]`` keeps its stable version serving
+while a newer one takes a share of the requests that name no version, judged against it.
+
+``Rollout`` is one model's controller: which version is ``stable`` and which the ``canary``,
+their weights, the weighted split (``serving.canary.split``), each version's window of answered
+requests (fed by the versions' ``ModelMetrics.observe_routed``) and the judge
+(``serving.canary.judge``) after each answer (at most every ``_JUDGE_EVERY_S``) and every
+second. A rollback sets the canary to 0 at once and keeps it loaded; a promote (auto or through
+the admin API) makes the canary stable and asks the manager to retire the old one (drained:
+nothing dropped). A window holds only the requests the split routed (none that named a version
+or a label) and counts only failures the version caused (``serving.canary.blame``): a client
+can neither roll a canary back nor fail the stable until a canary is promoted.
+
+``Rollouts`` is the repository manager's part: it arranges the roles as versions become READY
+(a new READY version while another serves becomes the canary, instead of the hand-over; a newer
+one replaces a rolled-back canary), says which versions the manager must keep, and what the
+index shows for a rolled-back canary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+from serving.canary.judge import judge
+from serving.canary.split import WeightedSplit
+from serving.canary.window import OutcomeWindow
+from serving.errors import ConflictError, NotFoundError
+
+if TYPE_CHECKING:
+    from serving.canary.config import TrafficConfig
+    from serving.metrics.series import Metrics
+    from serving.repository.source import ModelPlan
+    from serving.server.state import ServerState
+    from serving.version.served import ServedModel
+
+__all__ = ["CHECK_EVERY_S", "Rollout", "RolloutState", "Rollouts"]
+
+log = logging.getLogger("shardserve")
+
+RolloutState = Literal["stable", "canary", "rolled_back"]
+CHECK_EVERY_S = 1.0  # the judge's tick: auto promotion and windows that empty with no request
+# After a canary's answer the judge runs once a 1/_JUDGE_SHARE of its window's answers is new,
+# or _JUDGE_EVERY_S after its last run: a p99 costs a pass over the windows, so a busy window is
+# judged every few answers, not every one (each under 64 answers in the window is judged).
+_JUDGE_SHARE = 64
+_JUDGE_EVERY_S = 0.05
+
+
+class Rollout:
+    """One model's stable version, its canary and how unversioned requests split between them."""
+
+    def __init__(
+        self,
+        name: str,
+        stable: str,
+        traffic: TrafficConfig,
+        metrics: Metrics,
+        on_change: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.stable = stable
+        self.canary: str | None = None
+        self.traffic = traffic
+        self.state: RolloutState = "stable"
+        self.reason: str | None = None  # why the canary was rolled back
+        self.canary_since = 0.0
+        self.windows: dict[str, OutcomeWindow] = {stable: self._window()}
+        self._weights = (100, 0)
+        self._split: WeightedSplit | None = None
+        self._metrics = metrics
+        self._on_change = on_change  # the manager retires and relabels (promote, new roles)
+        self._clock = clock
+        self._judged = 0.0
+        self._unjudged = 0  # canary answers since the judge last ran
+
+    def now(self) -> float:
+        """The clock its windows are kept by."""
+        return self._clock()
+
+    @property
+    def weights(self) -> tuple[int, int]:
+        """(stable, canary): the canary's is 0 once rolled back, and with no canary."""
+        return self._weights
+
+    def pick(self) -> str:
+        """The version the next unversioned request goes to."""
+        split = self._split
+        return self.stable if split is None else split.pick()
+
+    def peek(self) -> str:
+        """The version the next ``pick`` would most likely give, without taking a turn (the
+        HTTP protocol's refusal from headers looks a model up before the app does)."""
+        if self._split is None or self.canary is None:
+            return self.stable
+        stable, canary = self._weights
+        return self.stable if stable >= canary else self.canary
+
+    # ---- outcomes
+
+    def record(self, version: str, failed: bool, seconds: float) -> None:
+        """A request the split routed to ``version`` answered; ``failed``: the version failed
+        it (``serving.canary.blame``)."""
+        window = self.windows.get(version)
+        if window is None:
+            return
+        now = self._clock()
+        window.add(now, failed, seconds)
+        if version != self.canary:
+            return
+        self._unjudged += 1
+        if (
+            self._unjudged * _JUDGE_SHARE >= window.count(now)
+            or now - self._judged >= _JUDGE_EVERY_S
+        ):
+            self.check(now)
+
+    def check(self, now: float | None = None) -> None:
+        """Judge the canary against the stable: roll back or promote it, or hold."""
+        if self.state != "canary" or self.canary is None:
+            return
+        now = self._clock() if now is None else now
+        self._judged, self._unjudged = now, 0
+        verdict = judge(
+            self.windows[self.stable],
+            self.windows[self.canary],
+            self.traffic.canary_rules,
+            now,
+            self.canary_since,
+        )
+        if verdict.action == "rollback":
+            self.rollback(verdict.reason, verdict.detail)
+        elif verdict.action == "promote":
+            log.info(
+                "model %r version %s promoted to stable (auto): %s",
+                self.name,
+                self.canary,
+                verdict.detail,
+            )
+            self.promote()
+
+    # ---- roles
+
+    def start_canary(self, version: str) -> None:
+        """``version`` becomes the canary at the configured weights (a previous one leaves)."""
+        self.canary = version
+        self.state = "canary"
+        self.reason = None
+        self.canary_since = self._clock()
+        self.windows = {self.stable: self.windows.get(self.stable) or self._window()}
+        self.windows[version] = self._window()
+        self._set_split(self.traffic.stable, self.traffic.canary)
+        log.info(
+            "model %r version %s: canary beside stable version %s at weights %d/%d",
+            self.name,
+            version,
+            self.stable,
+            *self._weights,
+        )
+
+    def promote(self) -> None:
+        """The canary becomes stable at 100; the manager retires the old stable."""
+        if self.canary is None:
+            raise ConflictError(
+                f"model {self.name!r} has no canary to promote; its stable version is {self.stable}"
+            )
+        old, self.stable, self.canary = self.stable, self.canary, None
+        self.windows = {self.stable: self.windows.get(self.stable) or self._window()}
+        self.state, self.reason = "stable", None
+        self._weights, self._split = (100, 0), None
+        log.info("model %r: version %s is stable; retiring version %s", self.name, self.stable, old)
+        self._on_change(self.name)
+
+    def rollback(self, reason: str, detail: str) -> None:
+        """The canary takes no more unversioned requests, at once; it stays loaded."""
+        if self.canary is None or self.state == "rolled_back":
+            what = "no canary" if self.canary is None else "its canary rolled back already"
+            raise ConflictError(f"model {self.name!r} has {what}; nothing to roll back")
+        self.state = "rolled_back"
+        self.reason = f"rolled back: {detail}"
+        self._weights, self._split = (self._weights[0] or 100, 0), None
+        log.warning(
+            "model %r version %s rolled back (%s): %s", self.name, self.canary, reason, detail
+        )
+        self._metrics.for_model(self.name, self.canary).rollback(reason)
+        self._on_change(self.name)
+
+    def set_weights(self, stable: int, canary: int) -> None:
+        """New weights for the canary and the stable; a rolled-back canary given a share is
+        judged again from an empty window."""
+        if self.canary is None:
+            raise ConflictError(
+                f"model {self.name!r} has no canary: weights split requests between a stable "
+                "version and a canary; a newer version becomes the canary once READY"
+            )
+        if self.state == "rolled_back" and canary > 0:
+            self.state, self.reason = "canary", None
+            self.canary_since = self._clock()
+            self.windows[self.canary].clear()
+            self.windows[self.stable].clear()
+        self._set_split(stable, canary)
+        log.info("model %r: weights stable %d, canary %d", self.name, stable, canary)
+
+    def drop_canary(self) -> None:
+        """The canary is no longer served (unloaded, removed): the stable takes everything."""
+        self.canary, self.state, self.reason = None, "stable", None
+        self.windows = {self.stable: self.windows.get(self.stable) or self._window()}
+        self._weights, self._split = (100, 0), None
+
+    def _set_split(self, stable: int, canary: int) -> None:
+        self._weights = (stable, canary)
+        if canary > 0 and self.canary is not None and self.state == "canary":
+            self._split = WeightedSplit({self.stable: stable, self.canary: canary})
+        else:
+            self._split = None
+
+    def _window(self) -> OutcomeWindow:
+        return OutcomeWindow(self.traffic.canary_rules.window_s)
+
+    def reconfigure(self, traffic: TrafficConfig) -> None:
+        """A changed ``config.toml``: its rules judge from now on (the windows keep their
+        outcomes while the window's length stays); the weights stay as they are."""
+        if traffic == self.traffic:
+            return
+        window_changed = traffic.canary_rules.window_s != self.traffic.canary_rules.window_s
+        self.traffic = traffic
+        if window_changed:
+            self.windows = {v: self._window() for v in self.windows}
+
+
+class Rollouts:
+    """The manager's part: a ``Rollout`` per model whose plan has ``traffic``
+    (``ServerState.rollouts``), its roles kept in step with the versions served."""
+
+    def __init__(self, state: ServerState, on_change: Callable[[str], None]) -> None:
+        self.state = state
+        self._on_change = on_change
+
+    def listen(self, model: ServedModel) -> None:
+        """The answers the server chose it for reach the model's rollout, if it has one (now
+        or later)."""
+        rollouts, name, version = self.state.rollouts, model.name, model.version
+
+        def answered(failed: bool, seconds: float) -> None:
+            rollout = rollouts.get(name)
+            if rollout is not None:
+                rollout.record(version, failed, seconds)
+
+        model.metrics.add_routed_listener(answered)
+
+    def arrange(self, name: str, plan: ModelPlan | None) -> set[str]:
+        """Bring the roles in step with what serves; the versions the manager must keep."""
+        traffic = plan.traffic if plan is not None else None
+        rollouts = self.state.rollouts
+        if plan is None or traffic is None:
+            rollouts.pop(name, None)
+            return set()
+        served = self.state.models.get(name, {})
+        ready = sorted((v for v, m in served.items() if _ready(m)), key=int)
+        rollout = rollouts.get(name)
+        if rollout is not None and rollout.stable not in served:
+            # The stable is gone (removed from disk): the canary, if it serves, takes over.
+            if rollout.canary is not None and rollout.canary in served:
+                rollout.promote()
+            else:
+                rollout = None
+        if rollout is None:
+            if not ready:
+                rollouts.pop(name, None)
+                return set()
+            selected = [v for v in ready if int(v) in plan.selected]
+            stable = (selected or ready)[-1]
+            rollout = Rollout(name, stable, traffic, self.state.metrics, self._on_change)
+            rollouts[name] = rollout
+        rollout.reconfigure(traffic)
+        if rollout.canary is not None and rollout.canary not in served:
+            rollout.drop_canary()
+        newest = [v for v in ready if int(v) in plan.selected]
+        candidate = newest[-1] if newest else None
+        if candidate is not None and int(candidate) > int(rollout.canary or rollout.stable):
+            rollout.start_canary(candidate)
+        return {v for v in (rollout.stable, rollout.canary) if v is not None}
+
+    def gone(self, name: str, version: str) -> None:
+        """``version`` no longer serves (retired): a canary leaves its role; a stable leaves
+        it to the canary, if there is one, else the model's rollout ends."""
+        rollout = self.state.rollouts.get(name)
+        if rollout is None:
+            return
+        if name not in self.state.models:  # nothing of it serves (an unload)
+            del self.state.rollouts[name]
+        elif version == rollout.canary:
+            rollout.drop_canary()
+        elif version == rollout.stable:
+            if rollout.canary is None:
+                del self.state.rollouts[name]
+            else:
+                rollout.promote()
+
+    def note(self, name: str, version: str) -> str:
+        """What the index adds for a rolled-back canary (its reason), else ``""``."""
+        rollout = self.state.rollouts.get(name)
+        if rollout is None or rollout.canary != version or rollout.reason is None:
+            return ""
+        return rollout.reason
+
+    def roles(self, name: str) -> dict[str, str | None]:
+        """The ``stable`` and ``canary`` labels of a model with a rollout (``None``: no canary;
+        the label is unset, whatever its ``config.toml`` says)."""
+        rollout = self.state.rollouts.get(name)
+        if rollout is None:
+            return {}
+        return {"stable": rollout.stable, "canary": rollout.canary}
+
+    def get(self, name: str) -> Rollout:
+        """The model's rollout, or a 404 naming what has one."""
+        rollout = self.state.rollouts.get(name)
+        if rollout is not None:
+            return rollout
+        with_one = sorted(self.state.rollouts)
+        others = f"models with one: {with_one}" if with_one else "no model has one"
+        versions = self.state.models.get(name, {})
+        if versions and not any(_ready(m) for m in versions.values()):
+            why = "no rollout yet: none of its versions is ready (a rollout begins with the first)"
+            raise NotFoundError(f"model {name!r} has {why}; {others}")
+        if versions:
+            why = "no rollout: its config.toml has no [traffic] table"
+            raise NotFoundError(f"model {name!r} has {why}; {others}")
+        raise NotFoundError(f"model {name!r} is not served; {others}")
+
+    async def watch(self) -> None:
+        """Judge every rollout every ``CHECK_EVERY_S`` (auto promotion needs no request)."""
+        while True:
+            await asyncio.sleep(CHECK_EVERY_S)
+            for rollout in list(self.state.rollouts.values()):
+                try:
+                    rollout.check()
+                except Exception:  # one model's judge must not end the others'
+                    log.exception("model %r: judging its canary failed", rollout.name)
+
+
+def _ready(model: ServedModel) -> bool:
+    return model.ready.is_set() and not model.load_error and model.refusing is None

@@ -1,0 +1,316 @@
+"""A version switch replica by replica, where the cluster cannot hold both versions (issue 21).
+
+The manager's switch (``serving.repository.manager``) loads the new version beside the old one
+and retires the old once the new one is READY. Where the new version's N replicas do not fit
+beside the old one's (``fits``: N of the old's per-replica placement groups against what the
+cluster has free, ``shards.capacity``), the new version starts with one replica instead (where
+not even one fits, the old first gives one up: never fewer than N-1 serve). Once it is READY,
+requests that name no version are split between the two by their healthy replicas
+(``RollingSplit``); then step by step the old gives up a replica (drained) and the new adds one,
+until the old's last replica is retired through the manager's drain (nothing dropped) and the
+new has N. A step that fails (the replica not placed within ``replica_pending_timeout_s``, or it
+failed to start) turns the switch back the same way: the old adds back what it gave up, the new
+is drained and closed, and the index shows why in one line. Both versions' scaling loops are
+held meanwhile. With one replica, or with a ``[traffic]`` canary, the switch is the manager's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from serving.canary.split import WeightedSplit
+from serving.elastic.loop import Scaler, hold, release, serving_count
+from serving.settings.config import Settings
+from serving.version.runner import ElasticRunner, ModelRunner, RunnerFactory
+
+if TYPE_CHECKING:
+    from serving.repository.source import ModelPlan
+    from serving.server.state import ServerState
+    from serving.version.served import ServedModel
+
+__all__ = ["Fits", "Rolling", "RollingSplit", "ray_fits"]
+
+log = logging.getLogger("shardserve")
+
+# Whether ``count`` more replicas like the version's fit in what the cluster has free now.
+Fits = Callable[["ServedModel", int], Awaitable[bool]]
+# How often a replica being added is asked what it waits for (the reason a failed step gives).
+_LOOK_S = 1.0
+
+
+async def ray_fits(model: ServedModel, count: int) -> bool:
+    """``count`` more replicas of ``model`` fit in the Ray cluster's free resources; True when
+    its runner does not say what a replica asks (a fake: nothing to judge)."""
+    bundles = getattr(model.runner, "replica_bundles", None)
+    if not bundles:
+        return True
+    from shards.capacity import replicas_fit
+
+    strategy = model.settings.placement_strategy
+    why = await asyncio.to_thread(replicas_fit, bundles, count, strategy)
+    if why is not None:
+        log.info("model %r: %s", model.name, why)
+    return why is None
+
+
+class RollingSplit:
+    """During a switch replica by replica: the version a request that names no version goes
+    to, the old or the new, in proportion to their healthy replicas (``ServerState.splits``)."""
+
+    def __init__(self, old: ServedModel, new: ServedModel) -> None:
+        self.old, self.new = old, new
+        self._counts = (-1, -1)
+        self._split: WeightedSplit | None = None
+
+    def pick(self) -> str:
+        split = self._current()
+        return self.new.version if split is None else split.pick()
+
+    def peek(self) -> str:
+        old, new = self._counts
+        return self.old.version if old >= new else self.new.version
+
+    def _current(self) -> WeightedSplit | None:
+        counts = (_healthy(self.old), _healthy(self.new))
+        if counts != self._counts:  # a replica came or went: shares follow
+            self._counts = counts
+            weights = {self.old.version: counts[0], self.new.version: counts[1]}
+            self._split = WeightedSplit(weights) if sum(counts) else None
+        return self._split
+
+
+@dataclass(eq=False)
+class Switch:
+    """One model's switch: ``start`` replicas of the old version at its start, ``target`` of
+    the new at its end; ``gone``: the old's last replica has been retired."""
+
+    old: ServedModel
+    new: ServedModel
+    target: int
+    start: int
+    gone: bool = False
+    limits: dict[str, Scaler] = field(default_factory=dict)
+
+
+class Rolling:
+    """The manager's part: which new version replaces its old one replica by replica, the
+    steps, and the versions the manager keeps meanwhile. ``fits`` may be replaced (tests)."""
+
+    def __init__(self, state: ServerState, retire: Callable[[str], Awaitable[None]]) -> None:
+        self.state = state
+        self.fits: Fits = ray_fits
+        self._retire = retire  # the manager retires what it no longer keeps (drained)
+        self._switches: dict[str, Switch] = {}
+
+    def factory(self, model: ServedModel, plan: ModelPlan, factory: RunnerFactory) -> RunnerFactory:
+        """``model``'s runner factory: where it replaces a READY version that the cluster cannot
+        hold beside it, it starts with one replica and the switch goes replica by replica."""
+        old = self._replaced(model, plan)
+        if old is None:
+            return factory
+
+        async def build(settings: Settings) -> ModelRunner:
+            return await factory(await self._begin(old, model, settings))
+
+        return build
+
+    def keep(self, name: str) -> set[str]:
+        """The old version of a switch under way: the manager leaves it serving."""
+        switch = self._switches.get(name)
+        return set() if switch is None or switch.gone else {switch.old.version}
+
+    async def settle(self, model: ServedModel) -> None:
+        """Until ``model``'s load has ended and, where it replaces a version replica by
+        replica, until that switch has ended or been turned back."""
+        await model.wait_load()
+        switch = self._switches.get(model.name)
+        if switch is None or switch.new is not model:
+            return
+        try:
+            if _serving(model):
+                await self._forward(switch)
+            elif _serving(switch.old):  # the new one failed to load
+                await self._back(switch, None)
+        except Exception:  # the manager's hand-over goes on: the READY version serves
+            log.exception("model %r: the switch replica by replica failed", model.name)
+        finally:
+            self._switches.pop(model.name, None)
+            self.state.splits.pop(model.name, None)
+            release(switch.old)
+            release(switch.new)
+
+    # ---- the steps
+
+    def _replaced(self, model: ServedModel, plan: ModelPlan) -> ServedModel | None:
+        if plan.traffic is not None or model.name in self._switches:
+            return None
+        served = self.state.models.get(model.name, {})
+        leaving = [
+            m
+            for v, m in served.items()
+            if m is not model and int(v) not in plan.selected and _serving(m)
+        ]
+        if not leaving:
+            return None
+        old = max(leaving, key=lambda m: int(m.version))
+        return old if isinstance(old.runner, ElasticRunner) else None
+
+    async def _begin(self, old: ServedModel, new: ServedModel, settings: Settings) -> Settings:
+        target, start = settings.replicas, serving_count(old.health()) or 1
+        if target < 2 or not _serving(old) or await self._fits(old, target):
+            return settings
+        switch = self._switches[new.name] = Switch(old, new, target, start)
+        why = f"version {new.version} replaces version {old.version} replica by replica"
+        hold(old, why)
+        hold(new, why)
+        log.info(
+            "model %r: %d replica(s) of version %s do not fit beside version %s's %d; it starts "
+            "with one and replaces version %s replica by replica",
+            new.name,
+            target,
+            new.version,
+            old.version,
+            start,
+            old.version,
+        )
+        if start > 1 and not await self._fits(old, 1):
+            await self._remove(switch, old)
+        return settings.model_copy(update={"replicas": 1})
+
+    async def _forward(self, switch: Switch) -> None:
+        old, new = switch.old, switch.new
+        self.state.splits[new.name] = RollingSplit(old, new)
+        while _count(new) < switch.target:
+            if not (_serving(new) and (switch.gone or _serving(old))):
+                return  # unloaded or stopping meanwhile: the manager retires both
+            if not await self._fits(new, 1):
+                if _count(old) > 1:
+                    await self._remove(switch, old)
+                else:
+                    await self._retire_old(switch)
+            added, waited = await self._add(switch, new)
+            if added:
+                continue
+            if not (_serving(new) and (switch.gone or _serving(old))):
+                return  # given up because it was unloaded meanwhile
+            step = f"its replica {_count(new) + 1} of {switch.target} was not placed within "
+            step += f"replica_pending_timeout_s={new.settings.replica_pending_timeout_s:g} s or "
+            step += f"failed to start ({waited or 'the log says why'})"
+            if switch.gone:
+                log.warning(
+                    "model %r version %s serves with %d of its %d replicas: %s",
+                    new.name,
+                    new.version,
+                    _count(new),
+                    switch.target,
+                    step,
+                )
+                return
+            await self._back(switch, f"replacing version {old.version} replica by replica: {step}")
+            return
+        log.info("model %r: version %s has its %d replicas", new.name, new.version, switch.target)
+
+    async def _back(self, switch: Switch, why: str | None) -> None:
+        """Turn the switch back: the old adds back what it gave up, replica by replica, while
+        the new gives its replicas up, its last one drained with the version; ``why`` (a step
+        failed) becomes the new version's reason in the index."""
+        old, new = switch.old, switch.new
+        if why is not None:
+            log.warning("model %r version %s: %s", new.name, new.version, why)
+        while _count(old) < switch.start and _serving(old):
+            if not await self._fits(old, 1) and _serving(new):
+                if _count(new) > 1:
+                    await self._remove(switch, new)
+                else:
+                    await self._drain(new, why or "its switch was turned back")
+            added, waited = await self._add(switch, old)
+            if not added:
+                log.warning(
+                    "model %r version %s serves with %d of its %d replicas: one could not be "
+                    "added back (%s)",
+                    old.name,
+                    old.version,
+                    _count(old),
+                    switch.start,
+                    waited or "the log says why",
+                )
+                break
+        if _serving(new):
+            await self._drain(new, why or "its switch was turned back")
+        if why is not None:
+            new.load_error = f"{why}; version {old.version} serves with {_count(old)} replica(s)"
+
+    async def _retire_old(self, switch: Switch) -> None:
+        """The old's last replica: the manager retires the version (drained, nothing dropped)."""
+        switch.gone = True
+        self.state.splits.pop(switch.new.name, None)
+        await self._retire(switch.new.name)
+
+    async def _drain(self, model: ServedModel, why: str) -> None:
+        """Refuse, answer what it admitted, end its actors (the manager then unloads it)."""
+        self.state.splits.pop(model.name, None)
+        await model.retire(f"model {model.name!r} version {model.version} is unloaded ({why})")
+
+    async def _add(self, switch: Switch, model: ServedModel) -> tuple[bool, str]:
+        """One more replica of ``model``; whether it serves, and what it waited for."""
+        runner = model.runner
+        assert isinstance(runner, ElasticRunner)
+        # Not a background task (no supervisor): this switch step awaits it and handles its
+        # raise below; a task only so that the step can look at what the replica waits for.
+        task = asyncio.ensure_future(runner.add_replica(model.settings.replica_pending_timeout_s))
+        waited = ""
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=_LOOK_S)
+                waited = runner.health().pending_reason or waited
+            added = task.result()
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        except Exception as exc:
+            log.warning("model %r version %s: adding a replica failed", model.name, model.version)
+            added, waited = False, f"{type(exc).__name__}: {exc}".splitlines()[0]
+        self._follow(switch, model)
+        return added, waited
+
+    async def _remove(self, switch: Switch, model: ServedModel) -> None:
+        runner = model.runner
+        assert isinstance(runner, ElasticRunner)
+        await runner.remove_replica(model.settings.drain_timeout_s)
+        self._follow(switch, model)
+
+    async def _fits(self, model: ServedModel, count: int) -> bool:
+        try:
+            return await self.fits(model, count)
+        except Exception:  # no answer: try to place (a replica with no room is given up)
+            log.warning("could not tell whether %d replica(s) fit", count, exc_info=True)
+            return True
+
+    def _follow(self, switch: Switch, model: ServedModel) -> None:
+        """A fixed-count version's batching limits follow its healthy replicas, as an elastic
+        one's scaling loop keeps them (held, it still does)."""
+        low, high = model.settings.replica_bounds()
+        runner, batcher = model.runner, model.batcher
+        if low != high or batcher is None or not isinstance(runner, ElasticRunner):
+            return
+        limits = switch.limits.get(model.version)
+        if limits is None:
+            limits = switch.limits[model.version] = Scaler(model, runner, batcher)
+        limits.follow_limits(runner.health().healthy)
+
+
+def _serving(model: ServedModel) -> bool:
+    return model.ready.is_set() and not model.load_error and model.refusing is None
+
+
+def _count(model: ServedModel) -> int:
+    return serving_count(model.health()) or 0
+
+
+def _healthy(model: ServedModel) -> int:
+    health = model.health()
+    return health.healthy if health is not None and _serving(model) else 0

@@ -1,0 +1,62 @@
+"""A deeper queue for the versions that serve while another version of their model loads.
+
+Loading a version (TensorFlow's import in each new actor, the weights, the warm-up) takes CPU
+that the serving version's stages and the front end share on a small machine. A queue sized for
+the steady pace (``max_queue_rows``: a few batches) fills in that stall and sheds 503s although
+nothing is wrong: at 870 req/s on 2 cores a switch refused 250 requests with the default queue
+(docs/benchmarks.md). So while a version of a model loads, the other versions of that model hold
+``SWITCH_QUEUE_FACTOR`` times their queue rows; the requests wait a little longer for that while,
+within their deadlines, instead of being refused. Their own rows come back once no version of
+the model is loading. A queue the operator sized (``max_queue_rows``) is left as it is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
+
+if TYPE_CHECKING:
+    from serving.version.served import ServedModel
+
+__all__ = ["SWITCH_QUEUE_FACTOR", "narrow_queues", "queue_factor", "widen_queues"]
+
+SWITCH_QUEUE_FACTOR = 8
+# model -> (its rows before, its rows widened); and loads under way per model name.
+_widened: WeakKeyDictionary[ServedModel, tuple[int, int]] = WeakKeyDictionary()
+_loading: Counter[str] = Counter()
+
+
+def queue_factor(model: ServedModel) -> int:
+    """What the queue rows of ``model`` are multiplied by now (the scaling loop's limits too)."""
+    return SWITCH_QUEUE_FACTOR if model in _widened else 1
+
+
+def widen_queues(versions: Iterable[ServedModel], loading: ServedModel) -> None:
+    """``loading`` begins to load: every other version of its model that serves holds more."""
+    _loading[loading.name] += 1
+    for model in versions:
+        batcher = model.batcher
+        if model is loading or model in _widened or batcher is None:
+            continue
+        if model.settings.max_queue_rows is not None:
+            continue  # the operator's size
+        rows = batcher.policy.max_queue_rows
+        widened = rows * SWITCH_QUEUE_FACTOR
+        batcher.reconfigure(max_queue_rows=widened)
+        _widened[model] = (rows, widened)
+
+
+def narrow_queues(name: str, versions: Iterable[ServedModel]) -> None:
+    """A load of model ``name`` has ended: once none is under way, its versions' own rows."""
+    _loading[name] -= 1
+    if _loading[name] > 0:
+        return
+    del _loading[name]
+    for model in list(versions):
+        rows = _widened.pop(model, None)
+        batcher = model.batcher
+        # Left as it is where something else set it since (the admin route, the scaling loop).
+        if rows is not None and batcher is not None and batcher.policy.max_queue_rows == rows[1]:
+            batcher.reconfigure(max_queue_rows=rows[0])

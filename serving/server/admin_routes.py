@@ -1,0 +1,277 @@
+"""Admin routes: read and change the batching policy of a served version.
+
+``GET /admin/models/{name}[/versions/{version}]/batching`` shows the policy of a model's default
+version (or of the version named), ``PUT`` changes some of ``max_batch_size``,
+``batch_timeout_ms`` (ms or ``"auto"``), ``max_inflight_batches`` and ``slo_p99_ms``;
+``/admin/batching`` is the default model's. The change applies to the next batch; queued rows
+stay queued. The routes exist only when ``admin_token`` is set, and then want it as a bearer
+token.
+
+A change is held to what the running server can take: the bounds of the same settings, a batch
+no larger than the one the memory plan was made for (``max_batch_size`` at start-up), a batch
+wait and a latency target below the request deadline. A change outside them is refused (400,
+naming the field, the value and the bounds) and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from annotated_types import Le
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+
+from serving.batching.batcher import Batcher
+from serving.errors import InvalidInputError, NotReadyError
+from serving.http.admin_token import check_admin_token
+from serving.http.admission import check_length
+from serving.http.replies import read_body
+from serving.openapi.bodies import BatchingView, ReplicasView, RunTimeView, errors
+from serving.openapi.document import ADMIN_SECURITY
+from serving.settings.config import Settings, default_queue_rows
+from serving.version.runner import ModelRunner
+
+if TYPE_CHECKING:
+    from serving.server.state import ServerState
+    from serving.version.served import ServedModel
+
+__all__ = [
+    "ADMIN_FIELDS",
+    "batching_view",
+    "change_model",
+    "install_admin_routes",
+    "policy_changes",
+]
+
+ADMIN_FIELDS = ("max_batch_size", "batch_timeout_ms", "max_inflight_batches", "slo_p99_ms")
+_BODY_LIMIT = 64 * 1024
+_MAX_WAIT_MS = 60_000  # Settings' own ceiling of batch_timeout_ms
+
+
+def check_token(request: Request, settings: Settings) -> None:
+    check_admin_token(request.headers.get("authorization"), settings.admin_token, "admin routes")
+
+
+def batching_view(batcher: Batcher, replicas: dict[str, Any] | None = None) -> BatchingView:
+    policy = batcher.policy
+    wait = policy.batch_timeout_ms
+    return BatchingView(
+        max_batch_size=policy.max_batch_size,
+        batch_timeout_ms="auto" if wait is None else wait,
+        max_inflight_batches=policy.max_inflight_batches,
+        max_queue_rows=policy.max_queue_rows,
+        slo_p99_ms=policy.slo_p99_ms,
+        effective_wait_ms=batcher.effective_wait_ms,
+        queued_rows=batcher.queued_rows,
+        inflight_batches=batcher.inflight_batches,
+        padding=policy.pad_batches,
+        run_time_ms=RunTimeView.model_validate(batcher.run_time_view()),
+        replicas=None if replicas is None else ReplicasView.model_validate(replicas),
+    )
+
+
+# ---- the PUT body
+
+
+def _whole(value: Any) -> Any:
+    """JSON's 8.0 is the integer 8 (JSON Schema's ``integer`` says so too)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _settings_ceiling(name: str) -> int:
+    (ceiling,) = (m.le for m in Settings.model_fields[name].metadata if isinstance(m, Le))
+    assert isinstance(ceiling, int), f"Settings.{name} has no integer le bound"
+    return ceiling
+
+
+def _allowed(settings: Settings) -> dict[str, str]:
+    """Each field's bounds in words: its description in the document and its refusal's."""
+    request_ms = settings.request_timeout_ms
+    wait = (
+        f"below request_timeout_ms ({request_ms:g})"
+        if request_ms <= _MAX_WAIT_MS
+        else f"up to {_MAX_WAIT_MS}"
+    )
+    return {
+        "max_batch_size": f"an integer from 1 to {settings.max_batch_size}, the batch the "
+        "memory plan was made for (restart with a larger --max-batch-size for more)",
+        "batch_timeout_ms": f"a number of ms from 0, {wait}, or 'auto' (or null) for the "
+        "adaptive wait",
+        "max_inflight_batches": f"an integer from 1 to {_settings_ceiling('max_inflight_batches')}",
+        "slo_p99_ms": f"a number of ms above 0 and up to request_timeout_ms ({request_ms:g}), "
+        "or null for none",
+    }
+
+
+def change_model(settings: Settings) -> type[BaseModel]:
+    """The PUT body this server takes: every field optional, none unknown, each in bounds."""
+    allowed = _allowed(settings)
+    request_ms = settings.request_timeout_ms
+    wait_bound = {"lt": request_ms} if request_ms <= _MAX_WAIT_MS else {"le": _MAX_WAIT_MS}
+
+    def documented(schema: dict[str, Any]) -> None:
+        schema.pop("title", None)
+        schema["minProperties"] = 1
+        for field in schema["properties"].values():
+            # No "default": null beside "type": "integer"; an absent field is left as it is.
+            field.pop("default", None)
+            field.pop("title", None)
+
+    # Types built at run time (the bounds are this server's): Any to mypy.
+    size: Any = Annotated[int, Field(ge=1, le=settings.max_batch_size), BeforeValidator(_whole)]
+    wait: Any = Annotated[float, Field(ge=0, **wait_bound)] | Literal["auto"] | None
+    inflight: Any = Annotated[
+        int, Field(ge=1, le=_settings_ceiling("max_inflight_batches")), BeforeValidator(_whole)
+    ]
+    slo: Any = Annotated[float, Field(gt=0, le=request_ms)] | None
+    model: type[BaseModel] = create_model(
+        "BatchingChange",
+        __config__=ConfigDict(
+            extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=documented
+        ),
+        max_batch_size=(size, Field(None, description=allowed["max_batch_size"])),
+        batch_timeout_ms=(wait, Field(None, description=allowed["batch_timeout_ms"])),
+        max_inflight_batches=(inflight, Field(None, description=allowed["max_inflight_batches"])),
+        slo_p99_ms=(slo, Field(None, description=allowed["slo_p99_ms"])),
+    )
+    return model
+
+
+def _refusal(exc: ValidationError, allowed: dict[str, str]) -> InvalidInputError:
+    """One sentence per field at fault (pydantic reports a field once per branch of a union)."""
+    reasons: dict[str, str] = {}
+    for error in exc.errors():
+        if error["type"] == "json_invalid":
+            return InvalidInputError(f"body is not valid JSON: {error['ctx']['error']}")
+        if not error["loc"]:
+            return InvalidInputError(
+                f"body must be a JSON object with some of {list(ADMIN_FIELDS)}, "
+                f"got {error['input']!r:.80}"
+            )
+        field = str(error["loc"][0])
+        if field in reasons:
+            continue
+        if error["type"] == "extra_forbidden":
+            reasons[field] = f"unknown field {field!r}; expected some of {list(ADMIN_FIELDS)}"
+        else:
+            reasons[field] = f"{field} must be {allowed[field]}, got {error['input']!r:.80}"
+    return InvalidInputError("; ".join(reasons.values()))
+
+
+def policy_changes(
+    change: BaseModel, batcher: Batcher, settings: Settings, runner: ModelRunner
+) -> dict[str, Any]:
+    """The ``Batcher.reconfigure`` arguments for a validated body; derived limits follow."""
+    changes = change.model_dump(exclude_unset=True)
+    if changes.get("batch_timeout_ms") == "auto":
+        changes["batch_timeout_ms"] = None
+    policy = batcher.policy
+    size = changes.get("max_batch_size", policy.max_batch_size)
+    inflight = changes.get("max_inflight_batches", policy.max_inflight_batches)
+    # Limits the operator left to their defaults scale with the batch, as at start-up, but the
+    # queue never shrinks below its start-up rows: a request that size was served (and the
+    # OpenAPI document says so), and a batching change must not make it a 400.
+    if settings.max_queue_rows is None:
+        start_up = settings.queue_rows(runner.num_stages, runner.replicas)
+        changes["max_queue_rows"] = max(default_queue_rows(size, inflight), start_up)
+    if settings.allowed_batch_sizes is None:
+        changes["allowed_batch_sizes"] = ()
+    else:
+        changes["allowed_batch_sizes"] = tuple(s for s in settings.allowed_batch_sizes if s <= size)
+    return changes
+
+
+def install_admin_routes(app: FastAPI, settings: Settings) -> None:
+    """``/admin/batching`` for the default model, ``/admin/models/{name}/batching`` for a model's
+    default version and ``/admin/models/{name}/versions/{version}/batching`` for a version; each
+    version's PUT body is held to that version's own settings (its ``config.toml``)."""
+    changes: dict[tuple[int, float], tuple[type[BaseModel], dict[str, str]]] = {}
+
+    def change_of(model: ServedModel) -> tuple[type[BaseModel], dict[str, str]]:
+        # What bounds a PUT body: the batch the version's memory plan was made for and its
+        # request deadline (``_allowed``); built once per pair of them.
+        key = (model.settings.max_batch_size, model.settings.request_timeout_ms)
+        if key not in changes:
+            changes[key] = (change_model(model.settings), _allowed(model.settings))
+        return changes[key]
+
+    def model_of(request: Request, name: str | None, version: str | None) -> ServedModel:
+        check_token(request, settings)
+        state: ServerState = request.app.state.shardserve
+        return state.model(name, version)
+
+    async def get_batching(request: Request, name: str | None, version: str | None) -> BatchingView:
+        model = model_of(request, name, version)
+        return batching_view(model.require_batcher(), model.scaling_parameters())
+
+    async def put_batching(request: Request, name: str | None, version: str | None) -> BatchingView:
+        model = model_of(request, name, version)
+        batcher = model.require_batcher()
+        check_length(request.headers.get("content-length"), _BODY_LIMIT)
+        raw = await read_body(request.receive, _BODY_LIMIT, settings.body_read_timeout_s)
+        change, allowed = change_of(model)
+        try:
+            body = change.model_validate_json(raw)
+        except ValidationError as exc:
+            raise _refusal(exc, allowed) from None
+        if not body.model_fields_set:
+            raise InvalidInputError(
+                f"body must be a non-empty JSON object with some of {list(ADMIN_FIELDS)}"
+            )
+        runner = model.runner
+        if runner is None:  # never once the batcher is: it is made from the runner
+            raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
+        try:
+            batcher.reconfigure(**policy_changes(body, batcher, model.settings, runner))
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        return batching_view(batcher, model.scaling_parameters())
+
+    # FastAPI reads each route's path parameters off its endpoint's signature.
+    async def get_default(request: Request) -> BatchingView:
+        return await get_batching(request, None, None)
+
+    async def put_default(request: Request) -> BatchingView:
+        return await put_batching(request, None, None)
+
+    async def get_named(name: str, request: Request) -> BatchingView:
+        return await get_batching(request, name, None)
+
+    async def put_named(name: str, request: Request) -> BatchingView:
+        return await put_batching(request, name, None)
+
+    async def get_version(name: str, version: str, request: Request) -> BatchingView:
+        return await get_batching(request, name, version)
+
+    async def put_version(name: str, version: str, request: Request) -> BatchingView:
+        return await put_batching(request, name, version)
+
+    # Documented only where they are on; 404 (not listed) where they are off. The document
+    # holds the PUT body to the server's settings: a version whose config.toml sets a smaller
+    # max_batch_size or request_timeout_ms refuses more, naming its own bound.
+    listed = settings.admin_token is not None
+    schema = change_model(settings).model_json_schema()
+    body_doc = {"required": True, "content": {"application/json": {"schema": schema}}}
+    for path, get, put, found in (
+        ("/admin/batching", get_default, put_default, ()),
+        ("/admin/models/{name}/batching", get_named, put_named, (404,)),
+        ("/admin/models/{name}/versions/{version}/batching", get_version, put_version, (404,)),
+    ):
+        app.add_api_route(
+            path,
+            get,
+            methods=["GET"],
+            include_in_schema=listed,
+            response_model=BatchingView,
+            responses=errors(401, 403, *found, 503),
+            openapi_extra=ADMIN_SECURITY,
+        )
+        app.add_api_route(
+            path,
+            put,
+            methods=["PUT"],
+            include_in_schema=listed,
+            response_model=BatchingView,
+            responses=errors(400, 401, 403, *found, 413, 503),
+            openapi_extra={"requestBody": body_doc, **ADMIN_SECURITY},
+        )

@@ -1,0 +1,353 @@
+"""One served model: its name and version, its runner, batcher and batching settings, and its
+life: load, warm up, ready, drain, close.
+
+The lifespan makes one ``ServedModel`` per model it serves (today one: ``Settings.served_name``,
+version 1) and keeps them in ``ServerState.models``; the routes look a model up there by name.
+Everything that belongs to one model lives here, so that several models (and versions) are
+several of these, not more fields on the server's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from serving.batching.batcher import Batcher, BatchSettings
+from serving.elastic.loop import ScaleStatus, run_scaling
+from serving.errors import NotReadyError
+from serving.http.admission import Admitted
+from serving.metrics.series import Metrics, ModelMetrics
+from serving.server.stop_budget import StopBudget, drain_batcher
+from serving.server.supervise import supervise
+from serving.settings.config import ConfigError, Settings
+from serving.settings.lengths import served_max_length
+from serving.version.length_check import LengthPlan, plan_length_padding
+from serving.version.runner import ModelRunner, RunnerFactory, release_bundle
+from serving.version.shape_log import ShapeLog
+from serving.version.stage_stats import log_memory, poll_stats
+from shards.errors import one_line
+from shards.pipeline.health import Health
+from shards.signature import ModelSignature
+
+log = logging.getLogger("shardserve")
+# While loading, how often /readyz's account of what the load waits for is refreshed.
+WAITS_PERIOD_S = 1.0
+
+
+@dataclass(eq=False)
+class ServedModel:
+    name: str
+    settings: Settings
+    # The server's registry; this version's own series are ``metrics`` (labels model, version).
+    server_metrics: Metrics
+    version: str = "1"  # as the protocols' paths and messages carry it
+    runner: ModelRunner | None = None
+    batcher: Batcher | None = None  # set once the model is warm: from then on it is ready
+    load_error: str | None = None
+    # While loading: what the load waits for (resources Ray has not granted yet), for /readyz.
+    load_waiting: str | None = None
+    # Why new requests are refused although the model is loaded (its drain has begun).
+    refusing: str | None = None
+    length_plan: LengthPlan | None = None  # the length padding in force, or why none (warm-up)
+    scaling: ScaleStatus | None = None  # its replica bounds, target and why (once READY)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)  # loaded or failed to
+    _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
+    shapes: ShapeLog = field(default_factory=ShapeLog, repr=False)  # what the stages ran
+    admitted: Admitted = field(default_factory=Admitted, repr=False)
+    metrics: ModelMetrics = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = self.server_metrics.for_model(self.name, self.version)
+
+    @property
+    def metric_labels(self) -> dict[str, str]:
+        """The labels that tell this version's series from another's."""
+        return {"model": self.name, "version": self.version}
+
+    @property
+    def batch_settings(self) -> BatchSettings | None:
+        """The batching settings in force (an admin PUT changes them), once loaded."""
+        return self.batcher.policy if self.batcher is not None else None
+
+    @property
+    def batcher_failure(self) -> str | None:
+        """Why the batcher stopped serving on its own (its loop kept crashing), if it did."""
+        return self.batcher.failure if self.batcher is not None else None
+
+    @property
+    def signature(self) -> ModelSignature:
+        if self.runner is None:
+            raise NotReadyError("model is still loading; its signature is not known yet")
+        return self.runner.signature
+
+    def length_padding_parameters(self) -> dict[str, Any] | None:
+        """The length padding in force, or why none, for the V2 metadata; ``None`` before
+        warm-up has planned it or for a model with no input of unknown length."""
+        return self.length_plan.parameters() if self.length_plan is not None else None
+
+    def scaling_parameters(self) -> dict[str, Any] | None:
+        return self.scaling.parameters() if self.scaling is not None else None
+
+    def health(self) -> Health | None:
+        """Its replicas' health, once its runner is made."""
+        return self.runner.health() if self.runner is not None else None
+
+    def not_ready_reason(self) -> str | None:
+        """Why it would refuse a request now (its replicas' health included), or ``None``."""
+        if self.load_error:
+            return f"model failed to load: {self.load_error}"
+        if not self.ready.is_set():
+            return "model is still loading"
+        if self.refusing is not None:
+            return self.refusing
+        if self.batcher_failure:
+            return self.batcher_failure
+        from serving.version.readiness import replicas_unavailable  # it reads this class
+
+        return replicas_unavailable(self)
+
+    def require_batcher(self) -> Batcher:
+        """The batcher, or the 503 that says why this model cannot take a request now."""
+        if self.load_error:
+            raise NotReadyError(f"model failed to load: {self.load_error}")
+        if self.batcher is None or not self.ready.is_set():
+            waiting = f" ({self.load_waiting})" if self.load_waiting else ""
+            raise NotReadyError(
+                f"model is still loading{waiting}; retry when GET /readyz answers 200"
+            )
+        if self.refusing is not None:
+            raise NotReadyError(self.refusing)
+        if self.batcher.failure is not None:
+            raise NotReadyError(self.batcher.failure)
+        return self.batcher
+
+    # ---- life: start (load, warm up, ready) ... drain, close
+
+    def start(self, factory: RunnerFactory, on_failure: Callable[[str], None] | None) -> None:
+        """Load in the background (so /healthz and /readyz answer meanwhile) and poll the
+        stages' stats from now until ``stop_jobs``; each job under ``supervise``: a loop that
+        raises starts again, a load that raises past its own handling fails the version."""
+        where = f"model {self.name!r} version {self.version}'s"
+
+        def failed(reason: str) -> None:
+            if self.load_error is None:  # else the load said why already
+                self.load_error = reason
+                if on_failure is not None:
+                    on_failure(reason)
+            self.loaded.set()
+
+        metrics = self.server_metrics
+        self._jobs = [
+            supervise(
+                "load",
+                lambda: self.load(factory, on_failure),
+                metrics,
+                what=f"{where} load",
+                restart=False,
+                on_failure=failed,
+            ),
+            supervise("stats_poll", lambda: poll_stats(self), metrics, what=f"{where} stats poll"),
+            supervise("scaling", lambda: run_scaling(self), metrics, what=f"{where} scaling loop"),
+        ]
+
+    async def wait_load(self) -> None:
+        """Until the load ``start`` began has ended: ready, failed, or cancelled."""
+        if self._jobs:
+            await asyncio.wait(self._jobs[:1])
+
+    async def load(self, factory: RunnerFactory, on_failure: Callable[[str], None] | None) -> None:
+        """Load, start the batcher and warm up within ``load_timeout_s``; meanwhile keep
+        ``load_waiting`` saying what the load waits for. Any failure, the timeout included,
+        becomes ``load_error`` (for ``/readyz``) and ``on_failure``: never a silent hang."""
+        timeout_s = self.settings.load_timeout_s
+        what = f"model {self.name!r} version {self.version}'s look at what its load waits for"
+        watcher = supervise("load_waits", self._watch_waits, self.server_metrics, what=what)
+        started: list[Batcher] = []
+        try:
+            async with asyncio.timeout(timeout_s) as deadline:
+                await self._load(factory, started)
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and deadline.expired():
+                # The last look of the watcher: the cancelled load has removed its placement
+                # groups since, in the same step of the loop, so the watcher has not looked again.
+                self.load_error = _timed_out(timeout_s, self.load_waiting)
+                log.error("model failed to load: %s", self.load_error)
+            else:
+                self.load_error = describe_error(exc)
+                log.exception("model failed to load")
+            self.loaded.set()
+            if on_failure is not None:
+                on_failure(self.load_error)
+        finally:
+            watcher.cancel()
+            self.load_waiting = None
+            if self.batcher is None:  # failed or cancelled: its loop must not outlive the load
+                for batcher in started:
+                    await batcher.stop(drain=False)
+
+    async def _load(self, factory: RunnerFactory, started: list[Batcher]) -> None:
+        runner = await factory(self.settings)
+        self.runner = runner
+        # A replica set's own background tasks (a replica's recovery) count here too.
+        task_errors = getattr(runner, "task_errors", None)
+        if isinstance(task_errors, list):
+            task_errors.append(self.server_metrics.background_error)
+        self.loaded.set()
+        metrics = self.metrics
+        batcher = Batcher(
+            runner.run_batch,
+            batch_settings(self.settings, runner),
+            on_batch=metrics.observe_batch,
+            on_reject=metrics.reject,
+            on_error=self.server_metrics.background_error,
+        )
+        await batcher.start()
+        started.append(batcher)
+        metrics.bind_gauges(
+            lambda: batcher.queued_rows,
+            lambda: batcher.inflight_batches,
+            lambda: batcher.effective_wait_ms,
+            held_rows=lambda: batcher.held_rows,
+        )
+        metrics.bind_health(runner.health)
+        await self.warm_up(runner, served_length(self.settings, runner.signature))
+        # Before any request is queued: the batcher keys its queues by the padding in force.
+        self.length_plan = await plan_length_padding(runner, self.settings)
+        batcher.set_length_padding(self.length_plan.padding)
+        await log_memory(self, runner)
+        self.batcher = batcher
+        self.ready.set()
+        log.info(
+            "ready: serving %r version %s (%d stage(s))", self.name, self.version, runner.num_stages
+        )
+
+    @staticmethod
+    async def warm_up(runner: ModelRunner, length: int = 1) -> None:
+        """One batch end to end, so the first user request does not pay for connection set-up;
+        a dimension the model leaves unknown at ``length`` (``max_sequence_length``), the
+        longest a request may bring."""
+        inputs = {
+            spec.name: np.zeros((1, *(d or length for d in spec.shape)), dtype=spec.np_dtype)
+            for spec in runner.signature.inputs
+        }
+        try:
+            await runner.run_batch(inputs)
+        except Exception as exc:
+            if all(d is not None for spec in runner.signature.inputs for d in spec.shape):
+                raise
+            # A model whose positions stop short of the length (a fixed position embedding).
+            raise RuntimeError(
+                f"the warm-up batch at max_sequence_length={length} failed "
+                f"({describe_error(exc)}); a model that takes shorter inputs needs "
+                "--max-sequence-length at most its longest"
+            ) from exc
+
+    async def _watch_waits(self) -> None:
+        """Ask Ray what this process's placement groups wait for, every ``WAITS_PERIOD_S``.
+
+        ``shards.cluster`` (it imports Ray) is looked up, not imported: the real runner imports
+        it while it loads, and a server on another runner (the tests' fakes) has no Ray to ask."""
+        while True:
+            await asyncio.sleep(WAITS_PERIOD_S)
+            runtime = sys.modules.get("shards.cluster")
+            if runtime is None:
+                continue
+            try:
+                waiting = await asyncio.to_thread(runtime.pending_placement)
+            except Exception:  # a GCS hiccup must not end the load; the next look may work
+                log.debug("could not read the pending placement groups", exc_info=True)
+                continue
+            self.load_waiting = waiting
+
+    def stop_accepting(self, reason: str) -> None:
+        """Refuse new requests (503 with ``reason``) from now on; those held are answered."""
+        if self.refusing is None:
+            self.refusing = reason
+
+    async def stop_jobs(self, timeout_s: float) -> None:
+        """End the load (if it still runs) and the stats poll, waiting at most ``timeout_s``."""
+        for job in self._jobs:
+            job.cancel()
+        if self._jobs:
+            await asyncio.wait(self._jobs, timeout=timeout_s)
+
+    async def drain(self, budget: StopBudget) -> None:
+        """Answer what the batcher holds until the budget's drain mark, then fail the rest
+        (``serving.server.stop_budget``): first the requests it admitted before it began to
+        refuse, some of which may not have queued their rows yet."""
+        await self.admitted.wait_idle(budget.drain_left())
+        if self.batcher is not None:
+            await drain_batcher(self.batcher, budget)
+
+    async def retire(self, reason: str) -> None:
+        """Refuse new requests (503 with ``reason``), answer each one it admitted within its own
+        deadline (up to ``request_timeout_ms`` from now; ``stop_timeout_s`` bounds a SIGTERM
+        only), end its jobs and actors: every retire (switch, promotion, unload) goes this way."""
+        self.stop_accepting(reason)
+        budget = StopBudget.retire(self.settings.request_timeout_ms / 1000.0)
+        await self.stop_jobs(budget.answer_left())
+        await self.drain(budget)
+        await self.close(budget.left())
+
+    async def close(self, timeout_s: float) -> None:
+        """Release the runner (its actors) within ``timeout_s``, and the mark that kept its
+        cached bundle from a prune."""
+        if self.runner is None:
+            return
+        try:
+            await asyncio.wait_for(self.runner.close(), timeout_s)
+        except Exception:  # a dead Ray must not keep the process from exiting
+            log.warning("closing the model runner failed", exc_info=True)
+        finally:
+            release_bundle(self.runner)
+
+
+def served_length(settings: Settings, signature: ModelSignature) -> int:
+    """The longest length ``signature``'s model is served up to (``served_max_length``);
+    ``ConfigError`` naming both numbers where ``--max-sequence-length`` is over the model's
+    own bound (a bundle partitioned elsewhere reaches the server without the resolver's check
+    only through a runner that skips it)."""
+    requested, bound = settings.max_sequence_length, signature.max_length
+    if requested is not None and bound is not None and requested > bound:
+        raise ConfigError(
+            f"max_sequence_length={requested} is over {bound}, the longest input model "
+            f"{signature.name!r} takes; serve it with --max-sequence-length at most {bound}, "
+            f"or leave the flag out to serve up to {bound}"
+        )
+    return served_max_length(requested, signature)
+
+
+def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
+    """The batcher's start-up settings: the server's, fitted to the runner's stages."""
+    stages, replicas = runner.num_stages, runner.replicas
+    return BatchSettings(
+        max_batch_size=settings.max_batch_size,
+        batch_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
+        max_inflight_batches=settings.inflight_batches(stages, replicas),
+        max_queue_rows=settings.queue_rows(stages, replicas),
+        allowed_batch_sizes=settings.batch_sizes(),
+        slo_p99_ms=settings.slo_p99_ms,
+        pipeline_depth=stages * replicas,
+        # CPU stages take any batch size with one trace: padding would only add rows.
+        pad_batches=settings.allowed_batch_sizes is not None or runner.on_gpu,
+    )
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for clients: the root cause of a remote (Ray) error, never its traceback."""
+    cause = getattr(exc, "cause", None)
+    return one_line(cause if isinstance(cause, BaseException) else exc)
+
+
+def _timed_out(timeout_s: float, waiting: str | None) -> str:
+    message = f"the model did not load within load_timeout_s={timeout_s:g} s"
+    if waiting:
+        return f"{message} ({waiting}); free or add those resources, or raise load_timeout_s"
+    return f"{message}; the server log says how far it got; raise load_timeout_s if it needs longer"

@@ -1,0 +1,37 @@
+"""How the server sizes its private Ray before starting it: the stages each version will have
+(guessed before the model is cut) and the logical CPUs that hold them all and one more."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from serving.settings.config import Settings
+from serving.version.runner import estimated_stages, private_ray_cpus
+from shards.cpu_plan import machine_cores
+
+
+def test_the_stages_are_known_from_the_settings_a_bundle_or_the_weights_over_a_budget(
+    tmp_path: Path,
+) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text(json.dumps({"stages": [{}, {}, {}]}))
+    weights = tmp_path / "big.keras"
+    weights.write_bytes(b"\0" * 2500)
+
+    assert estimated_stages(Settings(model="demo-tiny", stages=4)) == 4
+    assert estimated_stages(Settings(model=str(bundle))) == 3
+    assert estimated_stages(Settings(model=str(weights), max_stage_bytes=[1000])) == 3
+    assert estimated_stages(Settings(model="demo-tiny", max_stage_bytes=[10, 20])) == 2
+    assert estimated_stages(Settings(model="demo-tiny")) == 1
+
+
+def test_two_models_each_get_their_cpus_and_one_more_fits() -> None:
+    cores = machine_cores()
+    one = Settings(model="demo-tiny", stages=2)
+    two = Settings(model="demo-mlp", stages=2, replicas=2)
+    # Each stage asks the whole threads of its share of the cores (at least one).
+    asks = [2 * max(1, cores // 2), 4 * max(1, cores // 4)]
+
+    assert private_ray_cpus([one, two]) == sum(asks) + max([cores, *asks])
