@@ -1,32 +1,34 @@
 """Canaries: a model whose ``config.toml`` has ``[traffic]`` keeps its stable version serving
 while a newer one takes a share of the requests that name no version, judged against it.
 
-``Rollout`` is one model's controller: which version is ``stable`` and which the ``canary``,
-their weights, the weighted split (``serving.canary.split``), each version's window of answered
-requests (fed by the versions' ``ModelMetrics.observe_routed``) and the judge
-(``serving.canary.judge``) after each answer (at most every ``_JUDGE_EVERY_S``) and every
-second. A rollback sets the canary to 0 at once and keeps it loaded; a promote (auto or through
-the admin API) makes the canary stable and asks the manager to retire the old one (drained:
-nothing dropped). A window holds only the requests the split routed (none that named a version
-or a label) and counts only failures the version caused (``serving.canary.blame``): a client
-can neither roll a canary back nor fail the stable until a canary is promoted.
+``Rollout`` is one model's controller, as data: which version is ``stable`` and which the
+``canary`` and their weights (``serving.canary.split.CanarySplit``, which the registry's routing
+pick reads), each version's window of answered requests (fed by the versions'
+``ModelMetrics.observe_routed``), and the verdict of the judge (``serving.canary.judge``, a pure
+function of the windows) after each answer (at most every ``_JUDGE_EVERY_S``) and on each of the
+reconciler's ticks. The verdict is recorded at once: a rollback sets the canary's weight to 0
+(it stays loaded), a promote (auto or through the admin API) makes the canary stable; then
+``on_change`` pokes the reconciler (``serving.repository.reconciler``), which moves the labels
+and retires the old stable (drained: nothing dropped). A window holds only the requests the
+split routed (none that named a version or a label) and counts only failures the version caused
+(``serving.canary.blame``): a client can neither roll a canary back nor fail the stable until a
+canary is promoted.
 
-``Rollouts`` is the repository manager's part: it arranges the roles as versions become READY
-(a new READY version while another serves becomes the canary, instead of the hand-over; a newer
-one replaces a rolled-back canary), says which versions the manager must keep, and what the
-index shows for a rolled-back canary.
+``Rollouts`` holds a ``Rollout`` per model with ``[traffic]``; the reconciler asks it to arrange
+the roles as versions become READY (a new READY version while another serves becomes the canary,
+instead of the hand-over; a newer one replaces a rolled-back canary), which versions to keep,
+and what the index shows for a rolled-back canary.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from serving.canary.judge import judge
-from serving.canary.split import WeightedSplit
+from serving.canary.split import CanarySplit, WeightedSplit
 from serving.canary.window import OutcomeWindow
 from serving.errors import ConflictError, NotFoundError
 
@@ -34,15 +36,13 @@ if TYPE_CHECKING:
     from serving.canary.config import TrafficConfig
     from serving.metrics.series import Metrics
     from serving.repository.source import ModelPlan
-    from serving.server.state import ServerState
     from serving.version.served import ServedModel
 
-__all__ = ["CHECK_EVERY_S", "Rollout", "RolloutState", "Rollouts"]
+__all__ = ["Rollout", "RolloutState", "Rollouts"]
 
 log = logging.getLogger("shardserve")
 
 RolloutState = Literal["stable", "canary", "rolled_back"]
-CHECK_EVERY_S = 1.0  # the judge's tick: auto promotion and windows that empty with no request
 # After a canary's answer the judge runs once a 1/_JUDGE_SHARE of its window's answers is new,
 # or _JUDGE_EVERY_S after its last run: a p99 costs a pass over the windows, so a busy window is
 # judged every few answers, not every one (each under 64 answers in the window is judged).
@@ -63,17 +63,14 @@ class Rollout:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
-        self.stable = stable
-        self.canary: str | None = None
+        self.split = CanarySplit(stable)
         self.traffic = traffic
         self.state: RolloutState = "stable"
         self.reason: str | None = None  # why the canary was rolled back
         self.canary_since = 0.0
         self.windows: dict[str, OutcomeWindow] = {stable: self._window()}
-        self._weights = (100, 0)
-        self._split: WeightedSplit | None = None
         self._metrics = metrics
-        self._on_change = on_change  # the manager retires and relabels (promote, new roles)
+        self._on_change = on_change  # pokes the reconciler: it retires and relabels
         self._clock = clock
         self._judged = 0.0
         self._unjudged = 0  # canary answers since the judge last ran
@@ -83,22 +80,26 @@ class Rollout:
         return self._clock()
 
     @property
+    def stable(self) -> str:
+        return self.split.stable
+
+    @property
+    def canary(self) -> str | None:
+        return self.split.canary
+
+    @property
     def weights(self) -> tuple[int, int]:
         """(stable, canary): the canary's is 0 once rolled back, and with no canary."""
-        return self._weights
+        return self.split.weights
 
     def pick(self) -> str:
         """The version the next unversioned request goes to."""
-        split = self._split
-        return self.stable if split is None else split.pick()
+        return self.split.pick()
 
     def peek(self) -> str:
         """The version the next ``pick`` would most likely give, without taking a turn (the
         HTTP protocol's refusal from headers looks a model up before the app does)."""
-        if self._split is None or self.canary is None:
-            return self.stable
-        stable, canary = self._weights
-        return self.stable if stable >= canary else self.canary
+        return self.split.peek()
 
     # ---- outcomes
 
@@ -147,7 +148,7 @@ class Rollout:
 
     def start_canary(self, version: str) -> None:
         """``version`` becomes the canary at the configured weights (a previous one leaves)."""
-        self.canary = version
+        self.split.canary = version
         self.state = "canary"
         self.reason = None
         self.canary_since = self._clock()
@@ -159,19 +160,20 @@ class Rollout:
             self.name,
             version,
             self.stable,
-            *self._weights,
+            *self.weights,
         )
 
     def promote(self) -> None:
-        """The canary becomes stable at 100; the manager retires the old stable."""
+        """The canary becomes stable at 100; the reconciler retires the old stable."""
         if self.canary is None:
             raise ConflictError(
                 f"model {self.name!r} has no canary to promote; its stable version is {self.stable}"
             )
-        old, self.stable, self.canary = self.stable, self.canary, None
+        split = self.split
+        old, split.stable, split.canary = split.stable, self.canary, None
         self.windows = {self.stable: self.windows.get(self.stable) or self._window()}
         self.state, self.reason = "stable", None
-        self._weights, self._split = (100, 0), None
+        split.weights, split.split = (100, 0), None
         log.info("model %r: version %s is stable; retiring version %s", self.name, self.stable, old)
         self._on_change(self.name)
 
@@ -182,7 +184,7 @@ class Rollout:
             raise ConflictError(f"model {self.name!r} has {what}; nothing to roll back")
         self.state = "rolled_back"
         self.reason = f"rolled back: {detail}"
-        self._weights, self._split = (self._weights[0] or 100, 0), None
+        self.split.weights, self.split.split = (self.weights[0] or 100, 0), None
         log.warning(
             "model %r version %s rolled back (%s): %s", self.name, self.canary, reason, detail
         )
@@ -207,16 +209,16 @@ class Rollout:
 
     def drop_canary(self) -> None:
         """The canary is no longer served (unloaded, removed): the stable takes everything."""
-        self.canary, self.state, self.reason = None, "stable", None
+        self.split.canary, self.state, self.reason = None, "stable", None
         self.windows = {self.stable: self.windows.get(self.stable) or self._window()}
-        self._weights, self._split = (100, 0), None
+        self.split.weights, self.split.split = (100, 0), None
 
     def _set_split(self, stable: int, canary: int) -> None:
-        self._weights = (stable, canary)
+        self.split.weights = (stable, canary)
         if canary > 0 and self.canary is not None and self.state == "canary":
-            self._split = WeightedSplit({self.stable: stable, self.canary: canary})
+            self.split.split = WeightedSplit({self.stable: stable, self.canary: canary})
         else:
-            self._split = None
+            self.split.split = None
 
     def _window(self) -> OutcomeWindow:
         return OutcomeWindow(self.traffic.canary_rules.window_s)
@@ -233,17 +235,39 @@ class Rollout:
 
 
 class Rollouts:
-    """The manager's part: a ``Rollout`` per model whose plan has ``traffic``
-    (``ServerState.rollouts``), its roles kept in step with the versions served."""
+    """A ``Rollout`` per model whose plan has ``traffic``, its roles kept in step with the
+    versions served (``models``: the registry's versions by name, read only)."""
 
-    def __init__(self, state: ServerState, on_change: Callable[[str], None]) -> None:
-        self.state = state
+    def __init__(
+        self,
+        models: Mapping[str, Mapping[str, ServedModel]],
+        metrics: Metrics,
+        on_change: Callable[[str], None],
+    ) -> None:
+        self._models = models
+        self._metrics = metrics
         self._on_change = on_change
+        self._rollouts: dict[str, Rollout] = {}
+
+    def __getitem__(self, name: str) -> Rollout:
+        return self._rollouts[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._rollouts
+
+    def names(self) -> list[str]:
+        """The models with a rollout."""
+        return sorted(self._rollouts)
+
+    def split(self, name: str) -> CanarySplit | None:
+        """The model's split of unversioned requests, if it has a rollout."""
+        rollout = self._rollouts.get(name)
+        return None if rollout is None else rollout.split
 
     def listen(self, model: ServedModel) -> None:
         """The answers the server chose it for reach the model's rollout, if it has one (now
         or later)."""
-        rollouts, name, version = self.state.rollouts, model.name, model.version
+        rollouts, name, version = self._rollouts, model.name, model.version
 
         def answered(failed: bool, seconds: float) -> None:
             rollout = rollouts.get(name)
@@ -253,13 +277,13 @@ class Rollouts:
         model.metrics.add_routed_listener(answered)
 
     def arrange(self, name: str, plan: ModelPlan | None) -> set[str]:
-        """Bring the roles in step with what serves; the versions the manager must keep."""
+        """Bring the roles in step with what serves; the versions the reconciler must keep."""
         traffic = plan.traffic if plan is not None else None
-        rollouts = self.state.rollouts
+        rollouts = self._rollouts
         if plan is None or traffic is None:
             rollouts.pop(name, None)
             return set()
-        served = self.state.models.get(name, {})
+        served = self._models.get(name, {})
         ready = sorted((v for v, m in served.items() if _ready(m)), key=int)
         rollout = rollouts.get(name)
         if rollout is not None and rollout.stable not in served:
@@ -274,7 +298,7 @@ class Rollouts:
                 return set()
             selected = [v for v in ready if int(v) in plan.selected]
             stable = (selected or ready)[-1]
-            rollout = Rollout(name, stable, traffic, self.state.metrics, self._on_change)
+            rollout = Rollout(name, stable, traffic, self._metrics, self._on_change)
             rollouts[name] = rollout
         rollout.reconfigure(traffic)
         if rollout.canary is not None and rollout.canary not in served:
@@ -288,22 +312,22 @@ class Rollouts:
     def gone(self, name: str, version: str) -> None:
         """``version`` no longer serves (retired): a canary leaves its role; a stable leaves
         it to the canary, if there is one, else the model's rollout ends."""
-        rollout = self.state.rollouts.get(name)
+        rollout = self._rollouts.get(name)
         if rollout is None:
             return
-        if name not in self.state.models:  # nothing of it serves (an unload)
-            del self.state.rollouts[name]
+        if name not in self._models:  # nothing of it serves (an unload)
+            del self._rollouts[name]
         elif version == rollout.canary:
             rollout.drop_canary()
         elif version == rollout.stable:
             if rollout.canary is None:
-                del self.state.rollouts[name]
+                del self._rollouts[name]
             else:
                 rollout.promote()
 
     def note(self, name: str, version: str) -> str:
         """What the index adds for a rolled-back canary (its reason), else ``""``."""
-        rollout = self.state.rollouts.get(name)
+        rollout = self._rollouts.get(name)
         if rollout is None or rollout.canary != version or rollout.reason is None:
             return ""
         return rollout.reason
@@ -311,19 +335,19 @@ class Rollouts:
     def roles(self, name: str) -> dict[str, str | None]:
         """The ``stable`` and ``canary`` labels of a model with a rollout (``None``: no canary;
         the label is unset, whatever its ``config.toml`` says)."""
-        rollout = self.state.rollouts.get(name)
+        rollout = self._rollouts.get(name)
         if rollout is None:
             return {}
         return {"stable": rollout.stable, "canary": rollout.canary}
 
     def get(self, name: str) -> Rollout:
         """The model's rollout, or a 404 naming what has one."""
-        rollout = self.state.rollouts.get(name)
+        rollout = self._rollouts.get(name)
         if rollout is not None:
             return rollout
-        with_one = sorted(self.state.rollouts)
+        with_one = sorted(self._rollouts)
         others = f"models with one: {with_one}" if with_one else "no model has one"
-        versions = self.state.models.get(name, {})
+        versions = self._models.get(name, {})
         if versions and not any(_ready(m) for m in versions.values()):
             why = "no rollout yet: none of its versions is ready (a rollout begins with the first)"
             raise NotFoundError(f"model {name!r} has {why}; {others}")
@@ -332,15 +356,13 @@ class Rollouts:
             raise NotFoundError(f"model {name!r} has {why}; {others}")
         raise NotFoundError(f"model {name!r} is not served; {others}")
 
-    async def watch(self) -> None:
-        """Judge every rollout every ``CHECK_EVERY_S`` (auto promotion needs no request)."""
-        while True:
-            await asyncio.sleep(CHECK_EVERY_S)
-            for rollout in list(self.state.rollouts.values()):
-                try:
-                    rollout.check()
-                except Exception:  # one model's judge must not end the others'
-                    log.exception("model %r: judging its canary failed", rollout.name)
+    def check(self) -> None:
+        """Judge every canary (the reconciler's tick: auto promotion needs no request)."""
+        for rollout in list(self._rollouts.values()):
+            try:
+                rollout.check()
+            except Exception:  # one model's judge must not end the others'
+                log.exception("model %r: judging its canary failed", rollout.name)
 
 
 def _ready(model: ServedModel) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["WeightedSplit"]
+__all__ = ["CanarySplit", "WeightedSplit"]
 
 
 class WeightedSplit:
@@ -43,3 +43,28 @@ class WeightedSplit:
                 best, best_score = key, score
         current[best] -= self._total
         return best
+
+
+class CanarySplit:
+    """One model's stable version, its canary and their weights: the data the routing pick
+    (``serving.repository.routing``) reads for a request that names no version. The canary's
+    controller sets it; ``split`` is ``None`` while the canary takes no share (rolled back,
+    weight 0, or none)."""
+
+    def __init__(self, stable: str) -> None:
+        self.stable = stable
+        self.canary: str | None = None
+        self.weights = (100, 0)
+        self.split: WeightedSplit | None = None
+
+    def pick(self) -> str:
+        """The version the next unversioned request goes to (takes a turn of the split)."""
+        split = self.split
+        return self.stable if split is None else split.pick()
+
+    def peek(self) -> str:
+        """The version the next ``pick`` would most likely give, without taking a turn."""
+        if self.split is None or self.canary is None:
+            return self.stable
+        stable, canary = self.weights
+        return self.stable if stable >= canary else self.canary

@@ -12,7 +12,7 @@ from serving.version.readiness import version_state
 
 if TYPE_CHECKING:
     from serving.http.model import IndexEntry, VersionState
-    from serving.server.state import ServerState
+    from serving.repository.registry import Registry
 
 __all__ = ["UNLOADED", "index_entries"]
 
@@ -20,7 +20,7 @@ UNLOADED = "unloaded through the repository API"
 
 
 def index_entries(
-    state: ServerState,
+    state: Registry,
     plans: dict[str, ModelPlan],
     held: Collection[str],
     note: Callable[[str, str], str],

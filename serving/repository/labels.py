@@ -1,4 +1,4 @@
-"""A model's labels (``ServerState.labels``): those of its ``config.toml``, each pointing only at
+"""A model's labels (``Registry.labels``): those of its ``config.toml``, each pointing only at
 a READY version (one that cannot is left unset and logged once), and, for a model with a canary
 (``serving.canary.controller``), ``stable`` and ``canary`` following the versions in those roles:
 they win over the ``config.toml`` labels of the same name (logged once where they differ)."""
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from serving.version.readiness import version_state
 
 if TYPE_CHECKING:
+    from serving.repository.registry import Registry
     from serving.repository.source import ModelPlan
-    from serving.server.state import ServerState
 
 __all__ = ["Labels"]
 
@@ -20,7 +20,7 @@ log = logging.getLogger("shardserve")
 
 
 class Labels:
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: Registry) -> None:
         self.state = state
         # (name, label) -> why it was last left unset, or what it clashed with: logged once
         self._notes: dict[tuple[str, str], str] = {}

@@ -1,17 +1,22 @@
 """A version switch replica by replica, where the cluster cannot hold both versions (issue 21).
 
-The manager's switch (``serving.repository.manager``) loads the new version beside the old one
-and retires the old once the new one is READY. Where the new version's N replicas do not fit
+The reconciler's switch (``serving.repository.reconciler``) loads the new version beside the old
+one and retires the old once the new one is READY. Where the new version's N replicas do not fit
 beside the old one's (``fits``: N of the old's per-replica placement groups against what the
 cluster has free, ``shards.capacity``), the new version starts with one replica instead (where
 not even one fits, the old first gives one up: never fewer than N-1 serve). Once it is READY,
-requests that name no version are split between the two by their healthy replicas
-(``RollingSplit``); then step by step the old gives up a replica (drained) and the new adds one,
-until the old's last replica is retired through the manager's drain (nothing dropped) and the
-new has N. A step that fails (the replica not placed within ``replica_pending_timeout_s``, or it
-failed to start) turns the switch back the same way: the old adds back what it gave up, the new
-is drained and closed, and the index shows why in one line. Both versions' scaling loops are
-held meanwhile. With one replica, or with a ``[traffic]`` canary, the switch is the manager's.
+requests that name no version are split between the two by their healthy replicas (a
+``serving.repository.routing.SwitchSplit`` in the registry's traffic); then step by step the old
+gives up a replica (drained) and the new adds one, until the old's last replica is retired
+through the reconciler's hand-over (nothing dropped) and the new has N. A step that fails (the
+replica not placed within ``replica_pending_timeout_s``, or it failed to start) turns the switch
+back the same way: the old adds back what it gave up, the new is drained and closed (the
+reconciler's one drain, ``ServedModel.retire``), and the index shows why in one line. Both
+versions' scaling loops are held meanwhile. With one replica, or with a ``[traffic]`` canary,
+the switch is the one-step hand-over.
+
+The reconciler runs a switch as one tracked operation, the new version's settle (the end of its
+load): at most one in flight per version, its failure logged and counted.
 """
 
 from __future__ import annotations
@@ -22,22 +27,25 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from serving.canary.split import WeightedSplit
 from serving.elastic.loop import Scaler, hold, release, serving_count
+from serving.repository.routing import SwitchSplit
 from serving.settings.config import Settings
 from serving.version.runner import ElasticRunner, ModelRunner, RunnerFactory
 
 if TYPE_CHECKING:
+    from serving.repository.registry import Registry
     from serving.repository.source import ModelPlan
-    from serving.server.state import ServerState
     from serving.version.served import ServedModel
 
-__all__ = ["Fits", "Rolling", "RollingSplit", "ray_fits"]
+__all__ = ["Drain", "Fits", "Rolling", "ray_fits"]
 
 log = logging.getLogger("shardserve")
 
 # Whether ``count`` more replicas like the version's fit in what the cluster has free now.
 Fits = Callable[["ServedModel", int], Awaitable[bool]]
+# The reconciler's one drain: refuse with the reason, answer what it admitted, end its actors;
+# with a failure, the version stays in the index with it.
+Drain = Callable[["ServedModel", str, "str | None"], Awaitable[None]]
 # How often a replica being added is asked what it waits for (the reason a failed step gives).
 _LOOK_S = 1.0
 
@@ -57,32 +65,6 @@ async def ray_fits(model: ServedModel, count: int) -> bool:
     return why is None
 
 
-class RollingSplit:
-    """During a switch replica by replica: the version a request that names no version goes
-    to, the old or the new, in proportion to their healthy replicas (``ServerState.splits``)."""
-
-    def __init__(self, old: ServedModel, new: ServedModel) -> None:
-        self.old, self.new = old, new
-        self._counts = (-1, -1)
-        self._split: WeightedSplit | None = None
-
-    def pick(self) -> str:
-        split = self._current()
-        return self.new.version if split is None else split.pick()
-
-    def peek(self) -> str:
-        old, new = self._counts
-        return self.old.version if old >= new else self.new.version
-
-    def _current(self) -> WeightedSplit | None:
-        counts = (_healthy(self.old), _healthy(self.new))
-        if counts != self._counts:  # a replica came or went: shares follow
-            self._counts = counts
-            weights = {self.old.version: counts[0], self.new.version: counts[1]}
-            self._split = WeightedSplit(weights) if sum(counts) else None
-        return self._split
-
-
 @dataclass(eq=False)
 class Switch:
     """One model's switch: ``start`` replicas of the old version at its start, ``target`` of
@@ -97,13 +79,16 @@ class Switch:
 
 
 class Rolling:
-    """The manager's part: which new version replaces its old one replica by replica, the
-    steps, and the versions the manager keeps meanwhile. ``fits`` may be replaced (tests)."""
+    """Which new version replaces its old one replica by replica, the steps, and the versions
+    the reconciler keeps meanwhile. ``fits`` may be replaced (tests)."""
 
-    def __init__(self, state: ServerState, retire: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(
+        self, state: Registry, hand_over: Callable[[str], Awaitable[None]], drain: Drain
+    ) -> None:
         self.state = state
         self.fits: Fits = ray_fits
-        self._retire = retire  # the manager retires what it no longer keeps (drained)
+        self._hand_over = hand_over  # retires what the reconciler no longer keeps (drained)
+        self._drain_version = drain
         self._switches: dict[str, Switch] = {}
 
     def factory(self, model: ServedModel, plan: ModelPlan, factory: RunnerFactory) -> RunnerFactory:
@@ -135,11 +120,11 @@ class Rolling:
                 await self._forward(switch)
             elif _serving(switch.old):  # the new one failed to load
                 await self._back(switch, None)
-        except Exception:  # the manager's hand-over goes on: the READY version serves
+        except Exception:  # the reconciler's hand-over goes on: the READY version serves
             log.exception("model %r: the switch replica by replica failed", model.name)
         finally:
             self._switches.pop(model.name, None)
-            self.state.splits.pop(model.name, None)
+            self._unsplit(model.name)
             release(switch.old)
             release(switch.new)
 
@@ -183,7 +168,7 @@ class Rolling:
 
     async def _forward(self, switch: Switch) -> None:
         old, new = switch.old, switch.new
-        self.state.splits[new.name] = RollingSplit(old, new)
+        self.state.traffic[new.name] = SwitchSplit(old.version, new.version)
         while _count(new) < switch.target:
             if not (_serving(new) and (switch.gone or _serving(old))):
                 return  # unloaded or stopping meanwhile: the manager retires both
@@ -242,18 +227,25 @@ class Rolling:
         if _serving(new):
             await self._drain(new, why or "its switch was turned back")
         if why is not None:
-            new.load_error = f"{why}; version {old.version} serves with {_count(old)} replica(s)"
+            failure = f"{why}; version {old.version} serves with {_count(old)} replica(s)"
+            await self._drain_version(new, "", failure)
 
     async def _retire_old(self, switch: Switch) -> None:
-        """The old's last replica: the manager retires the version (drained, nothing dropped)."""
+        """The old's last replica: the reconciler retires the version (drained, nothing
+        dropped)."""
         switch.gone = True
-        self.state.splits.pop(switch.new.name, None)
-        await self._retire(switch.new.name)
+        self._unsplit(switch.new.name)
+        await self._hand_over(switch.new.name)
 
     async def _drain(self, model: ServedModel, why: str) -> None:
-        """Refuse, answer what it admitted, end its actors (the manager then unloads it)."""
-        self.state.splits.pop(model.name, None)
-        await model.retire(f"model {model.name!r} version {model.version} is unloaded ({why})")
+        """Refuse, answer what it admitted, end its actors (the reconciler's one drain)."""
+        self._unsplit(model.name)
+        reason = f"model {model.name!r} version {model.version} is unloaded ({why})"
+        await self._drain_version(model, reason, None)
+
+    def _unsplit(self, name: str) -> None:
+        if isinstance(self.state.traffic.get(name), SwitchSplit):
+            del self.state.traffic[name]
 
     async def _add(self, switch: Switch, model: ServedModel) -> tuple[bool, str]:
         """One more replica of ``model``; whether it serves, and what it waited for."""
@@ -309,8 +301,3 @@ def _serving(model: ServedModel) -> bool:
 
 def _count(model: ServedModel) -> int:
     return serving_count(model.health()) or 0
-
-
-def _healthy(model: ServedModel) -> int:
-    health = model.health()
-    return health.healthy if health is not None and _serving(model) else 0

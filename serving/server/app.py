@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from serving.canary.split import CanarySplit
 from serving.http.fast import FastPathLayer, FastRoutes
 from serving.http.replies import REQUEST_ID_KEY, request_id_from, send_with_request_id
 from serving.openapi.document import Served, document
@@ -165,7 +166,12 @@ def _served(state: ServerState) -> Served:
         shapes.add((runner.signature, rows))
     labels = {name: tuple(sorted(by_label)) for name, by_label in state.labels.items()}
     signature, max_rows = shapes.pop() if len(shapes) == 1 else (None, None)
-    return Served(tuple(versions), labels, signature, max_rows, tuple(sorted(state.rollouts)))
+    return Served(tuple(versions), labels, signature, max_rows, _canaries(state))
+
+
+def _canaries(state: ServerState) -> tuple[str, ...]:
+    """The models with a canary's rollout (their admin routes answer more than 404)."""
+    return tuple(sorted(n for n, split in state.traffic.items() if isinstance(split, CanarySplit)))
 
 
 def _untraced(app: FastAPI) -> bool:

@@ -30,11 +30,9 @@ from serving.openapi.document import ADMIN_SECURITY
 from serving.server.admin_routes import check_token
 
 if TYPE_CHECKING:
-    from serving.settings.config import Settings
-
-if TYPE_CHECKING:
     from serving.canary.controller import Rollout
-    from serving.server.state import ServerState
+    from serving.repository.manager import Repository
+    from serving.settings.config import Settings
 
 __all__ = ["RolloutView", "install_rollout_routes", "rollout_view"]
 
@@ -149,9 +147,8 @@ def install_rollout_routes(app: FastAPI, settings: Settings) -> None:
 
     def rollout_of(request: Request, name: str) -> Rollout:
         check_token(request, settings)
-        state: ServerState = request.app.state.shardserve
-        assert state.repository is not None  # the lifespan makes one before any request
-        return state.repository.rollouts.get(name)
+        repository: Repository = request.app.state.repository  # the lifespan's, before any request
+        return repository.rollouts.get(name)
 
     def view(rollout: Rollout) -> RolloutView:
         return rollout_view(rollout, rollout.now())

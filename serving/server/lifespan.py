@@ -1,7 +1,8 @@
-"""The app's lifespan, which owns every resource: it makes the server's state and its repository
-manager, starts gRPC and the repository (every version its policies select loads in the
-background), and at the end stops them within the stop budget: the polling first, then every
-served version drained and closed."""
+"""The app's lifespan, which owns every resource: it makes the server's state (its registry of
+what it serves) and the repository manager with its reconciler (``app.state.repository``, for
+the routes that need it), starts gRPC and the repository (every version its policies select
+loads in the background), and at the end stops them within the stop budget: the reconciler
+first, then every served version drained and closed."""
 
 from __future__ import annotations
 
@@ -39,8 +40,11 @@ def make_lifespan(
         state = ServerState(settings=settings)
         repository = repository_of(state)
         app.state.shardserve = state
-        # None when grpc_port is 0; its repository calls find the manager on the state.
-        grpc_server = await start_grpc_server(state, settings, lambda: state.repository)
+        # The routes that need the manager (the repository API, the canary's admin routes)
+        # find it here; the registry holds a reference only for the repository API's routes.
+        app.state.repository = state.repository = repository
+        # None when grpc_port is 0.
+        grpc_server = await start_grpc_server(state, settings, lambda: repository)
         try:
             await repository.start()
             yield
@@ -57,7 +61,7 @@ async def _shut_down(
     a SIGTERM the graceful server has drained the served versions already, out of the same
     budget."""
     budget = state.begin_stop()
-    await repository.stop(budget.answer_left())  # no poll starts or unloads a version now
+    await repository.stop(budget.answer_left())  # no step starts or unloads a version now
     models = state.served()
     await asyncio.gather(*(model.stop_jobs(budget.answer_left()) for model in models))
     # gRPC keeps serving meanwhile: its calls held in the batchers get their answers.

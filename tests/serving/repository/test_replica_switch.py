@@ -185,7 +185,7 @@ async def test_a_switch_that_does_not_fit_goes_replica_by_replica(tmp_path: Path
         assert list(state.models["m"]) == ["2"] and index(state)["m/2"] == ("READY", "")
         assert {1.0, 2.0} <= set(load.tags())  # both answered while they shared the requests
         assert set(load.tags()[-8:]) == {2.0}
-        assert "m" not in state.splits
+        assert "m" not in state.traffic
         batcher = state.models["m"]["2"].batcher
         assert batcher is not None and batcher.policy.pipeline_depth == 3  # limits for 3 replicas
 

@@ -69,7 +69,7 @@ async def canary_of(client: httpx.AsyncClient, root: Path, v: int, config: str =
     assert state.repository is not None
     add_version(root, v, config)
     await state.repository.poll_once()
-    await _until(lambda: state.rollouts["m"].canary == str(v))
+    await _until(lambda: state.repository.rollouts["m"].canary == str(v))
 
 
 async def test_a_canary_the_model_raises_on_is_rolled_back_kept_and_replaced(
@@ -79,7 +79,7 @@ async def test_a_canary_the_model_raises_on_is_rolled_back_kept_and_replaced(
     versions = Versions(poisoned={2})
     async with serve_repository(tmp_path, versions, admin_token=TOKEN) as client:  # type: ignore[arg-type]
         state: ServerState = client.shardserve  # type: ignore[attr-defined]
-        assert state.rollouts["m"].stable == "1" and state.labels["m"] == {"stable": "1"}
+        assert state.repository.rollouts["m"].stable == "1" and state.labels["m"] == {"stable": "1"}
         await canary_of(client, tmp_path, 2)
         assert state.labels["m"] == {"stable": "1", "canary": "2"}  # the role wins
         assert await tags(client, 6) == [1.0, 2.0] * 3  # 50/50, no version named
@@ -87,7 +87,7 @@ async def test_a_canary_the_model_raises_on_is_rolled_back_kept_and_replaced(
 
         with caplog.at_level(logging.WARNING, logger="shardserve"):
             bad = await tags(client, 20, first=-1.0)  # version 2 raises on these
-        rolled = state.rollouts["m"]
+        rolled = state.repository.rollouts["m"]
         assert (rolled.state, rolled.weights) == ("rolled_back", (50, 0))
         # At once: its 10th answer (3 above, 7 failed here) is its last.
         assert bad == [1.0, 422] * 7 + [1.0] * 6
@@ -105,7 +105,7 @@ async def test_a_canary_the_model_raises_on_is_rolled_back_kept_and_replaced(
 
         await canary_of(client, tmp_path, 3)  # a newer version replaces the rolled-back one
         await _until(lambda: versions.made[2].closed)
-        assert (state.rollouts["m"].state, state.rollouts["m"].weights) == ("canary", (50, 50))
+        assert (state.repository.rollouts["m"].state, state.repository.rollouts["m"].weights) == ("canary", (50, 50))
         assert index(state)["m/2"][0] == "UNAVAILABLE"
         assert sorted(await tags(client, 4)) == [1.0, 1.0, 3.0, 3.0]  # type: ignore[type-var]
 
@@ -147,7 +147,7 @@ async def test_a_flood_of_short_deadlines_at_the_canary_does_not_roll_it_back(
                 "parameters": {"timeout": -1},
             },
         )
-        rollout = state.rollouts["m"]
+        rollout = state.repository.rollouts["m"]
         counted = {v: w.count(rollout.now()) for v, w in rollout.windows.items()}
         assert await tags(client, 20) == [1.0, 2.0] * 10  # the split, still 50/50
     assert codes == [504] * 80
@@ -169,7 +169,7 @@ async def test_a_flood_at_the_stable_does_not_save_a_canary_failing_a_fifth_of_i
         for pair in range(10):  # stable, canary in turn (50/50): every 5th canary row fails
             answered += await tags(client, 1)
             answered += await tags(client, 1, first=-1.0 if pair % 5 == 4 else 1.0)
-        rollout = state.rollouts["m"]
+        rollout = state.repository.rollouts["m"]
     assert codes == [504] * 60
     assert answered == [1.0, 2.0] * 4 + [1.0, 422] + [1.0, 2.0] * 4 + [1.0, 422]
     assert (rollout.stable, rollout.state, rollout.weights) == ("1", "rolled_back", (50, 0))
@@ -188,8 +188,8 @@ async def test_an_auto_canary_that_holds_its_window_becomes_stable_and_the_old_r
         state: ServerState = client.shardserve  # type: ignore[attr-defined]
         await canary_of(client, tmp_path, 2)
         since = time.monotonic()
-        while state.rollouts["m"].stable != "2":  # judged after answers and every second
-            assert time.monotonic() - since < WAIT_S, state.rollouts["m"].state
+        while state.repository.rollouts["m"].stable != "2":  # judged after answers and every second
+            assert time.monotonic() - since < WAIT_S, state.repository.rollouts["m"].state
             await tags(client, 4)
         await _until(lambda: list(state.models["m"]) == ["2"])
         assert versions.made[1].closed
@@ -262,7 +262,7 @@ async def test_the_rollout_api_wants_the_token_and_refuses_clearly(tmp_path: Pat
             "with the first); models with one: ['m']",
         )
         loading.set()
-        await _until(lambda: "late" in state.rollouts)
+        await _until(lambda: "late" in state.repository.rollouts)
         assert (await call("GET", "/admin/models/late/rollout"))[0] == 200
         await state.repository.unload("late")
         code, why = await call("POST", f"{ROLLOUT}/promote")

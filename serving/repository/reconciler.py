@@ -1,0 +1,395 @@
+"""The one loop that moves versions: it compares what should be served with what runs and takes
+the next step, per model, once a tick (every ``TICK_S``, and at once on ``poke``).
+
+What should be served (the desired state): each model's plan, read from the repository on disk
+(``serving.repository.source``: its complete versions, the ones its ``config.toml``'s policy
+selects, its labels and ``[traffic]``), read again every ``repository_poll_s``; the models
+unloaded through the repository API (``held``: polling leaves them be until an API load); a
+canary's roles and weights with the judge's verdict, recorded by the canary's controller
+(``serving.canary.controller``); and, for a switch replica by replica, the new version's
+replica target (``serving.repository.replica_switch``).
+
+The steps, per model: a selected version that is not served loads (a ``ServedModel`` started;
+the other versions' queues widen meanwhile, ``serving.repository.switch_queue``); a failed one
+loads again once its files change (an API load: always); once a load ends, its settle: a switch
+replica by replica runs to its end, a failed version's actors end, then the hand-over; the
+hand-over retires what the plan no longer selects, or what is gone from disk, but a version
+that serves only once what replaces it is READY (one that failed keeps the old), and leaves the
+canary's stable and canary and a switch's old version be; the labels follow the READY versions
+and the canary's roles; a canary promoted has its old stable retired. A model unloaded through
+the API, or gone from disk, has every version retired. Every retire is one drain
+(``ServedModel.retire``: refuse with the reason, answer what was admitted, end the actors), then
+the version leaves the registry (``serving.repository.registry``).
+
+Long operations (a load, a retire, a settle with its switch) are started by a step and run as
+tasks tracked per (model, version, kind), at most one of each in flight; the next tick sees
+their end. A step or operation that raises is logged with its traceback and counted
+(``shardserve_background_errors_total{task}``), and the next tick takes the step again: a
+retire that failed is started again, a hand-over done again; nothing is left undone in a task
+nobody awaits. The elastic replica count of each READY version follows its own scaling loop
+(``serving.elastic.loop``), a job of the version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from serving.canary.controller import Rollouts
+from serving.canary.split import CanarySplit
+from serving.repository.index import UNLOADED
+from serving.repository.labels import Labels
+from serving.repository.registry import Registry
+from serving.repository.replica_switch import Rolling
+from serving.repository.source import REMOVED, ModelPlan, why_retired
+from serving.repository.switch_queue import narrow_queues, widen_queues
+from serving.supervisor import start_supervised
+from serving.version.readiness import version_state
+from serving.version.runner import RunnerFactory
+from serving.version.served import ServedModel
+
+__all__ = ["RETRIED", "THROUGH_API", "TICK_S", "Reconciler"]
+
+log = logging.getLogger("shardserve")
+
+TICK_S = 1.0
+THROUGH_API = "through the repository API"
+RETRIED = "to load it again: its files changed since its load failed"
+# Ending a failed version's actors: milliseconds on a live cluster; a Ray that is gone is not
+# waited for longer than this.
+_CLOSE_FAILED_S = 10.0
+# The loop itself failing (a bug in a tick's own code): started again after this pause,
+# doubling up to the second figure, as ``serving.server.supervise`` does for every loop.
+_RESTART_S = (1.0, 60.0)
+
+Op = tuple[str, str, str]  # (model name, version, kind)
+
+
+@dataclass(eq=False)
+class _Load:
+    """A version whose load was started and has not settled yet."""
+
+    model: ServedModel
+    fingerprint: str  # its files' when its load began: a failed one loads again once they change
+    narrowed: bool = False  # its widening of the other versions' queues has been undone
+
+
+class Reconciler:
+    def __init__(
+        self,
+        state: Registry,
+        runner_factory: RunnerFactory,
+        on_load_failure: Callable[[str], None] | None,
+    ) -> None:
+        self.state = state
+        self._factory = runner_factory
+        self._on_load_failure = on_load_failure
+        self.plans: dict[str, ModelPlan] = {}  # the desired state: each model's plan on disk
+        self.held: set[str] = set()  # unloaded through the API: polling leaves them be
+        # (name, version) -> the fingerprint its files had when its load failed
+        self._failed: dict[tuple[str, str], str] = {}
+        self._loads: dict[ServedModel, _Load] = {}
+        self._ops: dict[Op, asyncio.Task[None]] = {}
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._labels = Labels(state)
+        self.rollouts = Rollouts(state.models, state.metrics, self._roles_changed)
+        self.rolling = Rolling(state, self.hand_over_now, self._drain)
+        self._wake = asyncio.Event()
+
+    # ---- the loop
+
+    def poke(self, name: str | None = None) -> None:
+        """Take the next steps now rather than at the next tick (``name``: the model whose
+        desired state changed; every model is looked at)."""
+        self._wake.set()
+
+    def run(
+        self, poll: Callable[[], Coroutine[Any, Any, object]], poll_s: float
+    ) -> asyncio.Task[None]:
+        """The loop as a task: a tick every ``TICK_S`` or on ``poke``, ``poll()`` (reading the
+        repository again) every ``poll_s`` (0: never)."""
+        next_poll = time.monotonic() + poll_s
+
+        async def loop() -> None:
+            nonlocal next_poll
+            while True:
+                wait = TICK_S if poll_s <= 0 else min(TICK_S, next_poll - time.monotonic())
+                # asyncio.timeout, not wait_for: a wait_for whose event is set as the loop is
+                # cancelled swallows the cancel (Python 3.11), and the stop waits for the loop.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(wait, 0.0)):
+                        await self._wake.wait()
+                self._wake.clear()
+                if poll_s > 0 and time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + poll_s
+                    await self._guarded("repository_poll", "the model repository's poll", poll)
+                await self.tick()
+
+        return start_supervised(
+            "reconciler",
+            loop,
+            what="the reconciler's loop",
+            on_error=self.state.metrics.background_error,
+            pause=_RESTART_S,
+        )
+
+    async def tick(self) -> None:
+        """Judge the canaries, then take each model's next step."""
+        self.rollouts.check()
+        for name in sorted(set(self.plans) | set(self.state.models)):
+            what = f"model {name!r}'s reconcile step"
+            await self._guarded("reconcile", what, partial(self.step, name))
+
+    async def stop(self, timeout_s: float) -> None:
+        """End what is in flight (the server's stop drains and closes what is served)."""
+        tasks = list(self._ops.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(timeout_s, 0.01))
+
+    # ---- the desired state
+
+    def set_plan(self, name: str, plan: ModelPlan | None) -> None:
+        """The model's plan as read from disk now (``None``: gone from the repository)."""
+        if plan is None:
+            self.plans.pop(name, None)
+            return
+        before = self.plans.get(name)
+        if plan.error is not None and (before is None or before.error != plan.error):
+            log.error("model %r: %s; serving what is loaded of it", name, plan.error)
+        self.plans[name] = plan
+
+    async def until_retired(self, name: str) -> None:
+        """Until every version of ``name`` being retired has gone (an unload's wait); raises
+        what a retire raised."""
+        retiring = [t for (n, _, kind), t in self._ops.items() if n == name and kind == "retire"]
+        await asyncio.gather(*retiring)
+
+    # ---- one model's step
+
+    async def step(self, name: str, *, retry: bool = False) -> None:
+        """Bring model ``name`` one step closer to its desired state; ``retry``: a failed
+        version loads again whether or not its files changed (a load through the API)."""
+        async with self._locks[name]:
+            plan = self.plans.get(name)
+            held = name in self.held
+            if plan is None or held:
+                for model in list(self.state.models.get(name, {}).values()):
+                    self._start_retire(model, THROUGH_API if held else REMOVED)
+                if held and name not in self.state.models:
+                    self.state.unserved[name] = UNLOADED
+                return
+            if plan.error is not None:
+                return
+            served = dict(self.state.models.get(name, {}))
+            wanted = set(plan.selected)
+            again = [
+                m
+                for v, m in served.items()
+                if int(v) in wanted and m.load_error and (retry or self._changed(m, plan))
+            ]
+            for v in sorted(wanted - {int(v) for v in served}):
+                self._load(name, v, plan)
+            # A failed version serves nothing: it goes at once, and loads again.
+            await asyncio.gather(
+                *(self._retire(m, THROUGH_API if retry else RETRIED) for m in again)
+            )
+            for model in again:
+                self._load(name, int(model.version), plan)
+            pending = [
+                load
+                for load in self._loads.values()
+                if load.model.name == name and (name, load.model.version, "retire") not in self._ops
+            ]
+            for load in pending:  # one whose settle raised: again
+                self._start_settle(load)
+            if not pending:
+                self._hand_over(name)
+
+    def _changed(self, model: ServedModel, plan: ModelPlan) -> bool:
+        key = (model.name, model.version)
+        return self._failed.get(key) != plan.versions[int(model.version)].fingerprint
+
+    def _load(self, name: str, version: int, plan: ModelPlan) -> None:
+        found = plan.versions[version]
+        assert found.settings is not None  # selected versions have their settings
+        model = ServedModel(name, found.settings, self.state.metrics, version=str(version))
+        self.state.add_model(model)
+        widen_queues(self.state.models[name].values(), model)  # while it loads
+        self._loads[model] = _Load(model, found.fingerprint)
+        self.rollouts.listen(model)
+        model.start(self.rolling.factory(model, plan, self._factory), self._on_load_failure)
+        log.info("model %r version %d: loading", name, version)
+        self._start_settle(self._loads[model])
+
+    def _start_settle(self, load: _Load) -> None:
+        model = load.model
+        what = f"model {model.name!r} version {model.version}'s settle (the end of its load)"
+        self._start((model.name, model.version, "settle"), what, lambda: self._settle(load))
+
+    async def _settle(self, load: _Load) -> None:
+        """Once its load has ended (waited for here): a switch replica by replica runs to its end, a failed
+        version's actors end (its reason stays in the index), then what it was to replace is
+        retired, or kept if it failed. Whatever fails here, the queues widened for its load
+        narrow; a settle that raises is taken again on the next tick."""
+        model = load.model
+        try:
+            await self.rolling.settle(model)  # a switch replica by replica ends first
+            key = (model.name, model.version)
+            if model.load_error:
+                self._failed[key] = load.fingerprint
+                await model.stop_jobs(_CLOSE_FAILED_S)
+                await model.close(_CLOSE_FAILED_S)
+            else:
+                self._failed.pop(key, None)
+            async with self._locks[model.name]:
+                self._hand_over(model.name, settling=model)
+            self._loads.pop(model, None)
+        finally:
+            self._narrow(load)
+
+    def _narrow(self, load: _Load) -> None:
+        if not load.narrowed:
+            load.narrowed = True
+            narrow_queues(load.model.name, self.state.models.get(load.model.name, {}).values())
+
+    # ---- the hand-over
+
+    async def hand_over_now(self, name: str) -> None:
+        """The hand-over, waited for: until what it retires has gone."""
+        async with self._locks[name]:
+            started = self._hand_over(name)
+        await asyncio.gather(*started)
+
+    def _hand_over(
+        self, name: str, settling: ServedModel | None = None
+    ) -> list[asyncio.Task[None]]:
+        """Retire the versions the plan no longer holds or selects (the model's lock held).
+
+        One that serves stays while a selected version still loads or none is READY (a new one
+        that failed keeps the old); its turn comes when a selected version's load ends (its
+        settle, ``settling``). Requests that name no version reach the highest READY version."""
+        plan = self.plans.get(name)
+        if plan is None or plan.error is not None or name in self.held:
+            return []
+        keep = self.rollouts.arrange(name, plan) | self.rolling.keep(name)  # canary, switch
+        self._publish(name)
+        served = self.state.models.get(name, {})
+        wanted = [version_state(served[str(v)])[0] for v in plan.selected if str(v) in served]
+        settled = not plan.selected or ("LOADING" not in wanted and "READY" in wanted)
+        retiring = [
+            m
+            for v, m in served.items()
+            if int(v) not in plan.selected
+            and v not in keep
+            and (settled or version_state(m)[0] != "READY")
+        ]
+        for model in retiring:  # at once: the next request that names no version goes on
+            model.stop_accepting(_refusal(model, why_retired(plan, model.version)))
+        started = [self._start_retire(m, why_retired(plan, m.version)) for m in retiring]
+        self._set_labels(name)
+        return started
+
+    def _roles_changed(self, name: str) -> None:
+        """A canary's verdict or an admin's move: the labels follow at once; the next tick
+        retires an old stable."""
+        self._set_labels(name)
+        self.poke(name)
+
+    def _set_labels(self, name: str) -> None:
+        self._labels.set(name, self.plans.get(name), self.rollouts.roles(name))
+
+    def _publish(self, name: str) -> None:
+        """The model's canary split, where it has one, is the registry's traffic for it."""
+        split = self.rollouts.split(name)
+        if split is not None:
+            self.state.traffic[name] = split
+        elif isinstance(self.state.traffic.get(name), CanarySplit):
+            del self.state.traffic[name]
+
+    # ---- the one drain
+
+    def _start_retire(self, model: ServedModel, reason: str) -> asyncio.Task[None]:
+        what = f"model {model.name!r} version {model.version}'s retire ({reason})"
+        key = (model.name, model.version, "retire")
+        return self._start(key, what, lambda: self._retire(model, reason))
+
+    async def _retire(self, model: ServedModel, reason: str) -> None:
+        """Refuse new requests, answer those admitted (``ServedModel.retire``), end the actors,
+        then stop routing to it."""
+        await model.retire(_refusal(model, reason))
+        load = self._loads.pop(model, None)
+        if load is not None:  # retired before its load settled
+            self._narrow(load)
+        if self.state.models.get(model.name, {}).get(model.version) is model:
+            self.state.remove_model(model.name, model.version)
+        self.rollouts.gone(model.name, model.version)
+        self._publish(model.name)
+        self._failed.pop((model.name, model.version), None)
+        self.state.metrics.remove_model(model.name, model.version)
+        log.info("model %r version %s unloaded: %s", model.name, model.version, reason)
+        self._set_labels(model.name)
+
+    async def _drain(self, model: ServedModel, reason: str, failure: str | None) -> None:
+        """A switch's drain of a version that stays in the index (``failure``: why)."""
+        if reason:
+            await model.retire(reason)
+        if failure is not None:
+            model.load_error = failure
+
+    # ---- operations in flight
+
+    def _start(
+        self, key: Op, what: str, job: Callable[[], Coroutine[Any, Any, None]]
+    ) -> asyncio.Task[None]:
+        """Run ``job`` as the one operation ``key`` in flight (the one running, if there is);
+        its failure is logged and counted, and raised to whoever awaits it."""
+        running = self._ops.get(key)
+        if running is not None:
+            return running
+        task = asyncio.create_task(self._guarded(key[2], what, job, reraise=True))
+        task.set_name(f"shardserve-{key[2]}")
+        self._ops[key] = task
+
+        def ended(done: asyncio.Task[None]) -> None:
+            if self._ops.get(key) is done:
+                del self._ops[key]
+            if not done.cancelled():
+                done.exception()  # logged already: retrieved, so asyncio does not again
+            self.poke(key[0])
+
+        task.add_done_callback(ended)
+        return task
+
+    async def _guarded(
+        self,
+        kind: str,
+        what: str,
+        job: Callable[[], Coroutine[Any, Any, object]],
+        *,
+        reraise: bool = False,
+    ) -> None:
+        try:
+            await job()
+        except Exception as exc:
+            self.state.metrics.background_error(kind)
+            log.exception("%s failed (%s: %s)", what, type(exc).__name__, _first_line(exc))
+            if reraise:
+                raise
+
+
+def _refusal(model: ServedModel, reason: str) -> str:
+    return f"model {model.name!r} version {model.version} is being unloaded ({reason})"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else "no message"
