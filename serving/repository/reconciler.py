@@ -236,10 +236,10 @@ class Reconciler:
         self._start((model.name, model.version, "settle"), what, lambda: self._settle(load))
 
     async def _settle(self, load: _Load) -> None:
-        """Once its load has ended (waited for here): a switch replica by replica runs to its end, a failed
-        version's actors end (its reason stays in the index), then what it was to replace is
-        retired, or kept if it failed. Whatever fails here, the queues widened for its load
-        narrow; a settle that raises is taken again on the next tick."""
+        """Once its load has ended (waited for here): a switch replica by replica runs to its
+        end, a failed version's actors end (its reason stays in the index), then what it was
+        to replace is retired, or kept if it failed. Whatever fails here, the queues widened
+        for its load narrow; a settle that raises is taken again on the next tick."""
         model = load.model
         try:
             await self.rolling.settle(model)  # a switch replica by replica ends first
@@ -362,9 +362,10 @@ class Reconciler:
         def ended(done: asyncio.Task[None]) -> None:
             if self._ops.get(key) is done:
                 del self._ops[key]
-            if not done.cancelled():
-                done.exception()  # logged already: retrieved, so asyncio does not again
-            self.poke(key[0])
+            if done.cancelled():
+                return
+            if done.exception() is None:  # (retrieved: one that raised is logged already)
+                self.poke(key[0])  # what follows it, now; a failure waits for the next tick
 
         task.add_done_callback(ended)
         return task

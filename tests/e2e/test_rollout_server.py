@@ -81,7 +81,9 @@ async def test_a_failing_canary_rolls_back_and_a_good_one_is_promoted_on_its_own
 
             add_version(repository, "m", 2, narrow_tokens())
             await state.repository.poll_once()
-            await until(lambda: state.repository.rollouts["m"].canary == "2", "version 2 the canary")
+            await until(
+                lambda: state.repository.rollouts["m"].canary == "2", "version 2 the canary"
+            )
             during = await send(20)
             rolled = state.repository.rollouts["m"]
             rolled_back = (rolled.state, rolled.weights, rolled.reason)
@@ -92,7 +94,9 @@ async def test_a_failing_canary_rolls_back_and_a_good_one_is_promoted_on_its_own
 
             add_version(repository, "m", 3, build_demo("demo-tokens"))
             await state.repository.poll_once()
-            await until(lambda: state.repository.rollouts["m"].canary == "3", "version 3 the canary")
+            await until(
+                lambda: state.repository.rollouts["m"].canary == "3", "version 3 the canary"
+            )
             promoted: list[httpx.Response] = []
             while state.repository.rollouts["m"].stable != "3":  # auto: after a whole window
                 assert len(promoted) < 2000, "version 3 was not promoted"

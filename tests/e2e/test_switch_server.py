@@ -146,7 +146,9 @@ async def test_a_switch_under_load_drops_nothing_and_a_slow_canary_rolls_back(
 
             add_version(repository, "slow", 2, slow_tokens())
             await state.repository.poll_once()
-            await until(lambda: state.repository.rollouts["slow"].canary == "2", "version 2 the canary")
+            await until(
+                lambda: state.repository.rollouts["slow"].canary == "2", "version 2 the canary"
+            )
             slow: list[tuple[float, int, str]] = []
             while state.repository.rollouts["slow"].state != "rolled_back":
                 assert len(slow) < 300, "the slow canary was not rolled back"

@@ -105,7 +105,10 @@ async def test_a_canary_the_model_raises_on_is_rolled_back_kept_and_replaced(
 
         await canary_of(client, tmp_path, 3)  # a newer version replaces the rolled-back one
         await _until(lambda: versions.made[2].closed)
-        assert (state.repository.rollouts["m"].state, state.repository.rollouts["m"].weights) == ("canary", (50, 50))
+        assert (state.repository.rollouts["m"].state, state.repository.rollouts["m"].weights) == (
+            "canary",
+            (50, 50),
+        )
         assert index(state)["m/2"][0] == "UNAVAILABLE"
         assert sorted(await tags(client, 4)) == [1.0, 1.0, 3.0, 3.0]  # type: ignore[type-var]
 
