@@ -112,7 +112,7 @@ def serving_count(health: Health | None) -> int | None:
 def inherit_count(model: ServedModel, others: Iterable[ServedModel]) -> None:
     """A version switch: a new version starts at the count of the highest READY version of the
     model serving now (``start_count``). Called as the version is added, before it loads."""
-    ready = [m for m in others if m.ready.is_set() and m.refusing is None]
+    ready = [m for m in others if m.serving]
     if ready:
         newest = max(ready, key=lambda m: (len(m.version), m.version))
         model.settings = start_count(model.settings, serving_count(newest.health()))
@@ -120,7 +120,7 @@ def inherit_count(model: ServedModel, others: Iterable[ServedModel]) -> None:
 
 async def run_scaling(model: ServedModel, period_s: float = SCALE_PERIOD_S) -> None:
     """``model``'s scaling loop, from READY until cancelled."""
-    await model.ready.wait()
+    await model.until_ready()
     runner, batcher = model.runner, model.batcher
     low, high = model.settings.replica_bounds()
     if low == high:  # a fixed count: nothing to show or do

@@ -45,6 +45,7 @@ from serving.repository.source import (
 from serving.repository.switch_queue import narrow_queues, widen_queues
 from serving.server.supervise import supervise
 from serving.settings.config import Settings
+from serving.version.life import VersionState
 from serving.version.readiness import version_state
 from serving.version.runner import RunnerFactory, plan_private_ray
 from serving.version.served import ServedModel
@@ -160,12 +161,11 @@ class Repository:
         chosen = [self.state.models.get(name, {}).get(str(v)) for v in plan.selected]
         loading = [m for m in chosen if m is not None]
         await asyncio.gather(*(m.wait_load() for m in loading))
-        failed = [m for m in loading if m.load_error]
+        failed = [m for m in loading if m.state is VersionState.FAILED]
         if failed:
             raise NotReadyError(
                 "; ".join(
-                    f"model {name!r} version {m.version} failed to load: {m.load_error}"
-                    for m in failed
+                    f"model {name!r} version {m.version} failed to load: {m.reason}" for m in failed
                 )
             )
 
@@ -197,7 +197,9 @@ class Repository:
             again = [
                 m
                 for v, m in served.items()
-                if int(v) in wanted and m.load_error and (retry or self._changed(m, plan))
+                if int(v) in wanted
+                and m.state is VersionState.FAILED
+                and (retry or self._changed(m, plan))
             ]
             for v in sorted(wanted - {int(v) for v in served}):
                 self._load(name, v, plan)
@@ -256,7 +258,7 @@ class Repository:
         try:
             await self.rolling.settle(model)  # a switch replica by replica ends first
             key = (model.name, model.version)
-            if model.load_error:
+            if model.state is VersionState.FAILED:
                 self._failed[key] = fingerprint
                 await model.stop_jobs(_CLOSE_FAILED_S)
                 await model.close(_CLOSE_FAILED_S)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from serving.canary.split import WeightedSplit
 from serving.elastic.loop import Scaler, hold, release, serving_count
 from serving.settings.config import Settings
+from serving.version.life import VersionState
 from serving.version.runner import ElasticRunner, ModelRunner, RunnerFactory
 
 if TYPE_CHECKING:
@@ -226,7 +227,7 @@ class Rolling:
                 if _count(new) > 1:
                     await self._remove(switch, new)
                 else:
-                    await self._drain(new, why or "its switch was turned back")
+                    await self._drain(new, why or "its switch was turned back", keep=True)
             added, waited = await self._add(switch, old)
             if not added:
                 log.warning(
@@ -240,9 +241,10 @@ class Rolling:
                 )
                 break
         if _serving(new):
-            await self._drain(new, why or "its switch was turned back")
-        if why is not None:
-            new.load_error = f"{why}; version {old.version} serves with {_count(old)} replica(s)"
+            await self._drain(new, why or "its switch was turned back", keep=True)
+        if new.state is VersionState.DRAINING:  # drained above: it ends as the switch did
+            failure = None if why is None else f"{why}; version {old.version} serves with "
+            new.end_retire(None if failure is None else f"{failure}{_count(old)} replica(s)")
 
     async def _retire_old(self, switch: Switch) -> None:
         """The old's last replica: the manager retires the version (drained, nothing dropped)."""
@@ -250,10 +252,12 @@ class Rolling:
         self.state.splits.pop(switch.new.name, None)
         await self._retire(switch.new.name)
 
-    async def _drain(self, model: ServedModel, why: str) -> None:
-        """Refuse, answer what it admitted, end its actors (the manager then unloads it)."""
+    async def _drain(self, model: ServedModel, why: str, *, keep: bool = False) -> None:
+        """Refuse, answer what it admitted, end its actors (the manager then unloads it);
+        ``keep``: it stays DRAINING until the switch says how it ended."""
         self.state.splits.pop(model.name, None)
-        await model.retire(f"model {model.name!r} version {model.version} is unloaded ({why})")
+        why = f"model {model.name!r} version {model.version} is unloaded ({why})"
+        await model.retire(why, keep_draining=keep)
 
     async def _add(self, switch: Switch, model: ServedModel) -> tuple[bool, str]:
         """One more replica of ``model``; whether it serves, and what it waited for."""
@@ -304,7 +308,7 @@ class Rolling:
 
 
 def _serving(model: ServedModel) -> bool:
-    return model.ready.is_set() and not model.load_error and model.refusing is None
+    return model.serving
 
 
 def _count(model: ServedModel) -> int:

@@ -57,9 +57,7 @@ class GracefulServer(uvicorn.Server):
         state = self._state_of()
         if state is not None:
             budget = state.begin_stop()
-            serving = [
-                m.batcher for m in state.served() if m.batcher is not None and m.ready.is_set()
-            ]
+            serving = [m.batcher for m in state.served() if m.batcher is not None and m.was_ready]
             if serving:
                 log.info(
                     "%s: refusing new requests; answering %d queued row(s) and %d batch(es) in "

@@ -71,7 +71,7 @@ async def serve(runner: FakeRunner, **overrides: Any) -> AsyncIterator[Served]:
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await _until(lambda: server.started)
-        await app.state.shardserve.model().ready.wait()
+        await app.state.shardserve.model().until_ready()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             yield Served(server, app.state.shardserve, client, serving)
     finally:
