@@ -254,6 +254,11 @@ class ModelMetrics:
         if not self.removed:
             self._f.scale_events.labels(*self.key, direction, reason).inc()
 
+    def bind_state(self, state: Callable[[], str], states: tuple[str, ...]) -> None:
+        """``shardserve_version_state`` reads ``state()`` at each scrape (one of ``states``)."""
+        if not self.removed:
+            self._health.states[self.key] = (state, states)
+
     def bind_health(self, source: Callable[[], Health]) -> None:
         if not self.removed:
             self._health.sources[self.key] = source
@@ -311,6 +316,7 @@ class Metrics:
             family.remove_by_labels(dict(zip(MODEL_LABELS, key, strict=True)))
         self._stages.snapshots.pop(key, None)
         self._health.sources.pop(key, None)
+        self._health.states.pop(key, None)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

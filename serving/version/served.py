@@ -66,6 +66,7 @@ class ServedModel:
     def __post_init__(self) -> None:
         self.metrics = self.server_metrics.for_model(self.name, self.version)
         self._life = Life(f"model {self.name!r} version {self.version}")
+        self.metrics.bind_state(lambda: self._life.state, tuple(VersionState))
 
     # ---- its state (``serving.version.life``), read-only outside this module
 

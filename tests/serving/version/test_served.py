@@ -17,6 +17,7 @@ from serving.version.life import VersionState
 from serving.version.served import ServedModel
 from shards.signature import ModelSignature, TensorSpec
 from tests.fakes import WAIT_S, FakeRunner, make_rows
+from tests.metrics_text import metric
 
 
 def _state(*names: str) -> ServerState:
@@ -187,3 +188,24 @@ async def test_a_stats_poll_that_hangs_is_dropped_and_the_next_one_runs(
     finally:
         poll.cancel()
     assert runner.stats_calls >= 2
+
+
+async def test_the_state_gauge_follows_the_versions_state_machine() -> None:
+    state = _state("a")
+    model = state.model()
+
+    def states() -> dict[str, float]:
+        text = state.metrics.render().decode()
+        return {
+            s.value: metric(text, "shardserve_version_state", model="a", version="1", state=s)
+            for s in VersionState
+        }
+
+    assert states() == {s.value: float(s is VersionState.LOADING) for s in VersionState}
+    runner = FakeRunner()
+    await _load(model, runner)
+    assert states() == {s.value: float(s is VersionState.READY) for s in VersionState}
+    await model.retire("model 'a' version 1 is being unloaded (test)")
+    assert states() == {s.value: float(s is VersionState.RETIRED) for s in VersionState}
+    state.metrics.remove_model("a", "1")
+    assert "shardserve_version_state{" not in state.metrics.render().decode()
