@@ -6,7 +6,7 @@ healthy replicas.
 ``run_scaling`` is one of a ``ServedModel``'s jobs: it starts once the version is READY and
 ends with its jobs (``ServedModel.stop_jobs``). A version with a fixed count, or whose runner
 cannot change its count (the tests' fakes), is never scaled; its ``ScaleStatus`` says so.
-Adds and removes run as tasks of their own (``serving.server.supervise``: one that raises is
+Adds and removes run as tasks of their own (``serving.supervisor``: one that raises is
 logged and counted, an add then given up as one that found no room), so that the loop keeps
 sampling while a replica waits minutes for a node; at most one of each runs at a time.
 """
@@ -24,8 +24,8 @@ from weakref import WeakKeyDictionary
 
 from serving.elastic.policy import Autoscaler, ScaleDecision, ScalePolicy, replica_rows
 from serving.repository.switch_queue import queue_factor
-from serving.server.supervise import supervise
 from serving.settings.config import Settings, default_queue_rows
+from serving.supervisor import supervise
 from serving.version.runner import ElasticRunner
 
 if TYPE_CHECKING:

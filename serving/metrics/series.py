@@ -24,7 +24,7 @@ from shards.pipeline.health import Health
 
 __all__ = ["BACKGROUND_TASKS", "MODEL_LABELS", "Metrics", "ModelMetrics", "memory_figures"]
 
-# The background tasks (``serving.server.supervise``), by the label their failures are counted in.
+# The background tasks (``serving.supervisor``), by the label their failures are counted in.
 BACKGROUND_TASKS = (
     "load",
     "batcher",
@@ -292,7 +292,7 @@ class Metrics:
             self._background_errors.labels(task)
 
     def background_error(self, task: str) -> None:
-        """One failure of the background task ``task`` (``serving.server.supervise``)."""
+        """One failure of the background task ``task`` (``serving.supervisor``)."""
         self._background_errors.labels(task).inc()
 
     def for_model(self, name: str, version: str) -> ModelMetrics:

@@ -43,8 +43,8 @@ from serving.repository.source import (
     why_retired,
 )
 from serving.repository.switch_queue import narrow_queues, widen_queues
-from serving.server.supervise import supervise
 from serving.settings.config import Settings
+from serving.supervisor import supervise
 from serving.version.life import VersionState
 from serving.version.readiness import version_state
 from serving.version.runner import RunnerFactory, plan_private_ray

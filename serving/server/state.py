@@ -14,9 +14,9 @@ from serving.elastic.loop import inherit_count
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.http.body_deadline import body_deadlines
 from serving.metrics.series import Metrics
-from serving.server.stop_budget import StopBudget
 from serving.settings.config import Settings
 from serving.version.readiness import readiness
+from serving.version.stop_budget import StopBudget
 
 if TYPE_CHECKING:
     from serving.canary.controller import Rollout

@@ -25,16 +25,16 @@ from serving.elastic.loop import ScaleStatus, run_scaling
 from serving.errors import NotReadyError
 from serving.http.admission import Admitted
 from serving.metrics.series import Metrics, ModelMetrics
-from serving.server.stop_budget import StopBudget, drain_batcher
-from serving.server.supervise import supervise
 from serving.settings.config import ConfigError, Settings
 from serving.settings.lengths import served_max_length
+from serving.supervisor import supervise
 from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
 from serving.version.life import LOADING_STATES, Life, VersionState
 from serving.version.runner import ModelRunner, RunnerFactory, release_bundle
 from serving.version.shape_log import ShapeLog
 from serving.version.stage_stats import log_memory, poll_stats
+from serving.version.stop_budget import StopBudget, drain_batcher
 from shards.errors import one_line
 from shards.pipeline.health import Health
 from shards.signature import ModelSignature
@@ -311,7 +311,7 @@ class ServedModel:
 
     async def drain(self, budget: StopBudget) -> None:
         """Answer what the batcher holds until the budget's drain mark, then fail the rest
-        (``serving.server.stop_budget``): first the requests it admitted before it began to
+        (``serving.version.stop_budget``): first the requests it admitted before it began to
         refuse, some of which may not have queued their rows yet."""
         await self.admitted.wait_idle(budget.drain_left())
         if self.batcher is not None:

@@ -331,7 +331,7 @@ async def test_a_retire_waits_no_longer_than_the_deadlines_it_admitted(tmp_path:
 async def test_a_settle_that_raises_is_logged_counted_and_its_hand_over_done_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("serving.server.supervise.RESTART_S", (0.0, 0.0))
+    monkeypatch.setattr("serving.supervisor.RESTART_S", (0.0, 0.0))
     caplog.set_level(logging.ERROR, logger="shardserve")
     version(tmp_path, "m", 1)
     runners = Runners()
