@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from serving.batching.batcher import Batcher, BatchSettings
-from serving.elastic.loop import ScaleStatus, run_scaling
+from serving.elastic.loop import run_scaling
 from serving.errors import NotReadyError
 from serving.http.admission import Admitted
 from serving.metrics.series import Metrics, ModelMetrics
@@ -32,6 +32,7 @@ from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
 from serving.version.life import LOADING_STATES, Life, VersionState
 from serving.version.runner import ModelRunner, RunnerFactory, release_bundle
+from serving.version.scale_state import ScaleState, ScaleStatus
 from serving.version.shape_log import ShapeLog
 from serving.version.stage_stats import log_memory, poll_stats
 from serving.version.stop_budget import StopBudget, drain_batcher
@@ -55,6 +56,8 @@ class ServedModel:
     batcher: Batcher | None = None  # set once the model is warm: from then on it is ready
     length_plan: LengthPlan | None = None  # the length padding in force, or why none (warm-up)
     scaling: ScaleStatus | None = None  # its replica bounds, target and why (once READY)
+    # What serving.elastic keeps of this version (held by a switch, a fixed count, its scaler).
+    scale_state: ScaleState = field(default_factory=ScaleState, repr=False)
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
     shapes: ShapeLog = field(default_factory=ShapeLog, repr=False)  # what the stages ran
     admitted: Admitted = field(default_factory=Admitted, repr=False)
