@@ -1,8 +1,9 @@
 """How every background task of shardserve runs, so that none ends unseen.
 
 It sits at the bottom of ``serving`` (beside the settings and errors) so that every layer starts
-its tasks through it: the batcher's loop as well as the server's. It imports no metrics: the
-caller hands it ``on_error(task)``, which counts the failure (the server's
+its tasks through it: the batcher's loop as well as the server's (``supervise``: a version's jobs,
+the reconciler's operations). It imports no metrics: the caller hands it ``on_error(task)`` (or
+the metrics themselves, as an ``ErrorCounter``), which counts the failure (the server's
 ``shardserve_background_errors_total{task}``).
 
 A task that raises has its traceback logged once, ``on_error(task)`` called, and then:
@@ -23,9 +24,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Job", "run_supervised", "start_supervised"]
+__all__ = ["RESTART_S", "ErrorCounter", "Job", "run_supervised", "start_supervised", "supervise"]
 
 log = logging.getLogger("shardserve")
 
@@ -101,3 +102,32 @@ async def run_supervised(
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else "no message"
+
+
+# The pause before a failed loop of the server starts again, doubling up to the second figure; a
+# loop that ran longer than that before failing starts from the first again.
+RESTART_S = (1.0, 60.0)
+
+
+class ErrorCounter(Protocol):
+    """What counts a background task's failure (``serving.metrics.series.Metrics``)."""
+
+    def background_error(self, task: str) -> None: ...
+
+
+def supervise(
+    task: str,
+    job: Job,
+    metrics: ErrorCounter,
+    *,
+    what: str,
+    restart: bool = True,
+    on_failure: Callable[[str], None] | None = None,
+) -> asyncio.Task[None]:
+    """Run ``job()`` as a task named ``shardserve-<task>``: ``task`` is the counter's label,
+    ``what`` names it in the log (``model 'a' version 2's scaling loop``). With ``restart``,
+    a failure runs ``job()`` again after ``RESTART_S``; without, it calls ``on_failure(reason)``."""
+    return start_supervised(
+        task, job, what=what, on_error=metrics.background_error,
+        pause=RESTART_S if restart else None, on_failure=on_failure,
+    )  # fmt: skip

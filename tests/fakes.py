@@ -174,3 +174,15 @@ async def settle(aw: Awaitable[T]) -> T | BaseException:
         return await aw
     except BaseException as exc:  # tests inspect whatever came out, cancellation included
         return exc
+
+
+def put_in_state(model: Any, *path: str, reason: str | None = None) -> None:
+    """Walk a served version (``serving.version.served.ServedModel``) along ``path`` of its
+    state machine's transitions (e.g. ``"WARMING", "READY"``) without a load: for a unit test
+    that needs a version in a state. Each step is checked as in the server (an illegal one
+    raises); ``reason`` goes with the last step (FAILED, DRAINING)."""
+    from serving.version.life import VersionState
+
+    life = model._life
+    for i, name in enumerate(path):
+        life.move(VersionState(name), reason if i == len(path) - 1 else None)

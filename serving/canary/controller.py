@@ -366,4 +366,4 @@ class Rollouts:
 
 
 def _ready(model: ServedModel) -> bool:
-    return model.ready.is_set() and not model.load_error and model.refusing is None
+    return model.serving

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from serving.settings.config import ConfigError, Settings, load_settings
+from serving.version.life import VersionState
 
 err = Console(stderr=True)
 
@@ -148,7 +149,8 @@ def run_server(settings: Settings) -> None:
     state = getattr(api.state, "shardserve", None)
     # With --model a load failure ends the server (exit 1); a repository serves on without it.
     single = settings.model_repository is None
-    failed = [m.load_error for m in state.served() if m.load_error] if state and single else []
+    served = state.served() if state and single else []
+    failed = [m.reason for m in served if m.state is VersionState.FAILED]
     if failed:
         err.print(f"[red]error:[/red] the model failed to load: {failed[0]}")
         raise typer.Exit(1)

@@ -1,15 +1,20 @@
 """When a model version should have one replica more or one fewer: the autoscale policy.
 
-It reads what the batcher knows, sampled by the server's scaling loop (``serving.elastic.loop``)
-about once a second: how long the queue's oldest row has waited beyond the batch wait, the rows
-in flight, and what one replica delivers (the rows it holds in flight at full pace, from the
-run-time model of compute: ``replica_rows``).
+``decide`` is a pure function, as Ray Serve's ``autoscaling_policy.py`` is: from one
+``Observation`` of the version (sampled about once a second by ``serving.elastic.steps``), the
+policy's own ``PolicyState`` from the sample before (plain data), its ``ScalePolicy`` and ``now``
+to a ``ScaleDecision`` and the state to keep for the next sample. ``Autoscaler`` only carries that
+state from one sample to the next.
+
+The observation is what the batcher knows: how long the queue's oldest row has waited beyond the
+batch wait, the rows in flight, and what one replica delivers (the rows it holds in flight at full
+pace, from the run-time model of compute: ``replica_rows``).
 
 - Up: the queue's wait stays over ``target_queue_wait_ms`` for ``upscale_delay_s``, and no
   replica is still pending or starting. The target is one more, or what the offered load needs
-  when the server measured it (``demand``: the healthy replicas times the requests offered over
-  those answered without a 503), so a step to 2.5x one replica's load asks for 3 at once; the
-  loop places them one after another, never two pending placement at a time.
+  when the server measured it (``demand``, ``serving.elastic.demand``), so a step to 2.5x one
+  replica's load asks for 3 at once; the steps place them one after another, never two pending
+  placement at a time.
 - Down, one at a time: the queue's wait stays under half the target and the rows in flight stay
   under half of what the replicas left would deliver, for ``downscale_delay_s``.
 - Both windows start again whenever the healthy count changes: a new replica is judged on the
@@ -18,16 +23,25 @@ run-time model of compute: ``replica_rows``).
 - Within [min_replicas, max_replicas]: below the minimum (a replica given up) one is added at
   once; above the maximum one is removed at once.
 
-Pure: no clock of its own (``now`` comes in), no asyncio, no HTTP, no Ray.
+Pure: no clock of its own (``now`` comes in), no asyncio, no HTTP, no Ray (an import-linter
+contract says so).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-__all__ = ["Autoscaler", "ScaleDecision", "ScalePolicy", "replica_rows"]
+__all__ = [
+    "Autoscaler",
+    "Observation",
+    "PolicyState",
+    "ScaleDecision",
+    "ScalePolicy",
+    "decide",
+    "replica_rows",
+]
 
 Direction = Literal["up", "down", ""]
 # What a replica left after a scale-down may be loaded to, as a share of what it delivers; the
@@ -59,6 +73,33 @@ class ScalePolicy:
 
 
 @dataclass(frozen=True)
+class Observation:
+    """One sample of a version: ``replicas``: every replica not draining (``pending``: those
+    placed or starting, not yet serving, counted in it); ``healthy``: those in the rotation;
+    ``replica_rows``: what one replica delivers, when measured; ``demand``: the replicas the
+    offered load needs, when measured."""
+
+    queue_wait_ms: float
+    inflight_rows: int
+    healthy: int
+    pending: int
+    replicas: int
+    replica_rows: float | None
+    demand: float | None = None
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What the policy keeps between samples: since when the queue's wait has been over target,
+    since when the load has been under the down share, and the healthy count they were judged
+    against (a change starts both windows again)."""
+
+    over_since: float | None = None
+    quiet_since: float | None = None
+    healthy: int | None = None
+
+
+@dataclass(frozen=True)
 class ScaleDecision:
     """``target``: the replicas the version should have; ``direction``: add ("up") or remove
     ("down") one replica now, or "" (hold); ``reason``: the metric label (``queue_wait``,
@@ -82,14 +123,57 @@ def replica_rows(
     return max_batch_size * max(1.0, latency_s / bottleneck_s)
 
 
+def decide(
+    seen: Observation, state: PolicyState, policy: ScalePolicy, now: float
+) -> tuple[ScaleDecision, PolicyState]:
+    """The decision for ``seen`` at ``now`` (monotonic seconds), and the state for the next
+    sample."""
+    p, replicas = policy, seen.replicas
+    over_since, quiet_since = state.over_since, state.quiet_since
+    if seen.healthy != state.healthy:  # new capacity: judge it on the load from now
+        over_since = quiet_since = None
+    over = seen.queue_wait_ms > p.target_queue_wait_ms
+    over_since = _since(over_since, now) if over else None
+    load = _load_left(seen.inflight_rows, seen.healthy, replicas, seen.replica_rows)
+    quiet = seen.queue_wait_ms < DOWN_SHARE * p.target_queue_wait_ms and load < DOWN_SHARE
+    quiet_since = _since(quiet_since, now) if quiet else None
+    kept = PolicyState(over_since, quiet_since, seen.healthy)
+    figures = f"queue wait {seen.queue_wait_ms:.0f} ms (target {p.target_queue_wait_ms:g} ms)"
+
+    if replicas < p.min_replicas:
+        below = f"{replicas} below min_replicas {p.min_replicas}"
+        return _up(kept, seen.pending, "min_replicas", below, p.min_replicas)
+    if replicas > p.max_replicas:
+        return _down(kept, replicas, "max_replicas", f"{replicas} above max_replicas")
+    if over_since is not None and now - over_since >= p.upscale_delay_s:
+        held = f"{figures} for {now - over_since:.0f} s"
+        if replicas >= p.max_replicas:
+            return ScaleDecision(replicas, "", "max_replicas", f"{held}; at max_replicas"), kept
+        need = replicas + 1
+        if seen.demand is not None and seen.demand > need:
+            need = math.ceil(seen.demand - 1e-9)
+            held = f"{held}; the offered load needs {seen.demand:.1f} replicas"
+        return _up(kept, seen.pending, "queue_wait", held, min(need, p.max_replicas))
+    quiet_s = now - quiet_since if quiet_since is not None else -1.0
+    if quiet_s >= p.downscale_delay_s and replicas > p.min_replicas:
+        return _down(
+            kept,
+            replicas,
+            "low_load",
+            f"{figures}, in flight {load:.0%} of what {replicas - 1} replica(s) deliver, "
+            f"for {quiet_s:.0f} s",
+        )
+    steady = f"{figures}; {seen.healthy} healthy of {replicas}"
+    return ScaleDecision(replicas, "", "", steady), kept
+
+
 class Autoscaler:
-    """One version's scale decisions; ``observe`` once per sample with a monotonic ``now``."""
+    """One version's decisions: ``decide`` with the state carried from the sample before;
+    ``observe`` once per sample with a monotonic ``now``."""
 
     def __init__(self, policy: ScalePolicy) -> None:
         self.policy = policy
-        self._over_since: float | None = None  # the queue's wait over target since
-        self._quiet_since: float | None = None  # the load under the down share since
-        self._healthy: int | None = None
+        self.state = PolicyState()
 
     def observe(
         self,
@@ -103,65 +187,42 @@ class Autoscaler:
         replica_rows: float | None,
         demand: float | None = None,
     ) -> ScaleDecision:
-        """``replicas``: every replica not draining (``pending``: those placed or starting,
-        not yet serving, counted in it); ``healthy``: those in the rotation; ``demand``: the
-        replicas the offered load needs, when measured."""
-        p = self.policy
-        if healthy != self._healthy:  # new capacity: judge it on the load from now
-            self._healthy = healthy
-            self._over_since = self._quiet_since = None
-        over = queue_wait_ms > p.target_queue_wait_ms
-        self._over_since = _since(self._over_since, now) if over else None
-        load = self._load_left(inflight_rows, healthy, replicas, replica_rows)
-        quiet = queue_wait_ms < DOWN_SHARE * p.target_queue_wait_ms and load < DOWN_SHARE
-        self._quiet_since = _since(self._quiet_since, now) if quiet else None
-        figures = f"queue wait {queue_wait_ms:.0f} ms (target {p.target_queue_wait_ms:g} ms)"
+        seen = Observation(
+            queue_wait_ms, inflight_rows, healthy, pending, replicas, replica_rows, demand
+        )
+        decision, self.state = decide(seen, self.state, self.policy, now)
+        return decision
 
-        if replicas < p.min_replicas:
-            below = f"{replicas} below min_replicas {p.min_replicas}"
-            return self._up(pending, "min_replicas", below, p.min_replicas)
-        if replicas > p.max_replicas:
-            return self._down(replicas, "max_replicas", f"{replicas} above max_replicas")
-        if self._over_since is not None and now - self._over_since >= p.upscale_delay_s:
-            held = f"{figures} for {now - self._over_since:.0f} s"
-            if replicas >= p.max_replicas:
-                return ScaleDecision(replicas, "", "max_replicas", f"{held}; at max_replicas")
-            need = replicas + 1
-            if demand is not None and demand > need:
-                need = math.ceil(demand - 1e-9)
-                held = f"{held}; the offered load needs {demand:.1f} replicas"
-            return self._up(pending, "queue_wait", held, min(need, p.max_replicas))
-        quiet_s = now - self._quiet_since if self._quiet_since is not None else -1.0
-        if quiet_s >= p.downscale_delay_s and replicas > p.min_replicas:
-            return self._down(
-                replicas,
-                "low_load",
-                f"{figures}, in flight {load:.0%} of what {replicas - 1} replica(s) deliver, "
-                f"for {quiet_s:.0f} s",
-            )
-        return ScaleDecision(replicas, "", "", f"{figures}; {healthy} healthy of {replicas}")
 
-    @staticmethod
-    def _load_left(inflight: int, healthy: int, replicas: int, per_replica: float | None) -> float:
-        """The rows in flight as a share of what the replicas left after removing one deliver:
-        one not serving (pending, starting, unhealthy) goes first, so then every healthy one
-        stays. ``inf`` when it cannot be told (nothing measured yet, no replica would serve)."""
-        if inflight <= 0:
-            return 0.0
-        left = healthy if replicas > healthy else healthy - 1
-        if per_replica is None or left < 1:
-            return float("inf")
-        return inflight / (left * per_replica)
+def _load_left(inflight: int, healthy: int, replicas: int, per_replica: float | None) -> float:
+    """The rows in flight as a share of what the replicas left after removing one deliver: one
+    not serving (pending, starting, unhealthy) goes first, so then every healthy one stays.
+    ``inf`` when it cannot be told (nothing measured yet, no replica would serve)."""
+    if inflight <= 0:
+        return 0.0
+    left = healthy if replicas > healthy else healthy - 1
+    if per_replica is None or left < 1:
+        return float("inf")
+    return inflight / (left * per_replica)
 
-    def _up(self, pending: int, reason: str, detail: str, target: int) -> ScaleDecision:
-        if pending > 0:  # at most one replica pending at a time
-            return ScaleDecision(target, "", reason, f"{detail}; waiting for the replica starting")
-        self._over_since = self._quiet_since = None
-        return ScaleDecision(target, "up", reason, detail)
 
-    def _down(self, replicas: int, reason: str, detail: str) -> ScaleDecision:
-        self._over_since = self._quiet_since = None
-        return ScaleDecision(replicas - 1, "down", reason, detail)
+def _up(
+    state: PolicyState, pending: int, reason: str, detail: str, target: int
+) -> tuple[ScaleDecision, PolicyState]:
+    if pending > 0:  # at most one replica pending at a time
+        waiting = f"{detail}; waiting for the replica starting"
+        return ScaleDecision(target, "", reason, waiting), state
+    return ScaleDecision(target, "up", reason, detail), _windows_again(state)
+
+
+def _down(
+    state: PolicyState, replicas: int, reason: str, detail: str
+) -> tuple[ScaleDecision, PolicyState]:
+    return ScaleDecision(replicas - 1, "down", reason, detail), _windows_again(state)
+
+
+def _windows_again(state: PolicyState) -> PolicyState:
+    return replace(state, over_since=None, quiet_since=None)
 
 
 def _since(start: float | None, now: float) -> float:

@@ -19,17 +19,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IndexEntry",
+    "IndexState",
     "ModelDirectory",
     "ModelHandle",
     "RepositoryControl",
     "RequestMetrics",
-    "VersionState",
     "served_models",
     "served_repository",
 ]
 
 # A version's state in the repository index (Triton's strings).
-VersionState = Literal["READY", "LOADING", "UNAVAILABLE"]
+IndexState = Literal["READY", "LOADING", "UNAVAILABLE"]
 
 
 class RequestMetrics(Protocol):
@@ -134,7 +134,7 @@ class IndexEntry(TypedDict):
 
     name: str
     version: str
-    state: VersionState
+    state: IndexState
     reason: str
 
 

@@ -1,5 +1,6 @@
 """The series read at scrape time rather than counted as they happen: each stage actor's figures
-(refreshed by each model's stats poll) and each model's replica health (read from its runner).
+(refreshed by each model's stats poll), each version's state (``serving.version.life``, read from
+its state machine) and its replicas' health (read from its runner).
 Registered by ``serving.metrics.series.Metrics``; every series carries the version's labels.
 """
 
@@ -88,12 +89,26 @@ def memory_figures(report: Any) -> dict[str, int]:
 
 
 class HealthCollector:
-    """Replica health read from each model's runner at scrape time."""
+    """Each version's state (from its state machine) and its replicas' health (from its
+    runner), read at scrape time."""
 
     def __init__(self) -> None:
         self.sources: dict[ModelKey, Callable[[], Health]] = {}
+        # key -> (its state now, every state it may be in): one series per state, 1 for its own
+        self.states: dict[ModelKey, tuple[Callable[[], str], tuple[str, ...]]] = {}
 
     def collect(self) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            "shardserve_version_state",
+            "1 for the state a served version is in (LOADING, WARMING, READY, DRAINING, "
+            "RETIRED, FAILED), 0 for the others",
+            labels=[*MODEL_LABELS, "state"],
+        )
+        for key, (now, names) in list(self.states.items()):
+            current = now()
+            for name in names:
+                state.add_metric([*key, name], 1.0 if name == current else 0.0)
+        yield state
         replicas = GaugeMetricFamily(
             "shardserve_replicas",
             "Replicas of the model, by state",

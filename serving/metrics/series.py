@@ -24,7 +24,7 @@ from shards.pipeline.health import Health
 
 __all__ = ["BACKGROUND_TASKS", "MODEL_LABELS", "Metrics", "ModelMetrics", "memory_figures"]
 
-# The background tasks (``serving.server.supervise``), by the label their failures are counted in.
+# The background tasks (``serving.supervisor``), by the label their failures are counted in.
 BACKGROUND_TASKS = (
     "load",
     "batcher",
@@ -254,6 +254,11 @@ class ModelMetrics:
         if not self.removed:
             self._f.scale_events.labels(*self.key, direction, reason).inc()
 
+    def bind_state(self, state: Callable[[], str], states: tuple[str, ...]) -> None:
+        """``shardserve_version_state`` reads ``state()`` at each scrape (one of ``states``)."""
+        if not self.removed:
+            self._health.states[self.key] = (state, states)
+
     def bind_health(self, source: Callable[[], Health]) -> None:
         if not self.removed:
             self._health.sources[self.key] = source
@@ -287,7 +292,7 @@ class Metrics:
             self._background_errors.labels(task)
 
     def background_error(self, task: str) -> None:
-        """One failure of the background task ``task`` (``serving.server.supervise``)."""
+        """One failure of the background task ``task`` (``serving.supervisor``)."""
         self._background_errors.labels(task).inc()
 
     def for_model(self, name: str, version: str) -> ModelMetrics:
@@ -311,6 +316,7 @@ class Metrics:
             family.remove_by_labels(dict(zip(MODEL_LABELS, key, strict=True)))
         self._stages.snapshots.pop(key, None)
         self._health.sources.pop(key, None)
+        self._health.states.pop(key, None)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -154,7 +154,7 @@ class ReplicasView(Body):
     """A version's replica bounds, the count it should have and why: ``reason`` is the
     autoscaler's last (``queue_wait``, ``low_load``, ``min_replicas``, ``max_replicas``), or
     ``start``, or ``fixed`` where the runner cannot change its count; absent for a fixed count
-    (``serving.elastic.loop.ScaleStatus``)."""
+    (``serving.version.scale_state.ScaleStatus``)."""
 
     min_replicas: int
     max_replicas: int

@@ -11,7 +11,7 @@ from serving.repository.source import REMOVED, ModelPlan
 from serving.version.readiness import version_state
 
 if TYPE_CHECKING:
-    from serving.http.model import IndexEntry, VersionState
+    from serving.http.model import IndexEntry, IndexState
     from serving.repository.registry import Registry
 
 __all__ = ["UNLOADED", "index_entries"]
@@ -59,5 +59,5 @@ def _why_not(plan: ModelPlan | None, version: int, *, unloaded: bool) -> str:
     return "not loaded yet"
 
 
-def _entry(name: str, version: str, state: VersionState, reason: str) -> IndexEntry:
+def _entry(name: str, version: str, state: IndexState, reason: str) -> IndexEntry:
     return {"name": name, "version": version, "state": state, "reason": reason}

@@ -30,6 +30,7 @@ from serving.repository.registry import Registry
 from serving.repository.replica_switch import Rolling
 from serving.repository.source import Source, not_in_repository, selected_settings, source_for
 from serving.settings.config import Settings
+from serving.version.life import VersionState
 from serving.version.runner import RunnerFactory, plan_private_ray
 
 if TYPE_CHECKING:
@@ -147,12 +148,11 @@ class Repository:
         chosen = [self.state.models.get(name, {}).get(str(v)) for v in plan.selected]
         loading = [m for m in chosen if m is not None]
         await asyncio.gather(*(m.wait_load() for m in loading))
-        failed = [m for m in loading if m.load_error]
+        failed = [m for m in loading if m.state is VersionState.FAILED]
         if failed:
             raise NotReadyError(
                 "; ".join(
-                    f"model {name!r} version {m.version} failed to load: {m.load_error}"
-                    for m in failed
+                    f"model {name!r} version {m.version} failed to load: {m.reason}" for m in failed
                 )
             )
 

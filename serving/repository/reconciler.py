@@ -51,6 +51,7 @@ from serving.repository.replica_switch import Rolling
 from serving.repository.source import REMOVED, ModelPlan, why_retired
 from serving.repository.switch_queue import narrow_queues, widen_queues
 from serving.supervisor import start_supervised
+from serving.version.life import VersionState
 from serving.version.readiness import version_state
 from serving.version.runner import RunnerFactory
 from serving.version.served import ServedModel
@@ -194,7 +195,9 @@ class Reconciler:
             again = [
                 m
                 for v, m in served.items()
-                if int(v) in wanted and m.load_error and (retry or self._changed(m, plan))
+                if int(v) in wanted
+                and m.state is VersionState.FAILED
+                and (retry or self._changed(m, plan))
             ]
             for v in sorted(wanted - {int(v) for v in served}):
                 self._load(name, v, plan)
@@ -244,7 +247,7 @@ class Reconciler:
         try:
             await self.rolling.settle(model)  # a switch replica by replica ends first
             key = (model.name, model.version)
-            if model.load_error:
+            if model.state is VersionState.FAILED:
                 self._failed[key] = load.fingerprint
                 await model.stop_jobs(_CLOSE_FAILED_S)
                 await model.close(_CLOSE_FAILED_S)
@@ -338,12 +341,10 @@ class Reconciler:
         log.info("model %r version %s unloaded: %s", model.name, model.version, reason)
         self._set_labels(model.name)
 
-    async def _drain(self, model: ServedModel, reason: str, failure: str | None) -> None:
-        """A switch's drain of a version that stays in the index (``failure``: why)."""
-        if reason:
-            await model.retire(reason)
-        if failure is not None:
-            model.load_error = failure
+    async def _drain(self, model: ServedModel, reason: str) -> None:
+        """A switch's drain of a version that stays in the index: DRAINING until the switch
+        says how it ended (``ServedModel.end_retire``)."""
+        await model.retire(reason, keep_draining=True)
 
     # ---- operations in flight
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from serving.elastic.loop import Scaler, hold, release, serving_count
 from serving.repository.routing import SwitchSplit
 from serving.settings.config import Settings
+from serving.version.life import VersionState
 from serving.version.runner import ElasticRunner, ModelRunner, RunnerFactory
 
 if TYPE_CHECKING:
@@ -44,8 +45,8 @@ log = logging.getLogger("shardserve")
 # Whether ``count`` more replicas like the version's fit in what the cluster has free now.
 Fits = Callable[["ServedModel", int], Awaitable[bool]]
 # The reconciler's one drain: refuse with the reason, answer what it admitted, end its actors;
-# with a failure, the version stays in the index with it.
-Drain = Callable[["ServedModel", str, "str | None"], Awaitable[None]]
+# the version stays DRAINING (in the index) until ``end_retire``.
+Drain = Callable[["ServedModel", str], Awaitable[None]]
 # How often a replica being added is asked what it waits for (the reason a failed step gives).
 _LOOK_S = 1.0
 
@@ -226,9 +227,9 @@ class Rolling:
                 break
         if _serving(new):
             await self._drain(new, why or "its switch was turned back")
-        if why is not None:
-            failure = f"{why}; version {old.version} serves with {_count(old)} replica(s)"
-            await self._drain_version(new, "", failure)
+        if new.state is VersionState.DRAINING:  # drained above: it ends as the switch did
+            failure = None if why is None else f"{why}; version {old.version} serves with "
+            new.end_retire(None if failure is None else f"{failure}{_count(old)} replica(s)")
 
     async def _retire_old(self, switch: Switch) -> None:
         """The old's last replica: the reconciler retires the version (drained, nothing
@@ -238,10 +239,12 @@ class Rolling:
         await self._hand_over(switch.new.name)
 
     async def _drain(self, model: ServedModel, why: str) -> None:
-        """Refuse, answer what it admitted, end its actors (the reconciler's one drain)."""
+        """Refuse, answer what it admitted, end its actors (the reconciler's one drain); it
+        stays DRAINING until the switch says how it ended (``end_retire``)."""
         self._unsplit(model.name)
-        reason = f"model {model.name!r} version {model.version} is unloaded ({why})"
-        await self._drain_version(model, reason, None)
+        await self._drain_version(
+            model, f"model {model.name!r} version {model.version} is unloaded ({why})"
+        )
 
     def _unsplit(self, name: str) -> None:
         if isinstance(self.state.traffic.get(name), SwitchSplit):
@@ -296,7 +299,7 @@ class Rolling:
 
 
 def _serving(model: ServedModel) -> bool:
-    return model.ready.is_set() and not model.load_error and model.refusing is None
+    return model.serving
 
 
 def _count(model: ServedModel) -> int:

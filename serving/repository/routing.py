@@ -73,5 +73,4 @@ def _healthy(model: ServedModel | None) -> int:
     if model is None:
         return 0
     health = model.health()
-    serving = model.ready.is_set() and not model.load_error and model.refusing is None
-    return health.healthy if health is not None and serving else 0
+    return health.healthy if health is not None and model.serving else 0

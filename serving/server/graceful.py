@@ -18,7 +18,7 @@ from types import FrameType
 import uvicorn
 
 from serving.server.state import ServerState
-from serving.server.stop_budget import StopBudget
+from serving.version.stop_budget import StopBudget
 
 log = logging.getLogger("shardserve")
 DEFAULT_STOP_TIMEOUT_S = 25.0
@@ -30,7 +30,7 @@ class GracefulServer(uvicorn.Server):
     First SIGTERM or SIGINT: the app stops accepting (``/readyz`` and new requests answer 503)
     while the listener stays open, so clients get a clear answer instead of a refused
     connection. Each model's batcher answers what it holds until the budget's drain mark
-    (``serving.server.stop_budget``) and what is left then gets a 503; then uvicorn's shutdown runs
+    (``serving.version.stop_budget``) and what is left then gets a 503; then uvicorn's shutdown runs
     (the listener closes, open responses finish) and the lifespan shutdown (gRPC, the runner),
     each bounded by what is left of the same budget. A second signal ends the process at once.
     """
@@ -57,9 +57,7 @@ class GracefulServer(uvicorn.Server):
         state = self._state_of()
         if state is not None:
             budget = state.begin_stop()
-            serving = [
-                m.batcher for m in state.served() if m.batcher is not None and m.ready.is_set()
-            ]
+            serving = [m.batcher for m in state.served() if m.batcher is not None and m.was_ready]
             if serving:
                 log.info(
                     "%s: refusing new requests; answering %d queued row(s) and %d batch(es) in "

@@ -57,7 +57,7 @@ def make_lifespan(
 async def _shut_down(
     state: ServerState, repository: Repository, grpc_server: grpc.aio.Server | None
 ) -> None:
-    """Every step within what is left of the stop budget (``serving.server.stop_budget``): after
+    """Every step within what is left of the stop budget (``serving.version.stop_budget``): after
     a SIGTERM the graceful server has drained the served versions already, out of the same
     budget."""
     budget = state.begin_stop()

@@ -39,8 +39,9 @@ def install_routes(app: FastAPI) -> None:
         # it out of service as /readyz does.
         state = getattr(request.app.state, "shardserve", None)
         for model in state.served() if state is not None else ():
-            if model.batcher_failure:
-                body = {"status": "failed", "error": model.batcher_failure}
+            condition = model.condition()
+            if condition.gave_up:
+                body = {"status": "failed", "error": condition.unavailable}
                 return JSONResponse(body, status_code=503)
         return {"status": "alive"}
 

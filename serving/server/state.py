@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from serving.batching.dispatch import SHUTTING_DOWN
 from serving.http.body_deadline import body_deadlines
 from serving.repository.registry import NO_MODEL, Registry
-from serving.server.stop_budget import StopBudget
 from serving.version.readiness import readiness
+from serving.version.stop_budget import StopBudget
 
 if TYPE_CHECKING:
     from serving.http.model import RepositoryControl

@@ -24,7 +24,7 @@ from serving.http.fast import ModelRef, RawAnswer, RawHandler
 from serving.openapi.bodies import ModelMetadata, ModelStatus, errors, ok
 from serving.openapi.tfserving import PREDICT_REQUEST, PREDICT_RESPONSE
 from serving.settings.config import Settings
-from serving.version.readiness import replicas_unavailable
+from serving.version.life import VersionState
 
 if TYPE_CHECKING:
     from serving.server.state import ServerState
@@ -65,27 +65,39 @@ def _served(request: Request, ref: ModelRef) -> ServedModel:
 def version_status(model: ServedModel) -> dict[str, Any]:
     """One entry of ``model_version_status``: TF Serving's state of one served version."""
     health = model.health()
-    failure = model.load_error or model.batcher_failure
-    # A replica being brought back while requests wait for it (readiness's rule) is still
-    # AVAILABLE: /readyz and V2 ready say 200 then, and the replica counts say why.
-    ready = model.ready.is_set() and not failure and replicas_unavailable(model) is None
-    if ready and model.refusing is not None:
-        state, ready = "UNLOADING", False
-    elif ready:
-        state = "AVAILABLE"
-    else:
-        state = "FAILED" if failure else "LOADING"
+    state, message = _tfserving_state(model)
     entry: dict[str, Any] = {
         "version": model.version,
         "state": state,
         "status": {
-            "error_code": "OK" if ready else "UNAVAILABLE",
-            "error_message": failure or (model.refusing if state == "UNLOADING" else "") or "",
+            "error_code": "OK" if state == "AVAILABLE" else "UNAVAILABLE",
+            "error_message": message,
         },
     }
     if health is not None:
         entry["replicas"] = {"total": health.replicas, "healthy": health.healthy}
     return entry
+
+
+def _tfserving_state(model: ServedModel) -> tuple[str, str]:
+    """TF Serving's name for the version's state (``serving.version.life``), and its message.
+
+    A replica being brought back while requests wait for it (a ``recovering`` READY) is still
+    AVAILABLE: /readyz and V2 ready say 200 then, and the replica counts say why. A version whose
+    replicas cannot serve (``degraded``) reads LOADING; one whose batcher gave up, FAILED."""
+    state = model.state
+    if state is VersionState.FAILED:
+        return "FAILED", model.reason or ""
+    if not model.was_ready:
+        return "LOADING", ""
+    condition = model.condition()
+    if condition.gave_up:
+        return "FAILED", condition.unavailable or ""
+    if condition.kind == "degraded":
+        return "LOADING", ""
+    if state is VersionState.READY:
+        return "AVAILABLE", ""
+    return "UNLOADING", model.reason or ""  # DRAINING, or RETIRED on its way out
 
 
 def install_tfserving_routes(app: FastAPI, settings: Settings, predict_model: RawHandler) -> None:

@@ -1,12 +1,13 @@
 """Whether the server is ready (``/readyz``, V2's server ready), and each served version's state
-as the repository index shows it.
+as the repository index shows it: both read from the version's state machine
+(``serving.version.life``) and, for a READY version, its condition (``serving.version.condition``).
 
 The server is ready once no version is still loading and at least one is ready: a broken version
 in a repository does not take the others out of service, and a load balancer does not send
 traffic to a server that is still loading what its repository selects. With one model this is
 what it always was: its load failure, its load, a batcher that gave up or no healthy replica is
 a 503 with the reason. No healthy replica while one is being brought back is still ready where
-its requests can wait for it (``replicas_unavailable``).
+its requests can wait for it (a ``recovering`` condition).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from serving.batching.dispatch import SHUTTING_DOWN
+from serving.version.life import LOADING_STATES, VersionState
+from serving.version.served import ServedModel
 
 if TYPE_CHECKING:
-    from serving.http.model import VersionState
+    from serving.http.model import IndexState
     from serving.server.state import ServerState
-    from serving.version.served import ServedModel
 
-__all__ = ["NO_VERSION", "Readiness", "readiness", "replicas_unavailable", "version_state"]
+__all__ = ["NO_VERSION", "Readiness", "readiness", "version_state"]
 
 Status = Literal["ready", "loading", "failed", "shutting down", "unavailable"]
 NO_VERSION = "no model version is served"
@@ -63,7 +65,7 @@ def readiness(state: ServerState) -> Readiness:
     return found[0]
 
 
-def version_state(model: ServedModel) -> tuple[VersionState, str]:
+def version_state(model: ServedModel) -> tuple[IndexState, str]:
     """READY, LOADING or UNAVAILABLE, and why in one line ("" when READY)."""
     found = _of(model)
     if found.status == "ready":
@@ -74,44 +76,19 @@ def version_state(model: ServedModel) -> tuple[VersionState, str]:
 
 
 def _of(model: ServedModel) -> Readiness:
-    """One version's readiness: the checks in /readyz's order of old."""
-    if model.load_error:
-        return Readiness("failed", error=model.load_error, reason=model.not_ready_reason())
-    if not model.ready.is_set():
-        waiting = model.load_waiting
-        return Readiness("loading", error=waiting, reason=model.not_ready_reason())
-    if model.refusing is not None:
-        status: Status = "shutting down" if model.refusing == SHUTTING_DOWN else "unavailable"
-        error = None if status == "shutting down" else model.refusing
-        return Readiness(status, error=error, reason=model.refusing)
-    if model.batcher_failure:
-        return Readiness("failed", error=model.batcher_failure, reason=model.batcher_failure)
-    reason = replicas_unavailable(model)
-    if reason is not None:
-        health = model.health()
-        fault = health.reason if health is not None else ""
-        error = f"{reason} (last fault: {fault})" if fault else reason
-        return Readiness("unavailable", error=error, reason=reason)
-    return Readiness("ready", model=model.name)
-
-
-def replicas_unavailable(model: ServedModel) -> str | None:
-    """Why the version's replicas cannot take a request now, or None.
-
-    None is healthy, but one being brought back (a Ray restart, a rebuild) that is expected back
-    within a request's deadline (the last recovery's time) while the queue has room still takes
-    requests: they wait for it (``serving.batching.hold``). A single pod behind a Service must not
-    leave its endpoints for a restart of seconds; it does once it cannot take more."""
-    health = model.health()
-    if health is None or health.ok:
-        return None
-    reason = f"no healthy replica of {health.replicas}; rebuilding"
-    batcher = model.batcher
-    if not health.recovering or batcher is None:
-        return reason
-    deadline_s = model.settings.request_timeout_ms / 1000.0
-    if health.back_in_s > deadline_s:
-        return f"{reason}, expected back in {health.back_in_s:.3g} s, past a request's deadline"
-    if batcher.queued_rows >= batcher.policy.max_queue_rows:
-        return f"{reason}; the queue is full meanwhile"
-    return None
+    """One version's readiness, from its state and (READY) its condition."""
+    state, reason = model.state, model.reason
+    if state is VersionState.FAILED:
+        return Readiness("failed", error=reason, reason=model.not_ready_reason())
+    if state in LOADING_STATES or (state is VersionState.DRAINING and not model.was_ready):
+        return Readiness("loading", error=model.waiting, reason=model.not_ready_reason())
+    if state is not VersionState.READY:  # DRAINING (or RETIRED, on its way out)
+        refusing = reason or f"model is {state.lower()}"
+        status: Status = "shutting down" if refusing == SHUTTING_DOWN else "unavailable"
+        error = None if status == "shutting down" else refusing
+        return Readiness(status, error=error, reason=refusing)
+    condition = model.condition()
+    if condition.kind != "degraded":
+        return Readiness("ready", model=model.name)
+    status = "failed" if condition.gave_up else "unavailable"
+    return Readiness(status, error=condition.detail, reason=condition.unavailable)

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardserve")
 # The logical CPUs of the private local Ray this process starts (``plan_private_ray``); None:
-# sized to the first model loaded.
+# sized to the first model loaded. Process-wide by nature, not a version's: a process starts one
+# private Ray (``ray.init`` connects the process), sized once for every version it is to serve.
 _private_ray_cpus: int | None = None
 # The cached bundle each runner ``build_runner`` made serves (marked as served by this process
 # while the runner lives: ``release_bundle``).

@@ -1,5 +1,7 @@
-"""One served model: its name and version, its runner, batcher and batching settings, and its
-life: load, warm up, ready, drain, close.
+"""One served model version: its name and version, its runner, batcher and batching settings,
+and its life (``serving.version.life``: LOADING, WARMING, READY, DRAINING, RETIRED, FAILED): load,
+warm up, ready, drain, close. ``ServedModel`` is the only writer of its state machine; everyone
+else reads ``state``, ``reason`` and ``condition()``.
 
 The lifespan makes one ``ServedModel`` per model it serves (today one: ``Settings.served_name``,
 version 1) and keeps them in ``ServerState.models``; the routes look a model up there by name.
@@ -19,18 +21,21 @@ from typing import Any
 import numpy as np
 
 from serving.batching.batcher import Batcher, BatchSettings
-from serving.elastic.loop import ScaleStatus, run_scaling
+from serving.elastic.loop import run_scaling
 from serving.errors import NotReadyError
 from serving.http.admission import Admitted
 from serving.metrics.series import Metrics, ModelMetrics
-from serving.server.stop_budget import StopBudget, drain_batcher
-from serving.server.supervise import supervise
 from serving.settings.config import ConfigError, Settings
 from serving.settings.lengths import served_max_length
+from serving.supervisor import supervise
+from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
+from serving.version.life import LOADING_STATES, Life, VersionState
 from serving.version.runner import ModelRunner, RunnerFactory, release_bundle
+from serving.version.scale_state import ScaleState, ScaleStatus
 from serving.version.shape_log import ShapeLog
 from serving.version.stage_stats import log_memory, poll_stats
+from serving.version.stop_budget import StopBudget, drain_batcher
 from shards.errors import one_line
 from shards.pipeline.health import Health
 from shards.signature import ModelSignature
@@ -49,22 +54,60 @@ class ServedModel:
     version: str = "1"  # as the protocols' paths and messages carry it
     runner: ModelRunner | None = None
     batcher: Batcher | None = None  # set once the model is warm: from then on it is ready
-    load_error: str | None = None
-    # While loading: what the load waits for (resources Ray has not granted yet), for /readyz.
-    load_waiting: str | None = None
-    # Why new requests are refused although the model is loaded (its drain has begun).
-    refusing: str | None = None
     length_plan: LengthPlan | None = None  # the length padding in force, or why none (warm-up)
     scaling: ScaleStatus | None = None  # its replica bounds, target and why (once READY)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    loaded: asyncio.Event = field(default_factory=asyncio.Event)  # loaded or failed to
+    # What serving.elastic keeps of this version (held by a switch, a fixed count, its scaler).
+    scale_state: ScaleState = field(default_factory=ScaleState, repr=False)
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
     shapes: ShapeLog = field(default_factory=ShapeLog, repr=False)  # what the stages ran
     admitted: Admitted = field(default_factory=Admitted, repr=False)
     metrics: ModelMetrics = field(init=False, repr=False)
+    _life: Life = field(init=False, repr=False)
+    # While loading: what the load waits for (resources Ray has not granted yet), for /readyz.
+    _load_waits: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.metrics = self.server_metrics.for_model(self.name, self.version)
+        self._life = Life(f"model {self.name!r} version {self.version}")
+        self.metrics.bind_state(lambda: self._life.state, tuple(VersionState))
+
+    # ---- its state (``serving.version.life``), read-only outside this module
+
+    @property
+    def state(self) -> VersionState:
+        return self._life.state
+
+    @property
+    def reason(self) -> str | None:
+        """FAILED: why it failed; DRAINING: why it refuses new requests; else None."""
+        return self._life.reason
+
+    @property
+    def waiting(self) -> str | None:
+        """While LOADING: what its load waits for (resources Ray has not granted yet)."""
+        return self._load_waits
+
+    @property
+    def was_ready(self) -> bool:
+        """Its load completed (it reached READY, or would have but for a drain meanwhile)."""
+        return self._life.served
+
+    @property
+    def serving(self) -> bool:
+        """READY: it takes requests (whatever its replicas' condition)."""
+        return self._life.state is VersionState.READY
+
+    def condition(self) -> Condition:
+        """How a READY version serves now: healthy, recovering or degraded, from its replicas and
+        its batcher (``serving.version.condition``)."""
+        return condition_of(self.health(), self.batcher, self.settings.request_timeout_ms)
+
+    async def until_ready(self) -> None:
+        await self._life.until(VersionState.READY)
+
+    async def until_loaded(self) -> None:
+        """Until its runner is made or its load failed (or it stopped meanwhile)."""
+        await self._life.until(*(s for s in VersionState if s is not VersionState.LOADING))
 
     @property
     def metric_labels(self) -> dict[str, str]:
@@ -75,11 +118,6 @@ class ServedModel:
     def batch_settings(self) -> BatchSettings | None:
         """The batching settings in force (an admin PUT changes them), once loaded."""
         return self.batcher.policy if self.batcher is not None else None
-
-    @property
-    def batcher_failure(self) -> str | None:
-        """Why the batcher stopped serving on its own (its loop kept crashing), if it did."""
-        return self.batcher.failure if self.batcher is not None else None
 
     @property
     def signature(self) -> ModelSignature:
@@ -100,30 +138,28 @@ class ServedModel:
         return self.runner.health() if self.runner is not None else None
 
     def not_ready_reason(self) -> str | None:
-        """Why it would refuse a request now (its replicas' health included), or ``None``."""
-        if self.load_error:
-            return f"model failed to load: {self.load_error}"
-        if not self.ready.is_set():
+        """Why it would refuse a request now (its replicas' condition included), or ``None``."""
+        state = self._life.state
+        if state is VersionState.FAILED:
+            return f"model failed to load: {self._life.reason}"
+        if state in LOADING_STATES or not self._life.served:
             return "model is still loading"
-        if self.refusing is not None:
-            return self.refusing
-        if self.batcher_failure:
-            return self.batcher_failure
-        from serving.version.readiness import replicas_unavailable  # it reads this class
-
-        return replicas_unavailable(self)
+        if state is not VersionState.READY:
+            return self._life.reason or f"model is {state.lower()}"
+        return self.condition().unavailable
 
     def require_batcher(self) -> Batcher:
         """The batcher, or the 503 that says why this model cannot take a request now."""
-        if self.load_error:
-            raise NotReadyError(f"model failed to load: {self.load_error}")
-        if self.batcher is None or not self.ready.is_set():
-            waiting = f" ({self.load_waiting})" if self.load_waiting else ""
+        state = self._life.state
+        if state is VersionState.FAILED:
+            raise NotReadyError(f"model failed to load: {self._life.reason}")
+        if self.batcher is None or not self._life.served:
+            waiting = f" ({self._load_waits})" if self._load_waits else ""
             raise NotReadyError(
                 f"model is still loading{waiting}; retry when GET /readyz answers 200"
             )
-        if self.refusing is not None:
-            raise NotReadyError(self.refusing)
+        if state is not VersionState.READY:
+            raise NotReadyError(self._life.reason or f"model is {state.lower()}")
         if self.batcher.failure is not None:
             raise NotReadyError(self.batcher.failure)
         return self.batcher
@@ -137,11 +173,8 @@ class ServedModel:
         where = f"model {self.name!r} version {self.version}'s"
 
         def failed(reason: str) -> None:
-            if self.load_error is None:  # else the load said why already
-                self.load_error = reason
-                if on_failure is not None:
-                    on_failure(reason)
-            self.loaded.set()
+            if self._life.fail(reason) and on_failure is not None:  # else it said why already
+                on_failure(reason)
 
         metrics = self.server_metrics
         self._jobs = [
@@ -164,8 +197,8 @@ class ServedModel:
 
     async def load(self, factory: RunnerFactory, on_failure: Callable[[str], None] | None) -> None:
         """Load, start the batcher and warm up within ``load_timeout_s``; meanwhile keep
-        ``load_waiting`` saying what the load waits for. Any failure, the timeout included,
-        becomes ``load_error`` (for ``/readyz``) and ``on_failure``: never a silent hang."""
+        ``waiting`` saying what the load waits for. Any failure, the timeout included, is the
+        version's FAILED reason (for ``/readyz``) and ``on_failure``: never a silent hang."""
         timeout_s = self.settings.load_timeout_s
         what = f"model {self.name!r} version {self.version}'s look at what its load waits for"
         watcher = supervise("load_waits", self._watch_waits, self.server_metrics, what=what)
@@ -177,17 +210,17 @@ class ServedModel:
             if isinstance(exc, TimeoutError) and deadline.expired():
                 # The last look of the watcher: the cancelled load has removed its placement
                 # groups since, in the same step of the loop, so the watcher has not looked again.
-                self.load_error = _timed_out(timeout_s, self.load_waiting)
-                log.error("model failed to load: %s", self.load_error)
+                reason = _timed_out(timeout_s, self._load_waits)
+                log.error("model failed to load: %s", reason)
             else:
-                self.load_error = describe_error(exc)
+                reason = describe_error(exc)
                 log.exception("model failed to load")
-            self.loaded.set()
+            self._life.fail(reason)
             if on_failure is not None:
-                on_failure(self.load_error)
+                on_failure(reason)
         finally:
             watcher.cancel()
-            self.load_waiting = None
+            self._load_waits = None
             if self.batcher is None:  # failed or cancelled: its loop must not outlive the load
                 for batcher in started:
                     await batcher.stop(drain=False)
@@ -199,7 +232,7 @@ class ServedModel:
         task_errors = getattr(runner, "task_errors", None)
         if isinstance(task_errors, list):
             task_errors.append(self.server_metrics.background_error)
-        self.loaded.set()
+        self._life.advance(VersionState.WARMING)
         metrics = self.metrics
         batcher = Batcher(
             runner.run_batch,
@@ -223,7 +256,7 @@ class ServedModel:
         batcher.set_length_padding(self.length_plan.padding)
         await log_memory(self, runner)
         self.batcher = batcher
-        self.ready.set()
+        self._life.advance(VersionState.READY)
         log.info(
             "ready: serving %r version %s (%d stage(s))", self.name, self.version, runner.num_stages
         )
@@ -264,12 +297,13 @@ class ServedModel:
             except Exception:  # a GCS hiccup must not end the load; the next look may work
                 log.debug("could not read the pending placement groups", exc_info=True)
                 continue
-            self.load_waiting = waiting
+            self._load_waits = waiting
 
     def stop_accepting(self, reason: str) -> None:
-        """Refuse new requests (503 with ``reason``) from now on; those held are answered."""
-        if self.refusing is None:
-            self.refusing = reason
+        """Refuse new requests (503 with ``reason``) from now on: DRAINING (a version that
+        drains already keeps its first reason, a failed one its failure); those held are
+        answered."""
+        self._life.refuse(reason)
 
     async def stop_jobs(self, timeout_s: float) -> None:
         """End the load (if it still runs) and the stats poll, waiting at most ``timeout_s``."""
@@ -280,21 +314,34 @@ class ServedModel:
 
     async def drain(self, budget: StopBudget) -> None:
         """Answer what the batcher holds until the budget's drain mark, then fail the rest
-        (``serving.server.stop_budget``): first the requests it admitted before it began to
+        (``serving.version.stop_budget``): first the requests it admitted before it began to
         refuse, some of which may not have queued their rows yet."""
         await self.admitted.wait_idle(budget.drain_left())
         if self.batcher is not None:
             await drain_batcher(self.batcher, budget)
 
-    async def retire(self, reason: str) -> None:
+    async def retire(
+        self, reason: str, *, failure: str | None = None, keep_draining: bool = False
+    ) -> None:
         """Refuse new requests (503 with ``reason``), answer each one it admitted within its own
         deadline (up to ``request_timeout_ms`` from now; ``stop_timeout_s`` bounds a SIGTERM
-        only), end its jobs and actors: every retire (switch, promotion, unload) goes this way."""
+        only), end its jobs and actors: every retire (switch, promotion, unload) goes this way.
+        It ends RETIRED, or FAILED with ``failure`` (a switch turned back: the index says why);
+        with ``keep_draining`` it stays DRAINING until ``end_retire`` says how it ended."""
         self.stop_accepting(reason)
         budget = StopBudget.retire(self.settings.request_timeout_ms / 1000.0)
         await self.stop_jobs(budget.answer_left())
         await self.drain(budget)
         await self.close(budget.left())
+        if not keep_draining:
+            self.end_retire(failure)
+
+    def end_retire(self, failure: str | None = None) -> None:
+        """A retired version is RETIRED, or FAILED with ``failure`` (its reason in the index)."""
+        if failure is not None:
+            self._life.fail(failure)
+        elif self._life.state is not VersionState.RETIRED:
+            self._life.move(VersionState.RETIRED)
 
     async def close(self, timeout_s: float) -> None:
         """Release the runner (its actors) within ``timeout_s``, and the mark that kept its

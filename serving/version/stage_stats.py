@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from serving.metrics.series import memory_figures
 from shards.partition.memory_plan import format_size
 
 if TYPE_CHECKING:
+    from serving.batching.batcher import Batcher
+    from serving.metrics.series import ModelMetrics
     from serving.version.runner import ModelRunner
-    from serving.version.served import ServedModel
+    from serving.version.shape_log import ShapeLog
 
 __all__ = ["STATS_PERIOD_S", "STATS_TIMEOUT_S", "log_memory", "memory_line", "poll_stats"]
 
@@ -29,7 +31,24 @@ STATS_PERIOD_S = 2.0
 STATS_TIMEOUT_S = 10.0
 
 
-async def poll_stats(model: ServedModel) -> None:
+class Polled(Protocol):
+    """What the poll reads and feeds of a served version (``ServedModel``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def runner(self) -> ModelRunner | None: ...
+    @property
+    def batcher(self) -> Batcher | None: ...
+    @property
+    def metrics(self) -> ModelMetrics: ...
+    @property
+    def shapes(self) -> ShapeLog: ...
+
+
+async def poll_stats(model: Polled) -> None:
     """Every ``STATS_PERIOD_S`` once ``model`` has a runner; a poll that hangs is dropped (logged
     when a run of them begins); any other error ends the loop, which ``supervise`` logs and
     starts again."""
@@ -60,7 +79,7 @@ async def poll_stats(model: ServedModel) -> None:
         await asyncio.sleep(STATS_PERIOD_S)
 
 
-async def log_memory(model: ServedModel, runner: ModelRunner) -> None:
+async def log_memory(model: Polled, runner: ModelRunner) -> None:
     """One line per stage actor: the memory plan beside what the actor holds; the same
     figures go to /metrics (shardserve_stage_memory_bytes) from here on."""
     try:

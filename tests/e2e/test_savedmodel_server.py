@@ -16,6 +16,8 @@ import httpx
 import numpy as np
 import pytest
 
+from serving.version.life import VersionState
+
 W = (np.arange(12, dtype=np.float32).reshape(3, 4) - 5.0) / 7.0
 B = np.array([0.5, -1.0, 2.0, 0.25], dtype=np.float32)
 X = np.array([[1.0, 2.0, 3.0], [-0.5, 0.0, 4.0]], dtype=np.float32)
@@ -74,7 +76,7 @@ async def _serving(
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             model = app.state.shardserve.model()
-            await model.loaded.wait()
+            await model.until_loaded()
             yield client, model
 
 
@@ -82,8 +84,8 @@ async def test_tf_module_savedmodel_serves_predict_and_v2(
     module_dir: Path, ray_address: str, tmp_path: Path
 ) -> None:
     async with _serving(module_dir, ray_address, tmp_path / "cache") as (client, model):
-        assert model.load_error is None
-        await model.ready.wait()
+        assert model.state is not VersionState.FAILED, model.reason
+        await model.until_ready()
         rows = await client.post(
             "/v1/models/affine:predict",
             json={"instances": [{"x": x.tolist(), "k": int(k)} for x, k in zip(X, K, strict=True)]},

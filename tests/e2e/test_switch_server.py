@@ -22,6 +22,7 @@ import httpx
 import keras
 import pytest
 
+from serving.version.life import VersionState
 from shards.partition.demo_models import build_demo
 from tests.e2e.repository_app import DEADLINE_S, add_version, repository_settings, until
 
@@ -137,7 +138,10 @@ async def test_a_switch_under_load_drops_nothing_and_a_slow_canary_rolls_back(
 
             add_version(repository, "plain", 3, None)
             await state.repository.poll_once()
-            await until(lambda: state.model("plain", "3").loaded.is_set(), "version 3 failed")
+            await until(
+                lambda: state.model("plain", "3").state is not VersionState.LOADING,
+                "version 3 failed",
+            )
             after_failure = [await infer("plain") for _ in range(3)]
             index = {
                 (e["name"], e["version"]): (e["state"], e["reason"])

@@ -31,7 +31,7 @@ async def serve(
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
         if wait_ready:
-            await asyncio.wait_for(app.state.shardserve.model().ready.wait(), WAIT_S)
+            await asyncio.wait_for(app.state.shardserve.model().until_ready(), WAIT_S)
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             # The server's state, for tests that look inside (client.shardserve.model()).

@@ -60,7 +60,7 @@ async def serve_repository(
     async with LifespanManager(app) as manager:
         state = app.state.shardserve
         await asyncio.wait_for(
-            asyncio.gather(*(model.ready.wait() for model in state.served())), WAIT_S
+            asyncio.gather(*(model.until_ready() for model in state.served())), WAIT_S
         )
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

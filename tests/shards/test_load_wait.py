@@ -74,7 +74,7 @@ async def test_a_load_waiting_for_cpus_says_so_on_readyz_then_fails_at_the_timeo
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             waiting = await _readyz_reason(client, LOAD_TIMEOUT_S + 10)
             refused = await client.post("/predict", json={"instances": [[0.0] * 8]})
-            await asyncio.wait_for(model.loaded.wait(), LOAD_TIMEOUT_S + 10)
+            await asyncio.wait_for(model.until_loaded(), LOAD_TIMEOUT_S + 10)
             failed = await client.get("/readyz")
 
     # What it asks (its CPU and its memory plan) beside what is free of each, in one line.

@@ -23,7 +23,7 @@ from serving.version.runner import (
 )
 from serving.version.served import ServedModel
 from shards.pipeline.health import Health
-from tests.fakes import WAIT_S, FakeRunner, make_rows, spawn
+from tests.fakes import WAIT_S, FakeRunner, make_rows, put_in_state, spawn
 from tests.metrics_text import metric
 
 WAITS = "waiting for resources: placement group of 1 x {GPU: 1}; cluster has GPU 0/0 free"
@@ -97,7 +97,7 @@ async def served(settings: Settings, runner: FakeRunner) -> ServedModel:
         return runner
 
     model.start(factory, None)
-    await asyncio.wait_for(model.ready.wait(), WAIT_S)
+    await asyncio.wait_for(model.until_ready(), WAIT_S)
     return model
 
 
@@ -242,7 +242,7 @@ async def test_a_new_version_starts_at_the_count_the_old_one_serves_with() -> No
     old = ServedModel("m", elastic_settings(max_replicas=4), state.metrics, version="1")
     state.add_model(old)
     old.runner = runner
-    old.ready.set()
+    put_in_state(old, "WARMING", "READY")
     new = ServedModel("m", elastic_settings(max_replicas=2), state.metrics, version="2")
     state.add_model(new)
     assert new.settings.replicas == 2  # 3 serve; clamped to its own max_replicas

@@ -58,7 +58,7 @@ async def serve_with(*middleware: tuple[Any, dict[str, Any]]) -> AsyncIterator[h
     for cls, options in middleware:
         app.add_middleware(cls, **options)
     async with LifespanManager(app) as manager:
-        await app.state.shardserve.model().ready.wait()
+        await app.state.shardserve.model().until_ready()
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client

@@ -13,8 +13,8 @@ import signal
 import orjson
 import pytest
 
-from serving.server.stop_budget import StopBudget
 from serving.settings.config import ConfigError, load_settings
+from serving.version.stop_budget import StopBudget
 from tests.fakes import FakeRunner
 from tests.serving.http.uvicorn_server import running
 from tests.serving.server.test_graceful import raised, serve

@@ -115,7 +115,7 @@ async def running(seen: list[str] | None = None, **overrides: Any) -> AsyncItera
         async with asyncio.timeout(30):
             while not server.started:
                 await asyncio.sleep(0.01)
-            await app.state.shardserve.model().ready.wait()
+            await app.state.shardserve.model().until_ready()
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         base = f"http://127.0.0.1:{port}"
         async with (

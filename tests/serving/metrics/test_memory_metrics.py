@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.metrics.series import Metrics
 from serving.settings.config import Settings
+from serving.version.life import VersionState
 from serving.version.served import ServedModel
 
 MiB = 2**20
@@ -85,7 +86,7 @@ async def test_start_up_logs_plan_vs_measured_per_stage(caplog: pytest.LogCaptur
 
     with caplog.at_level(logging.INFO, logger="shardserve"):
         await model.load(factory, None)
-    assert model.load_error is None
+    assert model.state is not VersionState.FAILED, model.reason
     lines = [r.getMessage() for r in caplog.records if "memory: planned" in r.getMessage()]
     assert lines == [
         "stage 0 (replica 0) memory: planned peak 800.0 MiB, measured RSS 900.0 MiB (1.12x the "

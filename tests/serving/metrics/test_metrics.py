@@ -49,6 +49,7 @@ def fill(model: ModelMetrics, *, calls: int = 7) -> None:
     model.observe_batch(BatchRecord(**BATCH, ok=True, isolated=1))
     model.bind_gauges(lambda: 3.0, lambda: 1.0, lambda: 2.0)
     model.bind_health(lambda: Health(replicas=1, healthy=1, states=("healthy",)))
+    model.bind_state(lambda: "READY", ("LOADING", "READY"))
     model.scale_event("up", "queue_wait")
     model.rollback("errors")
     model.set_stage_stats(

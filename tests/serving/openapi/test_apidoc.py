@@ -42,7 +42,7 @@ async def serve(
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
         if wait_ready:
-            await app.state.shardserve.model().ready.wait()
+            await app.state.shardserve.model().until_ready()
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
@@ -149,7 +149,7 @@ async def test_the_document_before_and_after_the_model_loads() -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             before = await predict_schema(client)
             release.set()
-            await app.state.shardserve.model().ready.wait()
+            await app.state.shardserve.model().until_ready()
             after = await predict_schema(client)
     body = {"instances": [[1.0, 2.0]]}  # the wrong width for the model
     assert schema_accepts(before, body) and not schema_accepts(after, body)
@@ -272,7 +272,7 @@ async def test_the_document_is_built_once_per_model() -> None:
 
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
-        await app.state.shardserve.model().ready.wait()
+        await app.state.shardserve.model().until_ready()
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             first = app.openapi()

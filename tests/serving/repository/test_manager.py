@@ -29,6 +29,7 @@ from serving.repository.source import Directory
 from serving.server.app import create_app
 from serving.server.state import ServerState
 from serving.settings.config import Settings
+from serving.version.life import VersionState
 from tests.fakes import WAIT_S, FakeRunner, make_rows
 from tests.metrics_text import metric
 from tests.serving.served_app import row
@@ -224,7 +225,7 @@ async def test_polling_loads_a_new_version_and_the_removed_one_answers_what_it_h
         (tmp_path / "m" / ".2.incoming").mkdir()  # hidden: a copy not finished is not read
         version(tmp_path, "m", 2)
         poll = asyncio.create_task(repository.poll_once())
-        await _until(lambda: old.refusing is not None)
+        await _until(lambda: old.state in (VersionState.DRAINING, VersionState.RETIRED))
         with pytest.raises(NotReadyError, match=r"version 1 is being unloaded \(no longer sel"):
             old.require_batcher()
         assert not held.done()
@@ -297,7 +298,7 @@ async def test_a_retire_answers_what_it_admitted_past_the_stop_budget(tmp_path: 
         )
         await runners.made[("a", "1")].wait_started(2)  # in flight
         unload = asyncio.create_task(repository.unload("a"))
-        await _until(lambda: model.refusing is not None)
+        await _until(lambda: model.state in (VersionState.DRAINING, VersionState.RETIRED))
         # Past the whole stop budget: a drain bounded by it has failed the request by now.
         await asyncio.sleep(0.5)
         assert not held.done() and not unload.done()
@@ -330,7 +331,7 @@ async def test_a_retire_waits_no_longer_than_the_deadlines_it_admitted(tmp_path:
 async def test_a_settle_that_raises_is_logged_counted_and_its_hand_over_done_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("serving.server.supervise.RESTART_S", (0.0, 0.0))
+    monkeypatch.setattr("serving.supervisor.RESTART_S", (0.0, 0.0))
     caplog.set_level(logging.ERROR, logger="shardserve")
     version(tmp_path, "m", 1)
     runners = Runners()

@@ -20,6 +20,7 @@ import pytest
 from serving.elastic.loop import Scaler, hold, release
 from serving.server.state import ServerState
 from serving.settings.config import Settings
+from serving.version.life import VersionState
 from serving.version.served import ServedModel
 from shards.pipeline.health import Health
 from tests.fakes import WAIT_S, make_rows, spawn
@@ -166,7 +167,7 @@ async def switch_under_load(
 
 def _failed(state: ServerState) -> str | None:
     model = state.models["m"].get("2")
-    return model.load_error if model is not None else None
+    return model.reason if model is not None and model.state is VersionState.FAILED else None
 
 
 def codes(load: Load) -> list[int]:

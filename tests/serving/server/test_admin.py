@@ -37,7 +37,7 @@ async def serve(
 
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
-        await app.state.shardserve.model().ready.wait()
+        await app.state.shardserve.model().until_ready()
         if seen is not None:
             seen.append(app.state.shardserve.model())
         transport = httpx.ASGITransport(app=manager.app)

@@ -141,7 +141,7 @@ async def test_readyz_is_503_until_loaded() -> None:
             r = await client.post("/predict", json={"instances": [row(1)]})
             assert r.status_code == 503 and "still loading" in assert_clean_error(r)
             release.set()
-            await app.state.shardserve.model().ready.wait()
+            await app.state.shardserve.model().until_ready()
             assert (await client.get("/readyz")).status_code == 200
             assert (await client.post("/predict", json={"instances": [row(1)]})).status_code == 200
 
@@ -252,7 +252,7 @@ async def test_client_disconnect_drops_its_queued_rows() -> None:
     app = create_app(settings, factory)
     async with LifespanManager(app) as manager:
         state = app.state.shardserve
-        await state.model().ready.wait()
+        await state.model().until_ready()
         runner.gate = gate
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:

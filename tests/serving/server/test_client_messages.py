@@ -90,7 +90,7 @@ async def test_a_load_failure_on_readyz_names_the_model_file_not_its_path_or_hos
     app = create_app(Settings(model="fake"), factory)
     with caplog.at_level(logging.ERROR, logger="shardserve"):
         async with LifespanManager(app) as manager:
-            await asyncio.wait_for(app.state.shardserve.model().loaded.wait(), WAIT_S)
+            await asyncio.wait_for(app.state.shardserve.model().until_loaded(), WAIT_S)
             transport = httpx.ASGITransport(app=manager.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
                 ready = await client.get("/readyz")

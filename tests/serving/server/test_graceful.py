@@ -21,8 +21,8 @@ from serving.protocols.v2.proto import grpc_service_pb2_grpc as pb_grpc
 from serving.server.app import create_app
 from serving.server.graceful import GracefulServer
 from serving.server.state import ServerState
-from serving.server.stop_budget import StopBudget
 from serving.settings.config import Settings
+from serving.version.stop_budget import StopBudget
 from tests.errorcheck import assert_clean_error
 from tests.fakes import FakeRunner, make_rows
 from tests.serverproc import free_ports
@@ -71,7 +71,7 @@ async def serve(runner: FakeRunner, **overrides: Any) -> AsyncIterator[Served]:
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await _until(lambda: server.started)
-        await app.state.shardserve.model().ready.wait()
+        await app.state.shardserve.model().until_ready()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             yield Served(server, app.state.shardserve, client, serving)
     finally:

@@ -10,9 +10,10 @@ import pytest
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.server.state import ServerState
 from serving.settings.config import Settings
+from serving.version.life import VersionState
 from serving.version.readiness import readiness
 from serving.version.served import ServedModel
-from tests.fakes import FakeRunner
+from tests.fakes import FakeRunner, put_in_state
 from tests.serving.served_app import row
 from tests.serving.served_repository import Runners, serve_repository, write_repository
 
@@ -26,7 +27,7 @@ async def _ready(state: ServerState, name: str, version: str) -> ServedModel:
         return FakeRunner()
 
     await model.load(factory, None)
-    assert model.ready.is_set(), model.load_error
+    assert model.state is VersionState.READY, model.reason
     return model
 
 
@@ -120,8 +121,7 @@ async def test_ready_once_nothing_loads_and_one_version_is_ready() -> None:
         "error": "no model version is served",
     }
     failed = _loading(state, "broken", "1")
-    failed.load_error = "cannot read SavedModel broken"
-    failed.loaded.set()
+    put_in_state(failed, "FAILED", reason="cannot read SavedModel broken")
     assert readiness(state).body() == {
         "status": "failed",
         "error": "cannot read SavedModel broken",
@@ -129,7 +129,7 @@ async def test_ready_once_nothing_loads_and_one_version_is_ready() -> None:
     await _ready(state, "good", "1")
     assert readiness(state).body() == {"status": "ready", "model": "good"}
     loading = _loading(state, "good", "2")
-    loading.load_waiting = "waiting for 1 placement group"
+    loading._load_waits = "waiting for 1 placement group"
     assert readiness(state).body() == {
         "status": "loading",
         "error": "waiting for 1 placement group",

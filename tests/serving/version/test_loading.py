@@ -31,7 +31,7 @@ async def test_a_load_that_hangs_fails_at_load_timeout_s_and_is_cancelled() -> N
     )
     async with LifespanManager(app) as manager:
         state = app.state.shardserve
-        await asyncio.wait_for(state.model().loaded.wait(), WAIT_S)
+        await asyncio.wait_for(state.model().until_loaded(), WAIT_S)
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             ready = await client.get("/readyz")

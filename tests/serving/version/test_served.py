@@ -13,9 +13,11 @@ from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.metrics.series import Metrics
 from serving.server.state import ServerState
 from serving.settings.config import Settings
+from serving.version.life import VersionState
 from serving.version.served import ServedModel
 from shards.signature import ModelSignature, TensorSpec
 from tests.fakes import WAIT_S, FakeRunner, make_rows
+from tests.metrics_text import metric
 
 
 def _state(*names: str) -> ServerState:
@@ -30,7 +32,7 @@ async def _load(model: ServedModel, runner: FakeRunner) -> None:
         return runner
 
     await model.load(factory, None)
-    assert model.ready.is_set(), model.load_error
+    assert model.state is VersionState.READY, model.reason
 
 
 async def test_models_are_found_by_name_and_version_and_a_miss_names_what_is_served() -> None:
@@ -82,7 +84,7 @@ async def test_a_model_that_finishes_loading_after_the_stop_began_takes_no_reque
     budget = state.begin_stop()
     gate.set()
     await asyncio.wait_for(load, WAIT_S)
-    assert model.ready.is_set()
+    assert model.was_ready
     with pytest.raises(NotReadyError, match="server is shutting down"):
         model.require_batcher()
     assert model.not_ready_reason() == "server is shutting down"
@@ -109,10 +111,10 @@ async def test_a_warm_up_failure_at_the_max_sequence_length_names_it() -> None:
     state = ServerState(Settings(model="fake", batch_timeout_ms=0.0, max_sequence_length=600))
     model = ServedModel("tokens", state.settings, state.metrics)
     await model.load(_factory(FakeRunner(tokens, fail_with=ValueError("index 600 >= 512"))), None)
-    assert model.load_error is not None
-    assert "warm-up batch at max_sequence_length=600 failed" in model.load_error
-    assert "index 600 >= 512" in model.load_error
-    assert "--max-sequence-length at most its longest" in model.load_error
+    assert model.state is VersionState.FAILED and model.reason is not None
+    assert "warm-up batch at max_sequence_length=600 failed" in model.reason
+    assert "index 600 >= 512" in model.reason
+    assert "--max-sequence-length at most its longest" in model.reason
 
 
 @pytest.mark.parametrize(("flag", "warmed_at"), [(None, 32), (16, 16), (32, 32)])
@@ -136,9 +138,9 @@ async def test_a_flag_over_the_models_own_bound_is_refused_at_load_with_both_num
     model = ServedModel("tokens", state.settings, state.metrics)
     runner = FakeRunner(bounded)
     await model.load(_factory(runner), None)
-    assert model.load_error is not None
+    assert model.state is VersionState.FAILED and model.reason is not None
     assert "max_sequence_length=64 is over 32, the longest input model 'tokens' takes" in (
-        model.load_error
+        model.reason
     )
     assert runner.batches == []  # refused before any warm-up batch
 
@@ -186,3 +188,24 @@ async def test_a_stats_poll_that_hangs_is_dropped_and_the_next_one_runs(
     finally:
         poll.cancel()
     assert runner.stats_calls >= 2
+
+
+async def test_the_state_gauge_follows_the_versions_state_machine() -> None:
+    state = _state("a")
+    model = state.model()
+
+    def states() -> dict[str, float]:
+        text = state.metrics.render().decode()
+        return {
+            s.value: metric(text, "shardserve_version_state", model="a", version="1", state=s)
+            for s in VersionState
+        }
+
+    assert states() == {s.value: float(s is VersionState.LOADING) for s in VersionState}
+    runner = FakeRunner()
+    await _load(model, runner)
+    assert states() == {s.value: float(s is VersionState.READY) for s in VersionState}
+    await model.retire("model 'a' version 1 is being unloaded (test)")
+    assert states() == {s.value: float(s is VersionState.RETIRED) for s in VersionState}
+    state.metrics.remove_model("a", "1")
+    assert "shardserve_version_state{" not in state.metrics.render().decode()

@@ -64,7 +64,7 @@ async def serve(
     async with LifespanManager(app) as manager:
         state: ServerState = app.state.shardserve
         if wait_ready:
-            await state.model().ready.wait()
+            await state.model().until_ready()
         transport = httpx.ASGITransport(app=manager.app)
         async with (
             httpx.AsyncClient(transport=transport, base_url="http://test") as http,
@@ -178,7 +178,7 @@ async def test_live_at_once_ready_once_the_model_is_warm() -> None:
         assert code == grpc.StatusCode.UNAVAILABLE
         assert message == "model is still loading; retry when GET /readyz answers 200"
         gate.set()
-        await s.state.model().ready.wait()
+        await s.state.model().until_ready()
         assert (await s.stub.ServerReady(pb.ServerReadyRequest())).ready is True
         ready = await s.stub.ModelReady(pb.ModelReadyRequest(name="fake", version="1"))
         assert ready.ready is True
@@ -638,7 +638,7 @@ async def test_grpc_port_zero_serves_no_grpc() -> None:
     before = listening_ports()
     app = create_app(Settings(model="fake", grpc_port=0), factory)
     async with LifespanManager(app):
-        await app.state.shardserve.model().ready.wait()
+        await app.state.shardserve.model().until_ready()
         during = listening_ports()
 
     assert during - before == set()

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from serving.protocols.v2.proto import grpc_service_pb2 as pb
-from serving.server.stop_budget import StopBudget
+from serving.version.stop_budget import StopBudget
 from tests.fakes import FakeRunner, make_rows, spawn
 from tests.serving.protocols.v2.test_v2_grpc import infer_request, rejects, serve
 

@@ -256,7 +256,7 @@ async def test_model_version_picks_the_version_and_a_missing_one_names_those_the
             return runner
 
         model.start(factory, None)
-    await asyncio.wait_for(versions["1"].ready.wait(), WAIT_S)
+    await asyncio.wait_for(versions["1"].until_ready(), WAIT_S)
     rows = make_rows(2)["x"]
     tensor = InferInput("x", list(rows.shape), "FP32")
     tensor.set_data_from_numpy(rows)
@@ -269,7 +269,7 @@ async def test_model_version_picks_the_version_and_a_missing_one_names_those_the
             unnamed = await client.infer("fake", [tensor])
             assert unnamed.get_response().model_version == "1"
             warm_up_2.set()
-            await asyncio.wait_for(versions["2"].ready.wait(), WAIT_S)
+            await asyncio.wait_for(versions["2"].until_ready(), WAIT_S)
             runners["1"].batches.clear()
             runners["2"].batches.clear()
 

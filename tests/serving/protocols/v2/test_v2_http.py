@@ -131,7 +131,7 @@ async def test_not_ready_while_loading() -> None:
             meta = await client.get("/v2/models/fake")
             infer = await client.post(INFER, json={"inputs": []})
             release.set()
-            await app.state.shardserve.model().ready.wait()
+            await app.state.shardserve.model().until_ready()
             assert (await client.get("/v2/health/ready")).status_code == 200
     assert (ready.status_code, ready.json()) == (503, {"ready": False})
     assert (model_ready.status_code, model_ready.json()) == (503, {"name": "fake", "ready": False})

@@ -1,4 +1,4 @@
-"""A served version's background loops under ``serving.server.supervise``: a scaling tick that
+"""A served version's background loops under ``serving.supervisor``: a scaling tick that
 raises and a stats poll that raises are logged with their traceback, counted in
 ``shardserve_background_errors_total{task}``, and their loops go on; a scale-up that raises is
 logged and counted, and the next scale-up adds the replica."""
@@ -23,7 +23,7 @@ ERRORS = "shardserve_background_errors_total"
 
 @pytest.fixture(autouse=True)
 def restart_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("serving.server.supervise.RESTART_S", (0.0, 0.0))
+    monkeypatch.setattr("serving.supervisor.RESTART_S", (0.0, 0.0))
 
 
 class TickFails(ElasticFake):
