@@ -11,17 +11,19 @@ replica target (``serving.repository.replica_switch``).
 
 The steps, per model: a selected version that is not served loads (a ``ServedModel`` started;
 the other versions' queues widen meanwhile, ``serving.repository.switch_queue``); a failed one
-loads again once its files change (an API load: always); once a load ends, its settle: a switch
-replica by replica runs to its end, a failed version's actors end, then the hand-over; the
-hand-over retires what the plan no longer selects, or what is gone from disk, but a version
-that serves only once what replaces it is READY (one that failed keeps the old), and leaves the
-canary's stable and canary and a switch's old version be; the labels follow the READY versions
-and the canary's roles; a canary promoted has its old stable retired. A model unloaded through
-the API, or gone from disk, has every version retired. Every retire is one drain
-(``ServedModel.retire``: refuse with the reason, answer what was admitted, end the actors), then
-the version leaves the registry (``serving.repository.registry``).
+loads again once its files change (an API load: always). Once a load ends, where the new version
+replaces an old one replica by replica, one step of that switch per tick
+(``serving.repository.replica_switch``: a replica added or given up); then its settle: a failed
+version's actors end, and the hand-over. The hand-over retires what the plan no longer selects,
+or what is gone from disk, but a version that serves only once what replaces it is READY (one
+that failed keeps the old), and leaves a canary's stable and canary and a switch's old version
+be; the labels follow the READY versions and the canary's roles; a canary promoted has its old
+stable retired. A model unloaded through the API, or gone from disk, has every version retired.
+Every retire is one drain (``ServedModel.retire``: refuse with the reason, answer what was
+admitted, end the actors), then the version leaves the registry
+(``serving.repository.registry``).
 
-Long operations (a load, a retire, a settle with its switch) are started by a step and run as
+Long operations (a load and its settle, a switch step, a retire) are started by a step and run as
 tasks tracked per (model, version, kind), at most one of each in flight; the next tick sees
 their end. A step or operation that raises is logged with its traceback and counted
 (``shardserve_background_errors_total{task}``), and the next tick takes the step again: a
@@ -197,7 +199,7 @@ class Reconciler:
                 for v, m in served.items()
                 if int(v) in wanted
                 and m.state is VersionState.FAILED
-                and (retry or self._changed(m, plan))
+                and (retry or (m not in self._loads and self._changed(m, plan)))
             ]
             for v in sorted(wanted - {int(v) for v in served}):
                 self._load(name, v, plan)
@@ -212,8 +214,8 @@ class Reconciler:
                 for load in self._loads.values()
                 if load.model.name == name and (name, load.model.version, "retire") not in self._ops
             ]
-            for load in pending:  # one whose settle raised: again
-                self._start_settle(load)
+            for load in pending:
+                self._settle_step(load)
             if not pending:
                 self._hand_over(name)
 
@@ -233,19 +235,36 @@ class Reconciler:
         log.info("model %r version %d: loading", name, version)
         self._start_settle(self._loads[model])
 
+    def _settle_step(self, load: _Load) -> None:
+        """A version whose load was started: once it has ended, the next step of its switch
+        replica by replica, if one is under way, else its settle (again, if one raised)."""
+        model = load.model
+        key = (model.name, model.version)
+        if (*key, "settle") in self._ops or (*key, "switch") in self._ops:
+            return  # its load, a switch step or its settle under way
+        switch_step = self.rolling.step(model)
+        if switch_step is not None:
+            what = f"model {model.name!r} version {model.version}'s switch step"
+            self._start((*key, "switch"), what, switch_step)
+        else:
+            self._start_settle(load)
+
     def _start_settle(self, load: _Load) -> None:
         model = load.model
         what = f"model {model.name!r} version {model.version}'s settle (the end of its load)"
         self._start((model.name, model.version, "settle"), what, lambda: self._settle(load))
 
     async def _settle(self, load: _Load) -> None:
-        """Once its load has ended (waited for here): a switch replica by replica runs to its
-        end, a failed version's actors end (its reason stays in the index), then what it was
-        to replace is retired, or kept if it failed. Whatever fails here, the queues widened
-        for its load narrow; a settle that raises is taken again on the next tick."""
+        """Once its load has ended (waited for here), and a switch replica by replica it began
+        has ended (its steps come first: ``_settle_step``): a failed version's actors end (its
+        reason stays in the index), then what it was to replace is retired, or kept if it
+        failed. Whatever fails here, the queues widened for its load narrow; a settle that
+        raises is taken again on the next tick."""
         model = load.model
+        await model.wait_load()
+        if self.rolling.under_way(model):
+            return  # the switch's steps, then the settle again
         try:
-            await self.rolling.settle(model)  # a switch replica by replica ends first
             key = (model.name, model.version)
             if model.state is VersionState.FAILED:
                 self._failed[key] = load.fingerprint
@@ -332,6 +351,7 @@ class Reconciler:
         load = self._loads.pop(model, None)
         if load is not None:  # retired before its load settled
             self._narrow(load)
+        self.rolling.drop(model)
         if self.state.models.get(model.name, {}).get(model.version) is model:
             self.state.remove_model(model.name, model.version)
         self.rollouts.gone(model.name, model.version)

@@ -15,17 +15,19 @@ reconciler's one drain, ``ServedModel.retire``), and the index shows why in one 
 versions' scaling loops are held meanwhile. With one replica, or with a ``[traffic]`` canary,
 the switch is the one-step hand-over.
 
-The reconciler runs a switch as one tracked operation, the new version's settle (the end of its
-load): at most one in flight per version, its failure logged and counted.
+The switch is a record (``Switch``: the two versions, the counts at start and end, its phase)
+and steps: once the new version's load has ended, the reconciler takes one step per tick (one
+replica added or given up, ``Rolling.step``) as an operation tracked per version, at most one in
+flight, and the new version settles (the hand-over) once the switch has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from serving.elastic.loop import Scaler, hold, release, serving_count
 from serving.repository.routing import SwitchSplit
@@ -47,6 +49,7 @@ Fits = Callable[["ServedModel", int], Awaitable[bool]]
 # The reconciler's one drain: refuse with the reason, answer what it admitted, end its actors;
 # the version stays DRAINING (in the index) until ``end_retire``.
 Drain = Callable[["ServedModel", str], Awaitable[None]]
+Phase = Literal["start", "forward", "back", "done"]
 # How often a replica being added is asked what it waits for (the reason a failed step gives).
 _LOOK_S = 1.0
 
@@ -69,13 +72,21 @@ async def ray_fits(model: ServedModel, count: int) -> bool:
 @dataclass(eq=False)
 class Switch:
     """One model's switch: ``start`` replicas of the old version at its start, ``target`` of
-    the new at its end; ``gone``: the old's last replica has been retired."""
+    the new at its end; ``phase``: ``start`` (the new one loads), ``forward`` (the new adds, the
+    old gives up), ``back`` (turned back: the old adds back, the new gives up; ``why``: the step
+    that failed, None where the new one failed to load), ``done``; ``gone``: the old's last
+    replica has been retired; ``room``: a replica was given up for the next add, which is then
+    not asked whether it fits again; ``stuck``: turning back, a replica could not be added."""
 
     old: ServedModel
     new: ServedModel
     target: int
     start: int
+    phase: Phase = "start"
+    why: str | None = None
     gone: bool = False
+    room: bool = False
+    stuck: bool = False
     limits: dict[str, Scaler] = field(default_factory=dict)
 
 
@@ -109,25 +120,58 @@ class Rolling:
         switch = self._switches.get(name)
         return set() if switch is None or switch.gone else {switch.old.version}
 
-    async def settle(self, model: ServedModel) -> None:
-        """Until ``model``'s load has ended and, where it replaces a version replica by
-        replica, until that switch has ended or been turned back."""
-        await model.wait_load()
+    def under_way(self, model: ServedModel) -> bool:
+        """``model`` is the new version of a switch that has not ended: its steps come before
+        its settle."""
+        switch = self._switches.get(model.name)
+        return switch is not None and switch.new is model
+
+    def step(self, model: ServedModel) -> Callable[[], Coroutine[Any, Any, None]] | None:
+        """The next step of the switch whose new version is ``model`` (once its load has ended):
+        one replica added or given up, or the switch's end; None where it has none."""
         switch = self._switches.get(model.name)
         if switch is None or switch.new is not model:
-            return
+            return None
+        return lambda: self._step(switch)
+
+    def drop(self, model: ServedModel) -> None:
+        """``model`` is retired: a switch it was the new version of, or the old one of before
+        its last replica went (an unload, a removal), ends."""
+        switch = self._switches.get(model.name)
+        if switch is not None and (
+            switch.new is model or (switch.old is model and not switch.gone)
+        ):
+            self._end(switch)
+
+    async def _step(self, switch: Switch) -> None:
         try:
-            if _serving(model):
+            if switch.phase == "start":
+                if _serving(switch.new):
+                    switch.phase = "forward"
+                    self.state.traffic[switch.new.name] = SwitchSplit(
+                        switch.old.version, switch.new.version
+                    )
+                elif _serving(switch.old):  # the new one failed to load
+                    switch.phase = "back"
+                else:
+                    switch.phase = "done"
+            elif switch.phase == "forward":
                 await self._forward(switch)
-            elif _serving(switch.old):  # the new one failed to load
-                await self._back(switch, None)
+            elif switch.phase == "back":
+                await self._back(switch)
         except Exception:  # the reconciler's hand-over goes on: the READY version serves
-            log.exception("model %r: the switch replica by replica failed", model.name)
-        finally:
-            self._switches.pop(model.name, None)
-            self._unsplit(model.name)
-            release(switch.old)
-            release(switch.new)
+            log.exception("model %r: the switch replica by replica failed", switch.new.name)
+            switch.phase = "done"
+        if switch.phase == "done":
+            self._end(switch)
+
+    def _end(self, switch: Switch) -> None:
+        switch.phase = "done"
+        if self._switches.get(switch.new.name) is switch:
+            del self._switches[switch.new.name]
+            self._unsplit(switch.new.name)
+        release(switch.old)
+        release(switch.new)
 
     # ---- the steps
 
@@ -168,51 +212,65 @@ class Rolling:
         return settings.model_copy(update={"replicas": 1})
 
     async def _forward(self, switch: Switch) -> None:
+        """One step forward: make room for the new version's next replica (the old gives one
+        up, or its last one is retired), or add it; a replica not added turns the switch back
+        (or, once the old is gone, leaves the new with what it has)."""
         old, new = switch.old, switch.new
-        self.state.traffic[new.name] = SwitchSplit(old.version, new.version)
-        while _count(new) < switch.target:
-            if not (_serving(new) and (switch.gone or _serving(old))):
-                return  # unloaded or stopping meanwhile: the manager retires both
-            if not await self._fits(new, 1):
-                if _count(old) > 1:
-                    await self._remove(switch, old)
-                else:
-                    await self._retire_old(switch)
-            added, waited = await self._add(switch, new)
-            if added:
-                continue
-            if not (_serving(new) and (switch.gone or _serving(old))):
-                return  # given up because it was unloaded meanwhile
-            step = f"its replica {_count(new) + 1} of {switch.target} was not placed within "
-            step += f"replica_pending_timeout_s={new.settings.replica_pending_timeout_s:g} s or "
-            step += f"failed to start ({waited or 'the log says why'})"
-            if switch.gone:
-                log.warning(
-                    "model %r version %s serves with %d of its %d replicas: %s",
-                    new.name,
-                    new.version,
-                    _count(new),
-                    switch.target,
-                    step,
-                )
-                return
-            await self._back(switch, f"replacing version {old.version} replica by replica: {step}")
+        if _count(new) >= switch.target:
+            log.info(
+                "model %r: version %s has its %d replicas", new.name, new.version, switch.target
+            )
+            switch.phase = "done"
             return
-        log.info("model %r: version %s has its %d replicas", new.name, new.version, switch.target)
+        if not (_serving(new) and (switch.gone or _serving(old))):
+            switch.phase = "done"  # unloaded or stopping meanwhile: the reconciler retires both
+            return
+        if not switch.room and not await self._fits(new, 1):
+            if _count(old) > 1:
+                await self._remove(switch, old)
+            else:
+                await self._retire_old(switch)
+            switch.room = True  # the next step adds
+            return
+        switch.room = False
+        added, waited = await self._add(switch, new)
+        if added:
+            return
+        if not (_serving(new) and (switch.gone or _serving(old))):
+            switch.phase = "done"  # given up because it was unloaded meanwhile
+            return
+        step = f"its replica {_count(new) + 1} of {switch.target} was not placed within "
+        step += f"replica_pending_timeout_s={new.settings.replica_pending_timeout_s:g} s or "
+        step += f"failed to start ({waited or 'the log says why'})"
+        if switch.gone:
+            log.warning(
+                "model %r version %s serves with %d of its %d replicas: %s",
+                new.name,
+                new.version,
+                _count(new),
+                switch.target,
+                step,
+            )
+            switch.phase = "done"
+            return
+        switch.phase = "back"
+        switch.why = f"replacing version {old.version} replica by replica: {step}"
+        log.warning("model %r version %s: %s", new.name, new.version, switch.why)
 
-    async def _back(self, switch: Switch, why: str | None) -> None:
-        """Turn the switch back: the old adds back what it gave up, replica by replica, while
-        the new gives its replicas up, its last one drained with the version; ``why`` (a step
-        failed) becomes the new version's reason in the index."""
-        old, new = switch.old, switch.new
-        if why is not None:
-            log.warning("model %r version %s: %s", new.name, new.version, why)
-        while _count(old) < switch.start and _serving(old):
-            if not await self._fits(old, 1) and _serving(new):
+    async def _back(self, switch: Switch) -> None:
+        """One step back: the old adds back a replica it gave up (the new giving one up first
+        where there is no room, its last one drained with the version); at the end the new is
+        drained, and ``why`` (a step failed) becomes its reason in the index."""
+        old, new, why = switch.old, switch.new, switch.why
+        if _count(old) < switch.start and _serving(old) and not switch.stuck:
+            if not switch.room and not await self._fits(old, 1) and _serving(new):
                 if _count(new) > 1:
                     await self._remove(switch, new)
                 else:
                     await self._drain(new, why or "its switch was turned back")
+                switch.room = True  # the next step adds
+                return
+            switch.room = False
             added, waited = await self._add(switch, old)
             if not added:
                 log.warning(
@@ -224,12 +282,14 @@ class Rolling:
                     switch.start,
                     waited or "the log says why",
                 )
-                break
+                switch.stuck = True
+            return
         if _serving(new):
             await self._drain(new, why or "its switch was turned back")
         if new.state is VersionState.DRAINING:  # drained above: it ends as the switch did
             failure = None if why is None else f"{why}; version {old.version} serves with "
             new.end_retire(None if failure is None else f"{failure}{_count(old)} replica(s)")
+        switch.phase = "done"
 
     async def _retire_old(self, switch: Switch) -> None:
         """The old's last replica: the reconciler retires the version (drained, nothing
