@@ -279,9 +279,14 @@ class Reconciler:
             self._narrow(load)
 
     def _narrow(self, load: _Load) -> None:
-        if not load.narrowed:
-            load.narrowed = True
-            narrow_queues(load.model.name, self.state.models.get(load.model.name, {}).values())
+        """``load`` has ended: once no load of its model is under way, the queues widened for
+        them narrow."""
+        if load.narrowed:
+            return
+        load.narrowed = True
+        name = load.model.name
+        if not any(o.model.name == name and not o.narrowed for o in self._loads.values()):
+            narrow_queues(self.state.models.get(name, {}).values())
 
     # ---- the hand-over
 

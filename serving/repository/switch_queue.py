@@ -12,7 +12,6 @@ the model is loading. A queue the operator sized (``max_queue_rows``) is left as
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
@@ -23,9 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["SWITCH_QUEUE_FACTOR", "narrow_queues", "queue_factor", "widen_queues"]
 
 SWITCH_QUEUE_FACTOR = 8
-# model -> (its rows before, its rows widened); and loads under way per model name.
+# model -> (its rows before, its rows widened). Which loads are under way is the reconciler's
+# (``serving.repository.reconciler``): it narrows once none of the model is.
 _widened: WeakKeyDictionary[ServedModel, tuple[int, int]] = WeakKeyDictionary()
-_loading: Counter[str] = Counter()
 
 
 def queue_factor(model: ServedModel) -> int:
@@ -35,7 +34,6 @@ def queue_factor(model: ServedModel) -> int:
 
 def widen_queues(versions: Iterable[ServedModel], loading: ServedModel) -> None:
     """``loading`` begins to load: every other version of its model that serves holds more."""
-    _loading[loading.name] += 1
     for model in versions:
         batcher = model.batcher
         if model is loading or model in _widened or batcher is None:
@@ -48,12 +46,8 @@ def widen_queues(versions: Iterable[ServedModel], loading: ServedModel) -> None:
         _widened[model] = (rows, widened)
 
 
-def narrow_queues(name: str, versions: Iterable[ServedModel]) -> None:
-    """A load of model ``name`` has ended: once none is under way, its versions' own rows."""
-    _loading[name] -= 1
-    if _loading[name] > 0:
-        return
-    del _loading[name]
+def narrow_queues(versions: Iterable[ServedModel]) -> None:
+    """No load of their model is under way any more: the versions' own rows."""
     for model in list(versions):
         rows = _widened.pop(model, None)
         batcher = model.batcher
