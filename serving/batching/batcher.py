@@ -27,7 +27,6 @@ from serving.batching.batch_run import RunBatch
 from serving.batching.cost import RunTimeModel
 from serving.batching.dispatch import SHUTTING_DOWN, Dispatcher
 from serving.batching.lengths import LengthPadding
-from serving.batching.ragged import Row, submit_ragged
 from serving.batching.record import BatchRecord
 from serving.batching.rows import PendingRequest, RowQueues, Segment, check_size, row_count
 from serving.batching.settings import BatchSettings
@@ -158,17 +157,6 @@ class Batcher:
         """
         return await self.submit_lengths(inputs, row_count(inputs), deadline, request_id, None)
 
-    async def submit_rows(
-        self,
-        rows: list[Row],
-        *,
-        deadline: float | None = None,
-        request_id: str | None = None,
-    ) -> list[Row]:
-        """A ragged request: one dict of arrays per row (no rows dimension), rows of different
-        lengths; each row answered cut back to its own length (``serving.batching.ragged``)."""
-        return await submit_ragged(self, rows, deadline, request_id)
-
     async def submit_lengths(
         self,
         inputs: dict[str, np.ndarray],
@@ -178,7 +166,8 @@ class Batcher:
         row_lengths: np.ndarray | None,
     ) -> dict[str, np.ndarray]:
         """``submit`` of ``rows`` rows whose own lengths (``row_lengths``, where they differ)
-        are shorter than the length they were padded to."""
+        are shorter than the length they were padded to (a ragged request's rows, padded
+        above the batcher: ``serving.protocols.ragged``)."""
         if not self._accepting:
             if self._loop_task is None:
                 raise NotReadyError("the batcher has not been started")
