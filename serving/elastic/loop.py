@@ -169,8 +169,8 @@ class Scaler:
         self._retry_s = RETRY_S[0]
         # The batcher's in-flight limit as this loop last set it: one that differs was changed
         # by the operator (an admin PUT), and is theirs from then on.
-        self._inflight_set = batcher.policy.max_inflight_batches
-        self._start_rows = batcher.policy.max_queue_rows
+        self._inflight_set = batcher.settings.max_inflight_batches
+        self._start_rows = batcher.settings.max_queue_rows
 
     def tick(self, now: float) -> ScaleDecision:
         self._now = now
@@ -219,7 +219,7 @@ class Scaler:
     def replica_rows(self) -> float | None:
         """What one replica delivers (rows in flight at full pace), from the run-time model."""
         view = self.batcher.run_time_view()
-        size = self.batcher.policy.max_batch_size
+        size = self.batcher.settings.max_batch_size
         latency_ms = view.get("latency", {}).get(str(size))
         bottleneck_ms = view.get("bottleneck", {}).get(str(size))
         if latency_ms is None or bottleneck_ms is None:
@@ -269,7 +269,7 @@ class Scaler:
         replicas, as at start-up for that many, except those the operator set (a flag, or an
         admin PUT since); the queue never shrinks below its start-up rows (a request that size
         was served)."""
-        n, policy, settings = max(1, healthy), self.batcher.policy, self.settings
+        n, policy, settings = max(1, healthy), self.batcher.settings, self.settings
         inflight = policy.max_inflight_batches
         if settings.max_inflight_batches is None and inflight == self._inflight_set:
             inflight = settings.inflight_batches(self.stages, n)

@@ -112,6 +112,6 @@ def replicas_unavailable(model: ServedModel) -> str | None:
     deadline_s = model.settings.request_timeout_ms / 1000.0
     if health.back_in_s > deadline_s:
         return f"{reason}, expected back in {health.back_in_s:.3g} s, past a request's deadline"
-    if batcher.queued_rows >= batcher.policy.max_queue_rows:
+    if batcher.queued_rows >= batcher.settings.max_queue_rows:
         return f"{reason}; the queue is full meanwhile"
     return None
