@@ -32,14 +32,14 @@ from shards.signature import ModelSignature
 
 
 @dataclass
-class Policy:
+class Limits:
     max_queue_rows: int = 4
 
 
 @dataclass
 class Batcher:
     queued_rows: int = 0
-    policy: Policy = field(default_factory=Policy)
+    settings: Limits = field(default_factory=Limits)
 
 
 @dataclass
