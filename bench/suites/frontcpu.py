@@ -5,9 +5,10 @@ Per workload (``light`` and ``heavy`` of ``bench.models.workloads``, served as `
 protocols`` serves them: 1 stage, max batch 64, 5 ms timeout), one shardserve server per code
 tree, side by side: this checkout (``--tree``, "new") and ``--compare-tree DIR`` ("old", a ``git
 worktree`` of an older commit); a workload's pair stops before the next one starts. Each window is
-a wrk closed loop of ``--clients`` on one protocol (TF-Serving JSON ``/predict``, V2 binary
-tensors; ``loadtest.bodies``' bodies) against one server, and its CPU per request is ``bench
-protocols``' figure: the server process's utime + stime (uvicorn, the batcher, Ray's driver side;
+a closed loop of ``--clients`` on one protocol (wrk on TF-Serving JSON ``/predict`` and V2 binary
+tensors, ``loadtest.bodies``' bodies; V2 gRPC ``ModelInfer`` serialized once and sent as bytes
+by ``bench.load.grpcload --raw``, so that the client spends its CPU on gRPC alone) against one
+server, and its CPU per request is ``bench protocols``' figure: the server process's utime + stime (uvicorn, the batcher, Ray's driver side;
 not the shard actors) over the answers the server counted in the window.
 
 The windows alternate: in each of ``--rounds`` rounds, per protocol, old then new, the order
@@ -20,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from bench import options
+from bench.load import grpcload
 from bench.load.loops import WRK_INSTALL_HINT, closed_loop, have_wrk
 from bench.load.result import LoadResult
 from bench.models.workloads import get_workload, save_workload
@@ -37,6 +39,7 @@ from bench.suites.frontcpu_report import TREES, render, summarize
 from bench.suites.looplag import cli_module, describe_tree, pin_argv, pinned, resolved
 from bench.suites.protocols import (
     HTTP_PROTOCOLS,
+    PROTOCOLS,
     ProtocolsPlan,
     clients_by_workload,
     get_json,
@@ -53,7 +56,7 @@ Bodies = dict[str, tuple[bytes, dict[str, str]]]
 @dataclass(frozen=True)
 class FrontCpuPlan:
     workloads: tuple[str, ...] = ("light", "heavy")
-    protocols: tuple[str, ...] = ("tfserving", "v2-binary")
+    protocols: tuple[str, ...] = ("tfserving", "v2-binary", "grpc")
     clients: dict[str, int] = field(default_factory=lambda: ProtocolsPlan().clients)
     rounds: int = 3
     window_s: float = 6.0  # wrk counts whole seconds
@@ -70,13 +73,18 @@ class FrontCpuPlan:
             get_workload(workload)
             if self.clients.get(workload, 0) < 1:
                 raise ValueError(f"no --clients count (>= 1) for workload {workload!r}")
-        unknown = set(self.protocols) - set(HTTP_PROTOCOLS)
+        unknown = set(self.protocols) - set(PROTOCOLS)
         if unknown or not self.protocols:
-            raise ValueError(f"protocols must be among {HTTP_PROTOCOLS}, got {self.protocols}")
+            raise ValueError(f"protocols must be among {PROTOCOLS}, got {self.protocols}")
         options.require(self, at_least_one=("rounds",), positive=("window_s", "warmup_s"))
         for tree in (self.tree, self.compare_tree):
             if tree is not None:
                 cli_module(tree)
+
+
+def has_grpc(tree: Path) -> bool:
+    """Whether ``tree``'s server takes ``--grpc-port`` (its settings declare ``grpc_port``)."""
+    return any("grpc_port" in path.read_text() for path in (tree / "serving").rglob("*.py"))
 
 
 def schedule(rounds: int, protocols: tuple[str, ...]) -> list[tuple[int, str, str]]:
@@ -92,9 +100,15 @@ def schedule(rounds: int, protocols: tuple[str, ...]) -> list[tuple[int, str, st
 def run(plan: FrontCpuPlan, progress: Progress = options.say) -> dict[str, Any]:
     if plan.compare_tree is None:
         raise ValueError("frontcpu compares two code trees: give the old one with --compare-tree")
-    if not have_wrk():
-        raise SystemExit(f"bench frontcpu drives wrk; {WRK_INSTALL_HINT}")
     trees = {"old": plan.compare_tree, "new": plan.tree}
+    without = [str(tree) for tree in trees.values() if not has_grpc(tree)]
+    if "grpc" in plan.protocols and without:
+        progress(f"[frontcpu] no gRPC in {', '.join(without)} (no --grpc-port): grpc left out")
+        plan = replace(plan, protocols=tuple(p for p in plan.protocols if p != "grpc"))
+        if not plan.protocols:
+            raise SystemExit("bench frontcpu: no protocol left to measure")
+    if not have_wrk() and set(plan.protocols) & set(HTTP_PROTOCOLS):
+        raise SystemExit(f"bench frontcpu drives wrk; {WRK_INSTALL_HINT}")
     results: dict[str, Any] = {
         "plan": options.plan_json(plan),
         "trees": {label: describe_tree(tree) for label, tree in trees.items()},
@@ -119,24 +133,32 @@ def measure_workload(
     workdir = plan.workdir.resolve()  # the servers run in their own trees' folders
     model = save_workload(workload, workdir)
     servers: dict[str, ServerProcess] = {}
+    grpc_urls: dict[str, str] = {}
     windows = []
     with contextlib.ExitStack() as stack:
         for label, tree in trees.items():
             # Picked after the previous server holds its port, so the two never get the same one.
             port = free_port()
-            spec = server_spec(plan, model, tree, label, port)
+            grpc_port = free_port() if "grpc" in plan.protocols else 0
+            spec = server_spec(plan, model, tree, label, port, grpc_port)
+            grpc_urls[label] = f"127.0.0.1:{grpc_port}"
             log = workdir / "logs" / f"{workload}-{label}.log"
             progress(f"[frontcpu] {workload}: starting {label} ({tree}); log: {log}")
             body = get_workload(workload).request_body()
             servers[label] = stack.enter_context(ServerProcess(spec, port, body, log))
         bases = {label: server.url.rsplit("/", 1)[0] for label, server in servers.items()}
-        name, bodies = request_bodies(bases)
+        name, bodies, inputs = request_bodies(bases)
+        inputs_file = workdir / f"frontcpu-{workload}-inputs.npz"
+        np.savez(inputs_file, **inputs)  # type: ignore[arg-type]
         stack.enter_context(pinned(plan.pin))
 
         def load(label: str, protocol: str, seconds: float) -> LoadResult:
+            clients = plan.clients[workload]
+            if protocol == "grpc":
+                url = grpc_urls[label]
+                return grpcload.run(url, name, inputs_file, clients, seconds, raw=True)
             body, headers = bodies[protocol]
             url = bases[label] + request_path(protocol, name)
-            clients = plan.clients[workload]
             return closed_loop(url, body, clients, seconds, tool="wrk", headers=headers)
 
         for label in trees:
@@ -160,21 +182,25 @@ def measure_workload(
     return windows
 
 
-def server_spec(plan: FrontCpuPlan, model: Path, tree: Path, label: str, port: int) -> LaunchSpec:
-    """``bench protocols``' server (without gRPC), run from ``tree``'s own CLI module: the venv's
-    ``shardserve`` script imports this checkout's, and the old tree's lives elsewhere."""
+def server_spec(
+    plan: FrontCpuPlan, model: Path, tree: Path, label: str, port: int, grpc_port: int = 0
+) -> LaunchSpec:
+    """``bench protocols``' server (gRPC on ``grpc_port``; 0: none), run from ``tree``'s own CLI
+    module: the venv's ``shardserve`` script imports this checkout's, and the old tree's lives
+    elsewhere."""
     config = SystemConfig(model, port, plan.max_batch_size, plan.batch_timeout_ms)
     cache = plan.workdir.resolve() / f"cache-{label}"  # the trees may partition differently
-    served = shardserve_spec(config, 1, cache, flags={"--grpc-port": "0"}).argv[1:]
+    served = shardserve_spec(config, 1, cache, flags={"--grpc-port": str(grpc_port)}).argv[1:]
     argv = [*pin_argv(plan.pin), sys.executable, "-m", cli_module(tree), *served]
     # The tree's own packages first, in the server and (through the working directory, which a
     # local Ray puts on its workers' path) in its shard actors.
     return LaunchSpec(f"shardserve@{label}", argv, env={"PYTHONPATH": str(tree)}, cwd=tree)
 
 
-def request_bodies(bases: dict[str, str]) -> tuple[str, Bodies]:
+def request_bodies(bases: dict[str, str]) -> tuple[str, Bodies, dict[str, np.ndarray]]:
     """One body per HTTP protocol for the served model, checked on every server: each protocol's
-    answers agree, and both trees serve the model under the same name."""
+    answers agree, and both trees serve the model under the same name; and the inputs they
+    hold (gRPC's request is built from them)."""
     names = {label: get_json(f"{base}/readyz")["model"] for label, base in bases.items()}
     if len(set(names.values())) != 1:
         raise RuntimeError(f"the trees serve the model under different names: {names}")
@@ -184,16 +210,16 @@ def request_bodies(bases: dict[str, str]) -> tuple[str, Bodies]:
     bodies = {p: encode_body(inputs, p) for p in HTTP_PROTOCOLS}
     for base in bases.values():
         check_answers(base, name, bodies)
-    return name, bodies
+    return name, bodies, inputs
 
 
 def add_parsers(sub: Any) -> None:
-    about = "front-end CPU per request, this tree against --compare-tree (needs wrk)"
+    about = "front-end CPU per request, this tree against --compare-tree (needs wrk for HTTP)"
     opts = options.suite(
         sub, "frontcpu", about, out="docs/bench-frontcpu", plan=FrontCpuPlan, run=run, render=render
     )
     opts.add("workloads")
-    opts.own("--protocols", type=options.csv, help="comma-separated: " + ",".join(HTTP_PROTOCOLS))
+    opts.own("--protocols", type=options.csv, help="comma-separated: " + ",".join(PROTOCOLS))
     opts.add("clients", type=clients_by_workload, help="heavy=256,light=64")
     opts.own("--rounds", type=int, help="old and new windows per round, the order flipped each")
     opts.own("--window-s", type=float, help="seconds of wrk per window (whole seconds)")

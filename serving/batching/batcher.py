@@ -27,7 +27,6 @@ from serving.batching.batch_run import RunBatch
 from serving.batching.cost import RunTimeModel
 from serving.batching.dispatch import SHUTTING_DOWN, Dispatcher
 from serving.batching.lengths import LengthPadding
-from serving.batching.ragged import Row, submit_ragged
 from serving.batching.record import BatchRecord
 from serving.batching.rows import PendingRequest, RowQueues, Segment, check_size, row_count
 from serving.batching.settings import BatchSettings
@@ -49,7 +48,7 @@ class Batcher:
     def __init__(
         self,
         run_batch: RunBatch,
-        policy: BatchSettings,
+        settings: BatchSettings,
         *,
         lengths: LengthPadding | None = None,
         on_batch: Callable[[BatchRecord], None] | None = None,
@@ -57,7 +56,7 @@ class Batcher:
         on_error: Callable[[str], None] | None = None,
     ) -> None:
         """``on_error(task)`` counts a crash of the loop (the server's background errors)."""
-        self._policy = policy
+        self._settings = settings
         self._on_reject = on_reject
         self._on_error = on_error
         self._queues = RowQueues()
@@ -68,15 +67,16 @@ class Batcher:
         self._stopped = False
         self._failure: str | None = None
         self._runtime = RunTimeModel()
-        self._wait: WaitPolicy = wait_policy(policy, self._runtime)
+        self._wait: WaitPolicy = wait_policy(settings, self._runtime)
         self._dispatcher = Dispatcher(
             run_batch, self._queues, self._runtime, self._wake, self._fail_segments, on_batch
         )
         self._dispatcher.lengths = lengths
 
     @property
-    def policy(self) -> BatchSettings:
-        return self._policy
+    def settings(self) -> BatchSettings:
+        """The batch settings in force (``reconfigure`` swaps them)."""
+        return self._settings
 
     @property
     def length_padding(self) -> LengthPadding | None:
@@ -108,7 +108,7 @@ class Batcher:
     def effective_wait_ms(self) -> float:
         """The longest a queue head now waits for rows, by the policy in force."""
         rows = max(1, self._queues.rows)
-        return self._wait.wait_s(self._policy, rows, self._dispatcher.inflight) * 1000
+        return self._wait.wait_s(self._settings, rows, self._dispatcher.inflight) * 1000
 
     @property
     def failure(self) -> str | None:
@@ -122,7 +122,7 @@ class Batcher:
 
     def run_time_view(self) -> dict[str, Any]:
         """What the policy predicts per batch size (ms), for the admin route."""
-        return self._runtime.view(self._policy.batch_sizes())
+        return self._runtime.view(self._settings.batch_sizes())
 
     async def start(self) -> None:
         if self._loop_task is not None:
@@ -137,11 +137,11 @@ class Batcher:
         )  # fmt: skip
 
     def reconfigure(self, **changes: Any) -> BatchSettings:
-        """Swap in a validated policy; it applies to the next batch, queued rows stay queued."""
-        self._policy = self._policy.changed(**changes)
-        self._wait = wait_policy(self._policy, self._runtime)
+        """Swap in validated settings; it applies to the next batch, queued rows stay queued."""
+        self._settings = self._settings.changed(**changes)
+        self._wait = wait_policy(self._settings, self._runtime)
         self._wake.set()
-        return self._policy
+        return self._settings
 
     async def submit(
         self,
@@ -158,17 +158,6 @@ class Batcher:
         """
         return await self.submit_lengths(inputs, row_count(inputs), deadline, request_id, None)
 
-    async def submit_rows(
-        self,
-        rows: list[Row],
-        *,
-        deadline: float | None = None,
-        request_id: str | None = None,
-    ) -> list[Row]:
-        """A ragged request: one dict of arrays per row (no rows dimension), rows of different
-        lengths; each row answered cut back to its own length (``serving.batching.ragged``)."""
-        return await submit_ragged(self, rows, deadline, request_id)
-
     async def submit_lengths(
         self,
         inputs: dict[str, np.ndarray],
@@ -178,7 +167,8 @@ class Batcher:
         row_lengths: np.ndarray | None,
     ) -> dict[str, np.ndarray]:
         """``submit`` of ``rows`` rows whose own lengths (``row_lengths``, where they differ)
-        are shorter than the length they were padded to."""
+        are shorter than the length they were padded to (a ragged request's rows, padded
+        above the batcher: ``serving.protocols.ragged``)."""
         if not self._accepting:
             if self._loop_task is None:
                 raise NotReadyError("the batcher has not been started")
@@ -186,10 +176,10 @@ class Batcher:
                 raise NotReadyError(self._failure)
             self._reject("shutdown")
             raise NotReadyError(SHUTTING_DOWN)
-        policy, lengths = self._policy, self.length_padding
-        check_size(inputs, rows, policy.max_queue_rows, lengths)
+        settings, lengths = self._settings, self.length_padding
+        check_size(inputs, rows, settings.max_queue_rows, lengths)
         refused = refusal(
-            self._queues.rows, rows, deadline, policy, self._runtime, self._dispatcher.hold
+            self._queues.rows, rows, deadline, settings, self._runtime, self._dispatcher.hold
         )
         if refused is not None:
             self._reject(refused[0])
@@ -258,7 +248,7 @@ class Batcher:
             while True:
                 self._wake.clear()
                 wake_at = self._dispatcher.dispatch_ready(
-                    time.monotonic(), self._policy, self._wait, draining=self._draining
+                    time.monotonic(), self._settings, self._wait, draining=self._draining
                 )
                 if self._draining and not self._queues and self._dispatcher.idle:
                     return

@@ -30,15 +30,15 @@ class BatchLimits:
         self.settings = model.settings
         # The batcher's in-flight limit as last set here: one that differs was changed by the
         # operator (an admin PUT), and is theirs from then on.
-        self._inflight_set = batcher.policy.max_inflight_batches
-        self._start_rows = batcher.policy.max_queue_rows
+        self._inflight_set = batcher.settings.max_inflight_batches
+        self._start_rows = batcher.settings.max_queue_rows
 
     def follow(self, healthy: int) -> None:
         """The batcher's in-flight batches, queue rows and pipeline depth for ``healthy``
         replicas, as at start-up for that many, except those the operator set (a flag, or an
         admin PUT since); the queue never shrinks below its start-up rows (a request that size
         was served)."""
-        n, policy, settings = max(1, healthy), self.batcher.policy, self.settings
+        n, policy, settings = max(1, healthy), self.batcher.settings, self.settings
         inflight = policy.max_inflight_batches
         if settings.max_inflight_batches is None and inflight == self._inflight_set:
             inflight = settings.inflight_batches(self.stages, n)

@@ -243,7 +243,7 @@ class Scaler:
     def replica_rows(self) -> float | None:
         """What one replica delivers (rows in flight at full pace), from the run-time model."""
         view = self.batcher.run_time_view()
-        size = self.batcher.policy.max_batch_size
+        size = self.batcher.settings.max_batch_size
         latency_ms = view.get("latency", {}).get(str(size))
         bottleneck_ms = view.get("bottleneck", {}).get(str(size))
         if latency_ms is None or bottleneck_ms is None:

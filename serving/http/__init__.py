@@ -1,4 +1,5 @@
 """One request path: uvicorn's protocol (``protocol``), the fast routes and their raw request
 (``fast``), the answer helpers both paths use (``replies``), admission from the headers
-(``admission``), what a route needs of a served model (``model``) and the predict path the
-protocols share (``predict``). Imports nothing of the protocols or the server above it."""
+(``admission``) and what a route needs of a served model (``model``). Imports nothing of the
+protocols or the server above it: the predict path they share is the data plane
+(``serving.protocols.dataplane``, over HTTP ``serving.protocols.rest``)."""

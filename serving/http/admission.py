@@ -43,7 +43,7 @@ def check_headroom(batcher: Batcher) -> None:
 
     A request that gets past this can still be refused by ``Batcher.submit`` once its row count
     is known."""
-    queued, limit = batcher.queued_rows, batcher.policy.max_queue_rows
+    queued, limit = batcher.queued_rows, batcher.settings.max_queue_rows
     if queued >= limit:
         raise QueueFullError(queue_full_message(queued, limit), retry_after_s=1.0)
 

@@ -288,7 +288,7 @@ class _Refuser:
         batcher = model.batcher
         if batcher is None:
             return None
-        queued, limit = batcher.queued_rows, batcher.policy.max_queue_rows
+        queued, limit = batcher.queued_rows, batcher.settings.max_queue_rows
         if queued < limit:
             return None
         try:

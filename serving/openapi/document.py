@@ -77,7 +77,7 @@ def document(base: Schema, served: Served) -> Schema:
     where no label is set; the rollout paths only for models with a rollout), a request of one row
     as the example of each predict and infer body, the admin token's scheme, and
     ``X-Request-Id`` on every response. ``max_rows`` is the most rows a request may hold: fixed
-    at start-up, whatever the batching policy becomes, so the document depends on the served
+    at start-up, whatever the batch settings become, so the document depends on the served
     versions alone."""
     signature, max_rows = served.signature, served.max_rows
     enums = served.enums()

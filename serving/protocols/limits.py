@@ -134,9 +134,9 @@ DEFAULT_LIMITS = RequestLimits(default_queue_rows(32, 2), DEFAULT_MAX_SEQUENCE_L
 
 def request_limits(model: ModelHandle, batcher: Batcher) -> RequestLimits:
     """The limits of a request to ``model`` now: ``max_queue_rows`` as a reconfigure left it,
-    the length ``serving.http.predict.check_sequence_length`` holds decoded arrays to."""
+    the length ``serving.protocols.dataplane.check_sequence_length`` holds decoded arrays to."""
     length = served_max_length(model.settings.max_sequence_length, model.signature)
-    return RequestLimits(batcher.policy.max_queue_rows, length)
+    return RequestLimits(batcher.settings.max_queue_rows, length)
 
 
 def _rows_of(signature: ModelSignature) -> str:

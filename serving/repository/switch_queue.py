@@ -40,7 +40,7 @@ def widen_queues(versions: Iterable[ServedModel], loading: ServedModel) -> None:
             continue
         if model.settings.max_queue_rows is not None:
             continue  # the operator's size
-        rows = batcher.policy.max_queue_rows
+        rows = batcher.settings.max_queue_rows
         widened = rows * SWITCH_QUEUE_FACTOR
         batcher.reconfigure(max_queue_rows=widened)
         _widened[model] = (rows, widened)
@@ -52,5 +52,5 @@ def narrow_queues(versions: Iterable[ServedModel]) -> None:
         rows = _widened.pop(model, None)
         batcher = model.batcher
         # Left as it is where something else set it since (the admin route, the scaling loop).
-        if rows is not None and batcher is not None and batcher.policy.max_queue_rows == rows[1]:
+        if rows is not None and batcher is not None and batcher.settings.max_queue_rows == rows[1]:
             batcher.reconfigure(max_queue_rows=rows[0])

@@ -1,6 +1,6 @@
-"""Admin routes: read and change the batching policy of a served version.
+"""Admin routes: read and change the batch settings of a served version.
 
-``GET /admin/models/{name}[/versions/{version}]/batching`` shows the policy of a model's default
+``GET /admin/models/{name}[/versions/{version}]/batching`` shows the settings of a model's default
 version (or of the version named), ``PUT`` changes some of ``max_batch_size``,
 ``batch_timeout_ms`` (ms or ``"auto"``), ``max_inflight_batches`` and ``slo_p99_ms``;
 ``/admin/batching`` is the default model's. The change applies to the next batch; queued rows
@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from annotated_types import Le
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import ErrorDetails
 
 from serving.batching.batcher import Batcher
 from serving.errors import InvalidInputError, NotReadyError
 from serving.http.admin_token import check_admin_token
 from serving.http.admission import check_length
+from serving.http.json_body import refusal, whole
 from serving.http.replies import read_body
 from serving.openapi.bodies import BatchingView, ReplicasView, RunTimeView, errors
 from serving.openapi.document import ADMIN_SECURITY
@@ -53,7 +55,7 @@ def check_token(request: Request, settings: Settings) -> None:
 
 
 def batching_view(batcher: Batcher, replicas: dict[str, Any] | None = None) -> BatchingView:
-    policy = batcher.policy
+    policy = batcher.settings
     wait = policy.batch_timeout_ms
     return BatchingView(
         max_batch_size=policy.max_batch_size,
@@ -71,11 +73,6 @@ def batching_view(batcher: Batcher, replicas: dict[str, Any] | None = None) -> B
 
 
 # ---- the PUT body
-
-
-def _whole(value: Any) -> Any:
-    """JSON's 8.0 is the integer 8 (JSON Schema's ``integer`` says so too)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _settings_ceiling(name: str) -> int:
@@ -118,10 +115,10 @@ def change_model(settings: Settings) -> type[BaseModel]:
             field.pop("title", None)
 
     # Types built at run time (the bounds are this server's): Any to mypy.
-    size: Any = Annotated[int, Field(ge=1, le=settings.max_batch_size), BeforeValidator(_whole)]
+    size: Any = Annotated[int, Field(ge=1, le=settings.max_batch_size), BeforeValidator(whole)]
     wait: Any = Annotated[float, Field(ge=0, **wait_bound)] | Literal["auto"] | None
     inflight: Any = Annotated[
-        int, Field(ge=1, le=_settings_ceiling("max_inflight_batches")), BeforeValidator(_whole)
+        int, Field(ge=1, le=_settings_ceiling("max_inflight_batches")), BeforeValidator(whole)
     ]
     slo: Any = Annotated[float, Field(gt=0, le=request_ms)] | None
     model: type[BaseModel] = create_model(
@@ -138,24 +135,13 @@ def change_model(settings: Settings) -> type[BaseModel]:
 
 
 def _refusal(exc: ValidationError, allowed: dict[str, str]) -> InvalidInputError:
-    """One sentence per field at fault (pydantic reports a field once per branch of a union)."""
-    reasons: dict[str, str] = {}
-    for error in exc.errors():
-        if error["type"] == "json_invalid":
-            return InvalidInputError(f"body is not valid JSON: {error['ctx']['error']}")
-        if not error["loc"]:
-            return InvalidInputError(
-                f"body must be a JSON object with some of {list(ADMIN_FIELDS)}, "
-                f"got {error['input']!r:.80}"
-            )
-        field = str(error["loc"][0])
-        if field in reasons:
-            continue
+    def reason(field: str, error: ErrorDetails) -> str:
         if error["type"] == "extra_forbidden":
-            reasons[field] = f"unknown field {field!r}; expected some of {list(ADMIN_FIELDS)}"
-        else:
-            reasons[field] = f"{field} must be {allowed[field]}, got {error['input']!r:.80}"
-    return InvalidInputError("; ".join(reasons.values()))
+            return f"unknown field {field!r}; expected some of {list(ADMIN_FIELDS)}"
+        return f"{field} must be {allowed[field]}, got {error['input']!r:.80}"
+
+    shape = f"a JSON object with some of {list(ADMIN_FIELDS)}"
+    return InvalidInputError(refusal(exc, shape, reason))
 
 
 def policy_changes(
@@ -165,7 +151,7 @@ def policy_changes(
     changes = change.model_dump(exclude_unset=True)
     if changes.get("batch_timeout_ms") == "auto":
         changes["batch_timeout_ms"] = None
-    policy = batcher.policy
+    policy = batcher.settings
     size = changes.get("max_batch_size", policy.max_batch_size)
     inflight = changes.get("max_inflight_batches", policy.max_inflight_batches)
     # Limits the operator left to their defaults scale with the batch, as at start-up, but the

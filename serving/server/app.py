@@ -140,7 +140,7 @@ class ShardServeApp(FastAPI):
             self.user_middleware = user
 
     def openapi(self) -> dict[str, Any]:
-        # Built once per set of served versions, not per request nor per batching policy (an
+        # Built once per set of served versions, not per request nor per batch settings (an
         # admin PUT changes that): the rows a request may hold are the start-up queue's, which
         # a PUT keeps.
         state: ServerState | None = getattr(self.state, "shardserve", None)

@@ -16,14 +16,16 @@ that have one; no canary to promote or roll back: 409; bad weights: 400 naming t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from serving.canary.config import check_weights
 from serving.errors import InvalidInputError
 from serving.http.admission import check_length
+from serving.http.json_body import refusal, whole
 from serving.http.replies import read_body
 from serving.openapi.bodies import Body, errors
 from serving.openapi.document import ADMIN_SECURITY
@@ -66,12 +68,7 @@ class RolloutView(Body):
     versions: dict[str, WindowView]
 
 
-def _whole(value: Any) -> Any:
-    """JSON's 50.0 is the integer 50 (JSON Schema's ``integer`` says so too)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-_Weight = Annotated[int, Field(ge=0, le=_MAX_WEIGHT), BeforeValidator(_whole)]
+_Weight = Annotated[int, Field(ge=0, le=_MAX_WEIGHT), BeforeValidator(whole)]
 
 
 class WeightsChange(BaseModel):
@@ -120,26 +117,17 @@ def _weights(raw: bytes | bytearray) -> WeightsChange:
 
 
 def _refusal(exc: ValidationError) -> str:
-    reasons = []
-    for error in exc.errors():
-        if error["type"] == "json_invalid":
-            return f"body is not valid JSON: {error['ctx']['error']}"
-        if not error["loc"]:
-            return (
-                'body must be a JSON object {"stable": <weight>, "canary": <weight>}, '
-                f"got {error['input']!r:.80}"
-            )
-        field = str(error["loc"][0])
+    def reason(field: str, error: ErrorDetails) -> str:
         if error["type"] == "extra_forbidden":
-            reasons.append(f"unknown field {field!r}; expected 'stable' and 'canary'")
-        elif error["type"] == "missing":
-            reasons.append(f"{field} is missing: give both 'stable' and 'canary'")
-        else:
-            reasons.append(
-                f"{field} must be an integer weight from 0 to {_MAX_WEIGHT}, "
-                f"got {error['input']!r:.80}"
-            )
-    return "; ".join(reasons)
+            return f"unknown field {field!r}; expected 'stable' and 'canary'"
+        if error["type"] == "missing":
+            return f"{field} is missing: give both 'stable' and 'canary'"
+        return (
+            f"{field} must be an integer weight from 0 to {_MAX_WEIGHT}, got {error['input']!r:.80}"
+        )
+
+    shape = 'a JSON object {"stable": <weight>, "canary": <weight>}'
+    return refusal(exc, shape, reason)
 
 
 def install_rollout_routes(app: FastAPI, settings: Settings) -> None:

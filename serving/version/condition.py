@@ -51,7 +51,7 @@ def condition_of(health: Health | None, batcher: Batcher | None, timeout_ms: flo
             reason = (
                 f"{reason}, expected back in {health.back_in_s:.3g} s, past a request's deadline"
             )
-        elif batcher.queued_rows >= batcher.policy.max_queue_rows:
+        elif batcher.queued_rows >= batcher.settings.max_queue_rows:
             reason = f"{reason}; the queue is full meanwhile"
         else:
             return Condition("recovering")

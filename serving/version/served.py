@@ -117,7 +117,7 @@ class ServedModel:
     @property
     def batch_settings(self) -> BatchSettings | None:
         """The batching settings in force (an admin PUT changes them), once loaded."""
-        return self.batcher.policy if self.batcher is not None else None
+        return self.batcher.settings if self.batcher is not None else None
 
     @property
     def signature(self) -> ModelSignature:

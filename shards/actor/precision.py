@@ -46,7 +46,7 @@ def cut_casts(
     reduced = check_reduced(activation_dtype, "activation_dtype")
     if reduced is None:
         return {}
-    from shards.pipeline.routes import cut_tensors
+    from shards.pipeline.tensor_routes import cut_tensors
 
     crossing = cut_tensors(manifest)[stage_index]
     target = numpy_dtype(reduced)

@@ -22,7 +22,7 @@ import numpy as np
 import ray
 
 from shards.errors import ReplicaLostError
-from shards.pipeline.routes import Route, Source
+from shards.pipeline.tensor_routes import Route, Source
 
 __all__ = ["CompiledStages"]
 

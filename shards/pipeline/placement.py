@@ -4,7 +4,7 @@ that lack them, an actor pinned to each bundle, and the wait until every actor h
 
 ``Layout`` and ``ActorSpec`` keep what a replica was built from, so that
 ``shards.pipeline.recovery`` can build a failed one again the same way and
-``shards.pipeline.scaling`` one more (``new_replica`` places it, ``start_replica`` starts it).
+``ReplicaSet.add_replica`` one more (``new_replica`` places it, ``start_replica`` starts it).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from shards.cpu_plan import cpus_per_stage, intra_op_threads, machine_cores
 from shards.errors import PipelineStartError, one_line
 from shards.pipeline.options import PipelineOptions
 from shards.pipeline.replica import Replica
-from shards.pipeline.routes import Route, Source, plan_routes
+from shards.pipeline.tensor_routes import Route, Source, plan_routes
 from shards.pipeline.watchdog import Watchdog
 from shards.signature import ModelSignature
 

@@ -26,7 +26,7 @@ from shards.errors import ReplicaLostError, StageTimeoutError
 from shards.pipeline.compiled import CompiledStages
 from shards.pipeline.faults import is_replica_fault, translate
 from shards.pipeline.health import ReplicaState
-from shards.pipeline.routes import Route, Source, request_readers
+from shards.pipeline.tensor_routes import Route, Source, request_readers
 from shards.pipeline.watchdog import ON_READY, BatchClock, Watchdog, set_when_ready
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """TF-Serving's predict routes, ``POST /predict`` and ``POST /v1/models/{name}[/versions/{v} or
-/labels/{l}]:predict``: the JSON body of ``codec`` on the shared predict path
-(``serving.http.predict``)."""
+/labels/{l}]:predict``: the JSON body of ``codec`` on the data plane over HTTP
+(``serving.protocols.rest``); a ragged ``instances`` body as its rows
+(``serving.protocols.ragged``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from starlette.types import Receive, Scope, Send
 
 from serving.http.fast import FastRequest, ModelRef
 from serving.http.model import ModelHandle, served_models
-from serving.http.predict import check_sequence_length, serve_prediction
 from serving.http.replies import JSON, Reply
+from serving.protocols.dataplane import check_sequence_length
 from serving.protocols.limits import request_limits
+from serving.protocols.ragged import submit_rows
+from serving.protocols.rest import serve_prediction
 from serving.protocols.tfserving.codec import decode_predict, encode_predict, encode_rows
 
 if TYPE_CHECKING:
@@ -41,7 +44,13 @@ async def _predict(
         # Rows of different lengths: each its own request row, answered at its own length.
         check_sequence_length(decoded.ragged, model)
         rows = await request.until_disconnect(
-            batcher.submit_rows(decoded.ragged, deadline=deadline, request_id=request.request_id)
+            submit_rows(
+                batcher.submit_lengths,
+                batcher.length_padding,
+                decoded.ragged,
+                deadline,
+                request.request_id,
+            )
         )
         return 200, encode_rows(rows, signature), JSON, []
     check_sequence_length(decoded.inputs, model)

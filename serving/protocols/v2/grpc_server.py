@@ -20,9 +20,10 @@ repository's calls (index, load, unload) are in ``grpc_repository``. Errors are 
 
 Every call's trailing metadata carries its ``x-request-id``; a refusal with a retry hint (a full
 queue, no healthy replica now) carries ``retry-after`` too, whole seconds as a string: HTTP's
-``Retry-After`` header, the same value. ``ModelInfer`` follows ``serving.http.predict``'s
-``serve_prediction`` step by step (model, headroom, deadline, the admission held across decode
-and submit, the same rejects and latency metrics), so both protocols behave alike.
+``Retry-After`` header, the same value. ``ModelInfer`` is the data plane's
+(``serving.protocols.dataplane.infer``: look-up, admission, deadline, the admission held across
+decode and submit, the same rejects, latency and canary metrics as HTTP's), with gRPC's
+transport (``_Grpc``): the call's deadline, and its answer or status.
 """
 
 from __future__ import annotations
@@ -50,10 +51,9 @@ from serving.errors import (
     ShardServeError,
     UnauthorizedError,
 )
-from serving.http.admission import check_headroom
 from serving.http.model import ModelDirectory, ModelHandle
-from serving.http.predict import check_sequence_length, count_routed
 from serving.http.replies import log_failure, request_id_from, retry_after_seconds
+from serving.protocols.dataplane import Failure, check_sequence_length, count_refused, infer
 from serving.protocols.limits import request_limits
 from serving.protocols.v2.grpc_bounds import InferBounds, scan_infer_request
 from serving.protocols.v2.grpc_codec import (
@@ -194,46 +194,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         rid = _request_id(context)
         if isinstance(request, Refused):
-            await _refuse(context, request, rid, started)
-        model = await self._model(
-            context, request.model_name, request.model_version, rid, split=True
+            count_refused(request.model, request.error, started)
+            await _abort(context, request.error, rid)
+        call = _Call(request, context, rid)
+        version = request.model_version or None
+        return await infer(
+            self._models, request.model_name, version, None, call, None, _infer, _GRPC
         )
-        metrics = model.metrics
-        status = 500
-        error: ShardServeError | None = None
-        # The server's own deadline: a 504 before it was one the client shortened.
-        own_deadline = time.monotonic() + model.settings.request_timeout_ms / 1000.0
-        try:
-            batcher = model.require_batcher()
-            try:
-                check_headroom(batcher)
-            except QueueFullError:
-                metrics.reject("queue_full")
-                raise
-            deadline = rpc_deadline(context.time_remaining(), model.settings.request_timeout_ms)
-            with model.admitted.hold():  # the model's drain waits for it (``Admitted``)
-                response = await _infer(request, model, batcher, deadline, rid)
-            status = 200
-            context.set_trailing_metadata((("x-request-id", rid),))
-            return response
-        except ShardServeError as exc:
-            status = exc.status_code
-            if isinstance(exc, InvalidInputError | PayloadTooLargeError):
-                metrics.reject("invalid_input")
-            error = exc
-        except Exception:
-            log.exception("request %s: unexpected error in ModelInfer", rid)
-        except BaseException:  # cancelled: the client went away or its deadline passed
-            status = 499
-            metrics.reject("client_gone")
-            log_failure(rid, 499, "the client went away before its answer was ready")
-            raise
-        finally:
-            seconds = time.perf_counter() - started
-            metrics.observe_latency(status, seconds)
-            if not request.model_version:  # the server chose its version (a canary's split)
-                count_routed(metrics, status, error, own_deadline, seconds)
-        await _abort(context, error, rid)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: _Context) -> Any:
         return await _repository_call(context, self._repository.index, request)
@@ -248,36 +215,64 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> Any:
         return await _repository_call(context, self._repository.unload, request)
 
-    async def _model(
-        self, context: _Context, name: str, version: str, rid: str = "-", *, split: bool = False
-    ) -> ModelHandle:
-        """The model served as ``name`` at ``version`` (empty: the server's choice); else the
-        call ends with NOT_FOUND naming the models or versions there are."""
+    async def _model(self, context: _Context, name: str, version: str) -> ModelHandle:
+        """The model served as ``name`` at ``version`` (empty: the server's choice) for a look
+        (readiness, metadata, config); else the call ends with NOT_FOUND naming the models or
+        versions there are."""
         try:
-            # Only an inference takes a turn of a canary's split; a look does not.
-            return self._models.model(name, version or None, split=split)
+            # Only an inference takes a turn of a canary's split (``ModelInfer``); a look does not.
+            return self._models.model(name, version or None, split=False)
         except ShardServeError as exc:
-            await _abort(context, exc, rid)
+            await _abort(context, exc, "-")
 
 
-async def _refuse(context: _Context, refused: Refused, rid: str, started: float) -> NoReturn:
-    """End a call refused before its message was parsed, counted as ``ModelInfer`` counts."""
-    error, model = refused.error, refused.model
-    if model is not None:
-        if isinstance(error, InvalidInputError):
-            model.metrics.reject("invalid_input")
-        model.metrics.observe_latency(error.status_code, time.perf_counter() - started)
-    await _abort(context, error, rid)
+class _Call:
+    """One ``ModelInfer`` call as the data plane hands it to gRPC's work and transport."""
+
+    __slots__ = ("context", "message", "rid")
+
+    def __init__(self, message: pb.ModelInferRequest, context: _Context, rid: str) -> None:
+        self.message = message
+        self.context = context
+        self.rid = rid
+
+
+class _Grpc:
+    """gRPC's transport of the data plane (``dataplane.Transport``): the call's deadline, and
+    its response or its status (``status_code``) with the request id in its trailing
+    metadata."""
+
+    __slots__ = ()
+
+    def deadline(self, call: _Call, settings: Settings) -> float:
+        return rpc_deadline(call.context.time_remaining(), settings.request_timeout_ms)
+
+    async def answer(
+        self, call: _Call, outcome: pb.ModelInferResponse | Failure
+    ) -> pb.ModelInferResponse:
+        if isinstance(outcome, Failure):
+            if outcome.unexpected is not None:
+                log.error(
+                    "request %s: unexpected error in ModelInfer",
+                    call.rid,
+                    exc_info=outcome.unexpected,
+                )
+            await _abort(call.context, outcome.error, call.rid)
+        call.context.set_trailing_metadata((("x-request-id", call.rid),))
+        return outcome
+
+    def request_id(self, call: _Call) -> str:
+        return call.rid
+
+
+_GRPC = _Grpc()
 
 
 async def _infer(
-    request: pb.ModelInferRequest,
-    model: ModelHandle,
-    batcher: Batcher,
-    deadline: float,
-    rid: str,
+    call: _Call, model: ModelHandle, batcher: Batcher, deadline: float
 ) -> pb.ModelInferResponse:
-    """The work of one admitted call (HTTP's ``Work``): decode, submit, encode."""
+    """The work of one admitted call (the data plane's ``Work``): decode, submit, encode."""
+    request, rid = call.message, call.rid
     timeout_s = request_timeout_s(request)
     if timeout_s is not None:
         deadline = min(deadline, time.monotonic() + timeout_s)

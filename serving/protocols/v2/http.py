@@ -24,9 +24,10 @@ from starlette.types import Receive, Scope, Send
 from serving.errors import InvalidInputError
 from serving.http.fast import FastRequest, ModelRef, RawAnswer
 from serving.http.model import ModelHandle, served_models
-from serving.http.predict import check_sequence_length, serve_prediction
 from serving.http.replies import Reply
+from serving.protocols.dataplane import check_sequence_length
 from serving.protocols.limits import request_limits
+from serving.protocols.rest import serve_prediction
 from serving.protocols.v2.infer_body import encode_infer, parse_infer
 from serving.protocols.v2.metadata import model_config, model_metadata, server_metadata
 

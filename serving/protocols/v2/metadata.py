@@ -58,7 +58,7 @@ def model_config(model: ModelHandle) -> dict[str, Any]:
     ``NotReadyError`` while the model loads."""
     signature = model.signature
     settings = model.settings
-    policy = model.batcher.policy if model.batcher is not None else None
+    policy = model.batcher.settings if model.batcher is not None else None
     max_batch = policy.max_batch_size if policy is not None else settings.max_batch_size
     wait_ms = policy.batch_timeout_ms if policy is not None else None
     if policy is None and not settings.timeout_is_auto:

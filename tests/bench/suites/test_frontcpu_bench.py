@@ -117,4 +117,4 @@ def test_a_folder_that_is_no_code_tree_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a shardserve code tree"):
         FrontCpuPlan(compare_tree=tmp_path)
     with pytest.raises(ValueError, match="protocols must be among"):
-        FrontCpuPlan(protocols=("grpc",))
+        FrontCpuPlan(protocols=("websocket",))

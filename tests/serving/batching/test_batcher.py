@@ -345,7 +345,7 @@ async def test_reconfigure_applies_to_the_next_batch_and_keeps_queued_rows(
     busy = await occupy(batcher, runner)
     queued = await spawn(batcher.submit(make_rows(6, start=1)))
     policy = batcher.reconfigure(max_batch_size=4)
-    assert (policy.max_batch_size, batcher.policy.max_batch_size) == (4, 4)
+    assert (policy.max_batch_size, batcher.settings.max_batch_size) == (4, 4)
     assert batcher.queued_rows == 6
     open_gate(runner)
     await busy
@@ -359,7 +359,7 @@ def test_reconfigure_rejects_bad_values_and_keeps_the_policy() -> None:
         batcher.reconfigure(max_batch_size=0)
     with pytest.raises(ValueError, match=r"unknown batching settings \['batch_size'\]"):
         batcher.reconfigure(batch_size=3)
-    assert batcher.policy == BatchSettings(max_batch_size=8)
+    assert batcher.settings == BatchSettings(max_batch_size=8)
 
 
 async def test_auto_policy_sends_at_once_when_idle(make: Harness) -> None:

@@ -90,42 +90,6 @@ async def test_without_length_padding_each_length_queues_apart(make: Harness) ->
     assert all(r.positions == 0 and r.padded_positions == 0 for r in make.records)
 
 
-async def test_a_ragged_request_is_one_request_padded_to_its_longest_row(make: Harness) -> None:
-    model = TokenModel()
-    batcher = await make(
-        model.run_batch, lengths=LENGTHS, max_batch_size=8, batch_timeout_ms=0, pad_batches=False
-    )
-    rows = [{"ids": np.arange(1, n + 1, dtype=np.int32)} for n in (2, 11, 6)]
-    answers = await batcher.submit_rows(rows)
-
-    assert model.shapes == [(3, 16)]
-    for row, answer in zip(rows, answers, strict=True):
-        assert answer["total"].tolist() == [row["ids"].sum()]
-        np.testing.assert_array_equal(answer["tokens"], row["ids"] * 2)
-    assert make.records[0].positions == 19
-
-
-async def test_a_ragged_request_without_length_padding_goes_as_one_request_per_length(
-    make: Harness,
-) -> None:
-    model = TokenModel()
-    batcher = await make(model.run_batch, max_batch_size=8, batch_timeout_ms=0, pad_batches=False)
-    rows = [{"ids": np.full(n, n, dtype=np.int32)} for n in (4, 2, 4)]
-    answers = await batcher.submit_rows(rows)
-
-    assert sorted(model.shapes) == [(1, 2), (2, 4)]
-    assert [a["tokens"].tolist() for a in answers] == [[8] * 4, [4] * 2, [8] * 4]
-
-
-async def test_rows_that_differ_in_more_than_their_length_are_refused(make: Harness) -> None:
-    batcher = await make(TokenModel().run_batch, lengths=LENGTHS, batch_timeout_ms=0)
-    rows = [{"ids": np.ones(3, np.int32)}, {"ids": np.ones((3, 2), np.int32)}]
-    with pytest.raises(InvalidInputError, match="row 1 of input 'ids' has 2 dimension"):
-        await batcher.submit_rows(rows)
-    with pytest.raises(InvalidInputError, match="row 1 has inputs"):
-        await batcher.submit_rows([{"ids": np.ones(3, np.int32)}, {"x": np.ones(3, np.int32)}])
-
-
 async def test_a_request_longer_than_the_longest_bucket_is_refused(make: Harness) -> None:
     batcher = await make(TokenModel().run_batch, lengths=LENGTHS, batch_timeout_ms=0)
     with pytest.raises(InvalidInputError, match="length 33; at most 32"):

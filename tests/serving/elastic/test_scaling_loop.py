@@ -112,7 +112,7 @@ async def test_the_loop_adds_and_removes_replicas_and_the_limits_follow_the_heal
     await model.stop_jobs(WAIT_S)  # the loop ends with the version's jobs
     assert loop.done()
     batcher = model.require_batcher()
-    start = batcher.policy
+    start = batcher.settings
     assert (start.max_inflight_batches, start.pipeline_depth) == (2, 1)
 
     # Batches hang: 2 in flight, rows queue behind them.
@@ -135,7 +135,7 @@ async def test_the_loop_adds_and_removes_replicas_and_the_limits_follow_the_heal
     runner.place.set()
     await until(lambda: not scaler.adds)
     scaler.tick(2.0)
-    grown = batcher.policy
+    grown = batcher.settings
     assert (grown.max_inflight_batches, grown.pipeline_depth, grown.max_queue_rows) == (4, 2, 64)
     status = model.scaling_parameters()
     assert status is not None
@@ -151,7 +151,7 @@ async def test_the_loop_adds_and_removes_replicas_and_the_limits_follow_the_heal
     assert (down.direction, down.target, down.reason) == ("down", 1, "low_load")
     await until(lambda: runner.removed == 1)
     scaler.tick(14.0)
-    assert batcher.policy == start  # back to the start-up limits
+    assert batcher.settings == start  # back to the start-up limits
     text = model.server_metrics.render().decode()
     assert metric(text, "shardserve_scale_events_total", **labels, direction="down") == 1.0
     assert metric(text, "shardserve_replicas", **labels, state="healthy") == 1.0
@@ -214,8 +214,8 @@ async def test_a_limit_the_operator_set_is_left_alone() -> None:
     batcher.reconfigure(max_inflight_batches=7)  # then an admin PUT
     runner.states.append("healthy")
     scaler.tick(0.0)
-    assert (batcher.policy.max_inflight_batches, batcher.policy.max_queue_rows) == (7, 40)
-    assert batcher.policy.pipeline_depth == 2  # the model's shape, not a choice
+    assert (batcher.settings.max_inflight_batches, batcher.settings.max_queue_rows) == (7, 40)
+    assert batcher.settings.pipeline_depth == 2  # the model's shape, not a choice
 
 
 async def test_a_runner_that_cannot_change_its_count_is_never_scaled() -> None:

@@ -338,11 +338,11 @@ async def test_a_settle_that_raises_is_logged_counted_and_its_hand_over_done_aga
     async with managed(tmp_path, runners) as repository:
         state = repository.state
         old = state.model("m", "1")
-        own_rows = old.require_batcher().policy.max_queue_rows
+        own_rows = old.require_batcher().settings.max_queue_rows
         loads = runners.gates[("m", "2")] = asyncio.Event()  # version 2's warm-up waits
         version(tmp_path, "m", 2)
         await repository.poll_once()
-        assert old.require_batcher().policy.max_queue_rows == 8 * own_rows  # while it loads
+        assert old.require_batcher().settings.max_queue_rows == 8 * own_rows  # while it loads
         keep, looks = repository.rolling.keep, []
 
         def keep_once_failing(name: str) -> set[str]:
@@ -355,7 +355,7 @@ async def test_a_settle_that_raises_is_logged_counted_and_its_hand_over_done_aga
         loads.set()
         await _until(lambda: list(state.models["m"]) == ["2"])  # the hand-over, done again
         assert runners.made[("m", "1")].closed
-        assert old.batcher is not None and old.batcher.policy.max_queue_rows == own_rows
+        assert old.batcher is not None and old.batcher.settings.max_queue_rows == own_rows
         text = state.metrics.render().decode()
         assert metric(text, "shardserve_background_errors_total", task="settle") == 1.0
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]

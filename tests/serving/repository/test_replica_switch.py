@@ -188,7 +188,7 @@ async def test_a_switch_that_does_not_fit_goes_replica_by_replica(tmp_path: Path
         assert set(load.tags()[-8:]) == {2.0}
         assert "m" not in state.traffic
         batcher = state.models["m"]["2"].batcher
-        assert batcher is not None and batcher.policy.pipeline_depth == 3  # limits for 3 replicas
+        assert batcher is not None and batcher.settings.pipeline_depth == 3  # limits for 3 replicas
 
 
 async def test_a_new_version_that_fails_mid_way_gives_the_old_its_replicas_back(

@@ -107,13 +107,13 @@ async def test_a_switch_under_load_drops_no_request_and_the_old_version_answers_
         clients = [asyncio.create_task(load.one_client()) for _ in range(4)]
         try:
             await load.more(8)
-            rows = state.model("m", "1").require_batcher().policy.max_queue_rows
+            rows = state.model("m", "1").require_batcher().settings.max_queue_rows
             add_version(tmp_path, 2)
             await state.repository.poll_once()
             # Version 2 loads (held in its load) while version 1 answers everything, its queue
             # deeper meanwhile (a load's CPU stalls it on a small machine: switch_queue).
             assert index(state)["m/2"][0] == "LOADING"
-            assert state.model("m", "1").require_batcher().policy.max_queue_rows == 8 * rows
+            assert state.model("m", "1").require_batcher().settings.max_queue_rows == 8 * rows
             loading_from = time.monotonic()
             await load.more(20)
             assert state.model("m").version == "1"  # a LOADING higher version is never picked
@@ -131,7 +131,7 @@ async def test_a_switch_under_load_drops_no_request_and_the_old_version_answers_
         assert set(load.tags(loading_from)) >= {1.0, 2.0}
         assert set(load.tags(switched)) == {2.0}  # nothing sent after the switch reaches 1
         assert old.closed and old.calls_finished == answered_by_old
-        assert state.model("m", "2").require_batcher().policy.max_queue_rows == rows
+        assert state.model("m", "2").require_batcher().settings.max_queue_rows == rows
         assert state.labels == {"m": {"stable": "2"}}
         assert index(state) == {
             "m/1": ("UNAVAILABLE", "not selected by its version policy (latest 1)"),
@@ -151,13 +151,13 @@ async def test_a_new_version_that_fails_keeps_the_old_one_until_its_files_change
     async with serve_repository(tmp_path, versions) as client:  # type: ignore[arg-type]
         state: ServerState = client.shardserve  # type: ignore[attr-defined]
         assert state.repository is not None
-        start = state.model("m", "1").require_batcher().policy
+        start = state.model("m", "1").require_batcher().settings
         add_version(tmp_path, 2)
         await state.repository.poll_once()
         await _until(lambda: index(state)["m/2"][0] == "UNAVAILABLE")
         why = "model failed to load: RuntimeError: the warm-up batch broke"
         assert index(state) == {"m/1": ("READY", ""), "m/2": ("UNAVAILABLE", why)}
-        await _until(lambda: state.model("m", "1").require_batcher().policy == start)
+        await _until(lambda: state.model("m", "1").require_batcher().settings == start)
         reply = await client.post(PREDICT, json={"instances": [row(1)]})
         assert (reply.status_code, reply.json()["predictions"][0][0]) == (200, 1.0)
         await _until(lambda: versions.made[2][0].closed)  # the failed one's actors end

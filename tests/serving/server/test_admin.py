@@ -1,4 +1,4 @@
-"""Admin routes: off without a token, bearer auth, reading and changing the batching policy."""
+"""Admin routes: off without a token, bearer auth, reading and changing the batch settings."""
 
 from __future__ import annotations
 
@@ -274,9 +274,9 @@ async def test_batching_per_model_and_version_held_to_its_own_settings(tmp_path:
     assert too_big.status_code == 400
     assert "max_batch_size must be an integer from 1 to 2" in too_big.json()["error"]
     assert (b_put.status_code, b_put.json()["max_batch_size"]) == (200, 3)
-    assert state.model("b").batcher.policy.max_batch_size == 3
+    assert state.model("b").batcher.settings.max_batch_size == 3
     assert a1_put.json()["max_inflight_batches"] == 1
-    a_versions = [state.model("a", v).batcher.policy.max_inflight_batches for v in ("1", "2")]
+    a_versions = [state.model("a", v).batcher.settings.max_inflight_batches for v in ("1", "2")]
     assert a_versions[0] == 1 and a_versions[1] != 1  # version 2 untouched
     assert a2.json()["max_batch_size"] == 2  # a's own plan, not the server's 4
     assert unknown.status_code == 404 and "'a', 'b'" in unknown.json()["error"]

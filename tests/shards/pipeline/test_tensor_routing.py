@@ -16,7 +16,7 @@ import pytest
 from shards.bundle.format import Manifest, read_manifest
 from shards.partition.cut import partition_to_bundle
 from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
-from shards.pipeline.routes import plan_routes
+from shards.pipeline.tensor_routes import plan_routes
 from shards.signature import TensorSpec
 from tests.shards.model_zoo import Inputs, call_whole
 

@@ -1,7 +1,7 @@
-"""gRPC's ``ModelInfer`` admits as HTTP's predict path does (``serving.http.predict``): the same
-retry hint on a refusal (HTTP's ``Retry-After``, gRPC's ``retry-after`` trailing metadata), the
-admission held until the call is answered (a drain waits for it), and a cap on the calls served
-at once (``grpc_max_concurrent_rpcs``)."""
+"""gRPC's ``ModelInfer`` admits as HTTP's predict path does (both are the data plane,
+``serving.protocols.dataplane``): the same retry hint on a refusal (HTTP's ``Retry-After``,
+gRPC's ``retry-after`` trailing metadata), the admission held until the call is answered (a
+drain waits for it), and a cap on the calls served at once (``grpc_max_concurrent_rpcs``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The shared predict path (serving.http.predict) knows a model only as a ``ModelHandle``
-found in a ``ModelDirectory``: here both are fakes, with no app, server or batcher behind them.
-Admission refuses from the headers alone (the body is never read), and every answer is counted
-on the model it was for."""
+"""The data plane (serving.protocols.dataplane, over HTTP: serving.protocols.rest) knows a model
+only as a ``ModelHandle`` found in a ``ModelDirectory``: here both are fakes, with no app,
+server or batcher behind them. Admission refuses from the headers alone (the body is never
+read), and every answer is counted on the model it was for."""
 
 from __future__ import annotations
 
@@ -25,21 +25,21 @@ from serving.errors import (
 )
 from serving.http.admission import Admitted
 from serving.http.fast import FastRequest, ModelRef
-from serving.http.predict import serve_prediction
 from serving.http.replies import JSON, Reply
+from serving.protocols.rest import serve_prediction
 from serving.settings.config import Settings
 from shards.signature import ModelSignature
 
 
 @dataclass
-class Policy:
+class Limits:
     max_queue_rows: int = 4
 
 
 @dataclass
 class Batcher:
     queued_rows: int = 0
-    policy: Policy = field(default_factory=Policy)
+    settings: Limits = field(default_factory=Limits)
 
 
 @dataclass

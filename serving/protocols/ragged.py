@@ -1,13 +1,15 @@
 """Ragged requests: rows of one request that differ in length (a TF-Serving ``instances`` list of
 token rows). With length padding they are padded to the request's longest row and queued as one
 request; without it they are grouped by shape, a request per group. Each row is answered cut back
-to its own length. Pure numpy.
+to its own length. Pure numpy, above the batcher: it takes the batcher's submit function and
+length padding (``Batcher.submit_lengths``, ``Batcher.length_padding``), so that
+``serving.batching`` knows no ragged request.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,12 +17,15 @@ import numpy as np
 from serving.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from serving.batching.batcher import Batcher
     from serving.batching.lengths import LengthPadding
 
-__all__ = ["Row", "group_by_shape", "split_rows", "stack_padded", "submit_ragged"]
+__all__ = ["Row", "SubmitLengths", "group_by_shape", "split_rows", "stack_padded", "submit_rows"]
 
 Row = dict[str, np.ndarray]  # one instance: input name -> its array, without the rows dimension
+
+# ``Batcher.submit_lengths``: (inputs, rows, deadline, request id, each row's own length where
+# the rows were padded) -> the outputs, rows first
+SubmitLengths = Callable[[Row, int, float | None, str | None, np.ndarray | None], Awaitable[Row]]
 
 
 def check_rows(rows: Sequence[Row]) -> list[str]:
@@ -111,22 +116,27 @@ def split_rows(outputs: Row, own: np.ndarray, lengths: LengthPadding | None) -> 
     return answers
 
 
-async def submit_ragged(
-    batcher: Batcher, rows: list[Row], deadline: float | None, request_id: str | None
+async def submit_rows(
+    submit: SubmitLengths,
+    lengths: LengthPadding | None,
+    rows: list[Row],
+    deadline: float | None = None,
+    request_id: str | None = None,
 ) -> list[Row]:
-    """``Batcher.submit_rows``: with length padding one request of the rows padded to the
-    longest; without, one request per distinct shape, answered together (one failing fails the
-    request, and the others are withdrawn)."""
-    lengths = batcher.length_padding
+    """A ragged request: one dict of arrays per row (no rows dimension), rows of different
+    lengths, each answered cut back to its own length. With length padding (``lengths``, the
+    batcher's in force) one request of the rows padded to the longest; without, one request per
+    distinct shape, answered together (one failing fails the request, and the others are
+    withdrawn). ``submit``: the batcher's ``submit_lengths``."""
     if lengths is not None:
         stacked, own = stack_padded(rows, lengths)
-        outputs = await batcher.submit_lengths(stacked, len(rows), deadline, request_id, own)
+        outputs = await submit(stacked, len(rows), deadline, request_id, own)
         return split_rows(outputs, own, lengths)
     groups = group_by_shape(rows)
     # Parts of this request, not background tasks: gathered here, each raise the request's.
     tasks = [
-        asyncio.ensure_future(batcher.submit(inputs, deadline=deadline, request_id=request_id))
-        for _, inputs in groups
+        asyncio.ensure_future(submit(inputs, len(indices), deadline, request_id, None))
+        for indices, inputs in groups
     ]
     try:
         answers = await asyncio.gather(*tasks)

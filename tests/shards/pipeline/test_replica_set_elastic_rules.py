@@ -4,7 +4,7 @@ A scale-down takes a replica that does not serve before one that does; a drain t
 timeout kills the replica and its batches are retried on another healthy one (or refused with a
 retry hint where none is); a draining replica is never recovered; a start is cancelled by a
 scale-down or by its caller, and what it placed is removed. The same on real actors:
-test_scaling.py.
+test_replica_set_elastic.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-import shards.pipeline.scaling
+import shards.pipeline.replica_set
 from shards.errors import NoHealthyReplicaError, ReplicaLostError
 from shards.pipeline.health import ReplicaState
 from shards.pipeline.options import PipelineOptions
@@ -196,8 +196,8 @@ def fake_starts(monkeypatch: pytest.MonkeyPatch) -> tuple[list[FakeReplica], asy
     async def start_replica(*args: object) -> None:
         await started.wait()
 
-    monkeypatch.setattr(shards.pipeline.scaling, "new_replica", new_replica)
-    monkeypatch.setattr(shards.pipeline.scaling, "start_replica", start_replica)
+    monkeypatch.setattr(shards.pipeline.replica_set, "new_replica", new_replica)
+    monkeypatch.setattr(shards.pipeline.replica_set, "start_replica", start_replica)
     return placed, started
 
 

@@ -1,0 +1,241 @@
+"""The data plane: one inference request, the same for every protocol and transport.
+
+TF Serving's REST predict, V2's HTTP infer and V2's gRPC ``ModelInfer`` all call ``infer``
+(KServe's ``DataPlane``, which its ``protocol/rest`` and ``protocol/grpc`` share, is the
+model). It owns, in this order: the look-up of the served version (name, version or label),
+admission (the model ready, a declared body within ``max_body_bytes``, room in the queue), the
+deadline, the admission held across decode and submit (the model's drain waits for it), the
+per-request metrics (rejects, latency by status), what a canary's judge is told
+(``serving.canary.blame``), and an error turned into a ``Failure`` that names no transport.
+
+A protocol brings its ``work`` (decode, ``check_sequence_length``, submit to the batcher,
+encode); a transport brings a ``Transport``: the client's deadline, the request id for the
+log, and the answer (an HTTP reply, a gRPC message or status). ``Failure.status`` is the
+HTTP status of the outcome, which the metrics count in either transport; gRPC maps it to its
+own codes. A cancelled request (a gRPC client that went away) is counted as one gone and
+cancelled on; HTTP's hang-up arrives as ``ClientGone`` and is answered 499.
+
+The hot path adds no await and no object to the work's: ``infer`` is the coroutine a route
+awaits (``serving.protocols.rest.serve_prediction`` returns it, without a frame of its own),
+and a success goes to the transport as the work's own answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from serving.canary.blame import CLIENT_GONE, version_failed
+from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError, ShardServeError
+from serving.http.admission import check_headroom, check_length
+from serving.http.model import ModelDirectory, ModelHandle, RequestMetrics
+from serving.http.replies import ClientGone, log_failure
+from serving.settings.lengths import served_max_length
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from serving.batching.batcher import Batcher
+    from serving.settings.config import Settings
+
+__all__ = [
+    "Failure",
+    "Transport",
+    "Work",
+    "check_sequence_length",
+    "count_refused",
+    "count_routed",
+    "infer",
+]
+
+R = TypeVar("R")  # a transport's request (HTTP's FastRequest, a gRPC call)
+A = TypeVar("A")  # what a protocol's work answers (an HTTP reply, a gRPC message)
+T = TypeVar("T")  # what the transport's answer gives its caller
+R_contra = TypeVar("R_contra", contravariant=True)
+A_contra = TypeVar("A_contra", contravariant=True)
+T_co = TypeVar("T_co", covariant=True)
+
+# A deadline's timer may fire up to the event loop's clock resolution early.
+_TIMER_SLACK_S = 0.001
+_GONE_MESSAGE = "the client went away before its answer was ready"
+
+# (request, model, its batcher, deadline as time.monotonic()) -> the answer
+Work = Callable[[R, ModelHandle, "Batcher", float], Awaitable[A]]
+
+
+class Failure:
+    """An inference that ended without an answer, in no transport's terms.
+
+    ``status``: the HTTP status it is counted (and, over HTTP, answered) with. ``error``: the
+    refusal or failure with its message for the client; ``None`` with ``unexpected``, an error
+    of no known kind (500: the client is told nothing of it, the transport logs it), or with
+    neither, the client that went away (499)."""
+
+    __slots__ = ("error", "status", "unexpected")
+
+    def __init__(
+        self, status: int, error: ShardServeError | None, unexpected: Exception | None = None
+    ) -> None:
+        self.status = status
+        self.error = error
+        self.unexpected = unexpected
+
+
+_GONE = Failure(CLIENT_GONE, None)
+
+
+class Transport(Protocol[R_contra, A_contra, T_co]):
+    """What a transport does around the data plane: one object per transport, made once."""
+
+    def deadline(self, request: R_contra, settings: Settings) -> float:
+        """The request's deadline (``time.monotonic()``): ``request_timeout_ms`` from now, or
+        the client's if sooner; ``InvalidInputError`` for a malformed one."""
+        ...
+
+    def answer(self, request: R_contra, outcome: A_contra | Failure) -> Awaitable[T_co]:
+        """Send (HTTP) or give (gRPC) the work's answer, or the failure's."""
+        ...
+
+    def request_id(self, request: R_contra) -> str:
+        """The request's id, for the log."""
+        ...
+
+
+async def infer(
+    models: ModelDirectory,
+    name: str | None,
+    version: str | None,
+    label: str | None,
+    request: R,
+    body_length: str | None,
+    work: Work[R, A],
+    transport: Transport[R, A, T],
+) -> T:
+    """Serve one inference request for the version (or label) ``name`` names (``version`` and
+    ``label`` ``None``: the server's choice, a turn of a canary's split) with ``work``.
+
+    ``body_length``: the size the client declared (HTTP's ``Content-Length``), refused from it
+    past ``max_body_bytes``; ``None`` where the transport bounds the message itself (gRPC)."""
+    started = time.perf_counter()
+    try:
+        model = models.model(name, version, label)
+    except ShardServeError as exc:  # no such model: nothing of a model to count it in
+        return await transport.answer(request, Failure(exc.status_code, exc))
+    metrics = model.metrics
+    # The server's own deadline, a moment before the request's: a 504 before it was a deadline
+    # the client shortened, not the version's failure (``count_routed``).
+    own_deadline = time.monotonic() + model.settings.request_timeout_ms / 1000.0
+    error: Exception | None = None
+    outcome: A | Failure
+    try:
+        batcher = model.require_batcher()
+        settings = model.settings
+        # Admission from the headers alone: a refused request costs no body read, no decode.
+        check_length(body_length, settings.max_body_bytes)
+        try:
+            check_headroom(batcher)
+        except QueueFullError:
+            metrics.reject("queue_full")
+            raise
+        deadline = transport.deadline(request, settings)
+        with model.admitted.hold():  # the model's drain waits for it (``Admitted``)
+            outcome = await work(request, model, batcher, deadline)
+        status = 200
+    except ClientGone:
+        metrics.reject("client_gone")
+        log_failure(transport.request_id(request), CLIENT_GONE, _GONE_MESSAGE)
+        status, outcome = CLIENT_GONE, _GONE
+    except ShardServeError as exc:
+        if isinstance(exc, InvalidInputError | PayloadTooLargeError):
+            metrics.reject("invalid_input")
+        error = exc
+        status = exc.status_code
+        outcome = Failure(status, exc)
+    except Exception as exc:
+        error = exc
+        status, outcome = 500, Failure(500, None, exc)
+    except BaseException:  # cancelled: the client went away (gRPC) or its deadline passed
+        metrics.reject("client_gone")
+        log_failure(transport.request_id(request), CLIENT_GONE, _GONE_MESSAGE)
+        _count(metrics, CLIENT_GONE, None, own_deadline, started, version, label)
+        raise
+    _count(metrics, status, error, own_deadline, started, version, label)
+    return await transport.answer(request, outcome)
+
+
+def _count(
+    metrics: RequestMetrics,
+    status: int,
+    error: Exception | None,
+    own_deadline: float,
+    started: float,
+    version: str | None,
+    label: str | None,
+) -> None:
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(status, seconds)
+    if version is None and label is None:  # the server chose its version (a canary's split)
+        count_routed(metrics, status, error, own_deadline, seconds)
+
+
+def count_refused(model: ModelHandle | None, error: ShardServeError, started: float) -> None:
+    """Count a request refused before it could be read (gRPC's message over its model's limits,
+    ``grpc_bounds``) on the model it named, where there is one: its reject and its latency."""
+    if model is not None:
+        if isinstance(error, InvalidInputError):
+            model.metrics.reject("invalid_input")
+        model.metrics.observe_latency(error.status_code, time.perf_counter() - started)
+
+
+def count_routed(
+    metrics: RequestMetrics,
+    status: int,
+    error: BaseException | None,
+    own_deadline: float,
+    seconds: float,
+) -> None:
+    """Tell a canary's judge how a request the server chose the version of ended, where the
+    version is to blame either way (``serving.canary.blame``). ``own_deadline``: the server's
+    deadline for it (``time.monotonic()``), ``request_timeout_ms`` from its admission."""
+    past = time.monotonic() >= own_deadline - _TIMER_SLACK_S
+    failed = version_failed(status, error, past_own_deadline=past)
+    if failed is not None:
+        metrics.observe_routed(failed, seconds)
+
+
+def check_sequence_length(
+    inputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]], model: ModelHandle
+) -> None:
+    """400 for an input longer than ``max_sequence_length`` (else the model's own bound) in a
+    dimension the model leaves unknown: the memory plan and the warm-up were made at that
+    length (every protocol, after decoding, before submitting). ``inputs``: arrays of stacked
+    rows, or a ragged request's rows, one dict each without the batch dimension."""
+    limit = served_max_length(model.settings.max_sequence_length, model.signature)
+    if isinstance(inputs, Mapping):
+        reason = model.signature.too_long(inputs, limit)
+    else:
+        reason = _row_too_long(inputs, model, limit)
+    if reason is not None:
+        raise InvalidInputError(reason)
+
+
+def _row_too_long(
+    rows: Sequence[Mapping[str, np.ndarray]], model: ModelHandle, limit: int
+) -> str | None:
+    unknown = [
+        (spec.name, axis)
+        for spec in model.signature.inputs
+        for axis, want in enumerate(spec.shape)
+        if want is None
+    ]
+    for index, row in enumerate(rows):
+        for name, axis in unknown:
+            length = row[name].shape[axis]
+            if length > limit:
+                return (
+                    f"instance {index} of input {name!r} has length {length} (row shape "
+                    f"{tuple(row[name].shape)}), over max_sequence_length={limit}, the longest "
+                    f"this server takes; send at most {limit}"
+                )
+    return None
