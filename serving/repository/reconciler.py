@@ -312,12 +312,13 @@ class Reconciler:
         served = self.state.models.get(name, {})
         wanted = [version_state(served[str(v)])[0] for v in plan.selected if str(v) in served]
         settled = not plan.selected or ("LOADING" not in wanted and "READY" in wanted)
+        # One that is not READY (loading, failed, draining) serves nothing: it goes at once. A
+        # READY one whose replicas are down for a while is READY still: taken on every tick,
+        # this rule must not retire the version that serves over a replica's restart.
         retiring = [
             m
             for v, m in served.items()
-            if int(v) not in plan.selected
-            and v not in keep
-            and (settled or version_state(m)[0] != "READY")
+            if int(v) not in plan.selected and v not in keep and (settled or not m.serving)
         ]
         for model in retiring:  # at once: the next request that names no version goes on
             model.stop_accepting(_refusal(model, why_retired(plan, model.version)))
