@@ -69,7 +69,7 @@ RETRIED = "to load it again: its files changed since its load failed"
 # waited for longer than this.
 _CLOSE_FAILED_S = 10.0
 # The loop itself failing (a bug in a tick's own code): started again after this pause,
-# doubling up to the second figure, as ``serving.server.supervise`` does for every loop.
+# doubling up to the second figure, as ``serving.supervisor`` does for every loop.
 _RESTART_S = (1.0, 60.0)
 
 Op = tuple[str, str, str]  # (model name, version, kind)
@@ -273,7 +273,7 @@ class Reconciler:
             else:
                 self._failed.pop(key, None)
             async with self._locks[model.name]:
-                self._hand_over(model.name, settling=model)
+                self._hand_over(model.name)
             self._loads.pop(model, None)
         finally:
             self._narrow(load)
@@ -296,14 +296,12 @@ class Reconciler:
             started = self._hand_over(name)
         await asyncio.gather(*started)
 
-    def _hand_over(
-        self, name: str, settling: ServedModel | None = None
-    ) -> list[asyncio.Task[None]]:
+    def _hand_over(self, name: str) -> list[asyncio.Task[None]]:
         """Retire the versions the plan no longer holds or selects (the model's lock held).
 
         One that serves stays while a selected version still loads or none is READY (a new one
         that failed keeps the old); its turn comes when a selected version's load ends (its
-        settle, ``settling``). Requests that name no version reach the highest READY version."""
+        settle). Requests that name no version reach the highest READY version."""
         plan = self.plans.get(name)
         if plan is None or plan.error is not None or name in self.held:
             return []
