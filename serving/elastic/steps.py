@@ -18,8 +18,8 @@ touched); an add given up (no room, a replica that failed to start, or a raise) 
 for ``RETRY_S``, doubling. The caller runs each returned coroutine as a task of its own (the
 coroutine's ``__name__``, ``scale_up`` or ``scale_down``, is its label), logs and counts one that
 raises, lets one that a later step cancelled end quietly, and asks ``scale_step`` again on every
-tick, whether or not an earlier step still runs. Until the reconciler does,
-``serving.elastic.loop.run_scaling`` does.
+tick, whether or not an earlier step still runs: the reconciler
+(``serving.repository.reconciler``) does, on its ticks.
 
 A version with a fixed count, or whose runner cannot change its count (the tests' fakes), is never
 scaled; its ``ScaleStatus`` says so.
@@ -54,6 +54,7 @@ __all__ = [
     "scale_state",
     "scale_step",
     "scaler_of",
+    "stop_scaling",
 ]
 
 log = logging.getLogger("shardserve")
@@ -77,6 +78,13 @@ def scale_step(model: ServedModel) -> Step | None:
     when it differs from what it should be and it is not held; ``None`` otherwise."""
     scaler = scaler_of(model)
     return scaler.step() if scaler is not None else None
+
+
+def stop_scaling(model: ServedModel) -> None:
+    """``model``'s steps under way cancelled (it retires, or the server stops)."""
+    scaler = scale_state(model).scaler
+    if isinstance(scaler, Scaler):
+        scaler.cancel()
 
 
 def hold(model: ServedModel, why: str) -> None:

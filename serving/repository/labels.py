@@ -1,7 +1,8 @@
 """A model's labels (``Registry.labels``): those of its ``config.toml``, each pointing only at
-a READY version (one that cannot is left unset and logged once), and, for a model with a canary
-(``serving.canary.controller``), ``stable`` and ``canary`` following the versions in those roles:
-they win over the ``config.toml`` labels of the same name (logged once where they differ)."""
+a READY version (``ServedModel.serving``; one that cannot is left unset and logged once), and,
+for a model with a canary (``serving.canary.controller``), ``stable`` and ``canary`` following
+the versions in those roles: they win over the ``config.toml`` labels of the same name (logged
+once where they differ)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ class Labels:
                 continue
             model = served.get(str(v))
             found, reason = version_state(model) if model is not None else ("", "")
-            if found == "READY":
+            # READY in the state machine, whatever its replicas' condition: the labels are set
+            # again on every tick, and a replica being rebuilt must not turn a label's request
+            # into a 404 (it gets the 503 that says why).
+            if model is not None and model.serving:
                 labels[label] = str(v)
                 self._notes.pop((name, label), None)
                 continue

@@ -28,8 +28,14 @@ tasks tracked per (model, version, kind), at most one of each in flight; the nex
 their end. A step or operation that raises is logged with its traceback and counted
 (``shardserve_background_errors_total{task}``), and the next tick takes the step again: a
 retire that failed is started again, a hand-over done again; nothing is left undone in a task
-nobody awaits. The elastic replica count of each READY version follows its own scaling loop
-(``serving.elastic.loop``), a job of the version.
+nobody awaits.
+
+The scale step, per READY version, at most every ``SCALE_PERIOD_S``: the version is observed
+(``serving.elastic.steps.observe``: the batcher sampled, the pure policy asked for its desired
+count) and its next step taken, one replica added or removed
+(``serving.elastic.steps.scale_step``, run as a task of its own: an add may wait minutes for a
+node while the ticks go on; the elastic part keeps its own limits on what runs at once). A version
+that retires, and every version at the stop, has its steps under way cancelled.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from typing import Any
 
 from serving.canary.controller import Rollouts
 from serving.canary.split import CanarySplit
+from serving.elastic.steps import observe, run_step, scale_step, stop_scaling
 from serving.repository.index import UNLOADED
 from serving.repository.labels import Labels
 from serving.repository.registry import Registry
@@ -63,6 +70,9 @@ __all__ = ["RETRIED", "THROUGH_API", "TICK_S", "Reconciler"]
 log = logging.getLogger("shardserve")
 
 TICK_S = 1.0
+# How often a READY version is sampled for its replica count: the autoscaler's delays (seconds to
+# a minute) are counted in these.
+SCALE_PERIOD_S = 1.0
 THROUGH_API = "through the repository API"
 RETRIED = "to load it again: its files changed since its load failed"
 # Ending a failed version's actors: milliseconds on a live cluster; a Ray that is gone is not
@@ -105,6 +115,7 @@ class Reconciler:
         self.rollouts = Rollouts(state.models, state.metrics, self._roles_changed)
         self.rolling = Rolling(state, self.hand_over_now, self._drain)
         self._wake = asyncio.Event()
+        self._observed: dict[ServedModel, float] = {}  # a version's last scale sample
 
     # ---- the loop
 
@@ -144,14 +155,48 @@ class Reconciler:
         )
 
     async def tick(self) -> None:
-        """Judge the canaries, then take each model's next step."""
+        """Judge the canaries, take each model's next step, then each READY version's scale
+        step."""
         self.rollouts.check()
         for name in sorted(set(self.plans) | set(self.state.models)):
             what = f"model {name!r}'s reconcile step"
             await self._guarded("reconcile", what, partial(self.step, name))
+        self.scale(time.monotonic())
+
+    def scale(self, now: float) -> None:
+        """Each READY version sampled at most every ``SCALE_PERIOD_S`` and its next replica
+        step started; a sample that raises is logged and counted (``task="scaling"``), and the
+        next tick samples again."""
+        for versions in list(self.state.models.values()):
+            for model in list(versions.values()):
+                if not model.serving:
+                    continue
+                last = self._observed.get(model)
+                if last is not None and now - last < SCALE_PERIOD_S:
+                    continue
+                self._observed[model] = now
+                try:
+                    observe(model, now)
+                    step = scale_step(model)
+                except Exception as exc:
+                    self.state.metrics.background_error("scaling")
+                    log.exception(
+                        "model %r version %s's scale step failed (%s: %s); sampled again on "
+                        "the next tick",
+                        model.name,
+                        model.version,
+                        type(exc).__name__,
+                        _first_line(exc),
+                    )
+                    continue
+                if step is not None:
+                    run_step(model, step)
 
     async def stop(self, timeout_s: float) -> None:
         """End what is in flight (the server's stop drains and closes what is served)."""
+        for versions in self.state.models.values():
+            for model in versions.values():
+                stop_scaling(model)
         tasks = list(self._ops.values())
         for task in tasks:
             task.cancel()
@@ -351,6 +396,8 @@ class Reconciler:
     async def _retire(self, model: ServedModel, reason: str) -> None:
         """Refuse new requests, answer those admitted (``ServedModel.retire``), end the actors,
         then stop routing to it."""
+        stop_scaling(model)
+        self._observed.pop(model, None)
         await model.retire(_refusal(model, reason))
         load = self._loads.pop(model, None)
         if load is not None:  # retired before its load settled

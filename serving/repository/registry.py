@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from serving.batching.dispatch import SHUTTING_DOWN
-from serving.elastic.loop import inherit_count
+from serving.elastic.start_count import inherit_count
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.metrics.series import Metrics
 from serving.repository.routing import Traffic, route, version_key

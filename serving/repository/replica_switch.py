@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from serving.elastic.loop import Scaler, hold, release, serving_count
+from serving.elastic.start_count import serving_count
+from serving.elastic.steps import Scaler, hold, release
 from serving.repository.routing import SwitchSplit
 from serving.settings.config import Settings
 from serving.version.life import VersionState
@@ -119,6 +120,10 @@ class Rolling:
         """The old version of a switch under way: the manager leaves it serving."""
         switch = self._switches.get(name)
         return set() if switch is None or switch.gone else {switch.old.version}
+
+    def switching(self, name: str) -> bool:
+        """A switch of model ``name`` has not ended (its last step not taken yet)."""
+        return name in self._switches
 
     def under_way(self, model: ServedModel) -> bool:
         """``model`` is the new version of a switch that has not ended: its steps come before

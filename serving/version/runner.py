@@ -65,8 +65,8 @@ class ModelRunner(Protocol):
 @runtime_checkable
 class ElasticRunner(Protocol):
     """A runner whose replica count can change (``shards.pipeline.replica_set.ReplicaSet``): the
-    scaling loop (``serving.elastic.loop``) adds and removes replicas one at a time; a runner
-    without these methods is never scaled.
+    scale steps (``serving.elastic.steps``, taken by the reconciler) add and remove replicas one
+    at a time; a runner without these methods is never scaled.
 
     ``add_replica``: True once the new replica serves (after its warm-up); False when it was
     given up (pending past ``pending_timeout_s``, or it failed to start). ``remove_replica``:

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from serving.batching.batcher import Batcher, BatchSettings
-from serving.elastic.loop import run_scaling
 from serving.errors import NotReadyError
 from serving.http.admission import Admitted
 from serving.metrics.series import Metrics, ModelMetrics
@@ -187,7 +186,6 @@ class ServedModel:
                 on_failure=failed,
             ),
             supervise("stats_poll", lambda: poll_stats(self), metrics, what=f"{where} stats poll"),
-            supervise("scaling", lambda: run_scaling(self), metrics, what=f"{where} scaling loop"),
         ]
 
     async def wait_load(self) -> None:

@@ -1,6 +1,6 @@
-"""A served version's background loops under ``serving.supervisor``: a scaling tick that
-raises and a stats poll that raises are logged with their traceback, counted in
-``shardserve_background_errors_total{task}``, and their loops go on; a scale-up that raises is
+"""A served version's background work: a scale sample that raises (the reconciler's tick) and a
+stats poll that raises (``serving.supervisor``) are logged with their traceback, counted in
+``shardserve_background_errors_total{task}``, and taken again; a scale-up that raises is
 logged and counted, and the next scale-up adds the replica."""
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from serving.elastic.loop import Scaler
+from serving.elastic.steps import Scaler
 from serving.metrics.series import BACKGROUND_TASKS
+from serving.repository.reconciler import Reconciler
+from serving.server.state import ServerState
+from serving.settings.config import Settings
 from shards.pipeline.health import Health
 from tests.fakes import WAIT_S, FakeRunner, make_rows, spawn
 from tests.metrics_text import metric
@@ -27,7 +30,7 @@ def restart_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class TickFails(ElasticFake):
-    """Its first look at the replicas' health (the scaling loop's first tick) raises."""
+    """Its first look at the replicas' health (the first scale sample) raises."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -55,16 +58,22 @@ class StatsFail(FakeRunner):
         return await super().stats()
 
 
-async def test_a_scaling_tick_that_raises_is_logged_counted_and_the_loop_goes_on(
+async def test_a_scale_sample_that_raises_is_logged_counted_and_taken_again_on_the_next_tick(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # The reconciler samples each READY version's count on its ticks (``Reconciler.scale``).
     caplog.set_level(logging.ERROR, logger="shardserve")
     runner = TickFails()
     model = await served(elastic_settings(), runner)
+    state = ServerState(elastic_settings(), metrics=model.server_metrics)
+    state.models["m"] = {"1": model}
+    reconciler = Reconciler(state, _no_factory, None)
     try:
-        await until(lambda: runner.looks >= 3)  # ticks again after the one that raised
-        loop = model._jobs[-1]
-        assert not loop.done()
+        reconciler.scale(0.0)  # its first look raises
+        reconciler.scale(0.5)  # not a period later: not sampled again
+        reconciler.scale(1.0)
+        reconciler.scale(2.0)
+        assert runner.looks >= 3  # sampled again after the one that raised
         text = model.server_metrics.render().decode()
         assert metric(text, ERRORS, task="scaling") == 1.0
         # Every task's series is there from the start.
@@ -74,12 +83,17 @@ async def test_a_scaling_tick_that_raises_is_logged_counted_and_the_loop_goes_on
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and errors[0].exc_info is not None  # once, with its traceback
         assert errors[0].getMessage() == (
-            "model 'm' version 1's scaling loop failed (RuntimeError: the replica table changed "
-            "while it was read); starting it again in 0 s"
+            "model 'm' version 1's scale step failed (RuntimeError: the replica table changed "
+            "while it was read); sampled again on the next tick"
         )
         assert model.not_ready_reason() is None  # the version serves on
     finally:
+        await reconciler.stop(1.0)
         await model.stop_jobs(1.0)
+
+
+async def _no_factory(_: Settings) -> FakeRunner:
+    raise AssertionError("this test loads nothing through the reconciler")
 
 
 async def test_a_stats_poll_that_raises_is_logged_counted_and_polls_again(

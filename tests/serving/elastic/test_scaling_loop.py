@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from serving.elastic.loop import Scaler
+from serving.elastic.steps import Scaler, observe, scale_step, stop_scaling
 from serving.metrics.series import Metrics
 from serving.protocols.v2.metadata import model_metadata
 from serving.server.admin_routes import batching_view
@@ -107,10 +107,10 @@ async def test_the_loop_adds_and_removes_replicas_and_the_limits_follow_the_heal
     runner = ElasticFake(gate=gate)
     model = await served(elastic_settings(upscale_delay_s=1, downscale_delay_s=10), runner)
     gate.clear()
-    await until(lambda: model.scaling is not None)
-    loop = model._jobs[-1]
-    await model.stop_jobs(WAIT_S)  # the loop ends with the version's jobs
-    assert loop.done()
+    observe(model, 0.0)  # the reconciler's first sample of the READY version: its status
+    assert model.scaling is not None
+    stop_scaling(model)
+    await model.stop_jobs(WAIT_S)
     batcher = model.require_batcher()
     start = batcher.settings
     assert (start.max_inflight_batches, start.pipeline_depth) == (2, 1)
@@ -222,7 +222,8 @@ async def test_a_runner_that_cannot_change_its_count_is_never_scaled() -> None:
     runner = FakeRunner()
     assert not isinstance(runner, ElasticRunner)
     model = await served(elastic_settings(), runner)
-    await until(lambda: model.scaling is not None)
+    observe(model, 0.0)  # as the reconciler's tick samples a READY version
+    assert scale_step(model) is None
     assert model.scaling_parameters() == {
         "min_replicas": 1,
         "max_replicas": 3,
@@ -231,7 +232,6 @@ async def test_a_runner_that_cannot_change_its_count_is_never_scaled() -> None:
         "detail": "its runner cannot add or remove replicas",
         "pending": "",
     }
-    assert model._jobs[-1].done()
     await model.stop_jobs(WAIT_S)
 
 

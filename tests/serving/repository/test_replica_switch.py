@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.elastic.loop import Scaler, hold, release
+from serving.elastic.steps import Scaler, hold, release
 from serving.server.state import ServerState
 from serving.settings.config import Settings
 from serving.version.life import VersionState
@@ -157,7 +157,9 @@ async def switch_under_load(
             add_version(tmp_path, 2)
             await state.repository.poll_once()
             await until(lambda: list(state.models["m"]) == ["2"] or bool(_failed(state)))
-            await until(lambda: not state.repository.rolling.keep("m"))  # type: ignore[union-attr]
+            # The switch's last step (its last replica added) may follow the old's retire by a
+            # tick: wait for the switch to end, not only for the old to go.
+            await until(lambda: not state.repository.rolling.switching("m"))  # type: ignore[union-attr]
             await load.more(8)
         finally:
             load.stopping = True
