@@ -82,34 +82,35 @@ def resolve_bundle(
     The caller marks the bundle it serves (``shards.bundle.cache.hold``), or a later prune may
     remove it."""
     path = Path(model).expanduser()
-    o = options
-    budgets = None if o.max_stage_bytes is None else parse_budgets(o.max_stage_bytes)
+    budgets = None if options.max_stage_bytes is None else parse_budgets(options.max_stage_bytes)
     if (path / MANIFEST_NAME).is_file():
         manifest = read_manifest(path)
-        _check_bundle_options(path, manifest, o.stages, budgets)
-        _check_length(path, manifest, o.max_sequence_length)
-        allowed_imports(manifest, o.imports, unsafe_deserialization=o.unsafe_deserialization)
+        _check_bundle_options(path, manifest, options.stages, budgets)
+        _check_length(path, manifest, options.max_sequence_length)
+        allowed_imports(
+            manifest, options.imports, unsafe_deserialization=options.unsafe_deserialization
+        )
         return path
-    cache_dir = cache.ensure_private(o.cache_dir)
-    keyed = f"stages={o.stages};max_stage_bytes={budgets};imports={list(o.imports)}"
-    keyed += f";batch={o.max_batch_size};overhead={o.device_overhead_bytes}"
-    keyed += f";length={o.max_sequence_length}"
-    if o.weight_dtype not in (None, "float32"):
-        keyed += f";weights={o.weight_dtype}"
+    cache_dir = cache.ensure_private(options.cache_dir)
+    keyed = f"stages={options.stages};max_stage_bytes={budgets};imports={list(options.imports)}"
+    keyed += f";batch={options.max_batch_size};overhead={options.device_overhead_bytes}"
+    keyed += f";length={options.max_sequence_length}"
+    if options.weight_dtype not in (None, "float32"):
+        keyed += f";weights={options.weight_dtype}"
     key = cache_key(model, path, keyed, cache_dir)
     final = cache_dir / key
     if _is_bundle(final):
         cache.touch(final)
     else:
         with cache.writing(cache_dir, key) as tmp:
-            _partition(model, path, tmp, o, budgets, progress)
+            _partition(model, path, tmp, options, budgets, progress)
             try:
                 os.rename(tmp, final)
             except OSError:
                 # Another resolver finished the same bundle first; its copy is as good as ours.
                 if not _is_bundle(final):
                     raise
-    cache.prune(cache_dir, o.cache_max_bytes, keep=[key])
+    cache.prune(cache_dir, options.cache_max_bytes, keep=[key])
     return final
 
 
