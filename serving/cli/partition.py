@@ -3,7 +3,11 @@ print the memory plan per stage without writing anything (its table: ``serving.c
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -27,7 +31,7 @@ _UNSAFE_HELP = (
     "models from a source you trust."
 )
 
-# The options partition and plan share (Typer reads them from these aliases).
+# The options partition and plan share (Typer reads them from these aliases, PlanFlags below).
 StagesOption = Annotated[Optional[int], typer.Option(help=_STAGES_HELP, min=1)]  # noqa: UP045
 BudgetOption = Annotated[
     Optional[str],  # noqa: UP045
@@ -60,6 +64,44 @@ LogLevelOption = Annotated[
 ]
 
 
+@dataclass(frozen=True)
+class PlanFlags:
+    """The flags ``partition`` and ``plan`` share, as given: their defaults are the commands'."""
+
+    stages: StagesOption = None
+    max_stage_bytes: BudgetOption = None
+    max_batch_size: BatchOption = 32
+    max_sequence_length: LengthOption = None
+    device_overhead_bytes: OverheadOption = None
+    imports: ImportsOption = None
+    unsafe_deserialization: UnsafeOption = False
+    weight_dtype: WeightDtypeOption = "float32"
+    log_level: LogLevelOption = "warning"
+
+
+def _with_plan_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """``command(..., *, flags: PlanFlags)`` as Typer reads a command: Typer takes the flags from
+    the signature, so this one lists the command's own parameters, then one per ``PlanFlags``
+    field (its ``Annotated`` type and default), and gathers those into ``flags`` for the call."""
+    hints = inspect.get_annotations(PlanFlags, eval_str=True)
+    shared = [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
+        )
+        for f in fields(PlanFlags)
+    ]
+    own = inspect.signature(command, eval_str=True).parameters.values()
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        flags = PlanFlags(**{f.name: kwargs.pop(f.name) for f in fields(PlanFlags)})
+        command(*args, flags=flags, **kwargs)
+
+    params = [p for p in own if p.name != "flags"] + shared
+    run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return run
+
+
 def _import_tensorflow_quietly(log_level: str) -> None:
     """Set the log levels, then load TensorFlow before anything else does (shards.actor.tflog)."""
     from shards.actor.tflog import import_tensorflow, set_tf_log_level
@@ -74,21 +116,18 @@ def _fail(exc: Exception, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _plan_options(
-    stages: int | None, max_stage_bytes: str | None, device_overhead_bytes: str | None
-) -> tuple[tuple[int, ...] | None, int | None]:
-    if stages is not None and max_stage_bytes is not None:
+def _plan_options(flags: PlanFlags) -> tuple[tuple[int, ...] | None, int | None]:
+    if flags.stages is not None and flags.max_stage_bytes is not None:
         err.print("[red]error:[/red] give either --stages or --max-stage-bytes, not both")
         raise typer.Exit(2)
     from shards.partition.memory_plan import parse_budgets, parse_bytes
 
     try:
-        budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
+        budgets = None if flags.max_stage_bytes is None else parse_budgets(flags.max_stage_bytes)
         overhead = None
-        if device_overhead_bytes is not None:
-            overhead = (
-                0 if device_overhead_bytes.strip() == "0" else parse_bytes(device_overhead_bytes)
-            )
+        given = flags.device_overhead_bytes
+        if given is not None:
+            overhead = 0 if given.strip() == "0" else parse_bytes(given)
     except ValueError as exc:
         raise _fail(exc, 2) from None
     return budgets, overhead
@@ -100,24 +139,18 @@ def _stdout() -> Console:
     return out if out.is_terminal else Console(width=200)
 
 
+@_with_plan_flags
 def partition(
     model: Annotated[
         str, typer.Argument(help="A .keras file, a SavedModel dir or a demo model name.")
     ],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the bundle to.")],
-    stages: StagesOption = None,
-    max_stage_bytes: BudgetOption = None,
-    max_batch_size: BatchOption = 32,
-    max_sequence_length: LengthOption = None,
-    device_overhead_bytes: OverheadOption = None,
-    imports: ImportsOption = None,
-    unsafe_deserialization: UnsafeOption = False,
-    weight_dtype: WeightDtypeOption = "float32",
-    log_level: LogLevelOption = "warning",
+    *,
+    flags: PlanFlags,
 ) -> None:
     """Cut a Keras model into stages and write a bundle (manifest.json + one file per stage)."""
-    budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
-    _import_tensorflow_quietly(log_level)
+    budgets, overhead = _plan_options(flags)
+    _import_tensorflow_quietly(flags.log_level)
     from shards.partition.cut import partition_to_bundle
     from shards.partition.demo_models import DEMO_MODELS, build_demo
 
@@ -128,15 +161,15 @@ def partition(
                 source,
                 out,
                 source_name=f"demo:{model}" if model in DEMO_MODELS else None,
-                stages=stages,
+                stages=flags.stages,
                 max_stage_bytes=budgets,
-                imports=tuple(imports or ()),
+                imports=tuple(flags.imports or ()),
                 progress=lambda step: status.update(step),
-                max_batch_size=max_batch_size,
+                max_batch_size=flags.max_batch_size,
                 device_overhead_bytes=overhead,
-                unsafe_deserialization=unsafe_deserialization,
-                weight_dtype=weight_dtype,
-                max_sequence_length=max_sequence_length,
+                unsafe_deserialization=flags.unsafe_deserialization,
+                weight_dtype=flags.weight_dtype,
+                max_sequence_length=flags.max_sequence_length,
             )
         except (ValueError, OSError) as exc:
             raise _fail(exc) from None
@@ -151,29 +184,23 @@ def partition(
     err.print(f"wrote {len(manifest.stages)} stage(s) to {out}")
 
 
+@_with_plan_flags
 def plan(
     model: Annotated[
         str, typer.Argument(help="A .keras file, a bundle directory or a demo model name.")
     ],
-    stages: StagesOption = None,
-    max_stage_bytes: BudgetOption = None,
-    max_batch_size: BatchOption = 32,
-    max_sequence_length: LengthOption = None,
-    device_overhead_bytes: OverheadOption = None,
-    imports: ImportsOption = None,
-    unsafe_deserialization: UnsafeOption = False,
-    weight_dtype: WeightDtypeOption = "float32",
-    log_level: LogLevelOption = "warning",
+    *,
+    flags: PlanFlags,
 ) -> None:
     """Print the memory plan per stage (what partition would write), without writing anything.
     A bundle directory: the plan in its manifest."""
-    budgets, overhead = _plan_options(stages, max_stage_bytes, device_overhead_bytes)
+    budgets, overhead = _plan_options(flags)
     from serving.cli.plan_table import plan_table
     from shards.bundle.format import MANIFEST_NAME, read_manifest
 
     try:
         if (Path(model) / MANIFEST_NAME).is_file():
-            if budgets is not None or stages is not None or overhead is not None:
+            if budgets is not None or flags.stages is not None or overhead is not None:
                 raise ValueError(
                     f"{model!r} is a bundle: its plan was made when it was partitioned, and "
                     "the plan in its manifest is what this shows; drop --stages, "
@@ -182,35 +209,16 @@ def plan(
             manifest = read_manifest(model)
             specs, signature = list(manifest.stages), manifest.signature
         else:
-            _import_tensorflow_quietly(log_level)
+            _import_tensorflow_quietly(flags.log_level)
             with err.status("planning..."):
-                specs, signature = _plan_model(
-                    model,
-                    stages,
-                    budgets,
-                    max_batch_size,
-                    overhead,
-                    imports,
-                    unsafe_deserialization,
-                    weight_dtype=weight_dtype,
-                    max_sequence_length=max_sequence_length,
-                )
+                specs, signature = _plan_model(model, flags, budgets, overhead)
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
     _stdout().print(plan_table(specs, signature))
 
 
 def _plan_model(
-    model: str,
-    stages: int | None,
-    budgets: tuple[int, ...] | None,
-    max_batch_size: int,
-    overhead: int | None,
-    imports: list[str] | None,
-    unsafe_deserialization: bool,
-    *,
-    weight_dtype: str,
-    max_sequence_length: int | None,
+    model: str, flags: PlanFlags, budgets: tuple[int, ...] | None, overhead: int | None
 ) -> tuple[list[Any], Any]:
     from shards.bundle.format import import_modules, load_keras
     from shards.errors import PartitionError
@@ -218,7 +226,7 @@ def _plan_model(
     from shards.partition.demo_models import DEMO_MODELS, build_demo
     from shards.partition.graph import analyse
 
-    import_modules(imports or ())
+    import_modules(flags.imports or ())
     path = Path(model)
     if model in DEMO_MODELS:
         keras_model = build_demo(model)
@@ -226,7 +234,7 @@ def _plan_model(
         keras_model = load_keras(
             path,
             repr(str(path)),
-            unsafe_deserialization=unsafe_deserialization,
+            unsafe_deserialization=flags.unsafe_deserialization,
             error=PartitionError,
         )
     else:
@@ -235,13 +243,13 @@ def _plan_model(
             f"file or a demo model name ({', '.join(DEMO_MODELS)}); a TF SavedModel is served "
             "whole, as one stage"
         )
-    graph = analyse(keras_model, max_sequence_length)
+    graph = analyse(keras_model, flags.max_sequence_length)
     planned = plan_stages(
         graph,
-        stages=stages,
+        stages=flags.stages,
         max_stage_bytes=budgets,
-        max_batch_size=max_batch_size,
+        max_batch_size=flags.max_batch_size,
         device_overhead_bytes=overhead,
-        weight_dtype=weight_dtype,
+        weight_dtype=flags.weight_dtype,
     )
     return [spec for _, spec in planned], graph.signature

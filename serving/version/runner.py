@@ -98,10 +98,10 @@ async def build_runner(settings: Settings) -> ModelRunner:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
     from shards.bundle.remote import resolve_bundle_remote
+    from shards.bundle.resolve import ResolveOptions
     from shards.pipeline.replica_set import ReplicaSet
 
-    bundle = await resolve_bundle_remote(
-        settings.model,
+    resolve = ResolveOptions(
         stages=settings.stages,
         max_stage_bytes=settings.max_stage_bytes,
         imports=tuple(settings.imports),
@@ -113,6 +113,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
         cache_max_bytes=settings.cache_max_bytes,
         max_sequence_length=settings.max_sequence_length,
     )
+    bundle = await resolve_bundle_remote(settings.model, resolve)
     log.info("model %r -> bundle %s", settings.model, bundle)
     options = pipeline_options(settings)
     try:

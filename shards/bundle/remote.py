@@ -6,9 +6,8 @@ reads its manifest.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -16,27 +15,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from shards.bundle import cache
 from shards.errors import ResolveError
 
+if TYPE_CHECKING:
+    from shards.bundle.resolve import ResolveOptions
 
-def _resolve_in_worker(model: str, options: dict[str, Any]) -> str:
+
+def _resolve_in_worker(model: str, options: ResolveOptions) -> str:
     from shards.bundle.resolve import resolve_bundle
 
-    return str(resolve_bundle(model, **options))
+    return str(resolve_bundle(model, options))
 
 
-async def resolve_bundle_remote(
-    model: str,
-    *,
-    stages: int | None,
-    max_stage_bytes: Sequence[int] | None,
-    imports: Sequence[str] = (),
-    cache_dir: str | Path,
-    max_batch_size: int = 32,
-    device_overhead_bytes: int | None = None,
-    unsafe_deserialization: bool = False,
-    weight_dtype: str | None = None,
-    cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
-    max_sequence_length: int | None = None,
-) -> Path:
+async def resolve_bundle_remote(model: str, options: ResolveOptions) -> Path:
     """Run ``shards.bundle.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
 
     The task is pinned to the caller's node: the bundle lands on this node's disk, where the
@@ -51,24 +40,12 @@ async def resolve_bundle_remote(
             node_id=ray.get_runtime_context().get_node_id(), soft=False
         )
     )
-    options: dict[str, Any] = {
-        "stages": stages,
-        "max_stage_bytes": None if max_stage_bytes is None else tuple(max_stage_bytes),
-        "imports": tuple(imports),
-        "cache_dir": Path(cache_dir),
-        "max_batch_size": max_batch_size,
-        "device_overhead_bytes": device_overhead_bytes,
-        "unsafe_deserialization": unsafe_deserialization,
-        "weight_dtype": weight_dtype,
-        "cache_max_bytes": cache_max_bytes,
-        "max_sequence_length": max_sequence_length,
-    }
     # A prune by another process can remove the entry between the task's answer and the mark.
     for _ in range(3):
         ref = task.remote(model, options)
         answer: str = await asyncio.wrap_future(ref.future())
         path = Path(answer)
-        in_cache = path.parent.resolve() == Path(cache_dir).resolve()
+        in_cache = path.parent.resolve() == options.cache_dir.resolve()
         if not in_cache or await asyncio.to_thread(cache.hold, path):
             return path
     raise ResolveError(

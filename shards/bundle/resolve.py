@@ -18,8 +18,9 @@ import hashlib
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from shards.bundle import cache
 from shards.bundle.fingerprint import built_with, model_sha256
@@ -45,57 +46,71 @@ ACCEPTED = (
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class ResolveOptions:
+    """What a bundle is cut with and cached under, as ``resolve_bundle`` and
+    ``shards.bundle.remote.resolve_bundle_remote`` take it (picklable, for the Ray task).
+
+    ``max_batch_size``, ``device_overhead_bytes`` and ``max_sequence_length`` (what an unknown
+    dimension counts as; ``None``: the model's own bound, else 512) size the memory plan
+    (shards.partition.memory_plan); a length over the model's bound is refused;
+    ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load."""
+
+    stages: int | None
+    max_stage_bytes: int | Sequence[int] | None
+    imports: Sequence[str] = ()
+    cache_dir: Path
+    max_batch_size: int = 32
+    device_overhead_bytes: int | None = None
+    unsafe_deserialization: bool = False
+    weight_dtype: str | None = None
+    cache_max_bytes: int = cache.DEFAULT_MAX_BYTES
+    max_sequence_length: int | None = None
+
+    def __post_init__(self) -> None:
+        budgets = self.max_stage_bytes
+        if budgets is not None and not isinstance(budgets, int):
+            object.__setattr__(self, "max_stage_bytes", tuple(budgets))
+        object.__setattr__(self, "imports", tuple(self.imports))
+        object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+
+
 def resolve_bundle(
-    model: str,
-    *,
-    stages: int | None,
-    max_stage_bytes: int | Sequence[int] | None,
-    imports: Sequence[str] = (),
-    cache_dir: Path,
-    progress: Callable[[str], None] | None = None,
-    max_batch_size: int = 32,
-    device_overhead_bytes: int | None = None,
-    unsafe_deserialization: bool = False,
-    weight_dtype: str | None = None,
-    cache_max_bytes: int = cache.DEFAULT_MAX_BYTES,
-    max_sequence_length: int | None = None,
+    model: str, options: ResolveOptions, *, progress: Callable[[str], None] | None = None
 ) -> Path:
-    """``max_batch_size``, ``device_overhead_bytes`` and ``max_sequence_length`` (what an
-    unknown dimension counts as; ``None``: the model's own bound, else 512) size the memory
-    plan (shards.partition.memory_plan); a length over the model's bound is refused;
-    ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load. The caller marks
-    the bundle it serves (``shards.bundle.cache.hold``), or a later prune may remove it."""
+    """The bundle directory ``model`` names, or the cached bundle cut from it with ``options``.
+    The caller marks the bundle it serves (``shards.bundle.cache.hold``), or a later prune may
+    remove it."""
     path = Path(model).expanduser()
-    budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
+    budgets = None if options.max_stage_bytes is None else parse_budgets(options.max_stage_bytes)
     if (path / MANIFEST_NAME).is_file():
         manifest = read_manifest(path)
-        _check_bundle_options(path, manifest, stages, budgets)
-        _check_length(path, manifest, max_sequence_length)
-        allowed_imports(manifest, imports, unsafe_deserialization=unsafe_deserialization)
+        _check_bundle_options(path, manifest, options.stages, budgets)
+        _check_length(path, manifest, options.max_sequence_length)
+        allowed_imports(
+            manifest, options.imports, unsafe_deserialization=options.unsafe_deserialization
+        )
         return path
-    cache_dir = cache.ensure_private(Path(cache_dir))
-    options = f"stages={stages};max_stage_bytes={budgets};imports={list(imports)}"
-    options += f";batch={max_batch_size};overhead={device_overhead_bytes}"
-    options += f";length={max_sequence_length}"
-    if weight_dtype not in (None, "float32"):
-        options += f";weights={weight_dtype}"
-    key = cache_key(model, path, options, cache_dir)
+    cache_dir = cache.ensure_private(options.cache_dir)
+    keyed = f"stages={options.stages};max_stage_bytes={budgets};imports={list(options.imports)}"
+    keyed += f";batch={options.max_batch_size};overhead={options.device_overhead_bytes}"
+    keyed += f";length={options.max_sequence_length}"
+    if options.weight_dtype not in (None, "float32"):
+        keyed += f";weights={options.weight_dtype}"
+    key = cache_key(model, path, keyed, cache_dir)
     final = cache_dir / key
     if _is_bundle(final):
         cache.touch(final)
     else:
         with cache.writing(cache_dir, key) as tmp:
-            plan = _MemoryOptions(
-                budgets, max_batch_size, device_overhead_bytes, weight_dtype, max_sequence_length
-            )
-            _partition(model, path, tmp, stages, plan, imports, progress, unsafe_deserialization)
+            _partition(model, path, tmp, options, budgets, progress)
             try:
                 os.rename(tmp, final)
             except OSError:
                 # Another resolver finished the same bundle first; its copy is as good as ours.
                 if not _is_bundle(final):
                     raise
-    cache.prune(cache_dir, cache_max_bytes, keep=[key])
+    cache.prune(cache_dir, options.cache_max_bytes, keep=[key])
     return final
 
 
@@ -122,11 +137,9 @@ def _partition(
     model: str,
     path: Path,
     out: Path,
-    stages: int | None,
-    memory: _MemoryOptions,
-    imports: Sequence[str],
+    options: ResolveOptions,
+    budgets: tuple[int, ...] | None,
     progress: Callable[[str], None] | None,
-    unsafe_deserialization: bool,
 ) -> Manifest:
     from shards.actor.tflog import import_tensorflow
 
@@ -143,25 +156,17 @@ def _partition(
     return partition_to_bundle(
         source,
         out,
-        stages=stages,
-        max_stage_bytes=memory.budgets,
-        imports=imports,
+        stages=options.stages,
+        max_stage_bytes=budgets,
+        imports=options.imports,
         source_name=name,
         progress=progress,
-        max_batch_size=memory.max_batch_size,
-        device_overhead_bytes=memory.overhead_bytes,
-        weight_dtype=memory.weight_dtype,
-        max_sequence_length=memory.max_sequence_length,
-        unsafe_deserialization=unsafe_deserialization,
+        max_batch_size=options.max_batch_size,
+        device_overhead_bytes=options.device_overhead_bytes,
+        weight_dtype=options.weight_dtype,
+        max_sequence_length=options.max_sequence_length,
+        unsafe_deserialization=options.unsafe_deserialization,
     )
-
-
-class _MemoryOptions(NamedTuple):
-    budgets: tuple[int, ...] | None
-    max_batch_size: int
-    overhead_bytes: int | None
-    weight_dtype: str | None
-    max_sequence_length: int | None
 
 
 def _check_length(path: Path, manifest: Manifest, requested: int | None) -> None:

@@ -30,6 +30,14 @@ def add_version(root: Path, name: str, version: int, model: keras.Model | None) 
     staged.rename(root / name / str(version))
 
 
+def first_versions(root: Path, models: dict[str, tuple[keras.Model, str]]) -> Path:
+    """A repository at ``root``: each model's version 1 and its ``config.toml``."""
+    for name, (model, config) in models.items():
+        add_version(root, name, 1, model)
+        (root / name / "config.toml").write_text(config)
+    return root
+
+
 async def until(check: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while not check():

@@ -16,6 +16,7 @@ import pytest
 import ray
 
 from shards.partition.demo_models import build_demo
+from tests.e2e.inprocess import app_in_process
 from tests.serverproc import free_ports
 
 TINY = np.arange(16, dtype=np.float32).reshape(2, 8) / 10
@@ -46,10 +47,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def test_a_repository_serves_loads_and_unloads_models_and_versions(
     repository: Path, ray_address: str, tmp_path: Path
 ) -> None:
-    from asgi_lifespan import LifespanManager
     from tritonclient.grpc.aio import InferenceServerClient
 
-    from serving.server.app import create_app
     from serving.settings.config import Settings
 
     (grpc_port,) = free_ports(1)
@@ -65,60 +64,53 @@ async def test_a_repository_serves_loads_and_unloads_models_and_versions(
         cpus_per_shard=1,
         max_sequence_length=16,
     )
-    app = create_app(settings)
-    async with LifespanManager(app, startup_timeout=30, shutdown_timeout=60) as manager:
-        state = app.state.shardserve
-        await asyncio.wait_for(asyncio.gather(*(m.wait_load() for m in state.served())), 120)
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with app_in_process(settings) as (state, client):
 
-            async def predict(path: str, rows: np.ndarray) -> httpx.Response:
-                body = {"instances": rows.tolist()}
-                url = path if path == "/predict" else f"{path}:predict"
-                return await client.post(url, json=body, timeout=60)
+        async def predict(path: str, rows: np.ndarray) -> httpx.Response:
+            body = {"instances": rows.tolist()}
+            url = path if path == "/predict" else f"{path}:predict"
+            return await client.post(url, json=body, timeout=60)
 
-            async def index() -> dict[tuple[str, str], tuple[str, str]]:
-                r = await client.post("/v2/repository/index", json={})
-                assert r.status_code == 200, r.text
-                return {
-                    (e["name"], e.get("version", "")): (e["state"], e["reason"]) for e in r.json()
-                }
+        async def index() -> dict[tuple[str, str], tuple[str, str]]:
+            r = await client.post("/v2/repository/index", json={})
+            assert r.status_code == 200, r.text
+            return {(e["name"], e.get("version", "")): (e["state"], e["reason"]) for e in r.json()}
 
-            tiny, tokens, stable = await asyncio.gather(
-                predict("/v1/models/tiny", TINY),
-                predict("/v1/models/tokens/versions/1", TOKENS),
-                predict("/v1/models/tokens/labels/stable", TOKENS),
-            )
-            first = await index()
-            # Its stage actors, to see them end (the runner drops its handles at close).
-            actors = [a for p in state.model("tiny").runner._pipelines for a in p.actors]
+        tiny, tokens, stable = await asyncio.gather(
+            predict("/v1/models/tiny", TINY),
+            predict("/v1/models/tokens/versions/1", TOKENS),
+            predict("/v1/models/tokens/labels/stable", TOKENS),
+        )
+        first = await index()
+        # Its stage actors, to see them end (the runner drops its handles at close).
+        actors = [a for p in state.model("tiny").runner._pipelines for a in p.actors]
 
-            unload = asyncio.create_task(
-                client.post("/v2/repository/models/tiny/unload", headers=AUTH, timeout=60)
-            )
-            during = await asyncio.gather(*(predict("/predict", TOKENS) for _ in range(4)))
-            unloaded = await asyncio.wait_for(unload, 60)
-            gone = await predict("/v1/models/tiny", TINY)
-            held = await index()
+        unload = asyncio.create_task(
+            client.post("/v2/repository/models/tiny/unload", headers=AUTH, timeout=60)
+        )
+        during = await asyncio.gather(*(predict("/predict", TOKENS) for _ in range(4)))
+        unloaded = await asyncio.wait_for(unload, 60)
+        gone = await predict("/v1/models/tiny", TINY)
+        held = await index()
 
-            # Load it back through gRPC, as tritonclient does.
-            grpc_client = InferenceServerClient(f"127.0.0.1:{grpc_port}")
-            try:
-                await grpc_client.load_model("tiny", headers={"authorization": f"Bearer {TOKEN}"})
-            finally:
-                await grpc_client.close()
-            back = await predict("/v1/models/tiny", TINY)
+        # Load it back through gRPC, as tritonclient does.
+        grpc_client = InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        try:
+            await grpc_client.load_model("tiny", headers={"authorization": f"Bearer {TOKEN}"})
+        finally:
+            await grpc_client.close()
+        back = await predict("/v1/models/tiny", TINY)
 
-            # The half-written version becomes whole: polling serves it (policy latest, n=1).
-            whole = repository / "tokens" / "1" / "tokens.keras"
-            staged = repository / "tokens" / ".incoming.keras"
-            staged.write_bytes(whole.read_bytes())
-            staged.replace(repository / "tokens" / "2" / "tokens.keras")
-            await state.repository.poll_once()
-            await asyncio.wait_for(state.model("tokens", "2").wait_load(), 120)
-            second = await predict("/v1/models/tokens/versions/2", TOKENS)
-            last = await index()
-            ready = await client.get("/readyz")
+        # The half-written version becomes whole: polling serves it (policy latest, n=1).
+        whole = repository / "tokens" / "1" / "tokens.keras"
+        staged = repository / "tokens" / ".incoming.keras"
+        staged.write_bytes(whole.read_bytes())
+        staged.replace(repository / "tokens" / "2" / "tokens.keras")
+        await state.repository.poll_once()
+        await asyncio.wait_for(state.model("tokens", "2").wait_load(), 120)
+        second = await predict("/v1/models/tokens/versions/2", TOKENS)
+        last = await index()
+        ready = await client.get("/readyz")
 
     want_tiny = np.asarray(build_demo("demo-tiny")(TINY))
     want_tokens = np.asarray(build_demo("demo-tokens")(TOKENS))

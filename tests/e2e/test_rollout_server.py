@@ -8,7 +8,6 @@ version fails throughout."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,8 @@ import pytest
 import ray
 
 from shards.partition.demo_models import build_demo
-from tests.e2e.repository_app import DEADLINE_S, add_version, repository_settings, until
+from tests.e2e.inprocess import app_in_process
+from tests.e2e.repository_app import add_version, first_versions, repository_settings, until
 
 ROW = [3, 14, 55, 9]  # 55: outside version 2's 20 ids
 CONFIG = """stages = 1
@@ -49,62 +49,46 @@ def actors(model: Any) -> list[Any]:
 
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
-    root = tmp_path / "repository"
-    add_version(root, "m", 1, build_demo("demo-tokens"))
-    (root / "m" / "config.toml").write_text(CONFIG)
-    return root
+    return first_versions(tmp_path / "repository", {"m": (build_demo("demo-tokens"), CONFIG)})
 
 
 async def test_a_failing_canary_rolls_back_and_a_good_one_is_promoted_on_its_own(
     repository: Path, ray_address: str, tmp_path: Path
 ) -> None:
-    from asgi_lifespan import LifespanManager
-
-    from serving.server.app import create_app
-
     settings = repository_settings(repository, ray_address, tmp_path / "cache", 1)
     want = np.asarray(build_demo("demo-tokens")(np.array([ROW], np.int32)))
-    app = create_app(settings)
-    async with LifespanManager(app, startup_timeout=30, shutdown_timeout=60) as manager:
-        state = app.state.shardserve
-        await asyncio.wait_for(state.model("m").wait_load(), DEADLINE_S)
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with app_in_process(settings) as (state, client):
 
-            async def send(n: int) -> list[httpx.Response]:
-                body = {"instances": [ROW]}
-                return [await client.post("/v1/models/m:predict", json=body) for _ in range(n)]
+        async def send(n: int) -> list[httpx.Response]:
+            body = {"instances": [ROW]}
+            return [await client.post("/v1/models/m:predict", json=body) for _ in range(n)]
 
-            async def index() -> dict[str, tuple[str, str]]:
-                found = (await client.post("/v2/repository/index", json={})).json()
-                return {e["version"]: (e["state"], e["reason"]) for e in found}
+        async def index() -> dict[str, tuple[str, str]]:
+            found = (await client.post("/v2/repository/index", json={})).json()
+            return {e["version"]: (e["state"], e["reason"]) for e in found}
 
-            add_version(repository, "m", 2, narrow_tokens())
-            await state.repository.poll_once()
-            await until(
-                lambda: state.repository.rollouts["m"].canary == "2", "version 2 the canary"
-            )
-            during = await send(20)
-            rolled = state.repository.rollouts["m"]
-            rolled_back = (rolled.state, rolled.weights, rolled.reason)
-            after_rollback = await index()
-            metrics = (await client.get("/metrics")).text
-            # Their stage actors, to see them end (a runner drops its handles at close).
-            v1_actors, v2_actors = actors(state.model("m", "1")), actors(state.model("m", "2"))
+        add_version(repository, "m", 2, narrow_tokens())
+        await state.repository.poll_once()
+        await until(lambda: state.repository.rollouts["m"].canary == "2", "version 2 the canary")
+        during = await send(20)
+        rolled = state.repository.rollouts["m"]
+        rolled_back = (rolled.state, rolled.weights, rolled.reason)
+        after_rollback = await index()
+        metrics = (await client.get("/metrics")).text
+        # Their stage actors, to see them end (a runner drops its handles at close).
+        v1_actors, v2_actors = actors(state.model("m", "1")), actors(state.model("m", "2"))
 
-            add_version(repository, "m", 3, build_demo("demo-tokens"))
-            await state.repository.poll_once()
-            await until(
-                lambda: state.repository.rollouts["m"].canary == "3", "version 3 the canary"
-            )
-            promoted: list[httpx.Response] = []
-            while state.repository.rollouts["m"].stable != "3":  # auto: after a whole window
-                assert len(promoted) < 2000, "version 3 was not promoted"
-                promoted += await send(4)
-            await until(lambda: list(state.models["m"]) == ["3"], "versions 1 and 2 unloaded")
+        add_version(repository, "m", 3, build_demo("demo-tokens"))
+        await state.repository.poll_once()
+        await until(lambda: state.repository.rollouts["m"].canary == "3", "version 3 the canary")
+        promoted: list[httpx.Response] = []
+        while state.repository.rollouts["m"].stable != "3":  # auto: after a whole window
+            assert len(promoted) < 2000, "version 3 was not promoted"
             promoted += await send(4)
-            final = await index()
-            labels = dict(state.labels["m"])
+        await until(lambda: list(state.models["m"]) == ["3"], "versions 1 and 2 unloaded")
+        promoted += await send(4)
+        final = await index()
+        labels = dict(state.labels["m"])
 
     codes = [r.status_code for r in during]
     assert codes[:12] == [200, 422] * 6 and codes[12:] == [200] * 8, codes

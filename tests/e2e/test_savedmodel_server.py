@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from serving.version.life import VersionState
+from tests.e2e.inprocess import app_in_process
 
 W = (np.arange(12, dtype=np.float32).reshape(3, 4) - 5.0) / 7.0
 B = np.array([0.5, -1.0, 2.0, 0.25], dtype=np.float32)
@@ -58,9 +59,6 @@ def module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def _serving(
     model: Path, ray_address: str, cache: Path
 ) -> AsyncIterator[tuple[httpx.AsyncClient, object]]:
-    from asgi_lifespan import LifespanManager
-
-    from serving.server.app import create_app
     from serving.settings.config import Settings
 
     settings = Settings(
@@ -71,13 +69,10 @@ async def _serving(
         batch_timeout_ms=0,
         cpus_per_shard=1,
     )
-    app = create_app(settings)
-    async with LifespanManager(app, startup_timeout=30, shutdown_timeout=60) as manager:
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            model = app.state.shardserve.model()
-            await model.until_loaded()
-            yield client, model
+    async with app_in_process(settings) as (state, client):
+        model = state.model()
+        await model.until_loaded()
+        yield client, model
 
 
 async def test_tf_module_savedmodel_serves_predict_and_v2(

@@ -18,13 +18,13 @@ import json
 import time
 from pathlib import Path
 
-import httpx
 import keras
 import pytest
 
 from serving.version.life import VersionState
 from shards.partition.demo_models import build_demo
-from tests.e2e.repository_app import DEADLINE_S, add_version, repository_settings, until
+from tests.e2e.inprocess import app_in_process
+from tests.e2e.repository_app import add_version, first_versions, repository_settings, until
 
 ROW = [3, 14, 5, 9]
 SLOW_CONFIG = """stages = 1
@@ -79,87 +79,71 @@ def cache_view(cache_dir: Path, root: Path) -> tuple[dict[str, str], list[str]]:
 
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
-    root = tmp_path / "repository"
     tokens = build_demo("demo-tokens")
-    add_version(root, "plain", 1, tokens)
-    (root / "plain" / "config.toml").write_text("stages = 1\n")
     stable = build_demo("demo-tokens")
     # Weights of its own, so a bundle of its own: plain's version 1 then shares its bundle with
     # no other version, and the cache frees it once that version is retired.
     logits = stable.get_layer("logits")
     logits.bias.assign(logits.bias + 1.0)
-    add_version(root, "slow", 1, stable)
-    (root / "slow" / "config.toml").write_text(SLOW_CONFIG)
-    return root
+    models = {"plain": (tokens, "stages = 1\n"), "slow": (stable, SLOW_CONFIG)}
+    return first_versions(tmp_path / "repository", models)
 
 
 async def test_a_switch_under_load_drops_nothing_and_a_slow_canary_rolls_back(
     repository: Path, ray_address: str, tmp_path: Path
 ) -> None:
-    from asgi_lifespan import LifespanManager
-
-    from serving.server.app import create_app
-
     settings = repository_settings(repository, ray_address, tmp_path / "cache", 0.5)
     body = {"inputs": [{"name": "tokens", "shape": [1, 4], "datatype": "INT32", "data": ROW}]}
-    app = create_app(settings)
-    async with LifespanManager(app, startup_timeout=30, shutdown_timeout=60) as manager:
-        state = app.state.shardserve
-        for name in ("plain", "slow"):
-            await asyncio.wait_for(state.model(name).wait_load(), DEADLINE_S)
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with app_in_process(settings) as (state, client):
 
-            async def infer(name: str) -> tuple[float, int, str]:
-                sent = time.monotonic()
-                reply = await client.post(f"/v2/models/{name}/infer", json=body)
-                version = reply.json().get("model_version", "") if reply.status_code == 200 else ""
-                return sent, reply.status_code, version or reply.text
+        async def infer(name: str) -> tuple[float, int, str]:
+            sent = time.monotonic()
+            reply = await client.post(f"/v2/models/{name}/infer", json=body)
+            version = reply.json().get("model_version", "") if reply.status_code == 200 else ""
+            return sent, reply.status_code, version or reply.text
 
-            answers: list[tuple[float, int, str]] = []
-            switched: list[float] = []
-            done = asyncio.Event()
+        answers: list[tuple[float, int, str]] = []
+        switched: list[float] = []
+        done = asyncio.Event()
 
-            async def keep_sending() -> None:
-                while not done.is_set():
-                    answers.append(await infer("plain"))
+        async def keep_sending() -> None:
+            while not done.is_set():
+                answers.append(await infer("plain"))
 
-            clients = [asyncio.create_task(keep_sending()) for _ in range(2)]
-            await until(lambda: len(answers) >= 10, "answers from version 1")
-            add_version(repository, "plain", 2, build_demo("demo-tokens"))
-            await state.repository.poll_once()
-            await until(lambda: list(state.models["plain"]) == ["2"], "version 1 unloaded")
-            switched.append(time.monotonic())
-            await until(lambda: len([a for a in answers if a[0] > switched[0]]) >= 10, "after")
-            done.set()
-            await asyncio.gather(*clients)
-            # Version 1's bundle is no longer served: the cache lists it free, a prune takes it.
-            cached = cache_view(settings.cache_dir, repository)
+        clients = [asyncio.create_task(keep_sending()) for _ in range(2)]
+        await until(lambda: len(answers) >= 10, "answers from version 1")
+        add_version(repository, "plain", 2, build_demo("demo-tokens"))
+        await state.repository.poll_once()
+        await until(lambda: list(state.models["plain"]) == ["2"], "version 1 unloaded")
+        switched.append(time.monotonic())
+        await until(lambda: len([a for a in answers if a[0] > switched[0]]) >= 10, "after")
+        done.set()
+        await asyncio.gather(*clients)
+        # Version 1's bundle is no longer served: the cache lists it free, a prune takes it.
+        cached = cache_view(settings.cache_dir, repository)
 
-            add_version(repository, "plain", 3, None)
-            await state.repository.poll_once()
-            await until(
-                lambda: state.model("plain", "3").state is not VersionState.LOADING,
-                "version 3 failed",
-            )
-            after_failure = [await infer("plain") for _ in range(3)]
-            index = {
-                (e["name"], e["version"]): (e["state"], e["reason"])
-                for e in (await client.post("/v2/repository/index", json={})).json()
-            }
+        add_version(repository, "plain", 3, None)
+        await state.repository.poll_once()
+        await until(
+            lambda: state.model("plain", "3").state is not VersionState.LOADING,
+            "version 3 failed",
+        )
+        after_failure = [await infer("plain") for _ in range(3)]
+        index = {
+            (e["name"], e["version"]): (e["state"], e["reason"])
+            for e in (await client.post("/v2/repository/index", json={})).json()
+        }
 
-            add_version(repository, "slow", 2, slow_tokens())
-            await state.repository.poll_once()
-            await until(
-                lambda: state.repository.rollouts["slow"].canary == "2", "version 2 the canary"
-            )
-            slow: list[tuple[float, int, str]] = []
-            while state.repository.rollouts["slow"].state != "rolled_back":
-                assert len(slow) < 300, "the slow canary was not rolled back"
-                slow.append(await infer("slow"))
-            rolled = state.repository.rollouts["slow"]
-            rolled_back = (rolled.weights, rolled.reason or "")
-            metrics = (await client.get("/metrics")).text
+        add_version(repository, "slow", 2, slow_tokens())
+        await state.repository.poll_once()
+        await until(lambda: state.repository.rollouts["slow"].canary == "2", "version 2 the canary")
+        slow: list[tuple[float, int, str]] = []
+        while state.repository.rollouts["slow"].state != "rolled_back":
+            assert len(slow) < 300, "the slow canary was not rolled back"
+            slow.append(await infer("slow"))
+        rolled = state.repository.rollouts["slow"]
+        rolled_back = (rolled.weights, rolled.reason or "")
+        metrics = (await client.get("/metrics")).text
 
     failed = [a for a in answers + slow if a[1] != 200]
     assert not failed, failed[:5]

@@ -17,10 +17,10 @@ import asyncio, json, tempfile
 from pathlib import Path
 import ray
 from shards.pipeline.replica_set import ReplicaSet, PipelineOptions
-from shards.bundle.resolve import resolve_bundle
+from shards.bundle.resolve import ResolveOptions, resolve_bundle
 
 ray.init(address="local", include_dashboard=False)
-bundle = resolve_bundle("demo-mlp", stages=1, max_stage_bytes=None, cache_dir=Path(tempfile.mkdtemp()))
+bundle = resolve_bundle("demo-mlp", ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=Path(tempfile.mkdtemp())))
 
 async def main():
     group = await ReplicaSet.create(bundle, PipelineOptions(batch_sizes=(32,)))

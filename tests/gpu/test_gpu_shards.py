@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import ray
 from shards.pipeline.replica_set import ReplicaSet, PipelineOptions
-from shards.bundle.resolve import resolve_bundle
+from shards.bundle.resolve import ResolveOptions, resolve_bundle
 
 ray.init(address="local", include_dashboard=False)
 stages = max(1, min(2, int(ray.cluster_resources().get("GPU", 0))))
-bundle = resolve_bundle("demo-tiny", stages=stages, max_stage_bytes=None, cache_dir=Path(tempfile.mkdtemp()))
+bundle = resolve_bundle("demo-tiny", ResolveOptions(stages=stages, max_stage_bytes=None, cache_dir=Path(tempfile.mkdtemp())))
 
 async def main():
     group = await ReplicaSet.create(bundle, PipelineOptions(batch_sizes=(1, 4)))

@@ -19,6 +19,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from serving.server.app import create_app
 from serving.settings.config import Settings
 from shards.bundle.remote import resolve_bundle_remote
+from shards.bundle.resolve import ResolveOptions
 from shards.cluster import pending_placement
 from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_tiny
@@ -52,7 +53,9 @@ async def test_the_resolve_task_runs_while_every_cpu_is_held(
     every_cpu_held: float, bundle: Path, tmp_path: Path
 ) -> None:
     resolved = await asyncio.wait_for(
-        resolve_bundle_remote(str(bundle), stages=None, max_stage_bytes=None, cache_dir=tmp_path),
+        resolve_bundle_remote(
+            str(bundle), ResolveOptions(stages=None, max_stage_bytes=None, cache_dir=tmp_path)
+        ),
         30,
     )
 

@@ -7,11 +7,12 @@ from pathlib import Path
 from shards.bundle import cache
 from shards.bundle.format import read_manifest
 from shards.bundle.remote import resolve_bundle_remote
+from shards.bundle.resolve import ResolveOptions
 
 
 async def test_resolve_bundle_remote_writes_a_bundle(ray_address: str, tmp_path: Path) -> None:
     bundle = await resolve_bundle_remote(
-        "demo-tiny", stages=2, max_stage_bytes=None, imports=(), cache_dir=tmp_path
+        "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, imports=(), cache_dir=tmp_path)
     )
 
     assert bundle.is_relative_to(tmp_path)

@@ -14,7 +14,7 @@ import shards.partition.cut
 from shards.bundle import cache
 from shards.bundle.fingerprint import built_with
 from shards.bundle.format import BundleError, read_manifest
-from shards.bundle.resolve import DEMO_NAMES, ResolveError, resolve_bundle
+from shards.bundle.resolve import DEMO_NAMES, ResolveError, ResolveOptions, resolve_bundle
 from shards.partition.cut import partition_to_bundle, run_chain
 from shards.partition.demo_models import DEMO_MODELS, build_demo
 from tests.shards.model_zoo import small_bert
@@ -39,8 +39,12 @@ def test_demo_names_match_the_demo_models() -> None:
 def test_demo_model_is_partitioned_once_then_reused(
     tmp_path: Path, partition_calls: list[Any]
 ) -> None:
-    first = resolve_bundle("demo-tiny", stages=2, max_stage_bytes=None, cache_dir=tmp_path)
-    second = resolve_bundle("demo-tiny", stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    first = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    )
+    second = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    )
     assert first == second
     assert len(partition_calls) == 1
     manifest = read_manifest(first)
@@ -53,8 +57,12 @@ def test_demo_model_is_partitioned_once_then_reused(
 
 
 def test_other_options_get_another_cache_entry(tmp_path: Path, partition_calls: list[Any]) -> None:
-    two = resolve_bundle("demo-tiny", stages=2, max_stage_bytes=None, cache_dir=tmp_path)
-    three = resolve_bundle("demo-tiny", stages=3, max_stage_bytes=None, cache_dir=tmp_path)
+    two = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    )
+    three = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=3, max_stage_bytes=None, cache_dir=tmp_path)
+    )
     assert two != three
     assert len(read_manifest(three).stages) == 3
     assert len(partition_calls) == 2
@@ -64,12 +72,16 @@ def test_another_max_sequence_length_gets_another_cache_entry(
     tmp_path: Path, partition_calls: list[Any]
 ) -> None:
     short = resolve_bundle(
-        "demo-tiny", stages=1, max_stage_bytes=None, cache_dir=tmp_path, max_sequence_length=64
+        "demo-tiny",
+        ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=tmp_path, max_sequence_length=64),
     )
     again = resolve_bundle(
-        "demo-tiny", stages=1, max_stage_bytes=None, cache_dir=tmp_path, max_sequence_length=64
+        "demo-tiny",
+        ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=tmp_path, max_sequence_length=64),
     )
-    long = resolve_bundle("demo-tiny", stages=1, max_stage_bytes=None, cache_dir=tmp_path)
+    long = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=tmp_path)
+    )
     assert short == again != long
     assert len(partition_calls) == 2
     plans = [read_manifest(b).stages[0].memory for b in (short, long)]
@@ -85,21 +97,31 @@ def test_a_model_with_its_own_bound_is_planned_at_it_and_a_longer_length_refused
     model = tmp_path / "bert.keras"
     small_bert(32).save(model)
     cache_dir = tmp_path / "cache"
-    bundle = resolve_bundle(str(model), stages=1, max_stage_bytes=None, cache_dir=cache_dir)
+    bundle = resolve_bundle(
+        str(model), ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=cache_dir)
+    )
     manifest = read_manifest(bundle)
     assert manifest.signature.max_length == 32
     assert [s.memory.sequence_length for s in manifest.stages if s.memory] == [32]
     with pytest.raises(ValueError, match="max_sequence_length=64 is over 32"):
         resolve_bundle(
-            str(model), stages=1, max_stage_bytes=None, cache_dir=cache_dir, max_sequence_length=64
+            str(model),
+            ResolveOptions(
+                stages=1, max_stage_bytes=None, cache_dir=cache_dir, max_sequence_length=64
+            ),
         )
     with pytest.raises(ResolveError, match=r"max_sequence_length=64 is over 32, the longest"):
         resolve_bundle(
-            str(bundle), stages=None, max_stage_bytes=None, cache_dir=cache_dir,
-            max_sequence_length=64,
-        )  # fmt: skip
+            str(bundle),
+            ResolveOptions(
+                stages=None, max_stage_bytes=None, cache_dir=cache_dir, max_sequence_length=64
+            ),
+        )
     shorter = resolve_bundle(
-        str(bundle), stages=None, max_stage_bytes=None, cache_dir=cache_dir, max_sequence_length=16
+        str(bundle),
+        ResolveOptions(
+            stages=None, max_stage_bytes=None, cache_dir=cache_dir, max_sequence_length=16
+        ),
     )
     assert shorter == bundle
 
@@ -118,15 +140,21 @@ def test_keras_file_is_cached_by_content(tmp_path: Path, partition_calls: list[A
     model = build_demo("demo-tiny")
     model.save(path)
     cache_dir = tmp_path / "cache"
-    first = resolve_bundle(str(path), stages=2, max_stage_bytes=None, cache_dir=cache_dir)
-    again = resolve_bundle(str(path), stages=2, max_stage_bytes=None, cache_dir=cache_dir)
+    first = resolve_bundle(
+        str(path), ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=cache_dir)
+    )
+    again = resolve_bundle(
+        str(path), ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=cache_dir)
+    )
     assert first == again and first.parent == cache_dir
     assert len(partition_calls) == 1
     assert read_manifest(first).source == "tiny.keras"
     # New weights in the same file: a new bundle, and its answers are the new model's.
     model.set_weights([w * 2 + 0.1 for w in model.get_weights()])
     model.save(path)
-    changed = resolve_bundle(str(path), stages=2, max_stage_bytes=None, cache_dir=cache_dir)
+    changed = resolve_bundle(
+        str(path), ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=cache_dir)
+    )
     assert changed != first and len(partition_calls) == 2
     rows = np.linspace(-1, 1, 2 * 8, dtype="float32").reshape(2, 8)
     np.testing.assert_allclose(_answers(changed), model.predict(rows, verbose=0), rtol=1e-5)
@@ -140,7 +168,9 @@ def test_savedmodel_whose_variables_alone_change_gets_new_answers(tmp_path: Path
     saved = tmp_path / "sm"
     build_demo("demo-tiny").export(str(saved), verbose=False)
     cache_dir = tmp_path / "cache"
-    first = resolve_bundle(str(saved), stages=None, max_stage_bytes=None, cache_dir=cache_dir)
+    first = resolve_bundle(
+        str(saved), ResolveOptions(stages=None, max_stage_bytes=None, cache_dir=cache_dir)
+    )
     assert read_manifest(first).stages[0].file.endswith(".savedmodel")
     graph = (saved / "saved_model.pb").read_bytes()
     loaded = tf.saved_model.load(str(saved))
@@ -151,7 +181,9 @@ def test_savedmodel_whose_variables_alone_change_gets_new_answers(tmp_path: Path
     rows = tf.constant(np.linspace(-1, 1, 2 * 8, dtype="float32").reshape(2, 8))
     (want,) = loaded.signatures["serving_default"](rows).values()
 
-    second = resolve_bundle(str(saved), stages=None, max_stage_bytes=None, cache_dir=cache_dir)
+    second = resolve_bundle(
+        str(saved), ResolveOptions(stages=None, max_stage_bytes=None, cache_dir=cache_dir)
+    )
     assert second != first
     np.testing.assert_allclose(_answers(second), want.numpy(), rtol=1e-5)
     assert not np.allclose(_answers(second), _answers(first))
@@ -161,22 +193,31 @@ def test_savedmodel_whose_variables_alone_change_gets_new_answers(tmp_path: Path
 def test_a_bundle_cut_by_other_code_is_not_reused(
     tmp_path: Path, partition_calls: list[Any], monkeypatch: pytest.MonkeyPatch, part: str
 ) -> None:
-    first = resolve_bundle("demo-tiny", stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    first = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    )
     other = {**built_with(), part: "other"}
     monkeypatch.setattr(shards.bundle.resolve, "built_with", lambda: other)
-    second = resolve_bundle("demo-tiny", stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    second = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    )
     assert second != first
     assert len(partition_calls) == 2
 
 
 def test_cache_is_pruned_to_its_bound_but_never_a_served_bundle(tmp_path: Path) -> None:
-    one = resolve_bundle("demo-tiny", stages=1, max_stage_bytes=None, cache_dir=tmp_path)
-    two = resolve_bundle("demo-tiny", stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    one = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=tmp_path)
+    )
+    two = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    )
     os.utime(two, (1e9, 1e9))  # served, and the least recently used
     assert cache.hold(two)
     try:
         three = resolve_bundle(
-            "demo-tiny", stages=3, max_stage_bytes=None, cache_dir=tmp_path, cache_max_bytes=1
+            "demo-tiny",
+            ResolveOptions(stages=3, max_stage_bytes=None, cache_dir=tmp_path, cache_max_bytes=1),
         )
     finally:
         cache.release(two)
@@ -188,7 +229,9 @@ def test_cache_is_pruned_to_its_bound_but_never_a_served_bundle(tmp_path: Path) 
 def test_bundle_directory_is_used_as_is(tmp_path: Path, partition_calls: list[Any]) -> None:
     bundle = tmp_path / "b"
     partition_to_bundle(build_demo("demo-tiny"), bundle, stages=2)
-    got = resolve_bundle(str(bundle), stages=2, max_stage_bytes=None, cache_dir=tmp_path / "c")
+    got = resolve_bundle(
+        str(bundle), ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path / "c")
+    )
     assert got == bundle
     assert partition_calls == []
 
@@ -200,9 +243,11 @@ def test_a_bundles_own_imports_need_the_operators_consent(tmp_path: Path) -> Non
     partition_to_bundle(build_demo("demo-tiny"), bundle, stages=1, imports=["colorsys"])
     args: dict[str, Any] = {"stages": None, "max_stage_bytes": None, "cache_dir": tmp_path / "c"}
     with pytest.raises(BundleError, match=r"asks to import 'colorsys'.*--import colorsys"):
-        resolve_bundle(str(bundle), **args)
-    assert resolve_bundle(str(bundle), imports=["colorsys"], **args) == bundle
-    assert resolve_bundle(str(bundle), unsafe_deserialization=True, **args) == bundle
+        resolve_bundle(str(bundle), ResolveOptions(**args))
+    assert resolve_bundle(str(bundle), ResolveOptions(imports=["colorsys"], **args)) == bundle
+    assert (
+        resolve_bundle(str(bundle), ResolveOptions(unsafe_deserialization=True, **args)) == bundle
+    )
 
 
 def test_a_cache_directory_others_can_write_to_is_refused(tmp_path: Path) -> None:
@@ -210,14 +255,18 @@ def test_a_cache_directory_others_can_write_to_is_refused(tmp_path: Path) -> Non
     shared.mkdir()
     shared.chmod(0o777)
     with pytest.raises(BundleError, match=r"cache directory .*shared' is not private"):
-        resolve_bundle("demo-tiny", stages=1, max_stage_bytes=None, cache_dir=shared)
+        resolve_bundle(
+            "demo-tiny", ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=shared)
+        )
     assert list(shared.iterdir()) == []  # refused before anything was read or written there
 
 
 def test_bundle_with_other_stage_count_is_an_error(tmp_path: Path) -> None:
     partition_to_bundle(build_demo("demo-tiny"), tmp_path / "b", stages=2)
     with pytest.raises(ResolveError, match=r"has 2 stages but stages=3 was asked"):
-        resolve_bundle(str(tmp_path / "b"), stages=3, max_stage_bytes=None, cache_dir=tmp_path)
+        resolve_bundle(
+            str(tmp_path / "b"), ResolveOptions(stages=3, max_stage_bytes=None, cache_dir=tmp_path)
+        )
 
 
 def test_bundle_over_the_budget_is_an_error(tmp_path: Path) -> None:
@@ -225,25 +274,33 @@ def test_bundle_over_the_budget_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(
         ResolveError, match=r"stage 0 needs \d+ bytes at its peak \(1936 of weights\), over .*=1000"
     ):
-        resolve_bundle(str(tmp_path / "b"), stages=None, max_stage_bytes=1000, cache_dir=tmp_path)
+        resolve_bundle(
+            str(tmp_path / "b"),
+            ResolveOptions(stages=None, max_stage_bytes=1000, cache_dir=tmp_path),
+        )
 
 
 def test_unknown_name_lists_what_is_accepted(tmp_path: Path) -> None:
     with pytest.raises(ResolveError, match=r"'demo-nope' does not exist .*\.keras file.*demo-tiny"):
-        resolve_bundle("demo-nope", stages=None, max_stage_bytes=None, cache_dir=tmp_path)
+        resolve_bundle(
+            "demo-nope", ResolveOptions(stages=None, max_stage_bytes=None, cache_dir=tmp_path)
+        )
 
 
 def test_unservable_file_lists_what_is_accepted(tmp_path: Path) -> None:
     (tmp_path / "model.onnx").write_bytes(b"")
     with pytest.raises(ResolveError, match=r"cannot serve .*model.onnx'.*SavedModel directory"):
         resolve_bundle(
-            str(tmp_path / "model.onnx"), stages=None, max_stage_bytes=None, cache_dir=tmp_path
+            str(tmp_path / "model.onnx"),
+            ResolveOptions(stages=None, max_stage_bytes=None, cache_dir=tmp_path),
         )
 
 
 def test_failed_partition_leaves_no_cache_entry(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="more than the model's 3 cuttable nodes"):
-        resolve_bundle("demo-tiny", stages=7, max_stage_bytes=None, cache_dir=tmp_path)
+        resolve_bundle(
+            "demo-tiny", ResolveOptions(stages=7, max_stage_bytes=None, cache_dir=tmp_path)
+        )
     assert cache.entries(tmp_path) == []
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # nor a partial or its lock
 

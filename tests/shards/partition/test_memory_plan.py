@@ -191,21 +191,28 @@ def test_weights_served_in_16_bits_count_half() -> None:
 
 
 def test_resolve_partitions_to_one_stage_per_device_and_checks_a_bundle(tmp_path: Path) -> None:
-    from shards.bundle.resolve import resolve_bundle
+    from shards.bundle.resolve import ResolveOptions, resolve_bundle
     from shards.errors import ResolveError
 
     budgets = (700 * 2**20 + 100_000, 700 * 2**20 + 100_000)  # the CPU overhead + room
     path = resolve_bundle(
-        "demo-tiny", stages=None, max_stage_bytes=budgets, cache_dir=tmp_path, max_batch_size=4
+        "demo-tiny",
+        ResolveOptions(stages=None, max_stage_bytes=budgets, cache_dir=tmp_path, max_batch_size=4),
     )
     manifest = read_manifest(path)
     assert len(manifest.stages) == 2
     assert all(s.memory and s.memory.budget_bytes == budgets[0] for s in manifest.stages)
     # The bundle served as it is: checked against the budgets it is given.
-    assert resolve_bundle(str(path), stages=None, max_stage_bytes=budgets, cache_dir=tmp_path)
+    assert resolve_bundle(
+        str(path), ResolveOptions(stages=None, max_stage_bytes=budgets, cache_dir=tmp_path)
+    )
     with pytest.raises(ResolveError, match="lists 3 device budgets; give one per stage"):
-        resolve_bundle(str(path), stages=None, max_stage_bytes=(1, 2, 3), cache_dir=tmp_path)
+        resolve_bundle(
+            str(path), ResolveOptions(stages=None, max_stage_bytes=(1, 2, 3), cache_dir=tmp_path)
+        )
     with pytest.raises(
         ResolveError, match=r"stage 0 needs \d+ bytes at its peak .* over max_stage_bytes=1000"
     ):
-        resolve_bundle(str(path), stages=None, max_stage_bytes=1000, cache_dir=tmp_path)
+        resolve_bundle(
+            str(path), ResolveOptions(stages=None, max_stage_bytes=1000, cache_dir=tmp_path)
+        )
