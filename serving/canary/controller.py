@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from serving.canary.judge import judge
@@ -35,7 +35,6 @@ from serving.errors import ConflictError, NotFoundError
 if TYPE_CHECKING:
     from serving.canary.config import TrafficConfig
     from serving.metrics.series import Metrics
-    from serving.repository.source import ModelPlan
     from serving.version.served import ServedModel
 
 __all__ = ["Rollout", "RolloutState", "Rollouts"]
@@ -276,11 +275,14 @@ class Rollouts:
 
         model.metrics.add_routed_listener(answered)
 
-    def arrange(self, name: str, plan: ModelPlan | None) -> set[str]:
-        """Bring the roles in step with what serves; the versions the reconciler must keep."""
-        traffic = plan.traffic if plan is not None else None
+    def arrange(
+        self, name: str, traffic: TrafficConfig | None, selected: Collection[int]
+    ) -> set[str]:
+        """Bring the roles in step with what serves (``traffic``: the model's ``[traffic]``, or
+        None; ``selected``: the versions its policy selects); the versions the reconciler must
+        keep."""
         rollouts = self._rollouts
-        if plan is None or traffic is None:
+        if traffic is None:
             rollouts.pop(name, None)
             return set()
         served = self._models.get(name, {})
@@ -296,14 +298,14 @@ class Rollouts:
             if not ready:
                 rollouts.pop(name, None)
                 return set()
-            selected = [v for v in ready if int(v) in plan.selected]
-            stable = (selected or ready)[-1]
+            chosen = [v for v in ready if int(v) in selected]
+            stable = (chosen or ready)[-1]
             rollout = Rollout(name, stable, traffic, self._metrics, self._on_change)
             rollouts[name] = rollout
         rollout.reconfigure(traffic)
         if rollout.canary is not None and rollout.canary not in served:
             rollout.drop_canary()
-        newest = [v for v in ready if int(v) in plan.selected]
+        newest = [v for v in ready if int(v) in selected]
         candidate = newest[-1] if newest else None
         if candidate is not None and int(candidate) > int(rollout.canary or rollout.stable):
             rollout.start_canary(candidate)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from serving.repository.switch_queue import queue_factor
 from serving.settings.config import default_queue_rows
 
 if TYPE_CHECKING:
@@ -48,7 +47,7 @@ class BatchLimits:
         }
         if settings.max_queue_rows is None:
             rows = default_queue_rows(policy.max_batch_size, inflight)
-            wanted["max_queue_rows"] = max(rows, self._start_rows) * queue_factor(self.model)
+            wanted["max_queue_rows"] = max(rows, self._start_rows) * self.model.queue_factor
         changes = {k: v for k, v in wanted.items() if getattr(policy, k) != v}
         if changes:
             self.batcher.reconfigure(**changes)

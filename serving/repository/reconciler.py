@@ -350,7 +350,7 @@ class Reconciler:
         plan = self.plans.get(name)
         if plan is None or plan.error is not None or name in self.held:
             return []
-        keep = self.rollouts.arrange(name, plan) | self.rolling.keep(name)  # canary, switch
+        keep = self.rollouts.arrange(name, plan.traffic, plan.selected) | self.rolling.keep(name)
         self._publish(name)
         served = self.state.models.get(name, {})
         wanted = [version_state(served[str(v)])[0] for v in plan.selected if str(v) in served]

@@ -14,42 +14,36 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
-from weakref import WeakKeyDictionary
 
 if TYPE_CHECKING:
     from serving.version.served import ServedModel
 
-__all__ = ["SWITCH_QUEUE_FACTOR", "narrow_queues", "queue_factor", "widen_queues"]
+__all__ = ["SWITCH_QUEUE_FACTOR", "narrow_queues", "widen_queues"]
 
 SWITCH_QUEUE_FACTOR = 8
-# model -> (its rows before, its rows widened). Which loads are under way is the reconciler's
+# A version's rows before and while widened are its own field (``ServedModel.queue_widened``,
+# whose ``queue_factor`` the elastic limits read). Which loads are under way is the reconciler's
 # (``serving.repository.reconciler``): it narrows once none of the model is.
-_widened: WeakKeyDictionary[ServedModel, tuple[int, int]] = WeakKeyDictionary()
-
-
-def queue_factor(model: ServedModel) -> int:
-    """What the queue rows of ``model`` are multiplied by now (the scaling loop's limits too)."""
-    return SWITCH_QUEUE_FACTOR if model in _widened else 1
 
 
 def widen_queues(versions: Iterable[ServedModel], loading: ServedModel) -> None:
     """``loading`` begins to load: every other version of its model that serves holds more."""
     for model in versions:
         batcher = model.batcher
-        if model is loading or model in _widened or batcher is None:
+        if model is loading or model.queue_widened is not None or batcher is None:
             continue
         if model.settings.max_queue_rows is not None:
             continue  # the operator's size
         rows = batcher.settings.max_queue_rows
         widened = rows * SWITCH_QUEUE_FACTOR
         batcher.reconfigure(max_queue_rows=widened)
-        _widened[model] = (rows, widened)
+        model.queue_widened = (rows, widened)
 
 
 def narrow_queues(versions: Iterable[ServedModel]) -> None:
     """No load of their model is under way any more: the versions' own rows."""
     for model in list(versions):
-        rows = _widened.pop(model, None)
+        rows, model.queue_widened = model.queue_widened, None
         batcher = model.batcher
         # Left as it is where something else set it since (the admin route, the scaling loop).
         if rows is not None and batcher is not None and batcher.settings.max_queue_rows == rows[1]:

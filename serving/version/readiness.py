@@ -13,7 +13,7 @@ its requests can wait for it (a ``recovering`` condition).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from serving.batching.dispatch import SHUTTING_DOWN
 from serving.version.life import LOADING_STATES, VersionState
@@ -21,7 +21,6 @@ from serving.version.served import ServedModel
 
 if TYPE_CHECKING:
     from serving.http.model import IndexState
-    from serving.server.state import ServerState
 
 __all__ = ["NO_VERSION", "Readiness", "readiness", "version_state"]
 
@@ -45,7 +44,17 @@ class Readiness:
         return body
 
 
-def readiness(state: ServerState) -> Readiness:
+class Served(Protocol):
+    """What readiness reads of the server (``serving.server.state.ServerState``)."""
+
+    @property
+    def accepting(self) -> bool: ...
+    @property
+    def default_model(self) -> str | None: ...
+    def served(self) -> list[ServedModel]: ...
+
+
+def readiness(state: Served) -> Readiness:
     served = state.served()
     if not served:
         status: Status = "shutting down" if not state.accepting else "unavailable"

@@ -55,6 +55,9 @@ class ServedModel:
     batcher: Batcher | None = None  # set once the model is warm: from then on it is ready
     length_plan: LengthPlan | None = None  # the length padding in force, or why none (warm-up)
     scaling: ScaleStatus | None = None  # its replica bounds, target and why (once READY)
+    # Its queue rows before and while another version of its model loads (widened then by
+    # ``serving.repository.switch_queue``), or None.
+    queue_widened: tuple[int, int] | None = field(default=None, repr=False)
     # What serving.elastic keeps of this version (held by a switch, a fixed count, its scaler).
     scale_state: ScaleState = field(default_factory=ScaleState, repr=False)
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
@@ -112,6 +115,14 @@ class ServedModel:
     def metric_labels(self) -> dict[str, str]:
         """The labels that tell this version's series from another's."""
         return {"model": self.name, "version": self.version}
+
+    @property
+    def queue_factor(self) -> int:
+        """What its queue rows are multiplied by now (a switch of its model under way)."""
+        if self.queue_widened is None:
+            return 1
+        before, widened = self.queue_widened
+        return widened // max(before, 1)
 
     @property
     def batch_settings(self) -> BatchSettings | None:

@@ -14,7 +14,8 @@ FOLDERS_OF = ("serving", "shards")
 
 
 def _graph() -> grimp.ImportGraph:
-    return grimp.build_graph(*FOLDERS_OF, exclude_type_checking_imports=False)
+    # No cache: grimp's cache can hold a graph older than the files.
+    return grimp.build_graph(*FOLDERS_OF, exclude_type_checking_imports=False, cache_dir=None)
 
 
 def _folder(module: str) -> str:
