@@ -32,10 +32,21 @@ test: lint
 # own: tritonclient and the kserve SDK define the same `inference.*` messages in the default pool,
 # and a process importing both would fail with "duplicate symbol".
 PROTO := serving/protocols/v2/proto/grpc_service.proto
+# TF Serving's and TensorFlow's messages (packages `tensorflow`, `tensorflow.serving`): they import
+# each other, so they share ONE private pool (serving/protocols/tfserving/proto/__init__.py's POOL,
+# which holds the well-known types they import too), not a fresh pool per file; TensorFlow's own
+# tensor_pb2 and tensorflow-serving-api's stubs live in the default pool beside them.
+TFS_PROTO_DIR := serving/protocols/tfserving/proto
+TFS_PROTOS := $(wildcard $(TFS_PROTO_DIR)/*.proto)
+TFS_SERVICES := $(TFS_PROTO_DIR)/prediction_service.proto $(TFS_PROTO_DIR)/model_service.proto
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
 	perl -pi -e 's/_descriptor_pool\.Default\(\)\.AddSerializedFile/_descriptor_pool.DescriptorPool().AddSerializedFile/' $(PROTO:.proto=_pb2.py)
 	@grep -q 'DescriptorPool().AddSerializedFile' $(PROTO:.proto=_pb2.py)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. $(TFS_PROTOS)
+	$(BIN)/python -m grpc_tools.protoc -I. --grpc_python_out=. $(TFS_SERVICES)
+	perl -pi -e 's/_descriptor_pool\.Default\(\)\.AddSerializedFile/_tfs_pool.AddSerializedFile/; s/^(from google\.protobuf import descriptor_pool as _descriptor_pool)$$/$$1\nfrom serving.protocols.tfserving.proto import POOL as _tfs_pool/' $(TFS_PROTOS:.proto=_pb2.py)
+	@! grep -l '_descriptor_pool.Default()' $(TFS_PROTOS:.proto=_pb2.py)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

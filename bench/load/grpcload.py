@@ -8,6 +8,10 @@ call has a deadline, so a stuck server costs at most ``seconds + timeout``.
 ``--raw`` (``bench frontcpu``'s client, where the client's CPU must not crowd the front end's):
 the ``ModelInferRequest`` is serialized once and sent as those bytes on a bare ``grpc.aio``
 channel, its answers left unparsed: no protobuf and no tritonclient work per call.
+``--raw --tfserving``: the same with TF Serving's ``PredictRequest`` (each input a
+``TensorProto`` with ``tensor_content``, what ``tf.make_tensor_proto`` sends), to
+``tensorflow.serving.PredictionService/Predict``; serialized with the server's own compiled
+messages (``serving.protocols.tfserving.proto``), so the generator imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ async def closed_loop(
 
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+TF_PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
 
 def infer_request(model: str, inputs: dict[str, np.ndarray]) -> bytes:
@@ -86,12 +91,26 @@ def infer_request(model: str, inputs: dict[str, np.ndarray]) -> bytes:
     return bytes(request.SerializeToString())
 
 
+def predict_request(model: str, inputs: dict[str, np.ndarray]) -> bytes:
+    """One TF Serving ``PredictRequest`` for ``model``, its tensors as ``tensor_content``,
+    serialized."""
+    from serving.protocols.tfserving.proto import predict_pb2
+    from serving.protocols.tfserving.tensors import encode_tensor
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    for name, value in inputs.items():
+        encode_tensor(np.ascontiguousarray(value), request.inputs[name])
+    return bytes(request.SerializeToString())
+
+
 async def raw_closed_loop(
     url: str,
     request: bytes,
     concurrency: int,
     seconds: float,
     timeout_s: float = 30.0,
+    method: str = MODEL_INFER,
 ) -> LoadResult:
     """The closed loop of ``closed_loop`` with one pre-serialized request on a bare channel."""
     import grpc
@@ -101,7 +120,7 @@ async def raw_closed_loop(
     first_error = ""
     async with grpc.aio.insecure_channel(url) as channel:
         # No serializers: the request goes as its bytes, the answer comes back as bytes.
-        infer = channel.unary_unary(MODEL_INFER)
+        infer = channel.unary_unary(method)
         start = time.perf_counter()
         end = start + seconds
 
@@ -124,13 +143,21 @@ async def raw_closed_loop(
 
 
 def run(
-    url: str, model: str, inputs: Path, concurrency: int, seconds: float, raw: bool = False
+    url: str,
+    model: str,
+    inputs: Path,
+    concurrency: int,
+    seconds: float,
+    raw: bool = False,
+    tfserving: bool = False,
 ) -> LoadResult:
     """The generator in a child process: ``inputs`` (an .npz) sent to ``model`` at ``url``;
-    ``raw``: pre-serialized on a bare channel (``raw_closed_loop``)."""
+    ``raw``: pre-serialized on a bare channel (``raw_closed_loop``); ``tfserving``: as TF
+    Serving's ``Predict`` (pre-serialized too)."""
     args = ["--url", url, "--model", model, "--inputs", str(inputs)]
     args += ["--concurrency", str(concurrency), "--seconds", f"{seconds:g}"]
-    args += ["--raw"] if raw else []
+    args += ["--raw"] if raw or tfserving else []
+    args += ["--tfserving"] if tfserving else []
     return run_child("bench.load.grpcload", args, timeout_s=seconds + 120)
 
 
@@ -145,12 +172,18 @@ def main() -> None:
     parser.add_argument(
         "--raw", action="store_true", help="one pre-serialized request on a bare grpc.aio channel"
     )
+    parser.add_argument(
+        "--tfserving", action="store_true", help="with --raw: TF Serving's Predict, not ModelInfer"
+    )
     args = parser.parse_args()
     if args.concurrency < 1 or args.seconds <= 0:
         sys.exit("--concurrency must be >= 1 and --seconds > 0")
     with np.load(args.inputs) as data:
         inputs = {name: data[name] for name in data.files}
-    if args.raw:
+    if args.raw and args.tfserving:
+        request = predict_request(args.model, inputs)
+        loop = raw_closed_loop(args.url, request, args.concurrency, args.seconds, method=TF_PREDICT)
+    elif args.raw:
         request = infer_request(args.model, inputs)
         loop = raw_closed_loop(args.url, request, args.concurrency, args.seconds)
     else:

@@ -1,12 +1,18 @@
-"""``python -m bench protocols``: TF-Serving JSON, V2 JSON, V2 binary and V2 gRPC in one run.
+"""``python -m bench protocols``: TF-Serving JSON, V2 JSON, V2 binary, V2 gRPC and TF Serving
+gRPC in one run.
 
 Per workload, one shardserve server (1 stage, max batch 64) serving HTTP and gRPC, and the
 model's own ceiling (direct calls at batch 64, ``bench.systems.ceiling``) measured before the
 server starts and after it stops. Each protocol runs a closed loop against the same server, in
 an order rotated per round: wrk for the HTTP routes (``POST /predict``; ``POST
 /v2/models/{m}/infer`` with JSON, or with binary tensors and ``Inference-Header-Content-Length``;
-the bodies are ``loadtest.bodies.encode_body``'s), ``bench.load.grpcload`` (``tritonclient.grpc.aio``)
-for gRPC. Measured per protocol: req/s, p50/p99, and the front end's CPU per request: utime +
+the bodies are ``loadtest.bodies.encode_body``'s), ``bench.load.grpcload`` for gRPC:
+``grpc`` through ``tritonclient.grpc.aio``; ``grpc-raw`` (V2's ``ModelInfer``) and
+``tfserving-grpc`` (TF Serving's ``Predict``) each one request serialized once and sent as its
+bytes on a bare channel, so that neither pays the client's protobuf work. TF Serving gRPC against
+V2 gRPC and TF Serving REST on the heavy model, 3 alternating windows:
+``python -m bench protocols --workloads heavy --protocols tfserving,grpc-raw,tfserving-grpc
+--repeats 3``. Measured per protocol: req/s, p50/p99, and the front end's CPU per request: utime +
 stime of the server process (uvicorn, the batcher, Ray's driver side; not the shard actors) from
 ``/proc/<pid>/stat``, over the requests the server itself counted as answered in that window.
 
@@ -57,14 +63,15 @@ from bench.systems.shardserve import shardserve_spec
 from loadtest.bodies import encode_body, random_inputs, request_path
 
 HTTP_PROTOCOLS = ("tfserving", "v2-json", "v2-binary")
-PROTOCOLS = (*HTTP_PROTOCOLS, "grpc")
+GRPC_PROTOCOLS = ("grpc", "grpc-raw", "tfserving-grpc")
+PROTOCOLS = (*HTTP_PROTOCOLS, *GRPC_PROTOCOLS)
 _LATENCY_COUNT = "shardserve_request_latency_seconds_count"
 
 
 @dataclass(frozen=True)
 class ProtocolsPlan:
     workloads: tuple[str, ...] = ("heavy", "light")
-    protocols: tuple[str, ...] = PROTOCOLS
+    protocols: tuple[str, ...] = (*HTTP_PROTOCOLS, "grpc")
     clients: dict[str, int] = field(default_factory=lambda: {"heavy": 256, "light": 64})
     repeats: int = 2
     seconds: float = 10.0
@@ -102,7 +109,7 @@ def run_protocols(plan: ProtocolsPlan, progress: Progress = print) -> dict[str, 
     protocols = plan.protocols
     if not have_wrk() and set(protocols) & set(HTTP_PROTOCOLS):
         progress(f"note: wrk is missing, so only gRPC is measured; {WRK_INSTALL_HINT}")
-        protocols = tuple(p for p in protocols if p == "grpc")
+        protocols = tuple(p for p in protocols if p in GRPC_PROTOCOLS)
         if not protocols:
             raise SystemExit(f"nothing to measure without wrk; {WRK_INSTALL_HINT}")
     results: dict[str, Any] = {
@@ -156,9 +163,15 @@ def _measure(
         np.savez(inputs_file, **inputs)  # type: ignore[arg-type]
 
         def load(protocol: str, seconds: float) -> LoadResult:
-            if protocol == "grpc":
+            if protocol in GRPC_PROTOCOLS:
                 return grpcload.run(
-                    f"127.0.0.1:{plan.grpc_port}", name, inputs_file, clients, seconds
+                    f"127.0.0.1:{plan.grpc_port}",
+                    name,
+                    inputs_file,
+                    clients,
+                    seconds,
+                    raw=protocol == "grpc-raw",
+                    tfserving=protocol == "tfserving-grpc",
                 )
             body, headers = bodies[protocol]
             url = base + request_path(protocol, name)
@@ -281,7 +294,7 @@ def clients_by_workload(text: str) -> dict[str, int]:
 
 
 def add_parsers(sub: Any) -> None:
-    about = "TF-Serving JSON vs V2 JSON, binary and gRPC (needs wrk)"
+    about = "TF-Serving JSON vs V2 JSON, binary and gRPC, and TF Serving gRPC (needs wrk)"
     out = "docs/bench-protocols"
     opts = options.suite(
         sub, "protocols", about, out=out, plan=ProtocolsPlan, run=run_protocols, render=render

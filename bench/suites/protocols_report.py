@@ -14,6 +14,8 @@ LABELS = {
     "v2-json": "V2 JSON",
     "v2-binary": "V2 binary tensors",
     "grpc": "V2 gRPC (raw contents)",
+    "grpc-raw": "V2 gRPC, pre-serialized",
+    "tfserving-grpc": "TF Serving gRPC `Predict`, pre-serialized",
 }
 _FIGURES: tuple[str, ...] = ("rps", "p50_ms", "p99_ms", "errors", "cpu_ms_per_request")
 _FIGURES += ("frontend_cores", "loadgen_cores", "concurrency", "mean_batch_rows")

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
     from serving.http.admission import Admitted
     from serving.settings.config import Settings
+    from serving.version.condition import Condition
+    from serving.version.life import VersionState
     from shards.signature import ModelSignature
 
 __all__ = [
@@ -65,6 +67,9 @@ class ModelHandle(Protocol):
       outputs cut back) or why it is off; ``None`` before warm-up or with no unknown length.
     - ``scaling_parameters()``: its replica bounds, the count it should have and why (the
       autoscaler's last reason); ``None`` before it serves or with a fixed count.
+    - ``state``, ``reason``, ``was_ready``, ``condition()``: its state machine's state, why it
+      is there, whether its load completed, and how a READY version serves now (the status
+      routes and calls: ``serving.protocols.tfserving.status``).
     """
 
     @property
@@ -95,6 +100,17 @@ class ModelHandle(Protocol):
     def length_padding_parameters(self) -> dict[str, Any] | None: ...
 
     def scaling_parameters(self) -> dict[str, Any] | None: ...
+
+    @property
+    def state(self) -> VersionState: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def was_ready(self) -> bool: ...
+
+    def condition(self) -> Condition: ...
 
 
 class ModelDirectory(Protocol):

@@ -97,7 +97,7 @@ class Replicas(Body):
 
 class ModelVersion(Body):
     version: str
-    state: Literal["AVAILABLE", "LOADING", "UNLOADING", "FAILED"]
+    state: Literal["START", "LOADING", "AVAILABLE", "UNLOADING", "END"]
     status: VersionState
     replicas: Replicas | None = None
 

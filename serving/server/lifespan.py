@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from serving.protocols.v2.grpc_server import start_grpc_server, stop_grpc_server
+from serving.protocols.grpc_port import start_grpc_server, stop_grpc_server
 from serving.server.state import ServerState
 from serving.settings.config import Settings
 from serving.version.runner import release_cluster

@@ -23,8 +23,8 @@ from serving.errors import NotReadyError
 from serving.http.fast import ModelRef, RawAnswer, RawHandler
 from serving.openapi.bodies import ModelMetadata, ModelStatus, errors, ok
 from serving.openapi.tfserving import PREDICT_REQUEST, PREDICT_RESPONSE
+from serving.protocols.tfserving.status import tfserving_status
 from serving.settings.config import Settings
-from serving.version.life import VersionState
 
 if TYPE_CHECKING:
     from serving.server.state import ServerState
@@ -63,41 +63,18 @@ def _served(request: Request, ref: ModelRef) -> ServedModel:
 
 
 def version_status(model: ServedModel) -> dict[str, Any]:
-    """One entry of ``model_version_status``: TF Serving's state of one served version."""
+    """One entry of ``model_version_status``: TF Serving's state of one served version
+    (``serving.protocols.tfserving.status``: a failed load reads END with its error)."""
     health = model.health()
-    state, message = _tfserving_state(model)
+    status = tfserving_status(model)
     entry: dict[str, Any] = {
         "version": model.version,
-        "state": state,
-        "status": {
-            "error_code": "OK" if state == "AVAILABLE" else "UNAVAILABLE",
-            "error_message": message,
-        },
+        "state": status.state,
+        "status": {"error_code": status.error_code, "error_message": status.message},
     }
     if health is not None:
         entry["replicas"] = {"total": health.replicas, "healthy": health.healthy}
     return entry
-
-
-def _tfserving_state(model: ServedModel) -> tuple[str, str]:
-    """TF Serving's name for the version's state (``serving.version.life``), and its message.
-
-    A replica being brought back while requests wait for it (a ``recovering`` READY) is still
-    AVAILABLE: /readyz and V2 ready say 200 then, and the replica counts say why. A version whose
-    replicas cannot serve (``degraded``) reads LOADING; one whose batcher gave up, FAILED."""
-    state = model.state
-    if state is VersionState.FAILED:
-        return "FAILED", model.reason or ""
-    if not model.was_ready:
-        return "LOADING", ""
-    condition = model.condition()
-    if condition.gave_up:
-        return "FAILED", condition.unavailable or ""
-    if condition.kind == "degraded":
-        return "LOADING", ""
-    if state is VersionState.READY:
-        return "AVAILABLE", ""
-    return "UNLOADING", model.reason or ""  # DRAINING, or RETIRED on its way out
 
 
 def install_tfserving_routes(app: FastAPI, settings: Settings, predict_model: RawHandler) -> None:

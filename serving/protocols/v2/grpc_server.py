@@ -1,18 +1,13 @@
 """The Open Inference Protocol (KServe V2) over gRPC: ``inference.GRPCInferenceService``.
 
-Served by ``grpc.aio`` in the HTTP server's process and event loop (the lifespan starts and stops
-it), on the same batcher, admission, tensor checks and metrics as ``/v2/.../infer``; messages to
-arrays and back in ``grpc_codec``. A call's ``model_version`` (``version``) picks the version of
-the model it names; empty, the server's choice (its highest ready version). The model
-repository's calls (index, load, unload) are in ``grpc_repository``. Errors are the call's status:
+Served by ``grpc.aio`` in the HTTP server's process and event loop, beside TF Serving's services
+on the same port (the server is ``serving.protocols.grpc_port``'s), on the same batcher,
+admission, tensor checks and metrics as ``/v2/.../infer``; messages to arrays and back in
+``grpc_codec``. A call's ``model_version`` (``version``) picks the version of the model it names;
+empty, the server's choice (its highest ready version). The model repository's calls (index,
+load, unload) are in ``grpc_repository``. Errors are the call's status
+(``serving.protocols.grpc_call``'s table: NOT_FOUND, UNAVAILABLE, ...), and besides:
 
-    InvalidInputError, ModelInputError    INVALID_ARGUMENT
-    UnauthorizedError                     UNAUTHENTICATED (load/unload without the admin token)
-    ForbiddenError                        PERMISSION_DENIED (a wrong admin token)
-    NotFoundError                         NOT_FOUND
-    QueueFullError, NotReadyError         UNAVAILABLE
-    DeadlineExceededError                 DEADLINE_EXCEEDED (the client's deadline is the batcher's)
-    BatchFailedError, anything else       INTERNAL
     a message over max_body_bytes         RESOURCE_EXHAUSTED (refused by gRPC before decoding)
     more inputs or values than fit        INVALID_ARGUMENT (before it is parsed: ``grpc_bounds``)
     bytes that are no ModelInferRequest   INVALID_ARGUMENT (gRPC's own answer was UNKNOWN)
@@ -23,37 +18,33 @@ queue, no healthy replica now) carries ``retry-after`` too, whole seconds as a s
 ``Retry-After`` header, the same value. ``ModelInfer`` is the data plane's
 (``serving.protocols.dataplane.infer``: look-up, admission, deadline, the admission held across
 decode and submit, the same rejects, latency and canary metrics as HTTP's), with gRPC's
-transport (``_Grpc``): the call's deadline, and its answer or status.
+transport (``grpc_call.GrpcTransport``): the call's deadline, and its answer or status.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from serving.errors import (
-    BatchFailedError,
-    DeadlineExceededError,
-    ForbiddenError,
-    InvalidInputError,
-    ModelInputError,
-    NotFoundError,
-    NotReadyError,
-    PayloadTooLargeError,
-    QueueFullError,
-    ShardServeError,
-    UnauthorizedError,
-)
+from serving.errors import InvalidInputError, ShardServeError
 from serving.http.model import ModelDirectory, ModelHandle
-from serving.http.replies import log_failure, request_id_from, retry_after_seconds
-from serving.protocols.dataplane import Failure, check_sequence_length, count_refused, infer
+from serving.protocols.dataplane import check_sequence_length, count_refused, infer
+from serving.protocols.grpc_call import (
+    Context,
+    GrpcCall,
+    GrpcTransport,
+    Handlers,
+    Refused,
+    abort,
+    request_id,
+    rpc_deadline,
+)
 from serving.protocols.limits import request_limits
 from serving.protocols.v2.grpc_bounds import InferBounds, scan_infer_request
 from serving.protocols.v2.grpc_codec import (
@@ -71,70 +62,16 @@ if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
     from serving.settings.config import Settings
 
+__all__ = ["InferenceServicer", "add_v2_service", "rpc_deadline"]
+
 log = logging.getLogger("shardserve")
-RETRY_AFTER_KEY = "retry-after"
-_Context: TypeAlias = grpc.aio.ServicerContext
+_Context = Context
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
-
-_CODES: dict[type[ShardServeError], grpc.StatusCode] = {
-    InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
-    ModelInputError: grpc.StatusCode.INVALID_ARGUMENT,
-    PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    UnauthorizedError: grpc.StatusCode.UNAUTHENTICATED,
-    ForbiddenError: grpc.StatusCode.PERMISSION_DENIED,
-    NotFoundError: grpc.StatusCode.NOT_FOUND,
-    QueueFullError: grpc.StatusCode.UNAVAILABLE,
-    NotReadyError: grpc.StatusCode.UNAVAILABLE,
-    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
-    BatchFailedError: grpc.StatusCode.INTERNAL,
-}
-
-
-def status_code(exc: ShardServeError) -> grpc.StatusCode:
-    for cls in type(exc).__mro__:
-        code = _CODES.get(cls)
-        if code is not None:
-            return code
-    return grpc.StatusCode.INTERNAL
-
-
-def rpc_deadline(time_remaining: float | None, request_timeout_ms: float) -> float:
-    """The batcher's deadline (``time.monotonic()``): the client's, or the server's if sooner."""
-    timeout_s = request_timeout_ms / 1000.0
-    if time_remaining is not None:
-        timeout_s = min(timeout_s, max(0.0, time_remaining))
-    return time.monotonic() + timeout_s
-
-
-def _no_repository() -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class Refused:
-    """What ``ModelInfer`` gets instead of a message refused before it was parsed (a
-    deserializer that raised would end the call UNKNOWN, not with the refusal's status)."""
-
-    error: ShardServeError
-    model: ModelHandle | None  # the model it named, where there is one
-
-
-class _Handlers:
-    """Takes the generated stubs' method handlers in place of a server, so that one can be
-    replaced before the server gets them (the registered handlers win over a generic one)."""
-
-    def __init__(self) -> None:
-        self.service = ""
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        pass
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
-    ) -> None:
-        self.service, self.handlers = service, dict(handlers)
+_Call = GrpcCall[pb.ModelInferRequest]
+_GRPC = GrpcTransport("ModelInfer")
+_abort = abort
+_request_id = request_id
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -196,7 +133,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if isinstance(request, Refused):
             count_refused(request.model, request.error, started)
             await _abort(context, request.error, rid)
-        call = _Call(request, context, rid)
+        call: _Call = GrpcCall(request, context, rid)
         version = request.model_version or None
         return await infer(
             self._models, request.model_name, version, None, call, None, _infer, _GRPC
@@ -224,48 +161,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return self._models.model(name, version or None, split=False)
         except ShardServeError as exc:
             await _abort(context, exc, "-")
-
-
-class _Call:
-    """One ``ModelInfer`` call as the data plane hands it to gRPC's work and transport."""
-
-    __slots__ = ("context", "message", "rid")
-
-    def __init__(self, message: pb.ModelInferRequest, context: _Context, rid: str) -> None:
-        self.message = message
-        self.context = context
-        self.rid = rid
-
-
-class _Grpc:
-    """gRPC's transport of the data plane (``dataplane.Transport``): the call's deadline, and
-    its response or its status (``status_code``) with the request id in its trailing
-    metadata."""
-
-    __slots__ = ()
-
-    def deadline(self, call: _Call, settings: Settings) -> float:
-        return rpc_deadline(call.context.time_remaining(), settings.request_timeout_ms)
-
-    async def answer(
-        self, call: _Call, outcome: pb.ModelInferResponse | Failure
-    ) -> pb.ModelInferResponse:
-        if isinstance(outcome, Failure):
-            if outcome.unexpected is not None:
-                log.error(
-                    "request %s: unexpected error in ModelInfer",
-                    call.rid,
-                    exc_info=outcome.unexpected,
-                )
-            await _abort(call.context, outcome.error, call.rid)
-        call.context.set_trailing_metadata((("x-request-id", call.rid),))
-        return outcome
-
-    def request_id(self, call: _Call) -> str:
-        return call.rid
-
-
-_GRPC = _Grpc()
 
 
 async def _infer(
@@ -318,77 +213,21 @@ async def _repository_call(
     await _abort(context, error, rid)
 
 
-def _request_id(context: _Context) -> str:
-    metadata = context.invocation_metadata() or ()
-    headers = [(k.encode(), v.encode()) for k, v in metadata if isinstance(v, str)]
-    return request_id_from(headers).decode()
-
-
-async def _abort(context: _Context, error: ShardServeError | None, rid: str) -> NoReturn:
-    """End the call with the error's status (``None``: an unexpected error, INTERNAL, which its
-    caller logged with its traceback and request id), and its retry hint where it has one
-    (``RETRY_AFTER_KEY``)."""
-    metadata = [("x-request-id", rid)]
-    if error is None:
-        code, message = grpc.StatusCode.INTERNAL, "internal server error; see the server log"
-    else:
-        code, message = status_code(error), error.message
-        log_failure(rid, error.status_code, message)
-        retry_after = retry_after_seconds(error)
-        if retry_after is not None:
-            metadata.append((RETRY_AFTER_KEY, str(retry_after)))
-    await context.abort(code, message, trailing_metadata=tuple(metadata))
-    raise AssertionError("context.abort returns only by raising")
-
-
-async def start_grpc_server(
-    models: ModelDirectory, settings: Settings, repository: RepositorySource = _no_repository
-) -> grpc.aio.Server | None:
-    """Serve gRPC on ``settings.grpc_port`` in the running event loop (``None`` when it is 0);
-    ``repository`` gives the repository control the repository calls use, once there is one."""
-    if not settings.grpc_port:
-        return None
-    server = grpc.aio.server(
-        # One more call is refused at once (RESOURCE_EXHAUSTED), before its message is read.
-        maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
-        options=[
-            # The body cap of HTTP: a bigger message is refused before it is decoded.
-            ("grpc.max_receive_message_length", settings.max_body_bytes),
-            ("grpc.max_send_message_length", -1),
-            # gRPC shares a busy port by default (SO_REUSEPORT): make it an error instead.
-            ("grpc.so_reuseport", 0),
-        ],
-    )
+def add_v2_service(
+    server: grpc.aio.Server,
+    models: ModelDirectory,
+    settings: Settings,
+    repository: RepositorySource,
+) -> str:
+    """Serve ``inference.GRPCInferenceService`` on ``server``; its full name. ``repository``
+    gives the repository control the repository calls use, once there is one."""
     servicer = InferenceServicer(models, RepositoryRpcs(repository, settings.admin_token))
-    generated = _Handlers()
+    generated = Handlers()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, generated)  # type: ignore[arg-type]
-    handlers = generated.handlers
     # ModelInfer's message is checked against its model's limits before it is parsed.
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+    generated.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer,
         request_deserializer=servicer.read_infer,
         response_serializer=pb.ModelInferResponse.SerializeToString,
     )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(generated.service, handlers),)
-    )
-    server.add_registered_method_handlers(generated.service, handlers)
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    address = f"{host}:{settings.grpc_port}"
-    try:
-        server.add_insecure_port(address)
-    except RuntimeError:
-        raise RuntimeError(
-            f"cannot serve gRPC on {address}: the port is in use or not allowed; "
-            "choose another with --grpc-port, or 0 to turn gRPC off"
-        ) from None
-    await server.start()
-    log.info("gRPC (Open Inference Protocol) on %s", address)
-    return server
-
-
-async def stop_grpc_server(server: grpc.aio.Server | None, *, grace_s: float) -> None:
-    """New calls are refused at once; calls still open get ``grace_s`` (what is left of the
-    stop budget's answer phase: their rows were answered or failed by then) to finish."""
-    if server is not None:
-        await server.stop(grace_s)
+    return generated.install(server)

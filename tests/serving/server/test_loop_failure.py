@@ -57,7 +57,7 @@ async def test_readiness_follows_the_batcher_loop(
         assert (await client.get("/v2/health/ready")).status_code == 503
         assert (await client.get("/v2/models/fake/ready")).status_code == 503
         status = (await client.get("/v1/models/fake")).json()["model_version_status"][0]
-        assert (status["state"], status["status"]["error_message"]) == ("FAILED", failure)
+        assert (status["state"], status["status"]["error_message"]) == ("END", failure)
         refused = await client.post("/predict", json={"instances": [row(1), row(2)]})
         assert refused.status_code == 503
         assert assert_clean_error(refused) == failure

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from serving.errors import NotFoundError
 from serving.http.model import IndexEntry, RepositoryControl
 from serving.metrics.series import Metrics
-from serving.protocols.v2.grpc_server import start_grpc_server, stop_grpc_server
+from serving.protocols.grpc_port import start_grpc_server, stop_grpc_server
 from serving.server.app import create_app
 from serving.server.state import ServerState
 from serving.settings.config import Settings

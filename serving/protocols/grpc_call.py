@@ -1,0 +1,193 @@
+"""What every gRPC service on the port shares for one call: its status for each refusal, its
+deadline, its request id, and the data plane's gRPC transport (``GrpcTransport``).
+
+V2's ``inference.GRPCInferenceService`` and TF Serving's ``tensorflow.serving`` services end a
+call the same way, written once here (KServe's ``protocol/grpc`` is one module for the same
+reason): the error's status from one table, a one-line reason, the request id (and, where a
+retry helps, ``retry-after``) in the trailing metadata.
+
+    InvalidInputError, ModelInputError    INVALID_ARGUMENT
+    UnauthorizedError                     UNAUTHENTICATED
+    ForbiddenError                        PERMISSION_DENIED
+    NotFoundError                         NOT_FOUND
+    QueueFullError, NotReadyError         UNAVAILABLE (with ``retry-after``)
+    DeadlineExceededError                 DEADLINE_EXCEEDED
+    PayloadTooLargeError                  RESOURCE_EXHAUSTED
+    BatchFailedError, anything else       INTERNAL
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeAlias, TypeVar
+
+import grpc
+
+from serving.errors import (
+    BatchFailedError,
+    DeadlineExceededError,
+    ForbiddenError,
+    InvalidInputError,
+    ModelInputError,
+    NotFoundError,
+    NotReadyError,
+    PayloadTooLargeError,
+    QueueFullError,
+    ShardServeError,
+    UnauthorizedError,
+)
+from serving.http.replies import log_failure, request_id_from, retry_after_seconds
+from serving.protocols.dataplane import Failure
+
+if TYPE_CHECKING:
+    from serving.http.model import ModelHandle
+    from serving.settings.config import Settings
+
+__all__ = [
+    "RETRY_AFTER_KEY",
+    "Context",
+    "GrpcCall",
+    "GrpcTransport",
+    "Handlers",
+    "Refused",
+    "abort",
+    "request_id",
+    "rpc_deadline",
+    "status_code",
+]
+
+log = logging.getLogger("shardserve")
+RETRY_AFTER_KEY = "retry-after"
+Context: TypeAlias = grpc.aio.ServicerContext
+M = TypeVar("M")  # a call's request message
+
+_CODES: dict[type[ShardServeError], grpc.StatusCode] = {
+    InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
+    ModelInputError: grpc.StatusCode.INVALID_ARGUMENT,
+    PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    UnauthorizedError: grpc.StatusCode.UNAUTHENTICATED,
+    ForbiddenError: grpc.StatusCode.PERMISSION_DENIED,
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    QueueFullError: grpc.StatusCode.UNAVAILABLE,
+    NotReadyError: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    BatchFailedError: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_code(exc: ShardServeError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        code = _CODES.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def rpc_deadline(time_remaining: float | None, request_timeout_ms: float) -> float:
+    """The batcher's deadline (``time.monotonic()``): the client's, or the server's if sooner."""
+    timeout_s = request_timeout_ms / 1000.0
+    if time_remaining is not None:
+        timeout_s = min(timeout_s, max(0.0, time_remaining))
+    return time.monotonic() + timeout_s
+
+
+@dataclass(frozen=True)
+class Refused:
+    """What a call's handler gets instead of a message refused before it was parsed (a
+    deserializer that raised would end the call UNKNOWN, not with the refusal's status)."""
+
+    error: ShardServeError
+    model: ModelHandle | None  # the model it named, where there is one
+
+
+class Handlers:
+    """Takes the generated stubs' method handlers in place of a server, so that one can be
+    replaced before the server gets them (the registered handlers win over a generic one)."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        pass
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+    def install(self, server: grpc.aio.Server) -> str:
+        """Serve the handlers on ``server``; the service's full name."""
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(self.service, self.handlers),)
+        )
+        server.add_registered_method_handlers(self.service, self.handlers)
+        return self.service
+
+
+class GrpcCall(Generic[M]):
+    """One inference call as the data plane hands it to a protocol's work and the transport."""
+
+    __slots__ = ("context", "message", "rid")
+
+    def __init__(self, message: M, context: Context, rid: str) -> None:
+        self.message = message
+        self.context = context
+        self.rid = rid
+
+
+class GrpcTransport:
+    """gRPC's transport of the data plane (``dataplane.Transport``): the call's deadline, and
+    its response or its status (``status_code``) with the request id in its trailing
+    metadata. ``method``: the call's name, for the log of an unexpected error."""
+
+    __slots__ = ("method",)
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+
+    def deadline(self, call: GrpcCall[Any], settings: Settings) -> float:
+        return rpc_deadline(call.context.time_remaining(), settings.request_timeout_ms)
+
+    async def answer(self, call: GrpcCall[Any], outcome: Any) -> Any:
+        if isinstance(outcome, Failure):
+            if outcome.unexpected is not None:
+                log.error(
+                    "request %s: unexpected error in %s",
+                    call.rid,
+                    self.method,
+                    exc_info=outcome.unexpected,
+                )
+            await abort(call.context, outcome.error, call.rid)
+        call.context.set_trailing_metadata((("x-request-id", call.rid),))
+        return outcome
+
+    def request_id(self, call: GrpcCall[Any]) -> str:
+        return call.rid
+
+
+def request_id(context: Context) -> str:
+    """The call's ``x-request-id`` (its metadata's, else a new one)."""
+    metadata = context.invocation_metadata() or ()
+    headers = [(k.encode(), v.encode()) for k, v in metadata if isinstance(v, str)]
+    return request_id_from(headers).decode()
+
+
+async def abort(context: Context, error: ShardServeError | None, rid: str) -> NoReturn:
+    """End the call with the error's status (``None``: an unexpected error, INTERNAL, which its
+    caller logged with its traceback and request id), and its retry hint where it has one
+    (``RETRY_AFTER_KEY``)."""
+    metadata = [("x-request-id", rid)]
+    if error is None:
+        code, message = grpc.StatusCode.INTERNAL, "internal server error; see the server log"
+    else:
+        code, message = status_code(error), error.message
+        log_failure(rid, error.status_code, message)
+        retry_after = retry_after_seconds(error)
+        if retry_after is not None:
+            metadata.append((RETRY_AFTER_KEY, str(retry_after)))
+    await context.abort(code, message, trailing_metadata=tuple(metadata))
+    raise AssertionError("context.abort returns only by raising")

@@ -1,0 +1,236 @@
+"""TensorFlow Serving's gRPC API: ``tensorflow.serving.PredictionService`` and
+``tensorflow.serving.ModelService`` on the gRPC port (``serving.protocols.grpc_port``), so that a
+client of the official ``tensorflow-serving-api`` stubs switches by changing only the address.
+
+- ``Predict``: ``model_spec`` names the model and its ``version`` or ``version_label`` (none: the
+  server's choice, a turn of a canary's split); ``signature_name`` is ``serving_default`` or
+  empty. ``inputs`` are ``TensorProto``s (``serving.protocols.tfserving.tensors``); the answer's
+  ``outputs`` carry ``tensor_content``, only those of ``output_filter`` where it is given, and
+  its ``model_spec`` the version that answered. It is the data plane's
+  (``serving.protocols.dataplane.infer``), so its rows batch with every other protocol's in the
+  model's one queue; a ``TensorProto`` is rectangular, and requests of different lengths share
+  batches through the batcher's length padding, as V2's do.
+- ``GetModelMetadata`` with ``metadata_field: ["signature_def"]``: a ``SignatureDefMap`` packed
+  in an ``Any`` (``type.googleapis.com/tensorflow.serving.SignatureDefMap``).
+- ``GetModelStatus``: every version's state (``serving.protocols.tfserving.status``), or the one
+  the spec names.
+- ``Classify``, ``Regress``, ``MultiInference`` and ``HandleReloadConfigRequest``: UNIMPLEMENTED.
+
+An empty ``model_spec.name`` means the default model (``/predict``'s). Errors are the call's
+status (``serving.protocols.grpc_call``'s table), as TF Serving's: INVALID_ARGUMENT for a bad
+tensor, NOT_FOUND for an unknown model, version or label, UNAVAILABLE (with ``retry-after``)
+for a full queue or a version not ready, DEADLINE_EXCEEDED, and RESOURCE_EXHAUSTED for a message
+over ``max_body_bytes`` (gRPC refuses it before it is decoded).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from serving.errors import InvalidInputError, ShardServeError
+from serving.http.model import ModelDirectory, ModelHandle
+from serving.protocols.dataplane import check_sequence_length, infer
+from serving.protocols.grpc_call import (
+    Context,
+    GrpcCall,
+    GrpcTransport,
+    abort,
+    request_id,
+)
+from serving.protocols.limits import request_limits
+from serving.protocols.tfserving.proto import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+from serving.protocols.tfserving.status import tfserving_status
+from serving.protocols.tfserving.tensors import decode_tensor, encode_tensor, signature_def
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from serving.batching.batcher import Batcher
+
+__all__ = ["SIGNATURE", "ModelServicer", "PredictionServicer", "add_tfserving_services"]
+
+SIGNATURE = "serving_default"
+_Call = GrpcCall[predict_pb2.PredictRequest]
+_PREDICT = GrpcTransport("Predict")
+_State = get_model_status_pb2.ModelVersionStatus.State
+_UNAVAILABLE_CODE = 14  # tensorflow.error.Code.UNAVAILABLE
+
+
+def _selector(spec: model_pb2.ModelSpec) -> tuple[str | None, str | None, str | None]:
+    """(name, version, label) of a ``ModelSpec``; ``None`` where it leaves one out."""
+    version = str(spec.version.value) if spec.HasField("version") else None
+    return spec.name or None, version, spec.version_label or None
+
+
+def _answer_spec(spec: model_pb2.ModelSpec, model: ModelHandle) -> None:
+    spec.name = model.name
+    if model.version.isdigit():
+        spec.version.value = int(model.version)
+    spec.signature_name = SIGNATURE
+
+
+def _check_signature(name: str) -> None:
+    if name not in ("", SIGNATURE):
+        raise InvalidInputError(
+            f"signature {name!r} is not served; the model's one signature is {SIGNATURE!r} "
+            "(or leave signature_name empty)"
+        )
+
+
+class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def __init__(self, models: ModelDirectory) -> None:
+        self._models = models
+
+    async def Predict(self, request: predict_pb2.PredictRequest, context: Context) -> Any:
+        name, version, label = _selector(request.model_spec)
+        call: _Call = GrpcCall(request, context, request_id(context))
+        return await infer(self._models, name, version, label, call, None, _predict, _PREDICT)
+
+    async def GetModelMetadata(
+        self, request: get_model_metadata_pb2.GetModelMetadataRequest, context: Context
+    ) -> Any:
+        try:
+            model = _look(self._models, request.model_spec)
+            fields = list(request.metadata_field)
+            if fields != ["signature_def"]:
+                raise InvalidInputError(
+                    f"metadata_field is {fields}; this server answers ['signature_def']"
+                )
+            _check_signature(request.model_spec.signature_name)
+            signatures = get_model_metadata_pb2.SignatureDefMap()
+            signatures.signature_def[SIGNATURE].CopyFrom(signature_def(model.signature))
+        except ShardServeError as exc:
+            await abort(context, exc, request_id(context))
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        _answer_spec(response.model_spec, model)
+        response.metadata["signature_def"].Pack(signatures)
+        return response
+
+    async def Classify(self, request: Any, context: Context) -> Any:
+        await _unimplemented(context, "Classify")
+
+    async def Regress(self, request: Any, context: Context) -> Any:
+        await _unimplemented(context, "Regress")
+
+    async def MultiInference(self, request: Any, context: Context) -> Any:
+        await _unimplemented(context, "MultiInference")
+
+
+class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
+    def __init__(self, models: ModelDirectory) -> None:
+        self._models = models
+
+    async def GetModelStatus(
+        self, request: get_model_status_pb2.GetModelStatusRequest, context: Context
+    ) -> Any:
+        spec = request.model_spec
+        try:
+            model = _look(self._models, spec)
+            if spec.HasField("version") or spec.version_label:
+                versions = [model]
+            else:  # TF Serving lists every version of the model
+                versions = [
+                    self._models.model(model.name, v, split=False)
+                    for v in self._models.versions(model.name)
+                ]
+        except ShardServeError as exc:
+            await abort(context, exc, request_id(context))
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for served in versions:
+            status = tfserving_status(served)
+            entry = response.model_version_status.add()
+            entry.version = int(served.version) if served.version.isdigit() else 0
+            entry.state = _State.Value(status.state)
+            if status.error_code != "OK":
+                entry.status.error_code = _UNAVAILABLE_CODE  # type: ignore[assignment]
+            entry.status.error_message = status.message
+        return response
+
+    async def HandleReloadConfigRequest(self, request: Any, context: Context) -> Any:
+        await _unimplemented(
+            context,
+            "HandleReloadConfigRequest",
+            "; load and unload models through the model repository API instead (V2's "
+            "RepositoryModelLoad/RepositoryModelUnload, or POST /v2/repository/models/{m}/load)",
+        )
+
+
+def _look(models: ModelDirectory, spec: model_pb2.ModelSpec) -> ModelHandle:
+    """The version ``spec`` names for a look (metadata, status): no turn of a canary's split."""
+    name, version, label = _selector(spec)
+    return models.model(name, version, label, split=False)
+
+
+async def _unimplemented(context: Context, method: str, hint: str = "") -> None:
+    await context.abort(
+        grpc.StatusCode.UNIMPLEMENTED,
+        f"{method} is not served by this server; call Predict{hint}",
+        trailing_metadata=(("x-request-id", request_id(context)),),
+    )
+
+
+async def _predict(
+    call: _Call, model: ModelHandle, batcher: Batcher, deadline: float
+) -> predict_pb2.PredictResponse:
+    """The work of one admitted call (the data plane's ``Work``): decode, submit, encode."""
+    request = call.message
+    _check_signature(request.model_spec.signature_name)
+    signature = model.signature
+    limits = request_limits(model, batcher)
+    names = signature.input_names
+    given = request.inputs
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise InvalidInputError(f"unknown input(s) {unknown}; the model's inputs are {names}")
+    missing = [name for name in names if name not in given]
+    if missing:
+        raise InvalidInputError(f"missing input(s) {missing}; the model's inputs are {names}")
+    inputs: dict[str, np.ndarray] = {
+        spec.name: decode_tensor(spec.name, given[spec.name], spec, limits)
+        for spec in signature.inputs
+    }
+    rows = {name: array.shape[0] for name, array in inputs.items()}
+    if len(set(rows.values())) != 1:
+        raise InvalidInputError(f"inputs have different row counts {rows}; all must be equal")
+    check_sequence_length(inputs, model)
+    outputs = _output_names(request, signature.output_names)
+    answers = await batcher.submit(inputs, deadline=deadline, request_id=call.rid)
+    response = predict_pb2.PredictResponse()
+    _answer_spec(response.model_spec, model)
+    for name in outputs:
+        encode_tensor(answers[name], response.outputs[name])
+    return response
+
+
+def _output_names(request: predict_pb2.PredictRequest, names: list[str]) -> list[str]:
+    asked = list(request.output_filter)
+    if not asked:
+        return names
+    for i, name in enumerate(asked):
+        if name not in names:
+            raise InvalidInputError(
+                f"output_filter names {name!r}; the model's outputs are {names}"
+            )
+        if name in asked[:i]:
+            raise InvalidInputError(f"output_filter names {name!r} twice")
+    return asked
+
+
+def add_tfserving_services(server: grpc.aio.Server, models: ModelDirectory) -> list[str]:
+    """Serve ``PredictionService`` and ``ModelService`` on ``server``; their full names."""
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        PredictionServicer(models), server
+    )
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        ModelServicer(models), server
+    )
+    return ["tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"]
