@@ -39,7 +39,7 @@ from shards.partition.memory_plan import (
     parse_budgets,
 )
 from shards.partition.plan import Plan, budget_text, plan_balanced, plan_budget
-from shards.partition.split import Split, choose_splits, parts_needed, split_model
+from shards.partition.split import Split, choose_splits, describe, parts_needed, split_model
 from shards.partition.savedmodel import read_savedmodel
 from shards.signature import ModelSignature
 
@@ -125,13 +125,15 @@ def plan_stages(
             memory=memory,
             isolated=frozenset(parts),
         )
-    except PlanError:
+    except PlanError as exc:
         if not splits:
             raise
-        # Split, the model needs more devices than the list gives: the unsplit plan's refusal
-        # names the layer that fits none of them.
-        plan(whole, stages=stages, max_stage_bytes=budgets, memory=_memory_like(whole, memory))
-        raise
+        if len(budgets or ()) > 1:
+            # Split, the model needs more devices than the list gives: the unsplit plan's
+            # refusal names the layer that fits none of them.
+            plan(whole, stages=stages, max_stage_bytes=budgets, memory=_memory_like(whole, memory))
+        done = "; ".join(describe(s) for s in splits)
+        raise PlanError(f"{exc.message} (with {done})") from None
     labels = _labels(stage_plan, parts)
     cut_stages = []
     for index, (start, end) in enumerate(stage_plan):
