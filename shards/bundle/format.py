@@ -60,7 +60,6 @@ class StageSpec:
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "index": self.index,
-            "label": self.name,
             "file": self.file,
             "inputs": [t.to_json() for t in self.inputs],
             "outputs": [t.to_json() for t in self.outputs],
@@ -69,6 +68,8 @@ class StageSpec:
         }
         if self.memory is not None:
             data["memory"] = asdict(self.memory)
+        if self.label:
+            data["label"] = self.label
         if self.part is not None:
             data["part"] = asdict(self.part)
         return data
@@ -336,7 +337,7 @@ def load_keras(
     Lambda layer (Python bytecode) then fails with one line naming the flag that allows it."""
     import keras
 
-    import shards.partition.masking  # noqa: F401 - registers CarryMask, which stage files may hold
+    import shards.partition.masking
     import shards.partition.split_layers  # noqa: F401 - registers a split layer's parts
 
     try:

@@ -39,8 +39,8 @@ from shards.partition.memory_plan import (
     parse_budgets,
 )
 from shards.partition.plan import Plan, budget_text, plan_balanced, plan_budget
-from shards.partition.split import Split, choose_splits, describe, parts_needed, split_model
 from shards.partition.savedmodel import read_savedmodel
+from shards.partition.split import Split, choose_splits, describe, parts_needed, split_model
 from shards.signature import ModelSignature
 
 __all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_chain"]
@@ -110,6 +110,10 @@ def plan_stages(
     if overhead is None:
         overhead = default_overhead(gpu=_tf_sees_gpu())
     weight_dtype = check_reduced(weight_dtype, "weight_dtype")
+    if stages is not None and max_stage_bytes is not None:
+        raise PartitionError(
+            f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"
+        )
     memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype, graph.sequence_length)
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     whole = graph
@@ -138,7 +142,8 @@ def plan_stages(
     cut_stages = []
     for index, (start, end) in enumerate(stage_plan):
         stage, spec = cut(graph, start, end, index)
-        spec = replace(spec, label=labels[index], part=parts.get(start) if end - start == 1 else None)
+        part = parts.get(start) if end - start == 1 else None
+        spec = replace(spec, label=labels[index], part=part)
         need = memory.need(start, end)
         budget = None if budgets is None else budgets[min(index, len(budgets) - 1)]
         spec = replace(

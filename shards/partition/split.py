@@ -51,7 +51,8 @@ class Split:
 
     def more(self) -> Split:
         """The same layer in one more part."""
-        return Split(self.layer, self.kind, self.how, self.size, bounds_for(self.size, self.parts + 1))
+        bounds = bounds_for(self.size, self.parts + 1)
+        return Split(self.layer, self.kind, self.how, self.size, bounds)
 
     def part_name(self, k: int) -> str:
         return f"{self.layer}{PART_MARK}{k}of{self.parts}"
@@ -327,9 +328,7 @@ def choose_splits(
 
 def describe(split: Split) -> str:
     unit = "rows" if split.how == "rows" else "output units"
-    ranges = ", ".join(
-        f"[{split.bounds[k]}, {split.bounds[k + 1]})" for k in range(split.parts)
-    )
+    ranges = ", ".join(f"[{split.bounds[k]}, {split.bounds[k + 1]})" for k in range(split.parts))
     return f"{split.layer} ({split.kind}) split by {split.how} into {split.parts}: {unit} {ranges}"
 
 
