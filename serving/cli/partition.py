@@ -176,7 +176,7 @@ def partition(
     for stage in manifest.stages:
         ins = ", ".join(t.name for t in stage.inputs)
         err.print(
-            f"stage {stage.index}: {stage.param_bytes / 2**20:.1f} MiB of weights, inputs [{ins}]"
+            f"stage {stage.name}: {stage.param_bytes / 2**20:.1f} MiB of weights, inputs [{ins}]"
         )
     from serving.cli.plan_table import plan_table
 
@@ -214,7 +214,8 @@ def plan(
                 specs, signature = _plan_model(model, flags, budgets, overhead)
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
-    _stdout().print(plan_table(specs, signature))
+    budgeted = budgets is not None or any(s.memory and s.memory.budget_bytes for s in specs)
+    _stdout().print(plan_table(specs, signature, budgeted=budgeted))
 
 
 def _plan_model(

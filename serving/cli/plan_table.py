@@ -36,7 +36,7 @@ def plan_rows(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
         if mem is None:
             rows.append(
                 (
-                    str(spec.index),
+                    spec.name,
                     "?",
                     format_size(spec.param_bytes),
                     "?",
@@ -54,8 +54,8 @@ def plan_rows(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
             budget = f"{format_size(mem.budget_bytes)} ({100 * total / mem.budget_bytes:.0f}%)"
         rows.append(
             (
-                str(spec.index),
-                f"{mem.first_layer}..{mem.last_layer}",
+                spec.name,
+                _layers(spec),
                 _weights(spec),
                 format_size(mem.activation_bytes) + ("*" if mem.unknown_dims else ""),
                 format_size(mem.overhead_bytes),
@@ -68,6 +68,38 @@ def plan_rows(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
     return rows
 
 
+def _layers(spec: StageSpec) -> str:
+    mem, part = spec.memory, spec.part
+    if part is not None:
+        return f"{part.layer} {part.how} [{part.start}, {part.stop})"
+    return "?" if mem is None else f"{mem.first_layer}..{mem.last_layer}"
+
+
+def split_lines(stages: Sequence[StageSpec]) -> list[str]:
+    """One line per layer split across devices: how, its parts and their stages."""
+    found: dict[str, list[StageSpec]] = {}
+    for spec in stages:
+        if spec.part is not None:
+            found.setdefault(spec.part.layer, []).append(spec)
+    lines = []
+    for layer, specs in found.items():
+        part = specs[0].part
+        assert part is not None
+        unit = "rows (vocabulary ranges)" if part.how == "rows" else "output units"
+        where = ", ".join(s.name for s in specs)
+        lines.append(
+            f"{layer} ({part.kind}) is larger than one device: split by {unit} into "
+            f"{part.parts} parts on stages {where}, run side by side; the next stage combines them"
+        )
+    return lines
+
+
+NO_BUDGET_LINE = (
+    "no --max-stage-bytes: no layer is split across devices (a layer larger than one device is "
+    "split only under a budget)"
+)
+
+
 def _weights(spec: StageSpec) -> str:
     mem = spec.memory
     if mem is None or mem.weight_bytes is None:
@@ -75,7 +107,13 @@ def _weights(spec: StageSpec) -> str:
     return f"{format_size(mem.weight_bytes)} ({mem.weight_dtype})"
 
 
-def plan_table(stages: Sequence[StageSpec], signature: ModelSignature | None = None) -> Table:
+def plan_table(
+    stages: Sequence[StageSpec],
+    signature: ModelSignature | None = None,
+    *,
+    budgeted: bool = True,
+) -> Table:
+    """``budgeted=False``: planned without a budget, which the caption says splits nothing."""
     batch = next((s.memory.max_batch_size for s in stages if s.memory), None)
     title = "memory plan" + (f" at max_batch_size={batch}" if batch else "")
     table = Table(title=title, title_justify="left")
@@ -83,7 +121,12 @@ def plan_table(stages: Sequence[StageSpec], signature: ModelSignature | None = N
         table.add_column(name, justify="left" if name == "layers" else "right", no_wrap=True)
     for row in plan_rows(stages):
         table.add_row(*row)
-    lines = [length_line(stages), None if signature is None else bound_line(signature)]
+    lines = [
+        length_line(stages),
+        None if signature is None else bound_line(signature),
+        *split_lines(stages),
+        None if budgeted else NO_BUDGET_LINE,
+    ]
     table.caption = "\n".join(line for line in lines if line) or None
     return table
 

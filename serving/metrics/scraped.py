@@ -58,7 +58,7 @@ class StageCollector:
         # A copy: a model's poller or unload may change the dict while a scrape reads it.
         for key, rows in list(self.snapshots.items()):
             for row in rows:
-                labels = [*key, str(row.get("replica", 0)), str(row.get("stage_index", 0))]
+                labels = [*key, str(row.get("replica", 0)), _stage_label(row)]
                 calls.add_metric(labels, float(row.get("calls", 0)))
                 compute.add_metric(labels, float(row.get("compute_seconds_total", 0.0)))
                 for kind, value in memory_figures(row.get("memory")).items():
@@ -133,3 +133,9 @@ class HealthCollector:
         yield replicas
         yield rebuilds
         yield recoveries
+
+
+def _stage_label(row: dict[str, Any]) -> str:
+    """A stage's label: its position in the pipeline, "3.1" for part 1 of a layer split across
+    devices at stage 3 (``StageSpec.name``); the index from an actor that reports no label."""
+    return str(row.get("stage", row.get("stage_index", 0)))

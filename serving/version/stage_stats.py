@@ -103,7 +103,8 @@ def memory_line(row: dict[str, object]) -> str | None:
     if "gpu_measured_peak" in figures:
         gpu = f", GPU peak {format_size(figures['gpu_measured_peak'])}"
     return (
-        f"stage {row.get('stage_index')} (replica {row.get('replica', 0)}) memory: planned peak "
+        f"stage {row.get('stage', row.get('stage_index'))} (replica {row.get('replica', 0)}) "
+        "memory: planned peak "
         f"{format_size(planned)}, measured RSS {format_size(measured)} "
         f"({measured / planned if planned else 0.0:.2f}x the plan; process peak "
         f"{format_size(figures.get('measured_peak', 0))}){gpu}"

@@ -220,6 +220,7 @@ class ShardActor:
         ctx = ray.get_runtime_context()
         return {
             "stage_index": self._spec.index,
+            "stage": self._spec.name,
             "device": self._device.name,
             "loaded_from": self._source,
             "stage_dir": self._stage_dir,
@@ -247,6 +248,8 @@ class ShardActor:
     def stats(self) -> dict[str, Any]:
         return {
             "stage_index": self._spec.index,
+            # The stage's label: "3.1" for part 1 of a layer split at stage 3.
+            "stage": self._spec.name,
             "calls": self._calls,
             "compute_seconds_total": self._compute_total_s,
             "last_compute_ms": self._last_compute_ms,

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 # 2: masks, nested models and shared layers cut anew (issue 17); the manifest records the code
 # that cut the bundle (``built_with``). A version-1 bundle is refused, never served: its cuts of
 # those models could give wrong answers.
-FORMAT_VERSION = 2
+# 3: a layer larger than one device split into parts, each a stage of its own (``StagePart``),
+# stages labelled ("3.1": part 1 of the layer split at stage 3) and the split layers listed.
+FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 SAVEDMODEL_SUFFIX = ".savedmodel"
 
@@ -45,9 +47,18 @@ class StageSpec:
     # The memory plan (shards.partition.memory_plan); absent from manifests written before it:
     # zeros.
     memory: StageMemory | None = None
+    # A part of a split layer (shards.partition.split): the stage holds only that part.
+    part: StagePart | None = None
+    # What logs, metrics and ``plan`` call it: its position in the pipeline, parts of one split
+    # layer sharing theirs ("3.0", "3.1"); the index where nothing is split.
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or str(self.index)
 
     def to_json(self) -> dict[str, Any]:
-        data = {
+        data: dict[str, Any] = {
             "index": self.index,
             "file": self.file,
             "inputs": [t.to_json() for t in self.inputs],
@@ -57,6 +68,10 @@ class StageSpec:
         }
         if self.memory is not None:
             data["memory"] = asdict(self.memory)
+        if self.label:
+            data["label"] = self.label
+        if self.part is not None:
+            data["part"] = asdict(self.part)
         return data
 
     @property
@@ -79,6 +94,34 @@ class StageSpec:
             param_bytes=int(data["param_bytes"]),
             flops_per_row=int(data["flops_per_row"]),
             memory=StageMemory.from_json(data["memory"]) if data.get("memory") else None,
+            part=StagePart.from_json(data["part"]) if data.get("part") else None,
+            label=str(data.get("label", "")),
+        )
+
+
+@dataclass(frozen=True)
+class StagePart:
+    """A stage that is one part of a split layer: which layer, how it was split (``rows``: a
+    vocabulary range of a table; ``columns``: a range of output units) and its range."""
+
+    layer: str
+    kind: str
+    how: str
+    part: int
+    parts: int
+    start: int
+    stop: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StagePart:
+        return cls(
+            layer=str(data["layer"]),
+            kind=str(data["kind"]),
+            how=str(data["how"]),
+            part=int(data["part"]),
+            parts=int(data["parts"]),
+            start=int(data["start"]),
+            stop=int(data["stop"]),
         )
 
 
@@ -139,11 +182,48 @@ class Manifest:
             "source_sha256": self.source_sha256,
             "imports": list(self.imports),
             "built_with": dict(self.built_with),
+            "splits": self.splits(),
         }
+
+    def splits(self) -> list[dict[str, Any]]:
+        """Each split layer: how, into how many parts, and each part's stage, range, weights,
+        activations and device budget (read from the stages; written for people and tools)."""
+        found: dict[str, dict[str, Any]] = {}
+        for stage in self.stages:
+            if stage.part is None:
+                continue
+            p, mem = stage.part, stage.memory
+            entry = found.setdefault(
+                p.layer, {"layer": p.layer, "kind": p.kind, "how": p.how, "parts": p.parts}
+            )
+            entry.setdefault("stages", []).append(
+                {
+                    "stage": stage.index,
+                    "label": stage.name,
+                    "start": p.start,
+                    "stop": p.stop,
+                    "weight_bytes": stage.param_bytes,
+                    "activation_bytes": None if mem is None else mem.activation_bytes,
+                    "budget_bytes": None if mem is None else mem.budget_bytes,
+                }
+            )
+        return list(found.values())
+
+    @property
+    def depth(self) -> int:
+        """Stages one after the other: the parts of a split layer run side by side."""
+        return len({s.name.split(".")[0] for s in self.stages})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
         version = data.get("format_version")
+        if version == 2:
+            raise BundleError(
+                "the bundle was cut by an older shardserve (manifest format_version 2), which "
+                "does not split a layer larger than one device nor label its stages; "
+                "re-partition the source model with this version (shardserve partition MODEL "
+                "--out DIR)"
+            )
         if version == 1:
             raise BundleError(
                 "the bundle was cut by an older shardserve (manifest format_version 1), whose "
@@ -257,7 +337,8 @@ def load_keras(
     Lambda layer (Python bytecode) then fails with one line naming the flag that allows it."""
     import keras
 
-    import shards.partition.masking  # noqa: F401 - registers CarryMask, which stage files may hold
+    import shards.partition.masking
+    import shards.partition.split_layers  # noqa: F401 - registers a split layer's parts
 
     try:
         return keras.saving.load_model(path, compile=False, safe_mode=not unsafe_deserialization)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from shards.bundle.format import (
     SAVEDMODEL_SUFFIX,
     Manifest,
     StageMemory,
+    StagePart,
     StageSpec,
     import_modules,
     load_keras,
@@ -27,7 +29,8 @@ from shards.bundle.format import (
     sha256_file,
     write_manifest,
 )
-from shards.partition.graph import Graph, PartitionError, analyse, cut
+from shards.errors import PlanError
+from shards.partition.graph import Graph, PartitionError, analyse, cut, reanalyse
 from shards.partition.length_bound import describe_bounds
 from shards.partition.length_masks import describe_pad_values
 from shards.partition.memory_plan import (
@@ -35,8 +38,9 @@ from shards.partition.memory_plan import (
     default_overhead,
     parse_budgets,
 )
-from shards.partition.plan import Plan, plan_balanced, plan_budget
+from shards.partition.plan import Plan, budget_text, plan_balanced, plan_budget
 from shards.partition.savedmodel import read_savedmodel
+from shards.partition.split import Split, choose_splits, describe, parts_needed, split_model
 from shards.signature import ModelSignature
 
 __all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_chain"]
@@ -56,10 +60,16 @@ def plan(
     stages: int | None,
     max_stage_bytes: Budgets | None,
     memory: MemoryModel | None = None,
+    isolated: frozenset[int] = frozenset(),
 ) -> Plan:
     """The cuts: ``stages`` balanced ones, or the fewest (one budget) or exactly one per device
-    (a list of budgets) whose peak needs fit; without ``memory`` a budget counts weights only."""
+    (a list of budgets) whose peak needs fit; without ``memory`` a budget counts weights only.
+    A node in ``isolated`` (a part of a split layer) is a stage of its own."""
     costs = [n.cost for n in graph.nodes]
+
+    def alone(a: int, b: int) -> bool:
+        return b - a == 1 or not any(i in isolated for i in range(a, b))
+
     if stages is not None and max_stage_bytes is not None:
         raise PartitionError(
             f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"
@@ -70,7 +80,7 @@ def plan(
         return plan_budget(
             costs,
             max_stage_bytes,
-            need=lambda a, b: memory.need(a, b).total,
+            need=lambda a, b: memory.need(a, b).total if alone(a, b) else sys.maxsize,
             explain=lambda a, b: memory.need(a, b).explain(),
         )
     return plan_balanced(costs, 1 if stages is None else stages)
@@ -100,12 +110,40 @@ def plan_stages(
     if overhead is None:
         overhead = default_overhead(gpu=_tf_sees_gpu())
     weight_dtype = check_reduced(weight_dtype, "weight_dtype")
+    if stages is not None and max_stage_bytes is not None:
+        raise PartitionError(
+            f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"
+        )
     memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype, graph.sequence_length)
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
-    stage_plan = plan(graph, stages=stages, max_stage_bytes=budgets, memory=memory)
+    whole = graph
+    splits: list[Split] = []
+    if budgets is not None:
+        graph, memory, splits = _split_oversized(graph, memory, budgets, weight_dtype)
+    parts = _part_nodes(graph, splits)
+    try:
+        stage_plan = plan(
+            graph,
+            stages=stages,
+            max_stage_bytes=budgets,
+            memory=memory,
+            isolated=frozenset(parts),
+        )
+    except PlanError as exc:
+        if not splits:
+            raise
+        if len(budgets or ()) > 1:
+            # Split, the model needs more devices than the list gives: the unsplit plan's
+            # refusal names the layer that fits none of them.
+            plan(whole, stages=stages, max_stage_bytes=budgets, memory=_memory_like(whole, memory))
+        done = "; ".join(describe(s) for s in splits)
+        raise PlanError(f"{exc.message} (with {done})") from None
+    labels = _labels(stage_plan, parts)
     cut_stages = []
     for index, (start, end) in enumerate(stage_plan):
         stage, spec = cut(graph, start, end, index)
+        part = parts.get(start) if end - start == 1 else None
+        spec = replace(spec, label=labels[index], part=part)
         need = memory.need(start, end)
         budget = None if budgets is None else budgets[min(index, len(budgets) - 1)]
         spec = replace(
@@ -134,6 +172,102 @@ def plan_stages(
             )
         cut_stages.append((stage, spec))
     return cut_stages
+
+
+def _memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
+    return MemoryModel(
+        graph,
+        memory.max_batch_size,
+        memory.overhead_bytes,
+        memory.weight_dtype,
+        graph.sequence_length,
+    )
+
+
+def _split_oversized(
+    graph: Graph, memory: MemoryModel, budgets: Sequence[int], weight_dtype: str | None
+) -> tuple[Graph, MemoryModel, list[Split]]:
+    """``graph`` with each layer too large for the largest budget split into the fewest parts
+    that fit it (``shards.partition.split``); the same graph where none is too large."""
+    top = max(budgets)
+
+    def over(i: int) -> tuple[int, str] | None:
+        need = memory.need(i, i + 1)
+        return (need.total, need.explain()) if need.total > top else None
+
+    calls: dict[int, list[object]] = {}
+    for gnode in graph.nodes:
+        calls.setdefault(id(gnode.node.operation), []).append(gnode.node)
+
+    def parts_for(i: int, op: object, how: str) -> int | None:
+        nodes = calls[id(op)]
+        if any(n.arguments.kwargs.get("reverse") for n in nodes):  # type: ignore[attr-defined]
+            raise PlanError(
+                f"layer {graph.nodes[i].name!r} is a tied embedding used for its logits too "
+                "(reverse=True); splitting it is not supported yet: raise the budget"
+            )
+        weights = memory.need(i, i + 1).weight_bytes
+        return parts_needed(
+            op,
+            how,
+            nodes,
+            weights,
+            memory.overhead_bytes,
+            memory.max_batch_size,
+            graph.sequence_length,
+            top,
+        )
+
+    splits = choose_splits(graph.nodes, over, parts_for, budget_text(budgets))
+    for _ in range(8):
+        if not splits:
+            return graph, memory, []
+        split_graph = reanalyse(graph, split_model(graph.model, splits))
+        split_memory = _memory_like(split_graph, memory)
+        parts = _part_nodes(split_graph, splits)
+        # The count was computed from shapes; a part the memory model finds over gets one more.
+        grow = {
+            p.layer
+            for i, p in parts.items()
+            if split_memory.need(i, i + 1).total > top and p.parts < splits_by(splits)[p.layer].size
+        }
+        if not grow:
+            return split_graph, split_memory, splits
+        splits = [s.more() if s.layer in grow else s for s in splits]
+    raise PlanError(f"cannot split {', '.join(s.layer for s in splits)} to fit {top} bytes")
+
+
+def splits_by(splits: Sequence[Split]) -> dict[str, Split]:
+    return {s.layer: s for s in splits}
+
+
+def _part_nodes(graph: Graph, splits: Sequence[Split]) -> dict[int, StagePart]:
+    """Node index -> the part of a split layer it is."""
+    names = {
+        s.part_name(k): StagePart(s.layer, s.kind, s.how, k, s.parts, s.bounds[k], s.bounds[k + 1])
+        for s in splits
+        for k in range(s.parts)
+    }
+    return {i: names[n.name] for i, n in enumerate(graph.nodes) if n.name in names}
+
+
+def _labels(stage_plan: Plan, parts: dict[int, StagePart]) -> list[str]:
+    """Each stage's position in the pipeline: parts of one split layer side by side ("3.0",
+    "3.1"), every other stage a number of its own."""
+    labels: list[str] = []
+    step = 0
+    group: dict[str, int] = {}
+    for start, end in stage_plan:
+        part = parts.get(start) if end - start == 1 else None
+        if part is None:
+            labels.append(str(step))
+            step += 1
+            continue
+        if part.layer not in group:
+            group[part.layer] = step
+            step += 1
+        labels.append(f"{group[part.layer]}.{part.part}")
+    return labels
 
 
 def _sha256_model(model: keras.Model) -> str:

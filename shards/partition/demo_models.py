@@ -22,6 +22,12 @@ unless said:
   3 ms at 32 x 64.
 - ``demo-conv1d``: no mask: Embedding -> Conv1D(16, 3, same) -> global max pooling -> 4 logits;
   padding changes its answers, so it must be served unpadded.
+
+``demo_recommender()`` (issue 29; built in code for tests and benchmarks, not one of the names
+``shardserve`` takes: save it to a ``.keras`` file to serve it): a 6000 x 32 item table
+(``mask_zero``, read for a history of 20 ids and for the candidate item), a 1000 x 16 user
+table, an MLP and a 1000-wide score layer; under a budget of a few hundred KiB its item table
+is split across devices.
 """
 
 from __future__ import annotations
@@ -173,6 +179,35 @@ def demo_conv1d() -> keras.Model:
     )(x)
     x = keras.layers.GlobalMaxPooling1D(name="pool")(x)
     return keras.Model(tokens, _dense(x, 4, "logits", seeds), name="demo_conv1d")
+
+
+# demo-recommender's sizes: a 768 KiB item table, a 1000-item score layer.
+ITEMS, USERS, HISTORY = 6000, 1000, 20
+
+
+def demo_recommender() -> keras.Model:
+    """Two tables: items (``mask_zero``, read twice: the history and the candidate) and users;
+    an MLP over the pooled history, the candidate and the user; a wide score layer."""
+    seeds = count(700)
+    history = keras.Input((HISTORY,), dtype="int32", name="history")
+    item = keras.Input((1,), dtype="int32", name="item")
+    user = keras.Input((1,), dtype="int32", name="user")
+    items = keras.layers.Embedding(
+        ITEMS, 32, mask_zero=True, embeddings_initializer=_init(seeds), name="items"
+    )
+    users = keras.layers.Embedding(USERS, 16, embeddings_initializer=_init(seeds), name="users")
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(items(history))
+    x = keras.layers.Concatenate(name="features")(
+        [
+            pooled,
+            keras.layers.GlobalAveragePooling1D(name="candidate")(items(item)),
+            keras.layers.Flatten(name="user_vector")(users(user)),
+        ]
+    )
+    x = _dense(x, 64, "hidden_0", seeds, activation="relu")
+    x = _dense(x, 32, "hidden_1", seeds, activation="relu")
+    scores = _dense(x, 1000, "scores", seeds)
+    return keras.Model([history, item, user], scores, name="demo_recommender")
 
 
 DEMO_MODELS: dict[str, Callable[[], keras.Model]] = {

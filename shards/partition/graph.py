@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import keras
@@ -122,6 +122,40 @@ def analyse(model: keras.Model, sequence_length: int | None = None) -> Graph:
     output_names = _named(model._outputs_struct, model.outputs, model.output_names)
     # Named from the model as the user built it; flattening keeps the order of the flat lists.
     model = flatten_nested(model)
+    order = topological_nodes(model.outputs)
+    bounds = _length_bounds(model, order, sequence_length)
+    length = planned_length(sequence_length, tightest(bounds))
+    graph = _layer_graph(model, input_names, output_names, length)
+    signature = ModelSignature(
+        name=model.name,
+        inputs=tuple(_spec(t, graph.tensor_names[id(t)]) for t in model.inputs),
+        outputs=tuple(_spec(t, graph.tensor_names[id(t)]) for t in model.outputs),
+    )
+    signature = mark_masked_inputs(signature, model.inputs, order)
+    signature = bound_signature(signature, bounds)
+    return replace(graph, signature=signature)
+
+
+def reanalyse(graph: Graph, model: keras.Model) -> Graph:
+    """The graph of ``model``, a rewrite of ``graph.model`` with the same inputs and outputs in
+    the same order (a layer split into parts: ``shards.partition.split``): named, bounded and
+    signed as ``graph``."""
+    return replace(
+        _layer_graph(
+            model,
+            [t.name for t in graph.signature.inputs],
+            [t.name for t in graph.signature.outputs],
+            graph.sequence_length,
+        ),
+        signature=graph.signature,
+    )
+
+
+def _layer_graph(
+    model: keras.Model, input_names: Sequence[str], output_names: Sequence[str], length: int
+) -> Graph:
+    """A flat functional model's live layer calls, costed at ``length``; its signature bare
+    (the caller's to fill)."""
     taken: set[str] = set()
     names: dict[int, str] = {}
     for tensor, name in zip(model.inputs, input_names, strict=True):
@@ -137,8 +171,6 @@ def analyse(model: keras.Model, sequence_length: int | None = None) -> Graph:
     nodes: list[GraphNode] = []
     calls: dict[int, int] = {}
     order = topological_nodes(model.outputs)
-    bounds = _length_bounds(model, order, sequence_length)
-    length = planned_length(sequence_length, tightest(bounds))
     for node in order:
         op = node.operation
         calls[id(op)] = calls.get(id(op), 0) + 1
@@ -164,20 +196,13 @@ def analyse(model: keras.Model, sequence_length: int | None = None) -> Graph:
             keep.insert(0, i)
             live.update(id(t) for t in nodes[i].inputs)
             live.update(id(m) for m in masks[i].values())
-    signature = ModelSignature(
-        name=model.name,
-        inputs=tuple(_spec(t, names[id(t)]) for t in model.inputs),
-        outputs=tuple(_spec(t, names[id(t)]) for t in model.outputs),
-    )
-    signature = mark_masked_inputs(signature, model.inputs, order)
-    signature = bound_signature(signature, bounds)
     return Graph(
         model=model,
         nodes=tuple(nodes[i] for i in keep),
         tensor_names=names,
         input_ids=tuple(id(t) for t in model.inputs),
         output_ids=tuple(id(t) for t in model.outputs),
-        signature=signature,
+        signature=ModelSignature(name=model.name, inputs=(), outputs=()),
         masks=tuple(masks[i] for i in keep),
         sequence_length=length,
     )

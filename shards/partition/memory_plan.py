@@ -179,6 +179,7 @@ class MemoryModel:
             raise PlanError(f"device_overhead_bytes must be >= 0, got {overhead_bytes}")
         self.max_batch_size = max_batch_size
         self.overhead_bytes = overhead_bytes
+        self.weight_dtype = weight_dtype
         nodes = graph.nodes
         reduced = None if weight_dtype in (None, "float32") else _itemsize(str(weight_dtype))
         self._weights = [_served_bytes(n, reduced) for n in nodes]

@@ -140,7 +140,7 @@ Need = Callable[[int, int], int]
 Explain = Callable[[int, int], str]
 
 
-def _budget_text(budgets: Sequence[int]) -> str:
+def budget_text(budgets: Sequence[int]) -> str:
     if len(budgets) == 1:
         return f"max_stage_bytes={budgets[0]} ({format_bytes(budgets[0])})"
     top = max(budgets)
@@ -234,7 +234,7 @@ def plan_budget(
         if need(i, i + 1) > max(budgets):
             raise PlanError(
                 f"layer {node.name!r} alone holds {explain(i, i + 1)}, more than "
-                f"{_budget_text(budgets)}; raise the budget to at least {need(i, i + 1)} bytes"
+                f"{budget_text(budgets)}; raise the budget to at least {need(i, i + 1)} bytes"
             )
     costs = [n.cost for n in nodes]
     total = sum(costs)

@@ -205,7 +205,8 @@ async def start_replicas(
         for replica in replicas:
             replica.actors = spawn_actors(spec, replica.placement_group, bundles)
         await wait_actors(replicas, options.ready_timeout_s)
-        depth = options.max_inflight_per_replica or len(manifest.stages) + 1
+        # The parts of a split layer run side by side: they add no depth.
+        depth = options.max_inflight_per_replica or manifest.depth + 1
         if options.compiled_graph:
             for replica in replicas:
                 replica.compile(depth)

@@ -82,7 +82,7 @@ def test_bad_json(tmp_path: Path) -> None:
 def test_unknown_format_version(tmp_path: Path) -> None:
     data = make_manifest().to_json() | {"format_version": 99}
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
-    with pytest.raises(BundleError, match="format_version is 99; this shardserve reads version 2"):
+    with pytest.raises(BundleError, match="format_version is 99; this shardserve reads version 3"):
         read_manifest(tmp_path)
 
 

@@ -104,12 +104,16 @@ def test_budget_gives_fewest_stages_that_fit(tmp_path: Path) -> None:
     assert_chain_matches(model, inputs, tmp_path / "b")
 
 
-def test_budget_smaller_than_a_layer_names_it(tmp_path: Path) -> None:
-    model, _ = sequential()
-    with pytest.raises(PlanError, match=r"layer 'dense_\d+' alone holds .*1088 bytes.*=1000"):
-        partition_to_bundle(
-            model, tmp_path / "b", max_stage_bytes=1000, max_batch_size=1, device_overhead_bytes=0
-        )
+def test_budget_smaller_than_a_layer_splits_it(tmp_path: Path) -> None:
+    # Issue 29: a Dense larger than the budget is split by its output units, not refused (the
+    # refusal of a kind that cannot be split: tests/shards/partition/test_split.py).
+    model, inputs = sequential()
+    manifest = partition_to_bundle(
+        model, tmp_path / "b", max_stage_bytes=1000, max_batch_size=1, device_overhead_bytes=0
+    )
+    assert {s.part.layer for s in manifest.stages if s.part} == {model.layers[1].name}
+    assert all(s.planned_peak_bytes <= 1000 for s in manifest.stages)
+    assert_chain_matches(model, inputs, tmp_path / "b")
 
 
 def test_more_stages_than_nodes_is_an_error(tmp_path: Path) -> None:

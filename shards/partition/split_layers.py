@@ -1,0 +1,194 @@
+"""The layers a layer too large for one device becomes: its parts, and the combine that joins them.
+
+An embedding table is split by rows (vocabulary ranges): ``TableRows`` holds one range and looks
+up only the ids inside it, writing zeros for the others, so that adding the parts' outputs
+(``SplitCombine(how="add")``) gives each row back exactly: every element is one part's value
+plus zeros. A ``Dense`` or ``EinsumDense`` is split by its output units: ``KernelColumns``
+holds a slice of the kernel (and of the bias) and computes those units without the activation;
+``SplitCombine(how="concat")`` joins the slices along the output axis and applies the
+activation, which may read the whole row (softmax).
+
+A part takes a list of inputs and returns one output per input: a layer called several times
+(an id table read for a history and a candidate) is one part node serving every call, so its
+rows are held once. Importing this module registers the layers, which every stage file holding
+one needs before it loads (``shards.bundle.format.load_keras``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+from keras import ops
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+@keras.saving.register_keras_serializable(package="shardserve")
+class TableRows(keras.layers.Layer):  # type: ignore[misc]
+    """Rows ``[start, start + rows)`` of an embedding table of ``output_dim`` columns."""
+
+    def __init__(self, start: int, rows: int, output_dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start, self.rows, self.output_dim = int(start), int(rows), int(output_dim)
+
+    def build(self, input_shape: Any) -> None:
+        self.embeddings = self.add_weight(
+            shape=(self.rows, self.output_dim), initializer="zeros", name="embeddings"
+        )
+
+    def call(self, inputs: Any) -> list[Any]:
+        outputs = []
+        for ids in _as_list(inputs):
+            if ids.dtype not in ("int32", "int64"):
+                ids = ops.cast(ids, "int32")
+            local = ids - self.start
+            inside = ops.logical_and(local >= 0, local < self.rows)
+            found = ops.take(self.embeddings, ops.where(inside, local, 0), axis=0)
+            found = ops.where(ops.expand_dims(inside, -1), found, ops.zeros_like(found))
+            outputs.append(ops.cast(found, self.compute_dtype))
+        return outputs
+
+    def compute_output_shape(self, input_shape: Any) -> list[tuple[Any, ...]]:
+        shapes = input_shape if isinstance(input_shape, list) else [input_shape]
+        return [(*tuple(s), self.output_dim) for s in shapes]
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        return None
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "start": self.start,
+            "rows": self.rows,
+            "output_dim": self.output_dim,
+        }
+
+
+def einsum_letters(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
+    """The subscripts of an einsum's operands and output, ``...`` written out as digits for the
+    ``ranks`` of the operands (the first operand's rank fixes how many axes it stands for)."""
+    operands, output = equation.split("->")
+    specs = operands.split(",")
+    extra = ""
+    for spec, rank in zip(specs, ranks, strict=True):
+        if "..." in spec:
+            extra = "".join(str(d) for d in range(rank - (len(spec) - 3)))
+            break
+    return [s.replace("...", extra) for s in specs], output.replace("...", extra)
+
+
+@keras.saving.register_keras_serializable(package="shardserve")
+class KernelColumns(keras.layers.Layer):  # type: ignore[misc]
+    """A slice of a ``Dense`` (``equation=None``: ``x @ kernel + bias``, as Dense computes it) or
+    ``EinsumDense`` kernel along its output units, without the activation."""
+
+    def __init__(
+        self,
+        kernel_shape: Sequence[int],
+        bias_shape: Sequence[int] | None,
+        equation: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.kernel_shape = tuple(int(d) for d in kernel_shape)
+        self.bias_shape = None if bias_shape is None else tuple(int(d) for d in bias_shape)
+        self.equation = equation
+        self.supports_masking = True
+
+    def build(self, input_shape: Any) -> None:
+        self.kernel = self.add_weight(shape=self.kernel_shape, initializer="zeros", name="kernel")
+        self.bias = None
+        if self.bias_shape is not None:
+            self.bias = self.add_weight(shape=self.bias_shape, initializer="zeros", name="bias")
+
+    def call(self, inputs: Any) -> list[Any]:
+        outputs = []
+        for x in _as_list(inputs):
+            if self.equation is None:
+                y = ops.matmul(x, self.kernel)
+            else:
+                y = ops.einsum(self.equation, x, self.kernel)
+            outputs.append(y if self.bias is None else ops.add(y, self.bias))
+        return outputs
+
+    def _shape(self, shape: Sequence[Any]) -> tuple[Any, ...]:
+        if self.equation is None:
+            return (*tuple(shape)[:-1], self.kernel_shape[-1])
+        (x, k), out = einsum_letters(self.equation, [len(shape), len(self.kernel_shape)])
+        dims = dict(zip(x, shape, strict=True)) | dict(zip(k, self.kernel_shape, strict=True))
+        return tuple(dims[c] for c in out)
+
+    def compute_output_shape(self, input_shape: Any) -> list[tuple[Any, ...]]:
+        shapes = input_shape if isinstance(input_shape, list) else [input_shape]
+        return [self._shape(s) for s in shapes]
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        return mask
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "kernel_shape": list(self.kernel_shape),
+            "bias_shape": None if self.bias_shape is None else list(self.bias_shape),
+            "equation": self.equation,
+        }
+
+
+@keras.saving.register_keras_serializable(package="shardserve")
+class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
+    """The parts' outputs joined: added (row ranges; with ``mask_zero`` the ids come first and
+    the output carries ``ids != 0`` as its mask, as the table's ``Embedding`` did), or
+    concatenated along ``axis`` and passed through ``activation`` (column ranges)."""
+
+    def __init__(
+        self,
+        how: str,
+        axis: int = -1,
+        activation: Any = None,
+        mask_zero: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.how, self.axis, self.mask_zero = how, int(axis), bool(mask_zero)
+        self.activation = keras.activations.get(activation)
+        self.supports_masking = True
+
+    def _parts(self, inputs: Any) -> list[Any]:
+        parts = _as_list(inputs)
+        return parts[1:] if self.mask_zero else parts
+
+    def call(self, inputs: Any) -> Any:
+        parts = self._parts(inputs)
+        if self.how == "add":
+            # Each element is one part's value and zeros from the others: the sum is exact.
+            return functools.reduce(ops.add, parts)
+        return self.activation(ops.concatenate(parts, axis=self.axis))
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        shapes = [tuple(s) for s in self._parts(input_shape)]
+        if self.how == "add":
+            return shapes[0]
+        axis = self.axis % len(shapes[0])
+        dims = [s[axis] for s in shapes]
+        joined = None if any(d is None for d in dims) else sum(dims)
+        return (*shapes[0][:axis], joined, *shapes[0][axis + 1 :])
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        if self.mask_zero:
+            return ops.not_equal(_as_list(inputs)[0], 0)
+        masks = _as_list(mask)
+        return masks[0] if masks else None
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "how": self.how,
+            "axis": self.axis,
+            "activation": keras.activations.serialize(self.activation),
+            "mask_zero": self.mask_zero,
+        }
