@@ -230,6 +230,12 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="Batch sizes a batch is padded to; unset = no padding on CPU stages, powers "
         "of two up to max on GPU stages (docs/tuning.md).",
     )
+    fill_while_busy: bool = Field(
+        True,
+        description="A batch whose wait ran out while the first stage of every healthy replica "
+        "is busy keeps taking rows until that stage is about to be free (or it is full, or a "
+        "deadline needs it); false = it closes on its wait alone (docs/tuning.md).",
+    )
     request_timeout_ms: float = Field(
         30000.0, gt=0, le=3_600_000, description="Deadline of a request (header may shorten)."
     )

@@ -382,6 +382,8 @@ def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
         allowed_batch_sizes=settings.batch_sizes(),
         slo_p99_ms=settings.slo_p99_ms,
         pipeline_depth=stages * replicas,
+        pipeline_stages=stages,
+        fill_while_busy=settings.fill_while_busy,
         # CPU stages take any batch size with one trace: padding would only add rows.
         pad_batches=settings.allowed_batch_sizes is not None or runner.on_gpu,
     )
