@@ -28,6 +28,7 @@ from serving.metrics.series import Metrics, ModelMetrics
 from serving.settings.config import ConfigError, Settings
 from serving.settings.lengths import served_max_length
 from serving.supervisor import supervise
+from serving.version.collector import freeze_heap
 from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
 from serving.version.life import LOADING_STATES, Life, VersionState
@@ -256,6 +257,8 @@ class ServedModel:
         batcher.set_length_padding(self.length_plan.padding)
         await log_memory(self, runner)
         self.batcher = batcher
+        if self.settings.gc_freeze:
+            freeze_heap(self.settings.gc_first_threshold)
         self._life.advance(VersionState.READY)
         log.info(
             "ready: serving %r version %s (%d stage(s))", self.name, self.version, runner.num_stages
