@@ -162,6 +162,13 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "share of the cores among the model's stage actors, in whole threads (at least 1), on a "
         "private local Ray, 1 on a cluster.",
     )
+    stage_cores: Literal["replicas", "threads"] = Field(
+        "replicas",
+        description="On a private local Ray, a model of one stage whose copies fit in half the "
+        "free memory: one single-threaded replica per core (replicas) or one actor with a "
+        "TensorFlow thread per core (threads); not when replicas, CPUs per shard or a stage "
+        "budget are given (docs/tuning.md).",
+    )
     placement_strategy: PlacementStrategy = Field(
         "PACK", description="Placement group strategy of a pipeline's shard actors."
     )
