@@ -178,6 +178,19 @@ class RowQueues:
     def requests(self) -> list[PendingRequest]:
         return [r for q in self._queues.values() for r in q]
 
+    def earliest_deadline(self, key: QueueKey, rows: int) -> float | None:
+        """The earliest deadline among the requests whose rows the next ``rows``-row batch of
+        ``key`` would take; None where none of them has one."""
+        earliest: float | None = None
+        taken = 0
+        for request in self._queues.get(key, ()):
+            if taken >= rows:
+                break
+            taken += request.queued
+            if request.deadline is not None and (earliest is None or request.deadline < earliest):
+                earliest = request.deadline
+        return earliest
+
     def remove(self, request: PendingRequest) -> bool:
         """Drop the request's rows not yet in a batch; True when some were dropped."""
         queue = self._queues.get(request.key)

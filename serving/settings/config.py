@@ -162,6 +162,13 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "share of the cores among the model's stage actors, in whole threads (at least 1), on a "
         "private local Ray, 1 on a cluster.",
     )
+    stage_cores: Literal["replicas", "threads"] = Field(
+        "replicas",
+        description="On a private local Ray, a model of one stage whose copies fit in half the "
+        "free memory: one single-threaded replica per core (replicas) or one actor with a "
+        "TensorFlow thread per core (threads); not when replicas, CPUs per shard or a stage "
+        "budget are given (docs/tuning.md).",
+    )
     placement_strategy: PlacementStrategy = Field(
         "PACK", description="Placement group strategy of a pipeline's shard actors."
     )
@@ -213,6 +220,23 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "batch); past it the load fails with what it waited for, instead of waiting for ever.",
     )
 
+    # --- the front end's process
+    gc_freeze: bool = Field(
+        True,
+        description="Once a version is READY, collect and freeze what the load left alive "
+        "(gc.freeze), so that the collector no longer scans it on the request path.",
+    )
+    # About 20 to 50 requests' young containers between gen-0 collections instead of CPython's
+    # 700 (a few requests'): a gen-0 pass over 10,000 young objects takes well under a ms, and
+    # reference counting still frees all but cycles at once (serving.version.collector).
+    gc_first_threshold: int = Field(
+        10_000,
+        ge=100,
+        le=10_000_000,
+        description="Young objects between two collections of the first generation (CPython: "
+        "700), set with gc_freeze; a server allocates per request (docs/tuning.md).",
+    )
+
     # --- batching
     max_batch_size: int = Field(32, ge=1, le=4096, description="Rows in a full batch.")
     batch_timeout_ms: float | Literal["auto"] = Field(
@@ -229,6 +253,12 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         None,
         description="Batch sizes a batch is padded to; unset = no padding on CPU stages, powers "
         "of two up to max on GPU stages (docs/tuning.md).",
+    )
+    fill_while_busy: bool = Field(
+        True,
+        description="A batch whose wait ran out while the first stage of every healthy replica "
+        "is busy keeps taking rows until that stage is about to be free (or it is full, or a "
+        "deadline needs it); false = it closes on its wait alone (docs/tuning.md).",
     )
     request_timeout_ms: float = Field(
         30000.0, gt=0, le=3_600_000, description="Deadline of a request (header may shorten)."
