@@ -10,7 +10,7 @@ from pathlib import Path
 from serving.settings.config import Settings
 from serving.version.runner import estimated_stages, private_ray_cpus, stage_replicas
 from shards.bundle.format import read_manifest
-from shards.bundle.resolve import resolve_bundle
+from shards.bundle.resolve import ResolveOptions, resolve_bundle
 from shards.cpu_plan import available_memory, machine_cores, stage_copies
 
 
@@ -43,7 +43,9 @@ def test_two_models_each_get_their_cpus_and_one_more_fits() -> None:
 def test_the_server_copies_a_small_single_stage_only_where_the_choice_is_its_own(
     tmp_path: Path,
 ) -> None:
-    bundle = resolve_bundle("demo-tiny", stages=1, max_stage_bytes=None, cache_dir=tmp_path)
+    bundle = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=tmp_path)
+    )
     cores = machine_cores()
     peak = read_manifest(bundle).stages[0].planned_peak_bytes
     copies = stage_copies(1, peak, cores, available_memory())
@@ -56,5 +58,7 @@ def test_the_server_copies_a_small_single_stage_only_where_the_choice_is_its_own
     assert stage_replicas(Settings(model=model, max_stage_bytes=[2**40]), bundle) == 1
     assert stage_replicas(Settings(model=model, ray_address="auto"), bundle) == 1
     assert stage_replicas(Settings(model=model, min_replicas=1, max_replicas=2), bundle) == 1
-    two = resolve_bundle("demo-tiny", stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    two = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    )
     assert stage_replicas(Settings(model=str(two)), two) == 1
