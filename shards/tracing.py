@@ -129,7 +129,9 @@ def _build(service: str) -> Any:
     named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get(
         "OTEL_RESOURCE_ATTRIBUTES", ""
     )
-    resource = Resource.create({} if named else {"service.name": service})
+    # process.pid: the driver's spans and each stage actor's are told apart by their process.
+    base: dict[str, str | int] = {"process.pid": os.getpid()}
+    resource = Resource.create(base if named else {**base, "service.name": service})
     sampler: Any = _BatchAware(sampling._get_from_env_or_default())
     provider = TracerProvider(resource=resource, sampler=sampler)
     provider.add_span_processor(BatchSpanProcessor(_exporter()))
