@@ -28,6 +28,8 @@ from serving.batching.batch_run import Outcome, batch_length, isolation_depth, s
 from serving.batching.hold import Hold
 from serving.batching.record import BatchRecord
 from serving.errors import NotReadyError, RecoveringError, ShardServeError
+from serving.telemetry import active
+from serving.telemetry.stamp import batch_attributes, batch_done, batch_sent
 
 if TYPE_CHECKING:
     from serving.batching.batch_run import FailSegments, RunBatch
@@ -298,6 +300,11 @@ class Dispatcher:
         positions = sum(request.positions(start, n) for request, start, n in segments)
         started = time.monotonic()
         outcome = Outcome()
+        batch_sent(segments, started, reason, rows)
+        tracer = active.tracer
+        span = None
+        if tracer is not None:
+            span = tracer.batch(segments, batch_attributes(rows, padded, length, reason, segments))
         try:
             await settle(
                 self._run_batch, segments, policy, isolation_depth(segments), outcome,
@@ -310,6 +317,9 @@ class Dispatcher:
             raise
         finally:
             run_s = time.monotonic() - started
+            batch_done(segments, started + run_s)
+            if span is not None and tracer is not None:
+                tracer.batch_end(span, outcome.clean, outcome.isolated)
             # Decrement before waking the loop so that it sees the free slot.
             self.inflight -= 1
             self.inflight_rows -= rows

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from serving.errors import InvalidInputError
+from serving.telemetry.stamp import CURRENT
 
 if TYPE_CHECKING:
     from serving.batching.lengths import LengthPadding
@@ -86,6 +87,7 @@ class PendingRequest:
         "row_lengths",
         "rows",
         "rows_done",
+        "stamp",
     )
 
     def __init__(
@@ -114,6 +116,10 @@ class PendingRequest:
         self.next_row = 0  # first row not yet handed to a batch
         self.rows_done = 0
         self.parts: list[tuple[int, dict[str, np.ndarray]]] = []
+        # The data plane's record of the request (``serving.telemetry.stamp``), where it has one.
+        self.stamp = CURRENT.get()
+        if self.stamp is not None:
+            self.stamp.rows = rows
 
     @property
     def queued(self) -> int:

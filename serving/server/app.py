@@ -48,7 +48,16 @@ def create_app(
     lifespan = make_lifespan(
         settings, lambda state: Repository(state, settings, runner_factory, on_load_failure)
     )
-    app = ShardServeApp(title="shardserve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    # FastAPI's own OpenTelemetry off: it would turn on as soon as anything sets a global
+    # tracer provider, and then every request would leave the fast path (``_untraced``). The
+    # server's spans are its own (``serving.telemetry``), made on the fast path.
+    app = ShardServeApp(
+        title="shardserve",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     install_error_handlers(app)
     install_tfserving_routes(app, settings, predict_model)
     install_routes(app)

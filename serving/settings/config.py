@@ -96,6 +96,25 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "(terminationGracePeriodSeconds, docker stop -t).",
     )
 
+    # --- observability (serving.telemetry)
+    tracing: bool | None = Field(
+        None,
+        description="Export OpenTelemetry traces over OTLP; unset = on where an "
+        "OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set, as for any OpenTelemetry service; "
+        "OTEL_SDK_DISABLED=true wins. The OTEL_* variables configure the rest.",
+    )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="Where traces go (an OTLP/HTTP URL such as http://collector:4318, or "
+        "with OTEL_EXPORTER_OTLP_PROTOCOL=grpc a gRPC one, http://collector:4317); turns "
+        "tracing on; unset = the OTEL_EXPORTER_OTLP_* variables'.",
+    )
+    access_log: Literal["json", "text", "off"] = Field(
+        "off",
+        description="One line per request on stdout (logger shardserve.access): json for log "
+        "pipelines, text for people; its fields are in the README (Observability).",
+    )
+
     # --- the model
     model: str = Field(
         "demo-mlp", description="A .keras file, a bundle directory, or a demo model name."
