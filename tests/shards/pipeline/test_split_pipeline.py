@@ -17,7 +17,7 @@ from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_recommender
 from shards.pipeline.options import PipelineOptions
 from shards.pipeline.replica_set import ReplicaSet
-from tests.shards.partition.test_split import BUDGET, recommender_inputs, whole
+from tests.shards.partition.test_layer_split import BUDGET, recommender_inputs, whole
 
 
 @pytest.mark.asyncio
