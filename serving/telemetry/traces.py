@@ -174,7 +174,6 @@ class Tracer:
             BATCH.reset(token)
             span.end()
 
-
     # --- the repository's moves
 
     def rollback(self, model: str, canary: str, stable: str, reason: str, detail: str) -> None:
