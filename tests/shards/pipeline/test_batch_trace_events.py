@@ -47,4 +47,3 @@ async def test_a_lost_stage_is_a_fault_but_no_watchdog_kill() -> None:
         BATCH.reset(token)
         await group.close()
     assert [name for name, _ in noted.events] == ["replica fault"]
-
