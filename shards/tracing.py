@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "BATCH",
+    "ROLLBACK",
     "BatchTrace",
     "note",
     "note_event",
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 DEFAULT_SERVICE = "shardserve"
+ROLLBACK = "canary.rollback"  # a span that the sampler always records, as a batch span
 _lock = threading.Lock()
 _providers: dict[str, Any] = {}
 
@@ -152,7 +154,8 @@ def _exporter() -> Any:
 
 
 class _BatchAware:
-    """The configured sampler, except for batch spans: those are recorded (``tracer_provider``)."""
+    """The configured sampler, except for batch spans (``tracer_provider``) and a canary's
+    rollback (rare, and what an operator looks for): those are recorded."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -167,7 +170,7 @@ class _BatchAware:
         links: Any = None,
         trace_state: Any = None,
     ) -> Any:
-        if attributes and attributes.get("shardserve.batch"):
+        if name == ROLLBACK or (attributes and attributes.get("shardserve.batch")):
             from opentelemetry.sdk.trace.sampling import Decision, SamplingResult
 
             return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, trace_state)

@@ -114,6 +114,11 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="One line per request on stdout (logger shardserve.access): json for log "
         "pipelines, text for people; its fields are in the README (Observability).",
     )
+    access_log_probes: bool = Field(
+        False,
+        description="Log the health and readiness probes and the /metrics scrapes that answer "
+        "2xx too (a failed one is always logged); off: they would be most of the lines.",
+    )
 
     # --- the model
     model: str = Field(

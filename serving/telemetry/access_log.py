@@ -18,6 +18,9 @@ Never the body, never an error's detail beyond the one-line reason the client go
     queue_ms, compute_ms, total_ms    as in Server-Timing
     bytes_in, bytes_out               the bodies' (messages') sizes
     reject      why it was refused or failed (queue_full, too_large, invalid_input, ...), or ""
+
+The routes outside the data plane (probes, ``/metrics``, admin, 404s) get their lines from
+``serving.http.access``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, Literal
 
 import orjson
 
-__all__ = ["FIELDS", "AccessLog", "reject_reason"]
+__all__ = ["FIELDS", "AccessLog", "reject_reason", "status_reason"]
 
 FIELDS = (
     "time", "request_id", "trace_id", "client", "route", "protocol", "model", "version",
@@ -53,6 +56,28 @@ _REASONS = {
 }
 
 
+# A route's answer outside the data plane (``serving.http.access``): its status is all there is.
+_STATUS_REASONS = {
+    400: "invalid_input",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    422: "invalid_input",
+    503: "not_ready",
+    504: "deadline",
+}
+
+
+def status_reason(status: int) -> str:
+    """The ``reject`` of an answer known by its status alone (a route's, not an inference's)."""
+    if status < 400:
+        return ""
+    return _STATUS_REASONS.get(status, "internal" if status >= 500 else "refused")
+
+
 def reject_reason(error: BaseException | None, status: int) -> str:
     """The access log's ``reject`` for a request that ended with ``error`` and ``status``."""
     if status < 400:
@@ -67,10 +92,15 @@ def reject_reason(error: BaseException | None, status: int) -> str:
 
 
 class AccessLog:
-    """Writes the lines in one ``form``; ``stream``: where (stdout by default)."""
+    """Writes the lines in one ``form``; ``stream``: where (stdout by default); ``probes``:
+    whether a probe or a metrics scrape that answered 2xx gets its line too
+    (``serving.http.access``)."""
 
-    def __init__(self, form: Literal["json", "text"], stream: Any = None) -> None:
+    def __init__(
+        self, form: Literal["json", "text"], stream: Any = None, *, probes: bool = False
+    ) -> None:
         self.form = form
+        self.probes = probes
         self._log = logging.getLogger("shardserve.access")
         self._log.propagate = False
         self._log.setLevel(logging.INFO)

@@ -42,7 +42,7 @@ def start(settings: Settings) -> None:
     if settings.access_log != "off" and active.access_log is None:
         from serving.telemetry.access_log import AccessLog
 
-        active.access_log = AccessLog(settings.access_log)
+        active.access_log = AccessLog(settings.access_log, probes=settings.access_log_probes)
     if not tracing_on(settings):
         if settings.tracing or settings.otlp_endpoint:
             log.info("tracing: off (%s=true)", _DISABLED)

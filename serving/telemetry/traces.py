@@ -9,6 +9,10 @@ span is made only where a member request is sampled, and is then always recorded
 ``traceparent`` (a new trace without one) and gets, when it ends, a child for its time in the
 queue (with why its batch closed), timed from the batcher's stamps (``serving.telemetry.stamp``).
 
+A canary's rollback is a short span of its own (``canary.rollback``, a root, always recorded
+like a batch span): the judge's verdict comes from many requests' outcomes, and an admin's from
+none, so no request's trace owns it; its attributes say which version left, for what reason.
+
 Spans carry one-line reasons only: a failed request's status says what the client was told.
 """
 
@@ -23,7 +27,14 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from shards.tracing import BATCH, BatchTrace, context_from, traceparent_of, tracer_provider
+from shards.tracing import (
+    BATCH,
+    ROLLBACK,
+    BatchTrace,
+    context_from,
+    traceparent_of,
+    tracer_provider,
+)
 
 if TYPE_CHECKING:
     from serving.batching.rows import Segment
@@ -162,6 +173,26 @@ class Tracer:
             _take_notes(span, BATCH.get())
             BATCH.reset(token)
             span.end()
+
+    # --- the repository's moves
+
+    def rollback(self, model: str, canary: str, stable: str, reason: str, detail: str) -> None:
+        """A canary rolled back (``reason``: ``errors``, ``latency``, ``manual``; ``detail``:
+        the judge's or the admin's one line), as a span of its own."""
+        span = self._tracer.start_span(
+            ROLLBACK,
+            context=Context(),
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "shardserve.model": model,
+                "shardserve.version": canary,
+                "shardserve.stable_version": stable,
+                "shardserve.rollback_reason": reason,
+                "shardserve.rollback_detail": detail,
+            },
+        )
+        span.add_event("rollback", {"shardserve.rollback_reason": reason})
+        span.end()
 
 
 def _take_notes(span: Any, noted: BatchTrace | None) -> None:

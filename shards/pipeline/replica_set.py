@@ -183,6 +183,15 @@ class ReplicaSet:
                     replica=self._id_of(pipeline) or 0,
                     reason=error.message,
                 )
+                if isinstance(error, StageTimeoutError):
+                    # Past the watchdog's limit: the replica's stage actors are killed (a
+                    # running task is not interrupted otherwise) and restarted.
+                    tracing.note_event(
+                        "watchdog kill",
+                        replica=self._id_of(pipeline) or 0,
+                        reason=error.message,
+                        waited_behind=error.victim,
+                    )
                 self._fault(pipeline, error)
                 if error.victim:
                     victims += 1

@@ -1,10 +1,13 @@
 """Every answer carries its ``Server-Timing`` (HTTP header, gRPC trailing metadata) and, with
 ``--access-log``, one structured line: on success and on the refusals (503 from the headers,
-413, 400; gRPC: 503, 400), over HTTP through the real protocol and over gRPC, with the fake runner."""
+413, 400; gRPC: 503, 400), over HTTP through the real protocol and over gRPC, with the fake runner;
+the routes outside the data plane (a 404, admin) get their line too, a probe or a scrape that
+passes only with ``access_log_probes``."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 
@@ -12,7 +15,8 @@ import grpc
 import numpy as np
 import pytest
 
-from serving.telemetry.access_log import FIELDS
+from serving.http.access import RouteLine
+from serving.telemetry.access_log import FIELDS, AccessLog
 from tests.fakes import FakeRunner, make_rows, spawn
 from tests.serving.http.uvicorn_server import row, running
 from tests.serving.protocols.v2.test_v2_grpc import infer_request, serve
@@ -118,3 +122,47 @@ async def test_no_log_line_with_the_access_log_off(capsys: pytest.CaptureFixture
         ok = await s.client.post("/predict", json={"instances": [row(1)]})
     assert TIMING.match(ok.headers["server-timing"])
     assert "request_id" not in capsys.readouterr().out
+
+
+async def test_routes_outside_the_data_plane_are_logged_but_a_passing_probe_is_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    seen: list[str] = []  # with a user's middleware: the fast routes go through the stack
+    for probes, middleware in ((False, None), (True, seen)):
+        async with running(middleware, access_log="json", access_log_probes=probes) as s:
+            for path in ("/healthz", "/readyz", "/metrics", "/v2/health/ready"):
+                assert (await s.client.get(path)).status_code == 200
+            missing = await s.client.get("/no/such/route", headers={"x-request-id": "gone"})
+            admin = await s.client.get("/admin/batching")
+            ok = await s.client.post("/predict", json={"instances": [row(1)]})
+        assert (missing.status_code, ok.status_code) == (404, 200)
+        lines = _lines(capsys)
+        routes = [line["route"] for line in lines]
+        probed = ["/healthz", "/readyz", "/metrics", "/v2/health/ready"] if probes else []
+        assert routes == [*probed, "/no/such/route", "/admin/batching", "/predict"]  # once each
+        by_route = {line["route"]: line for line in lines}
+        gone = by_route["/no/such/route"]
+        assert (gone["request_id"], gone["status"], gone["reject"]) == ("gone", 404, "not_found")
+        assert gone["bytes_out"] == len(missing.content) and gone["model"] == ""
+        assert by_route["/admin/batching"]["status"] == admin.status_code
+        assert by_route["/predict"]["rows"] == 1  # the data plane's line, with its rows
+
+
+async def test_a_failing_probe_is_always_logged() -> None:
+    stream = io.StringIO()
+    access = AccessLog("json", stream)
+    try:
+        for status in (200, 503):
+            line = RouteLine({"path": "/readyz", "headers": [], "client": None}, _drop, access)
+            await line.send({"type": "http.response.start", "status": status, "headers": []})
+            await line.send({"type": "http.response.body", "body": b"{}"})
+            line.write()
+    finally:
+        access.close()
+    (written,) = [json.loads(x) for x in stream.getvalue().splitlines()]
+    assert (written["route"], written["status"], written["reject"]) == ("/readyz", 503, "not_ready")
+    assert (written["bytes_out"], written["client"]) == (2, "-")
+
+
+async def _drop(message: object) -> None:
+    pass
