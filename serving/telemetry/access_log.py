@@ -91,6 +91,16 @@ def reject_reason(error: BaseException | None, status: int) -> str:
     return "internal"
 
 
+class _Stdout(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to the ``sys.stdout`` of each line's moment, not of the handler's making: a process
+    that swaps its stdout (a test runner capturing it, a daemon redirecting it) must not leave
+    the log writing to a stream that was closed since."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stdout
+        super().emit(record)
+
+
 class AccessLog:
     """Writes the lines in one ``form``; ``stream``: where (stdout by default); ``probes``:
     whether a probe or a metrics scrape that answered 2xx gets its line too
@@ -104,7 +114,7 @@ class AccessLog:
         self._log = logging.getLogger("shardserve.access")
         self._log.propagate = False
         self._log.setLevel(logging.INFO)
-        self._handler = logging.StreamHandler(stream if stream is not None else sys.stdout)
+        self._handler = logging.StreamHandler(stream) if stream is not None else _Stdout()
         self._handler.setFormatter(logging.Formatter("%(message)s"))
         self._log.addHandler(self._handler)
 
