@@ -27,6 +27,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # gRPC is opt-in in tests: the servers they start (in process or as subprocesses) bind no gRPC
 # port unless a test gives one, so test runs side by side never contend for the default 8001.
 os.environ.setdefault("SHARDSERVE_GRPC_PORT", "0")
+# The collector's freeze at READY (a full collection, 0.2-0.8 s) is off for the apps the tests
+# start in this process, ~150 of them; tests/serving/version/test_collector.py turns it on, and the
+# servers started as subprocesses keep the default (tests/serverproc.ray_env drops this).
+os.environ.setdefault("SHARDSERVE_GC_FREEZE", "false")
 
 _MARKS_BY_DIR = {
     "shards": ("ray",),

@@ -25,7 +25,8 @@ READY_POLL_S = 0.2
 
 
 def ray_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # A real server keeps its default collector freeze (the in-process apps turn it off).
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SHARDSERVE_GC_FREEZE")}
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", TF_CPP_MIN_LOG_LEVEL="2")
     return env
 

@@ -174,7 +174,11 @@ async def test_statuses_headers_and_names_are_documented() -> None:
                 header = response["headers"]["X-Request-Id"]
                 assert header == {"$ref": "#/components/headers/X-Request-Id"}, (path, status)
     assert doc["components"]["headers"]["X-Request-Id"]["required"] is True
-    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    # OpenMetrics when the scraper asks for it (its exemplars carry trace ids: issue 30)
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == [
+        "text/plain",
+        "application/openmetrics-text",
+    ]
     assert sorted(paths["/readyz"]["get"]["responses"]) == ["200", "503"]
     assert "/admin/batching" not in paths  # off without an admin token
     assert not [path for path in paths if "{label}" in path]  # no label is set

@@ -27,7 +27,7 @@ def collector() -> Iterator[None]:
 
 async def test_the_heap_is_frozen_once_the_server_is_ready() -> None:
     assert gc.get_freeze_count() == 0
-    async with serve(FakeRunner(), gc_first_threshold=20_000) as client:
+    async with serve(FakeRunner(), gc_freeze=True, gc_first_threshold=20_000) as client:
         assert (await client.get("/readyz")).status_code == 200
         assert gc.get_freeze_count() > 0
         assert gc.get_threshold()[0] == 20_000
