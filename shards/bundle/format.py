@@ -111,6 +111,14 @@ class StagePart:
     parts: int
     start: int
     stop: int
+    # "logits": the rows of a tied table held again for its reverse use (the logits over the
+    # vocabulary, ``ReversibleEmbedding(..., reverse=True)``); None: the layer's own use.
+    use: str | None = None
+
+    @property
+    def group(self) -> str:
+        """The parts that run side by side: one layer's, one use's."""
+        return self.layer if self.use is None else f"{self.layer} ({self.use})"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StagePart:
@@ -122,6 +130,7 @@ class StagePart:
             parts=int(data["parts"]),
             start=int(data["start"]),
             stop=int(data["stop"]),
+            use=None if data.get("use") is None else str(data["use"]),
         )
 
 
@@ -194,7 +203,8 @@ class Manifest:
                 continue
             p, mem = stage.part, stage.memory
             entry = found.setdefault(
-                p.layer, {"layer": p.layer, "kind": p.kind, "how": p.how, "parts": p.parts}
+                p.group,
+                {"layer": p.layer, "kind": p.kind, "how": p.how, "parts": p.parts, "use": p.use},
             )
             entry.setdefault("stages", []).append(
                 {

@@ -40,7 +40,15 @@ from shards.partition.memory_plan import (
 )
 from shards.partition.plan import Plan, budget_text, plan_balanced, plan_budget
 from shards.partition.savedmodel import read_savedmodel
-from shards.partition.split import Split, choose_splits, describe, parts_needed, split_model
+from shards.partition.split import (
+    LOGITS,
+    Split,
+    choose_splits,
+    describe,
+    parts_needed,
+    split_model,
+    uses,
+)
 from shards.signature import ModelSignature
 
 __all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_chain"]
@@ -200,23 +208,23 @@ def _split_oversized(
         calls.setdefault(id(gnode.node.operation), []).append(gnode.node)
 
     def parts_for(i: int, op: object, how: str) -> int | None:
-        nodes = calls[id(op)]
-        if any(n.arguments.kwargs.get("reverse") for n in nodes):  # type: ignore[attr-defined]
-            raise PlanError(
-                f"layer {graph.nodes[i].name!r} is a tied embedding used for its logits too "
-                "(reverse=True); splitting it is not supported yet: raise the budget"
-            )
+        # A tied table's lookups and its logits are split at the same rows, each use's parts
+        # holding them (shards.partition.split): the count is the larger of the two uses'.
         weights = memory.need(i, i + 1).weight_bytes
-        return parts_needed(
-            op,
-            how,
-            nodes,
-            weights,
-            memory.overhead_bytes,
-            memory.max_batch_size,
-            graph.sequence_length,
-            top,
-        )
+        counts = [
+            parts_needed(
+                op,
+                use_how,
+                nodes,
+                weights,
+                memory.overhead_bytes,
+                memory.max_batch_size,
+                graph.sequence_length,
+                top,
+            )
+            for use_how, nodes in uses(calls[id(op)], how)
+        ]
+        return None if None in counts else max(c for c in counts if c is not None)
 
     splits = choose_splits(graph.nodes, over, parts_for, budget_text(budgets))
     for _ in range(8):
@@ -244,8 +252,12 @@ def splits_by(splits: Sequence[Split]) -> dict[str, Split]:
 def _part_nodes(graph: Graph, splits: Sequence[Split]) -> dict[int, StagePart]:
     """Node index -> the part of a split layer it is."""
     names = {
-        s.part_name(k): StagePart(s.layer, s.kind, s.how, k, s.parts, s.bounds[k], s.bounds[k + 1])
+        s.part_name(k, use): StagePart(
+            s.layer, s.kind, s.how, k, s.parts, s.bounds[k], s.bounds[k + 1], use
+        )
         for s in splits
+        for use in (None, LOGITS)
+        if use is None or s.reversed
         for k in range(s.parts)
     }
     return {i: names[n.name] for i, n in enumerate(graph.nodes) if n.name in names}
@@ -263,10 +275,10 @@ def _labels(stage_plan: Plan, parts: dict[int, StagePart]) -> list[str]:
             labels.append(str(step))
             step += 1
             continue
-        if part.layer not in group:
-            group[part.layer] = step
+        if part.group not in group:
+            group[part.group] = step
             step += 1
-        labels.append(f"{group[part.layer]}.{part.part}")
+        labels.append(f"{group[part.group]}.{part.part}")
     return labels
 
 

@@ -1,6 +1,7 @@
 """A layer split across devices (issue 29) served by real stage actors: each part its own actor,
 reading the same request tensors, the next stage combining them; a part actor killed with
-SIGKILL is brought back like any stage actor."""
+SIGKILL is brought back like any stage actor; an id outside the vocabulary is the batch's
+input error."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shards.errors import ModelError
 from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_recommender
 from shards.pipeline.options import PipelineOptions
@@ -37,6 +39,13 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
         stats = {s["stage"]: s["calls"] for s in await group.stats()}
         # Both parts ran every batch (the warm-up's included), side by side with one another.
         assert stats["0.0"] == stats["0.1"] == stats["1"] >= 4
+        # An id outside the vocabulary is the batch's error, as the whole model's lookup raises
+        # it on a CPU (not zeros from every part): input-blamed, so the server isolates its row.
+        bad = {k: v.copy() for k, v in inputs.items()}
+        bad["history"][2, 3] = 7000
+        with pytest.raises(ModelError, match=r"indices\[2,3\] = 7000 is not in \[0, 6000\)") as err:
+            await group.run(bad)
+        assert err.value.input_blamed
         (part,) = [i for i in await group.describe() if i["stage"] == "0.1"]
         os.kill(part["pid"], signal.SIGKILL)
         # The lost batch (if any) is retried; the part actor is restarted and probed back in.
