@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shards.bundle.driver_combine import DriverCombine
 from shards.bundle.fingerprint import built_with
 from shards.errors import BundleError, ShardsError
 from shards.signature import ModelSignature, TensorSpec
@@ -181,6 +182,8 @@ class Manifest:
     imports: tuple[str, ...] = ()
     # Keras and TensorFlow versions and the partitioner's source digest (shards.bundle.fingerprint).
     built_with: dict[str, str] = field(default_factory=built_with)
+    # Model outputs joined by the driver from a split layer's parts (shards.bundle.driver_combine).
+    combines: tuple[DriverCombine, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -192,6 +195,7 @@ class Manifest:
             "imports": list(self.imports),
             "built_with": dict(self.built_with),
             "splits": self.splits(),
+            "combines": [c.to_json() for c in self.combines],
         }
 
     def splits(self) -> list[dict[str, Any]]:
@@ -254,6 +258,7 @@ class Manifest:
             source_sha256=str(data["source_sha256"]),
             imports=tuple(str(m) for m in data.get("imports", ())),
             built_with={str(k): str(v) for k, v in data.get("built_with", {}).items()},
+            combines=tuple(DriverCombine.from_json(c) for c in data.get("combines", ())),
         )
 
     @property

@@ -37,6 +37,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from shards.bundle.driver_combine import DriverCombine
 from shards.errors import PlanError
 from shards.partition.flatten import topological_nodes
 from shards.partition.memory_plan import format_size, row_bytes
@@ -384,6 +385,35 @@ def split_model(model: keras.Model, splits: Sequence[Split]) -> keras.Model:
     return keras.Model(inputs, [values[id(t)] for t in model.outputs], name=model.name)
 
 
+def hand_to_driver(model: keras.Model) -> tuple[keras.Model, dict[int, DriverCombine]]:
+    """``model`` (split) with each output that is a combine nothing else reads, and that numpy
+    computes as Keras does (a concatenation, with a soft cap or no activation; a sum), replaced
+    by the parts it joins; by output index, the combine the driver does instead
+    (``shards.bundle.driver_combine``; its output's name is the caller's to fill, its parts
+    named after the part layers)."""
+    outputs: list[Any] = []
+    handed: dict[int, DriverCombine] = {}
+    for i, tensor in enumerate(model.outputs):
+        op, index, _ = tensor._keras_history
+        linear = getattr(op, "activation", None) is keras.activations.linear
+        if (
+            not isinstance(op, SplitCombine)
+            or op._outbound_nodes
+            or (op.how == "concat" and not linear)
+            or (op.how == "add" and op.extra)
+        ):
+            outputs.append(tensor)
+            continue
+        node = op._inbound_nodes[index]
+        parts = list(node.input_tensors)[1 if op.mask_zero else 0 :]
+        names = tuple(t._keras_history[0].name for t in parts)
+        handed[i] = DriverCombine("", op.how, names, op.axis, op.soft_cap)
+        outputs.extend(parts)
+    if not handed:
+        return model, {}
+    return keras.Model(model.inputs, outputs, name=model.name), handed
+
+
 def _plain_call(node: Any) -> None:
     """A call the parts reproduce: one tensor in; no start_index or positions (a cache's
     decoding step), which the parts do not take."""
@@ -457,6 +487,7 @@ __all__ = [
     "choose_splits",
     "describe",
     "format_size",
+    "hand_to_driver",
     "parts_needed",
     "refuse",
     "split_model",

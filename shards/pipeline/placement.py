@@ -22,6 +22,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from shards.actor.stage_actor import ShardActor
+from shards.bundle.driver_combine import DriverCombine
 from shards.bundle.format import Manifest
 from shards.bundle.shipping import ShippedStage, ship_bundle, stages_off_node
 from shards.cluster import check_cluster_fits, cluster_has_gpus, placement_resources
@@ -65,6 +66,8 @@ class Layout:
     actor: ActorSpec
     options: PipelineOptions
     depth: int
+    # Model outputs the driver joins from a split layer's parts (shards.bundle.driver_combine).
+    combines: tuple[DriverCombine, ...] = ()
 
 
 def place(bundles: list[dict[str, float]], strategy: str) -> PlacementGroup:
@@ -179,7 +182,7 @@ async def start_replicas(
     try:
         groups = [place(bundles, options.placement_strategy) for _ in range(options.replicas)]
         for group in groups:
-            replicas.append(Replica([], routes, output_sources, group))
+            replicas.append(Replica([], routes, output_sources, group, manifest.combines))
         await wait_groups(groups, bundles, options.ready_timeout_s)
         away = stages_off_node(groups, ray.get_runtime_context().get_node_id())
         # Hashing and storing multi-GB stage files must not stall the event loop.
@@ -214,14 +217,15 @@ async def start_replicas(
         for replica in replicas:
             replica.close()
         raise
-    return replicas, Layout(routes, output_sources, bundles, spec, options, depth)
+    layout = Layout(routes, output_sources, bundles, spec, options, depth, manifest.combines)
+    return replicas, layout
 
 
 def new_replica(layout: Layout) -> Replica:
     """One more replica as ``layout`` builds them: its placement group asked for, no actors yet
     (``start_replica`` starts them once the group is placed)."""
     group = place(layout.bundles, layout.options.placement_strategy)
-    return Replica([], layout.routes, layout.output_sources, group)
+    return Replica([], layout.routes, layout.output_sources, group, layout.combines)
 
 
 async def start_replica(

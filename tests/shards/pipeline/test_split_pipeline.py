@@ -11,6 +11,7 @@ import signal
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 
@@ -60,5 +61,36 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
         np.testing.assert_array_equal(out["scores"], want)
         (after,) = [i for i in await group.describe() if i["stage"] == "0.1"]
         assert after["pid"] != part["pid"]
+    finally:
+        await group.close()
+
+
+@pytest.mark.asyncio
+async def test_a_split_model_output_is_joined_by_the_driver(
+    ray_address: str, tmp_path: Path
+) -> None:
+    # The model's output is a wide Dense split by columns: its parts' outputs come back to the
+    # driver, which concatenates them (no stage of its own for the combine).
+    x = keras.Input((32,), name="x")
+    wide = keras.layers.Dense(4000, name="wide")(keras.layers.Dense(32, name="hidden")(x))
+    model = keras.Model(x, wide, name="wide_output")
+    manifest = partition_to_bundle(
+        model, tmp_path / "b", max_stage_bytes=400_000, max_batch_size=4, device_overhead_bytes=0
+    )
+    assert [s.name for s in manifest.stages] == ["0", "1.0", "1.1"]
+    (combine,) = manifest.combines
+    assert (combine.output, combine.how, combine.parts) == (
+        "wide",
+        "concat",
+        ("wide_part0of2", "wide_part1of2"),
+    )
+    rows = np.random.default_rng(5).normal(size=(3, 32)).astype("float32")
+    want = keras.ops.convert_to_numpy(model(rows))
+    group = await ReplicaSet.create(tmp_path / "b", PipelineOptions(replicas=1, batch_sizes=(3,)))
+    try:
+        out = await group.run({"x": rows})
+        assert list(out) == ["wide"]
+        # A column slice of a matrix product may take another kernel: 1e-6 relative.
+        np.testing.assert_allclose(out["wide"], want, rtol=1e-6, atol=1e-7)
     finally:
         await group.close()
