@@ -70,6 +70,25 @@ class Layout:
     combines: tuple[DriverCombine, ...] = ()
 
 
+def per_stage_resources(
+    manifest: Manifest, given: tuple[dict[str, float], ...]
+) -> tuple[dict[str, float], ...]:
+    """``--stage-resources`` per stage: given one per stage (each part of a split layer its
+    own, to put the parts on different nodes), or one per place in the pipeline (a split
+    layer's parts each asking their place's entry), as the user counts stages before a cut."""
+    places = [s.name.split(".")[0] for s in manifest.stages]
+    order = list(dict.fromkeys(places))
+    if not given or len(given) == len(manifest.stages):
+        return given
+    if len(given) != len(order):
+        raise ValueError(
+            f"stage_resources has {len(given)} entries; the bundle has {len(manifest.stages)} "
+            f"stages ({', '.join(s.name for s in manifest.stages)}) at {len(order)} places in "
+            "the pipeline: give one entry per stage or one per place"
+        )
+    return tuple(given[order.index(p)] for p in places)
+
+
 def place(bundles: list[dict[str, float]], strategy: str) -> PlacementGroup:
     return placement_group(bundles, strategy=strategy)
 
@@ -176,7 +195,8 @@ async def start_replicas(
     # A CPU stage's memory plan is host memory: asked of Ray, so that models share the machine
     # by their plans (a GPU stage's plan is the device's, which Ray does not count).
     memory = [spec.planned_peak_bytes for spec in manifest.stages] if not gpus else []
-    bundles = placement_resources(len(manifest.stages), cpus, gpus, options.stage_resources, memory)
+    extra = per_stage_resources(manifest, options.stage_resources)
+    bundles = placement_resources(len(manifest.stages), cpus, gpus, extra, memory)
     check_cluster_fits(bundles, options.replicas, options.placement_strategy)
     replicas: list[Replica] = []
     try:

@@ -15,10 +15,12 @@ import keras
 import numpy as np
 import pytest
 
+from shards.bundle.format import read_manifest
 from shards.errors import ModelError
 from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_recommender
 from shards.pipeline.options import PipelineOptions
+from shards.pipeline.placement import per_stage_resources
 from shards.pipeline.replica_set import ReplicaSet
 from tests.shards.partition.test_split import BUDGET, recommender_inputs, whole
 
@@ -88,9 +90,29 @@ async def test_a_split_model_output_is_joined_by_the_driver(
     want = keras.ops.convert_to_numpy(model(rows))
     group = await ReplicaSet.create(tmp_path / "b", PipelineOptions(replicas=1, batch_sizes=(3,)))
     try:
+        # Three stages, two of them side by side: a pipeline two deep.
+        assert (group.num_stages, group.pipeline_depth) == (3, 2)
         out = await group.run({"x": rows})
         assert list(out) == ["wide"]
         # A column slice of a matrix product may take another kernel: 1e-6 relative.
         np.testing.assert_allclose(out["wide"], want, rtol=1e-6, atol=1e-7)
     finally:
         await group.close()
+
+
+def test_stage_resources_are_given_per_stage_or_per_place_in_the_pipeline(tmp_path: Path) -> None:
+    partition_to_bundle(
+        demo_recommender(),
+        tmp_path / "b",
+        max_stage_bytes=BUDGET,
+        max_batch_size=8,
+        device_overhead_bytes=0,
+    )
+    manifest = read_manifest(tmp_path / "b")
+    a, b, c = {"node_a": 1.0}, {"node_b": 1.0}, {"node_c": 1.0}
+    # Stages "0.0", "0.1" and "1": each part its own entry (to spread a table over nodes) ...
+    assert per_stage_resources(manifest, (a, b, c)) == (a, b, c)
+    # ... or one per place, the parts of a split layer asking the same.
+    assert per_stage_resources(manifest, (a, c)) == (a, a, c)
+    with pytest.raises(ValueError, match=r"has 4 entries; the bundle has 3 stages \(0.0, 0.1, 1\)"):
+        per_stage_resources(manifest, (a, b, c, c))
