@@ -17,6 +17,7 @@ Examples::
     python -m bench ragged                                   # mixed lengths, length padded
     python -m bench rollout --quick                          # version switch, canary rollback
     python -m bench elastic --quick                          # replicas follow a load step
+    python -m bench split                                    # tables split across devices
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from bench.suites import (
     protocols,
     ragged,
     rollout,
+    split,
 )
 
 # In the order of ``--help``.
@@ -58,6 +60,7 @@ SUITES = (
     ragged,
     rollout,
     elastic,
+    split,
 )
 
 
