@@ -1,7 +1,7 @@
 """A layer split across devices (issue 29) served by real stage actors: each part its own actor,
 reading the same request tensors, the next stage combining them; a part actor killed with
 SIGKILL is brought back like any stage actor; an id outside the vocabulary is the batch's
-input error."""
+input error. A tied GPT-2 served with its table split, its logits joined by the driver."""
 
 from __future__ import annotations
 
@@ -22,7 +22,13 @@ from shards.partition.demo_models import demo_recommender
 from shards.pipeline.options import PipelineOptions
 from shards.pipeline.placement import per_stage_resources
 from shards.pipeline.replica_set import ReplicaSet
-from tests.shards.partition.test_split import BUDGET, recommender_inputs, whole
+from tests.shards.partition.test_split import (
+    BUDGET,
+    gpt2_inputs,
+    recommender_inputs,
+    tiny_gpt2,
+    whole,
+)
 
 
 @pytest.mark.asyncio
@@ -68,34 +74,42 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
 
 
 @pytest.mark.asyncio
-async def test_a_split_model_output_is_joined_by_the_driver(
+async def test_a_tied_gpt2_is_served_split_and_its_logits_joined_by_the_driver(
     ray_address: str, tmp_path: Path
 ) -> None:
-    # The model's output is a wide Dense split by columns: its parts' outputs come back to the
-    # driver, which concatenates them (no stage of its own for the combine).
-    x = keras.Input((32,), name="x")
-    wide = keras.layers.Dense(4000, name="wide")(keras.layers.Dense(32, name="hidden")(x))
-    model = keras.Model(x, wide, name="wide_output")
+    # keras_hub's GPT2CausalLM: its 5000 x 16 table split once, held by the lookup's parts and
+    # again by the logits' parts; the logits (the model's output) come back to the driver as
+    # parts and are concatenated there, with no stage of their own.
+    model, inputs = tiny_gpt2(), gpt2_inputs()
     manifest = partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=400_000, max_batch_size=4, device_overhead_bytes=0
+        model,
+        tmp_path / "b",
+        max_stage_bytes=400_000,
+        max_batch_size=1,
+        device_overhead_bytes=0,
+        max_sequence_length=8,
+        imports=["keras_hub"],
     )
-    assert [s.name for s in manifest.stages] == ["0", "1.0", "1.1"]
+    assert [s.name for s in manifest.stages] == ["0.0", "0.1", "1", "2.0", "2.1"]
     (combine,) = manifest.combines
-    assert (combine.output, combine.how, combine.parts) == (
-        "wide",
+    assert (combine.how, combine.parts) == (
         "concat",
-        ("wide_part0of2", "wide_part1of2"),
+        ("token_embedding_logits_part0of2", "token_embedding_logits_part1of2"),
     )
-    rows = np.random.default_rng(5).normal(size=(3, 32)).astype("float32")
-    want = keras.ops.convert_to_numpy(model(rows))
-    group = await ReplicaSet.create(tmp_path / "b", PipelineOptions(replicas=1, batch_sizes=(3,)))
+    want = keras.ops.convert_to_numpy(model(inputs))
+    # The session's Ray declares 4 CPUs: five stage actors take half of one each.
+    options = PipelineOptions(
+        replicas=1, batch_sizes=(3,), imports=("keras_hub",), cpus_per_shard=0.5
+    )
+    group = await ReplicaSet.create(tmp_path / "b", options)
     try:
-        # Three stages, two of them side by side: a pipeline two deep.
-        assert (group.num_stages, group.pipeline_depth) == (3, 2)
-        out = await group.run({"x": rows})
-        assert list(out) == ["wide"]
-        # A column slice of a matrix product may take another kernel: 1e-6 relative.
-        np.testing.assert_allclose(out["wide"], want, rtol=1e-6, atol=1e-7)
+        # Five stages at three places: a pipeline three deep.
+        assert (group.num_stages, group.pipeline_depth) == (5, 3)
+        outs = await asyncio.gather(*(group.run(inputs) for _ in range(3)))
+        for out in outs:
+            assert list(out) == [combine.output]
+            # A column slice of a matrix product may take another kernel: 1e-6 relative.
+            np.testing.assert_allclose(out[combine.output], want, rtol=1e-6, atol=1e-7)
     finally:
         await group.close()
 
