@@ -110,6 +110,12 @@ async def test_a_tied_gpt2_is_served_split_and_its_logits_joined_by_the_driver(
             assert list(out) == [combine.output]
             # A column slice of a matrix product may take another kernel: 1e-6 relative.
             np.testing.assert_allclose(out[combine.output], want, rtol=1e-6, atol=1e-7)
+        # The same actors as a compiled graph, whose two leaves (the parts) come back as two
+        # futures: joined by the driver the same way.
+        for pipeline in group._pipelines:
+            pipeline.compile(3)
+        out = await group.run(inputs)
+        np.testing.assert_allclose(out[combine.output], want, rtol=1e-6, atol=1e-7)
     finally:
         await group.close()
 
