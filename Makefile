@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"shardserve needs Python 3.11, got {sys.version.split()[0]} (set PYTHON=...)"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench,loadtest]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench,loadtest,tracing]'
 	@touch $(STAMP)
 
 install: $(STAMP)

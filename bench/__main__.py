@@ -18,6 +18,7 @@ Examples::
     python -m bench rollout --quick                          # version switch, canary rollback
     python -m bench elastic --quick                          # replicas follow a load step
     python -m bench split                                    # tables split across devices
+    python -m bench soak                                     # front-end RSS, 10 min of load
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from bench.suites import (
     protocols,
     ragged,
     rollout,
+    soak,
     split,
 )
 
@@ -61,6 +63,7 @@ SUITES = (
     rollout,
     elastic,
     split,
+    soak,
 )
 
 

@@ -27,6 +27,7 @@ import ray._private.ray_constants as ray_constants
 from shards.actor import tflog
 from shards.errors import InsufficientResourcesError, one_line, scrub
 from shards.partition.memory_plan import format_size
+from shards.tracing import otel_env
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,9 @@ def _init(
 ) -> None:
     # Quiet unless the user set it (shards.actor.tflog): every worker would log the missing GPU.
     tf_log_level = os.environ.get(tflog.ENV, tflog.QUIET)
-    runtime_env: dict[str, Any] = {"env_vars": {tflog.ENV: tf_log_level}}
+    # The OpenTelemetry variables too: a stage actor exports its spans where the server does
+    # (``shards.tracing``), on whichever node it runs.
+    runtime_env: dict[str, Any] = {"env_vars": {tflog.ENV: tf_log_level, **otel_env()}}
     if address is None:
         _loopback_only()
         # address="local" always starts a new private instance; a bare ray.init() would attach

@@ -1,5 +1,7 @@
-"""Where the CPU went during a phase, in cores: the server's front end, its shard actors, the
-rest of its Ray, and the load generator (a child this process waited for)."""
+"""Where the CPU went during a phase, in cores: the server's front end, its model workers (shard
+actors; Ray Serve's replicas; LitServe's worker processes), the rest of its Ray, and the load
+generator (a child this process waited for); and the same per request, per row and as the
+machine's idle share (``per_work``)."""
 
 from __future__ import annotations
 
@@ -28,10 +30,7 @@ def cpu_seconds(server_pid: int) -> CpuSeconds:
             used = _cpu(child)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        part = (
-            "shard_actors" if cmdline and cmdline[0].startswith("ray::ShardActor") else "ray_other"
-        )
-        out[part] += used
+        out[_part(cmdline)] += used
     out["load_generator"] = children_cpu()
     out["machine"] = machine_busy_seconds()
     return out
@@ -46,6 +45,26 @@ def cores(before: CpuSeconds, after: CpuSeconds, seconds: float) -> dict[str, fl
     machine = used.pop("machine", 0.0)
     used["others"] = max(machine - sum(used.values()), 0.0)
     return {k: round(v, 3) for k, v in used.items()}
+
+
+def per_work(
+    parts: dict[str, float], seconds: float, served: float, rows: float | None, machine_cores: int
+) -> dict[str, float | None]:
+    """``cores``' figures as CPU per unit of work over a window of ``seconds``: the front end's
+    and the rest of Ray's ms per request answered (``served``), the model workers' ms per row
+    computed (``rows``: the batches' rows, from ``/metrics``; None where the server has no such
+    count: then per request), and the share of the machine's ``machine_cores`` left idle."""
+
+    def ms(part: str, per: float | None) -> float | None:
+        return 1000 * parts.get(part, 0.0) * seconds / per if per else None
+
+    busy = sum(parts.values())
+    return {
+        "frontend_ms_per_request": ms("frontend", served),
+        "workers_ms_per_row": ms("shard_actors", rows if rows else served),
+        "ray_ms_per_request": ms("ray_other", served),
+        "idle_share": max(0.0, 1 - busy / machine_cores) if machine_cores else None,
+    }
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -83,3 +102,14 @@ def machine_busy_seconds() -> float:
 def _cpu(proc: psutil.Process) -> float:
     times = proc.cpu_times()
     return float(times.user + times.system)
+
+
+def _part(cmdline: list[str]) -> str:
+    """The part a child of the server counts in: the model's workers (a shard actor, a Ray
+    Serve replica, or a process of no Ray: LitServe's workers), else the rest of Ray."""
+    first = cmdline[0] if cmdline else ""
+    if first.startswith(("ray::ShardActor", "ray::ServeReplica")):
+        return "shard_actors"
+    if "ray" in " ".join(cmdline[:3]).lower():
+        return "ray_other"
+    return "shard_actors"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from bench import options
 from bench.load.loops import WRK_INSTALL_HINT, closed_loop, have_wrk, open_loop
 from bench.load.result import LoadError
 from bench.models.workloads import get_workload, save_workload
+from bench.observe.cpusplit import CpuSeconds, cores, cpu_seconds, per_work
 from bench.observe.procinfo import read_proc
 from bench.observe.scrape import BATCH_ROWS, Samples, base_url, batches_and_rows, scrape
 from bench.options import Progress
@@ -120,10 +122,12 @@ def _run_system(
         if rate:
             scenarios.append((f"open{rate:g}", rate))
         for scenario, level in scenarios:
+            split, metrics, tick = cpu_seconds(server.pid), _metrics(server.url), time.monotonic()
             if scenario.startswith("open"):
                 result = open_loop(server.url, body, level, plan.seconds)
             else:
                 result = closed_loop(server.url, body, int(level), plan.seconds, tool=plan.tool)
+            work = where_time_goes(server.pid, server.url, split, metrics, tick, result.requests)
             proc = read_proc(server.pid)
             progress(
                 f"  {system} {scenario}: {result.rps:,.0f} req/s p50 {result.p50_ms:.1f} ms "
@@ -137,9 +141,43 @@ def _run_system(
                     "scenario": scenario,
                     **result.to_json(),
                     "frontend": proc.to_json(),
+                    **work,
                 }
             )
     return records
+
+
+def _metrics(predict_url: str) -> Samples | None:
+    """The server's ``/metrics``, where it has shardserve's batch rows (LitServe and Ray Serve
+    have none)."""
+    try:
+        samples = scrape(base_url(predict_url))
+    except (OSError, ValueError):
+        return None
+    return samples if f"{BATCH_ROWS}_count" in samples else None
+
+
+def where_time_goes(
+    pid: int,
+    predict_url: str,
+    split: CpuSeconds,
+    before: Samples | None,
+    tick: float,
+    requests: int,
+) -> dict[str, Any]:
+    """Beside a window's req/s: the mean batch rows (shardserve's ``/metrics``), the CPU per
+    request of the front end and the rest of Ray, the model workers' per row (per request where
+    the server counts no rows) and the share of the machine idle, from the cores each part used
+    since ``split`` (taken at ``tick``)."""
+    elapsed = time.monotonic() - tick
+    parts = cores(split, cpu_seconds(pid), elapsed)
+    after = _metrics(predict_url) if before is not None else None
+    batches, rows = batches_and_rows(after, before) if after and before else (0.0, 0.0)
+    return {
+        "mean_batch_rows": rows / batches if batches else None,
+        "cores": parts,
+        **per_work(parts, elapsed, requests, rows or None, os.cpu_count() or 1),
+    }
 
 
 def run_overlap(plan: Plan, progress: Progress = print) -> list[dict[str, Any]]:

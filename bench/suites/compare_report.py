@@ -17,6 +17,14 @@ ANALYSIS_MARKER = (
     "<!-- analysis: written by hand, kept when `python -m bench` rewrites the rest -->"
 )
 PEERS = ("litserve", "rayserve")
+# Where the time goes, per window (issue 32): ``bench.suites.compare.where_time_goes``.
+_WORK = (
+    "mean_batch_rows",
+    "frontend_ms_per_request",
+    "workers_ms_per_row",
+    "ray_ms_per_request",
+    "idle_share",
+)
 
 
 def medians(runs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, float]]:
@@ -30,6 +38,9 @@ def medians(runs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, 
             name: statistics.median(float(r[name]) for r in group)
             for name in ("rps", "p50_ms", "p99_ms", "errors")
         }
+        for name in _WORK:  # absent from results written before issue 32
+            values = [float(r[name]) for r in group if r.get(name) is not None]
+            out[key][name] = statistics.median(values) if values else float("nan")
         out[key]["rss_mb"] = statistics.median(r["frontend"]["rss_mb"] for r in group)
         out[key]["tf"] = float(any(r["frontend"]["tensorflow_loaded"] for r in group))
         out[key]["n"] = len(group)
@@ -76,7 +87,49 @@ def _workload_section(
         rows.append(row)
     lines += [*_table(header, rows), ""]
     lines += _ratio_lines(workload, systems, scenarios, med, ceiling)
+    lines += _time_lines(workload, systems, scenarios, med, ceiling)
     return lines
+
+
+def _time_lines(
+    workload: str,
+    systems: list[str],
+    scenarios: list[str],
+    med: dict[tuple[str, str, str], dict[str, float]],
+    ceiling: dict[str, Any],
+) -> list[str]:
+    """Where the time goes: rows per batch, CPU per request of the front end and the rest of
+    Ray, the model workers' CPU per row (per request where a server counts no rows) against the
+    model's own at the max batch, and the machine's idle share."""
+    largest = max(ceiling, key=int) if ceiling else None
+    raw = ceiling[largest].get("cpu_ms_per_row") if largest else None
+    header = ["system", "scenario", "rows/batch", "front end ms/req", "workers ms/row"]
+    header += [f"model alone ms/row (batch {largest})", "rest of Ray ms/req", "machine idle"]
+    rows = []
+    for system in systems:
+        for sc in scenarios:
+            m = med.get((workload, system, sc))
+            if m is None:
+                continue
+            idle = m["idle_share"]
+            rows.append(
+                [
+                    system,
+                    sc,
+                    _num(m["mean_batch_rows"], 1),
+                    _num(m["frontend_ms_per_request"]),
+                    _num(m["workers_ms_per_row"]),
+                    _num(raw),
+                    _num(m["ray_ms_per_request"]),
+                    "-" if idle != idle else f"{100 * idle:.0f}%",
+                ]
+            )
+    title = "Where the time goes (CPU per request or row, medians):"
+    return [title, "", *_table(header, rows), ""]
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
 
 
 def _ratio_lines(

@@ -1,5 +1,6 @@
 """``bench frontcpu``'s results as numbers and a table: per workload and protocol, the ms of
-front-end CPU per request of each tree per round, new/old per round and the ratio of the medians."""
+front-end CPU per request of each tree per round, new/old per round and the ratio of the medians;
+with ``--tracing``, each tracing mode's median and its ratio to ``off``."""
 
 from __future__ import annotations
 
@@ -51,7 +52,37 @@ def summarize(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def summarize_modes(windows: list[dict[str, Any]], modes: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``--tracing``'s cells, one per (workload, protocol): each mode's ms CPU/req per round and
+    its median over the rounds, and each median's ratio to the first mode's (``off`` where it is
+    measured)."""
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for window in windows:
+        cells.setdefault((window["workload"], window["protocol"]), []).append(window)
+    out = []
+    for (workload, protocol), mine in cells.items():
+        by_round: dict[int, dict[str, float]] = {}
+        for window in mine:
+            by_round.setdefault(window["round"], {})[window["tree"]] = window["cpu_ms_per_request"]
+        medians = {m: _median([ms.get(m) for ms in by_round.values()]) for m in modes}
+        base = "off" if "off" in modes else modes[0]
+        out.append(
+            {
+                "workload": workload,
+                "protocol": protocol,
+                "baseline": base,
+                "rounds": [{"round": r, **ms} for r, ms in sorted(by_round.items())],
+                "median_ms": medians,
+                "ratio": {m: _ratio(medians[m], medians[base]) for m in modes},
+                "errors": sum(w["errors"] for w in mine),
+            }
+        )
+    return out
+
+
 def render(results: dict[str, Any]) -> str:
+    if "modes" in results:
+        return _render_modes(results)
     trees = ", ".join(
         f"{label} = {t['commit']}{' + local edits' if t['dirty'] else ''} ({t['path']})"
         for label, t in results["trees"].items()
@@ -88,6 +119,49 @@ def render(results: dict[str, Any]) -> str:
             f"{w['frontend_cores']:.2f} | "
             f"{w['loadgen_cores']:.2f} | {w['cores'].get('others', 0.0):.2f} | "
             f"{w['loadavg'][0]:.2f} -> {w['loadavg'][1]:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _render_modes(results: dict[str, Any]) -> str:
+    plan = results["plan"]
+    (tree,) = {(t["commit"], t["dirty"], t["path"]) for t in results["trees"].values()}
+    modes = list(results["trees"])
+    sink = results.get("sink", {})
+    lines = [
+        f"Front-end CPU per request by tracing mode (server process utime + stime / answers), "
+        f"{plan['rounds']} rounds of {plan['window_s']:g} s windows, the modes interleaved; "
+        f"tree {tree[0]}{' + local edits' if tree[1] else ''} ({tree[2]}); on = "
+        "parentbased_traceidratio at the ratio, exported over OTLP/HTTP to a sink that drops "
+        f"them ({sink.get('posts', 0)} posts, {sink.get('bytes', 0):,} bytes)",
+        "",
+        "| workload | protocol | clients | "
+        + " | ".join(f"{m} ms CPU/req (median)" for m in modes)
+        + " | "
+        + " | ".join(f"{m} / off" for m in modes if m != "off")
+        + " | errors |",
+        "|" + "---|" * (4 + 2 * len(modes) - (1 if "off" in modes else 0)),
+    ]
+    for cell in results["modes"]:
+        lines.append(
+            f"| {cell['workload']} | {cell['protocol']} | {plan['clients'][cell['workload']]} | "
+            + " | ".join(_num(cell["median_ms"][m]) for m in modes)
+            + " | "
+            + " | ".join(_num(cell["ratio"][m], 3) for m in modes if m != "off")
+            + f" | {cell['errors']} |"
+        )
+    lines += ["", "Each window (in the order run):", ""]
+    lines += [
+        "| workload | protocol | round | mode | ms CPU/req | answers | req/s | p99 ms | errors | "
+        "mean batch rows | front end cores | 1-min load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for w in results["windows"]:
+        lines.append(
+            f"| {w['workload']} | {w['protocol']} | {w['round']} | {w['tree']} | "
+            f"{_num(w['cpu_ms_per_request'])} | {w['served']:.0f} | {w['rps']:,.0f} | "
+            f"{w['p99_ms']:.1f} | {w['errors']} | {w['mean_batch_rows']:.1f} | "
+            f"{w['frontend_cores']:.2f} | {w['loadavg'][0]:.2f} -> {w['loadavg'][1]:.2f} |"
         )
     return "\n".join(lines) + "\n"
 

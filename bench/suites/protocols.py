@@ -45,6 +45,7 @@ from bench.observe.cpusplit import (
     cores,
     cpu_seconds,
     machine_busy_seconds,
+    per_work,
     process_cpu_seconds,
     self_cpu,
 )
@@ -53,7 +54,14 @@ from bench.observe.quiet import (
     others_now,
     wait_until_quiet,
 )
-from bench.observe.scrape import Samples, free_port, mean_batch_rows, scrape, wait_idle
+from bench.observe.scrape import (
+    Samples,
+    batches_and_rows,
+    free_port,
+    mean_batch_rows,
+    scrape,
+    wait_idle,
+)
 from bench.options import Progress
 from bench.suites.protocols_check import check_answers
 from bench.suites.protocols_report import render
@@ -132,6 +140,7 @@ def run_protocols(plan: ProtocolsPlan, progress: Progress = print) -> dict[str, 
             "before_rows_per_s": before["rows_per_s"],
             "after_rows_per_s": after["rows_per_s"],
             "rows_per_s": (before["rows_per_s"] + after["rows_per_s"]) / 2,
+            "cpu_ms_per_row": (before["cpu_ms_per_row"] + after["cpu_ms_per_row"]) / 2,
             "others_cores": [before["others_cores"], after["others_cores"]],
         }
     results["quiet_after"] = {"load_1min": os.getloadavg()[0], "other_benches": other_benches()}
@@ -232,9 +241,13 @@ def _quiet_ceiling(plan: ProtocolsPlan, model: Path) -> dict[str, float]:
     for _ in range(plan.noise_retries + 1):
         busy, mine, tick = machine_busy_seconds(), children_cpu() + self_cpu(), time.monotonic()
         ceiling = measure_ceiling(model, (plan.max_batch_size,), plan.ceiling_s)
-        rows = ceiling[str(plan.max_batch_size)]["rows_per_s"]
+        at_max = ceiling[str(plan.max_batch_size)]
         used = machine_busy_seconds() - busy - (children_cpu() + self_cpu() - mine)
-        record = {"rows_per_s": rows, "others_cores": max(used, 0.0) / (time.monotonic() - tick)}
+        record = {
+            "rows_per_s": at_max["rows_per_s"],
+            "cpu_ms_per_row": at_max.get("cpu_ms_per_row", float("nan")),
+            "others_cores": max(used, 0.0) / (time.monotonic() - tick),
+        }
         if best is None or record["others_cores"] < best["others_cores"]:
             best = record
         if record["others_cores"] <= plan.noise_cores:
@@ -256,10 +269,15 @@ def measure_window(pid: int, base: str, load: Callable[[], LoadResult]) -> dict[
     parts = cores(split, cpu_seconds(pid), elapsed)
     after = scrape(base)
     served = _answered(after) - _answered(before)
+    _, rows = batches_and_rows(after, before)
     return {
         **result.to_json(),
         "served": served,
         "mean_batch_rows": mean_batch_rows(after, before),
+        # CPU per unit of work: the front end's and Ray's per request, the shard actor's per
+        # row (against the model's own CPU per row at the max batch: the ceiling's), and the
+        # share of the machine left idle.
+        **per_work(parts, elapsed, served, rows, os.cpu_count() or 1),
         "frontend_cpu_s": used,
         "cpu_ms_per_request": 1000 * used / served if served else float("nan"),
         "frontend_cores": used / elapsed,

@@ -19,6 +19,8 @@ LABELS = {
 }
 _FIGURES: tuple[str, ...] = ("rps", "p50_ms", "p99_ms", "errors", "cpu_ms_per_request")
 _FIGURES += ("frontend_cores", "loadgen_cores", "concurrency", "mean_batch_rows")
+# Where the time goes (issue 32): CPU per unit of work and the machine's idle share.
+_WORK = ("frontend_ms_per_request", "workers_ms_per_row", "ray_ms_per_request", "idle_share")
 
 _PARTS = ("frontend", "shard_actors", "ray_other", "load_generator", "others")
 Medians = dict[tuple[str, str], dict[str, float]]
@@ -33,6 +35,9 @@ def medians(runs: list[dict[str, Any]]) -> Medians:
     out: Medians = {}
     for group, rows in groups.items():
         figures = {k: statistics.median(r[k] for r in rows) for k in _FIGURES}
+        for k in _WORK:  # absent from results written before issue 32
+            values = [r[k] for r in rows if r.get(k) is not None]
+            figures[k] = statistics.median(values) if values else math.nan
         for part in _PARTS:
             figures[f"cores.{part}"] = statistics.median(
                 r.get("cores", {}).get(part, 0.0) for r in rows
@@ -93,6 +98,7 @@ def render(results: dict[str, Any]) -> str:
             + " | ".join(f"{v:.2f}" for v in parts)
             + f" | {idle} |"
         )
+    lines += ["", *where_time_goes(results, med)]
     checks = targets(results, med)
     if checks:
         lines += ["", "| target (issue 11) | measured | verdict |", "|---|---|---|"]
@@ -120,6 +126,37 @@ def render(results: dict[str, Any]) -> str:
             f"the quietest: {again} re-measured, {noisy} kept above the limit."
         )
     return "\n".join(lines) + "\n"
+
+
+def where_time_goes(results: dict[str, Any], med: Medians) -> list[str]:
+    """Per workload and protocol: rows per batch, CPU per request of the front end and of the
+    rest of Ray, the shard actor's CPU per row against the model's own at the max batch (the
+    ceiling's, TensorFlow called directly), and the share of the machine idle."""
+    lines = [
+        "Where the time goes (CPU ms per request or per row; the model's own CPU per row at the "
+        "max batch, TensorFlow called directly, beside the actor's):",
+        "",
+        "| workload | protocol | rows/batch | front end ms/req | shard actor ms/row "
+        "| model alone ms/row | actor / model | rest of Ray ms/req | machine idle |",
+        "|" + "---|" * 9,
+    ]
+    for (workload, protocol), m in med.items():
+        raw = results["ceiling"].get(workload, {}).get("cpu_ms_per_row")
+        lines.append(
+            f"| {workload} | {LABELS[protocol]} | {m['mean_batch_rows']:.1f} "
+            f"| {_ms(m['frontend_ms_per_request'])} | {_ms(m['workers_ms_per_row'])} "
+            f"| {_ms(raw)} | {_x(ratio(m['workers_ms_per_row'], raw))} "
+            f"| {_ms(m['ray_ms_per_request'])} | {_pct(m['idle_share'])} |"
+        )
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.3f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
 
 
 def targets(results: dict[str, Any], med: Medians) -> list[tuple[str, str, bool]]:

@@ -1,8 +1,9 @@
 """The model's own ceiling: the ``.keras`` file called directly, no serving at all.
 
 ``python -m bench.systems.ceiling --model M --batch-sizes 1,64 --seconds 5`` prints one JSON
-line: per batch size, the median ms per call and rows/s. It runs in a subprocess of its own so
-that the harness driver never loads TensorFlow, and it uses TensorFlow's default thread pool
+line: per batch size, the median ms per call, rows/s and the CPU per row (the process's CPU
+time over the rows computed: what a shard actor's CPU per row is held against). It runs in a
+subprocess of its own so that the harness driver never loads TensorFlow, and it uses TensorFlow's default thread pool
 (all cores): the best this model does on this machine.
 """
 
@@ -39,12 +40,19 @@ def measure(model_path: str, batch_sizes: list[int], seconds: float) -> dict[str
             np.asarray(step(x))
         times: list[float] = []
         end = time.perf_counter() + seconds
+        cpu = time.process_time()  # every thread of this process: TensorFlow's pool included
         while time.perf_counter() < end or len(times) < 5:
             tick = time.perf_counter()
             np.asarray(step(x))
             times.append(time.perf_counter() - tick)
+        cpu_ms_per_row = (time.process_time() - cpu) * 1000.0 / (size * len(times))
         ms = statistics.median(times) * 1000.0
-        results[str(size)] = {"ms": ms, "rows_per_s": size / (ms / 1000.0), "calls": len(times)}
+        results[str(size)] = {
+            "ms": ms,
+            "rows_per_s": size / (ms / 1000.0),
+            "calls": len(times),
+            "cpu_ms_per_row": cpu_ms_per_row,
+        }
     return results
 
 

@@ -22,8 +22,9 @@ def shardserve_spec(
     compiled: bool = False,
     flags: Mapping[str, str] | None = None,
 ) -> LaunchSpec:
-    """``shardserve serve`` with K stages sharing the machine's CPUs; ``flags`` (``--flag``:
-    value) replace the options of ``config`` or add to them."""
+    """``shardserve serve`` with K stages sharing the machine's CPUs (K > 1; one stage: the
+    server's default); ``flags`` (``--flag``: value) replace the options of ``config`` or add
+    to them."""
     if stages < 1:
         raise ValueError(f"stages must be >= 1, got {stages}")
     exe = shutil.which("shardserve", path=str(Path(sys.executable).parent)) or "shardserve"
@@ -41,8 +42,11 @@ def shardserve_spec(
         str(config.max_batch_size),
         "--batch-timeout-ms",
         str(config.batch_timeout_ms),
-        "--cpus-per-shard",
-        f"{cpus:g}",
+        # One stage: the server's own choice (its share of the cores as threads, or one
+        # single-threaded replica per core where copies fit: ``--stage-cores``), so that the
+        # bench measures the defaults; SHARDSERVE_STAGE_CORES=threads in the bench's environment
+        # measures one actor with every core as its threads.
+        *(["--cpus-per-shard", f"{cpus:g}"] if stages > 1 else []),
         "--cache-dir",
         str(cache_dir),
         "--log-level",

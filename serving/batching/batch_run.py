@@ -25,6 +25,7 @@ from serving.errors import (
     ShardServeError,
     from_runner,
 )
+from serving.telemetry import active
 
 if TYPE_CHECKING:
     from serving.batching.lengths import LengthPadding
@@ -69,11 +70,15 @@ async def settle(
         error = from_runner(exc, rows)
         outcome.clean = False
         live = [s for s in segments if not s[0].future.done()]
-        if isinstance(error, ModelInputError) and len(live) > 1 and depth > 0:
+        splitting = isinstance(error, ModelInputError) and len(live) > 1 and depth > 0
+        tracer = active.tracer
+        if tracer is not None:
+            tracer.batch_failed(error.message, rows, splitting)
+        if splitting:
             half = len(live) // 2
             await asyncio.gather(
-                settle(run_batch, live[:half], policy, depth - 1, outcome, fail, lengths),
-                settle(run_batch, live[half:], policy, depth - 1, outcome, fail, lengths),
+                _rerun(run_batch, live[:half], policy, depth - 1, outcome, fail, lengths),
+                _rerun(run_batch, live[half:], policy, depth - 1, outcome, fail, lengths),
             )
             return
         if isinstance(error, ModelInputError):
@@ -88,6 +93,24 @@ async def settle(
         fail(live, error)
         return
     deliver(segments, outputs, lengths)
+
+
+async def _rerun(
+    run_batch: RunBatch,
+    segments: list[Segment],
+    policy: BatchSettings,
+    depth: int,
+    outcome: Outcome,
+    fail: FailSegments,
+    lengths: LengthPadding | None,
+) -> None:
+    """``settle`` of half a failed batch: in a span of its own where the batch is traced."""
+    tracer = active.tracer
+    if tracer is None:
+        await settle(run_batch, segments, policy, depth, outcome, fail, lengths)
+        return
+    with tracer.rerun(segments):
+        await settle(run_batch, segments, policy, depth, outcome, fail, lengths)
 
 
 def batch_length(segments: list[Segment], lengths: LengthPadding | None) -> int:

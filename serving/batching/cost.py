@@ -39,6 +39,7 @@ class RunTimeModel:
         self._wall: dict[Shape, float] = {}  # EWMA of the driver's wall time per shape
         self._latency: dict[Shape, float] = {}  # per shape: the stages' compute summed
         self._bottleneck: dict[Shape, float] = {}  # per shape: the slowest stage's compute
+        self._entry: dict[Shape, float] = {}  # per shape: the first stage's compute
         self._idle_over_s: float | None = None  # EWMA of wall - compute, idle pipeline
         self._least_over_s: float | None = None  # the least wall - compute seen, any load
         self._last_run: dict[Shape, float] = {}  # when a batch of the shape last ran or probed
@@ -91,6 +92,8 @@ class RunTimeModel:
         common = set.intersection(*(set(s) for s in stages))
         self._latency = {n: sum(s[n] for s in stages) for n in common}
         self._bottleneck = {n: max(s[n] for s in stages) for n in common}
+        first = per_stage.get(0, {})
+        self._entry = {n: sum(v) / len(v) for n, v in first.items()}
 
     @property
     def hop_s(self) -> float:
@@ -112,6 +115,14 @@ class RunTimeModel:
         if self._bottleneck:
             return _scaled(self._bottleneck, (padded_size, length))
         return self.predict(padded_size, length)
+
+    def entry_s(self, padded_size: int, length: int = 0) -> float | None:
+        """Seconds the first stage computes a batch of ``padded_size`` rows (of ``length``),
+        from its own reports only; None before its first (the driver's wall time holds the
+        pipeline's queueing under load, no measure of one stage)."""
+        if not self._entry:
+            return None
+        return _scaled(self._entry, (padded_size, length))
 
     def retry_after_s(self, rows: int, max_batch_size: int) -> float:
         """Whole seconds until ``rows`` queued rows are likely through: a busy pipeline answers

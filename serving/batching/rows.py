@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from serving.errors import InvalidInputError
+from serving.telemetry.stamp import CURRENT
 
 if TYPE_CHECKING:
     from serving.batching.lengths import LengthPadding
@@ -86,6 +87,7 @@ class PendingRequest:
         "row_lengths",
         "rows",
         "rows_done",
+        "stamp",
     )
 
     def __init__(
@@ -114,6 +116,10 @@ class PendingRequest:
         self.next_row = 0  # first row not yet handed to a batch
         self.rows_done = 0
         self.parts: list[tuple[int, dict[str, np.ndarray]]] = []
+        # The data plane's record of the request (``serving.telemetry.stamp``), where it has one.
+        self.stamp = CURRENT.get()
+        if self.stamp is not None:
+            self.stamp.rows = rows
 
     @property
     def queued(self) -> int:
@@ -177,6 +183,19 @@ class RowQueues:
 
     def requests(self) -> list[PendingRequest]:
         return [r for q in self._queues.values() for r in q]
+
+    def earliest_deadline(self, key: QueueKey, rows: int) -> float | None:
+        """The earliest deadline among the requests whose rows the next ``rows``-row batch of
+        ``key`` would take; None where none of them has one."""
+        earliest: float | None = None
+        taken = 0
+        for request in self._queues.get(key, ()):
+            if taken >= rows:
+                break
+            taken += request.queued
+            if request.deadline is not None and (earliest is None or request.deadline < earliest):
+                earliest = request.deadline
+        return earliest
 
     def remove(self, request: PendingRequest) -> bool:
         """Drop the request's rows not yet in a batch; True when some were dropped."""

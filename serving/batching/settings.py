@@ -35,7 +35,12 @@ class BatchSettings:
     ``slo_p99_ms`` is read only by the auto policy: it shortens that wait and caps a batch's
     size so that the oldest row's wait plus the predicted run time of the batch stays within it.
     ``pipeline_depth`` (stages x replicas) is read only by the auto policy too; it describes the
-    model, not a choice, so the admin route does not change it.
+    model, not a choice, so the admin route does not change it; nor ``pipeline_stages``, the
+    stages of one replica (``pipeline_depth / pipeline_stages`` replicas take batches).
+    ``fill_while_busy``: a batch that may close (its wait ran out) while the first stage of every
+    healthy replica is busy keeps taking rows until that stage is about to be free, the batch is
+    full, or a member's deadline (or the SLO) needs it to go (``serving.batching.dispatch``); an
+    idle pipeline still gets it at once. False: a batch closes on its wait alone.
     ``allowed_batch_sizes`` are the sizes batches are padded to
     (a compiled model traces once per size); empty means powers of two up to ``max_batch_size``.
     ``pad_batches`` False: a batch runs at its own row count and those sizes are only the caps
@@ -52,9 +57,17 @@ class BatchSettings:
     slo_p99_ms: float | None = None
     pipeline_depth: int = 1
     pad_batches: bool = True
+    pipeline_stages: int = 1
+    fill_while_busy: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_inflight_batches", "max_queue_rows", "pipeline_depth"):
+        for name in (
+            "max_batch_size",
+            "max_inflight_batches",
+            "max_queue_rows",
+            "pipeline_depth",
+            "pipeline_stages",
+        ):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -72,8 +85,9 @@ class BatchSettings:
                 f"batch can fill, got {self.max_queue_rows}"
             )
         sizes = self.allowed_batch_sizes
-        if not isinstance(self.pad_batches, bool):
-            raise ValueError(f"pad_batches must be true or false, got {self.pad_batches!r}")
+        for flag in ("pad_batches", "fill_while_busy"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if not isinstance(sizes, tuple) or not all(
             _is_int(s) and 1 <= s <= self.max_batch_size for s in sizes
         ):
@@ -95,6 +109,11 @@ class BatchSettings:
     @property
     def is_auto(self) -> bool:
         return self.batch_timeout_ms is None
+
+    @property
+    def entry_stages(self) -> int:
+        """The first stages a batch may enter: one per healthy replica."""
+        return max(1, self.pipeline_depth // self.pipeline_stages)
 
     def batch_sizes(self) -> tuple[int, ...]:
         """The sizes a batch may be padded to, sorted; ``max_batch_size`` is always one."""

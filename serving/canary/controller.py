@@ -31,6 +31,7 @@ from serving.canary.judge import judge
 from serving.canary.split import CanarySplit, WeightedSplit
 from serving.canary.window import OutcomeWindow
 from serving.errors import ConflictError, NotFoundError
+from serving.telemetry import active
 
 if TYPE_CHECKING:
     from serving.canary.config import TrafficConfig
@@ -188,6 +189,9 @@ class Rollout:
             "model %r version %s rolled back (%s): %s", self.name, self.canary, reason, detail
         )
         self._metrics.for_model(self.name, self.canary).rollback(reason)
+        tracer = active.tracer
+        if tracer is not None:  # a span of its own: no request's trace owns a rollback
+            tracer.rollback(self.name, self.canary, self.stable, reason, detail)
         self._on_change(self.name)
 
     def set_weights(self, stable: int, canary: int) -> None:

@@ -53,8 +53,9 @@ def _setting_parameters() -> list[inspect.Parameter]:
                 metavar=_REPEATED_METAVARS[name],
             )
             annotation: Any = Optional[list[str]]  # noqa: UP045 - typer reads the annotation
-        elif name == "pad_lengths":
-            option = typer.Option(None, "--pad-lengths/--no-pad-lengths", help=help_text)
+        elif name in ("pad_lengths", "tracing"):
+            flag = flag_name(name)
+            option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text)
             annotation = Optional[bool]  # noqa: UP045
         else:
             option = typer.Option(

@@ -41,8 +41,9 @@ class RequestMetrics(Protocol):
         """One more request refused or failed for ``reason`` (``queue_full``,
         ``invalid_input``, ``client_gone``)."""
 
-    def observe_latency(self, status: int, seconds: float) -> None:
-        """A request answered with ``status`` after ``seconds``."""
+    def observe_latency(self, status: int, seconds: float, trace_id: str | None = None) -> None:
+        """A request answered with ``status`` after ``seconds``; ``trace_id``: its sampled
+        trace (passed only where there is one), the latency bucket's exemplar."""
 
     def observe_routed(self, failed: bool, seconds: float) -> None:
         """A request whose version the server chose (it named none, nor a label) answered

@@ -49,6 +49,8 @@ from serving.http.body_deadline import Deadlines
 from serving.http.fast import DISCONNECT_KEY, FastRoutes
 from serving.http.model import ModelDirectory
 from serving.http.replies import request_id_from
+from serving.telemetry import active
+from serving.telemetry.headers import server_timing_of
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -117,6 +119,7 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             for name, value in self.server_state.default_headers:
                 head += [name, b": ", value, b"\r\n"]
             self.transport.write(b"".join([*head, refuser.head_timeout_answer()]))
+            refuser.log_refusal(self.client, "", 408, "head_timeout", 0.0)
             self._linger()  # the client may still be sending its head
 
         def _start_asgi_task(self, cycle: Any, asgi: Any) -> None:
@@ -234,7 +237,9 @@ class _Refuser:
         return b"".join(
             [
                 b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
-                b"connection: close\r\n\r\n",
+                b"server-timing: ",
+                server_timing_of(0.0),
+                b"\r\nconnection: close\r\n\r\n",
                 body,
             ]
         )
@@ -245,10 +250,35 @@ class _Refuser:
             self._cap = settings.max_connections
         return self._cap
 
+    def log_refusal(
+        self,
+        client: Any,
+        rid: str,
+        status: int,
+        reject: str,
+        total_ms: float,
+        route: str = "",
+        model: Any = None,
+    ) -> None:
+        """The access-log line of an answer given here, where the log is on."""
+        access = active.access_log
+        if access is None:
+            return
+        access.write(
+            request_id=rid, trace_id=None,
+            client=f"{client[0]}:{client[1]}" if client else "-", route=route,
+            protocol="http", model=model.name if model is not None else "",
+            version=model.version if model is not None else "", status=status, rows=0,
+            batch_rows=0, queue_ms=0.0, compute_ms=0.0, total_ms=total_ms, bytes_in=0,
+            bytes_out=0, reject=reject,
+        )  # fmt: skip
+
     def over_cap(self, scope: dict[str, Any], connections: int, cap: int) -> bytes:
         """A 503 for a request past the cap on open connections (the headers after the status
         line, and the body)."""
         rid = request_id_from(scope["headers"])
+        self.log_refusal(scope.get("client"), rid.decode(), 503, "max_connections", 0.0,
+                         scope.get("path", ""))  # fmt: skip
         body = orjson.dumps(
             {
                 "error": f"too many open connections: {connections} open, "
@@ -265,7 +295,7 @@ class _Refuser:
                 cap,
             )
             self._over_cap, self._warn_at = 0, now + _WARN_EVERY_S
-        return _retry_later(rid, body)
+        return _retry_later(rid, body, 0.0)
 
     def answer(self, scope: dict[str, Any]) -> bytes | None:
         """The headers and body of a 503 after the status line, or None to let the app
@@ -304,10 +334,15 @@ class _Refuser:
         rid = request_id_from(headers)
         body = self._body(queued, limit)
         model.metrics.reject("queue_full")
-        model.metrics.observe_latency(503, time.perf_counter() - started)
+        total_ms = (time.perf_counter() - started) * 1000.0
+        model.metrics.observe_latency(503, total_ms / 1000.0)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request %s: 503 queue full (refused from its headers)", rid.decode())
-        return _retry_later(rid, body)
+        if active.access_log is not None:
+            path = scope.get("path", "")
+            self.log_refusal(scope.get("client"), rid.decode(), 503, "queue_full", total_ms,
+                             path, model)  # fmt: skip
+        return _retry_later(rid, body, total_ms)
 
     def _body(self, queued: int, limit: int) -> bytes:
         # The words of admission.check_headroom's refusal, one body per (queued, limit).
@@ -320,12 +355,14 @@ class _Refuser:
         return body
 
 
-def _retry_later(rid: bytes, body: bytes) -> bytes:
+def _retry_later(rid: bytes, body: bytes, total_ms: float) -> bytes:
     """The headers (after the status line) and JSON body of a 503 with ``Retry-After: 1``."""
     return b"".join(
         [
             b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
-            b"retry-after: 1\r\nx-request-id: ",
+            b"retry-after: 1\r\nserver-timing: ",
+            server_timing_of(total_ms),
+            b"\r\nx-request-id: ",
             rid,
             b"\r\n\r\n",
             body,

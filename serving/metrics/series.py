@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from serving.batching.record import BatchRecord
 from serving.metrics.scraped import (
@@ -193,7 +194,9 @@ class ModelMetrics:
         for listener in self._routed_listeners:
             listener(failed, seconds)
 
-    def observe_latency(self, status: int, seconds: float) -> None:
+    def observe_latency(self, status: int, seconds: float, trace_id: str | None = None) -> None:
+        """``trace_id``: the request's sampled trace, kept as its bucket's exemplar (shown to a
+        scraper that asks for OpenMetrics: ``render``)."""
         for listener in self._listeners:
             listener(status, seconds)
         child = self._latency_by_status.get(status)
@@ -203,7 +206,10 @@ class ModelMetrics:
             child = self._latency_by_status[status] = self._f.request_latency.labels(
                 *self.key, str(status)
             )
-        child.observe(seconds)
+        if trace_id is None:
+            child.observe(seconds)
+        else:
+            child.observe(seconds, {"trace_id": trace_id})
 
     def rollback(self, reason: str) -> None:
         if not self.removed:
@@ -318,5 +324,9 @@ class Metrics:
         self._health.sources.pop(key, None)
         self._health.states.pop(key, None)
 
-    def render(self) -> bytes:
+    def render(self, openmetrics: bool = False) -> bytes:
+        """The exposition: Prometheus' text format, or OpenMetrics (the only one that carries
+        the latency buckets' exemplars: a slow bucket's trace) where the scraper asks for it."""
+        if openmetrics:
+            return openmetrics_latest(self.registry)
         return generate_latest(self.registry)

@@ -27,11 +27,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from serving.canary.blame import CLIENT_GONE, version_failed
-from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError, ShardServeError
+from serving.errors import (
+    InvalidInputError,
+    ModelInputError,
+    PayloadTooLargeError,
+    QueueFullError,
+    ShardServeError,
+)
 from serving.http.admission import check_headroom, check_length
 from serving.http.model import ModelDirectory, ModelHandle, RequestMetrics
 from serving.http.replies import ClientGone, log_failure
 from serving.settings.lengths import served_max_length
+from serving.telemetry import active
+from serving.telemetry.access_log import reject_reason
+from serving.telemetry.stamp import CURRENT, Stamp
 
 if TYPE_CHECKING:
     import numpy as np
@@ -93,8 +102,20 @@ class Transport(Protocol[R_contra, A_contra, T_co]):
         the client's if sooner; ``InvalidInputError`` for a malformed one."""
         ...
 
-    def answer(self, request: R_contra, outcome: A_contra | Failure) -> Awaitable[T_co]:
-        """Send (HTTP) or give (gRPC) the work's answer, or the failure's."""
+    def answer(
+        self, request: R_contra, outcome: A_contra | Failure, stamp: Stamp
+    ) -> Awaitable[T_co]:
+        """Send (HTTP) or give (gRPC) the work's answer, or the failure's, with the stamp's
+        ``Server-Timing``; set ``stamp.bytes_out`` (where the access log is on: gRPC)."""
+        ...
+
+    def trace_context(self, request: R_contra) -> tuple[str | None, str | None]:
+        """The client's W3C ``traceparent`` and ``tracestate`` (asked only with tracing on)."""
+        ...
+
+    def describe(self, request: R_contra) -> tuple[str, str, str, int]:
+        """(route, protocol, client address, bytes in), for the access log (asked only with
+        it on)."""
         ...
 
     def request_id(self, request: R_contra) -> str:
@@ -118,50 +139,114 @@ async def infer(
     ``body_length``: the size the client declared (HTTP's ``Content-Length``), refused from it
     past ``max_body_bytes``; ``None`` where the transport bounds the message itself (gRPC)."""
     started = time.perf_counter()
-    try:
-        model = models.model(name, version, label)
-    except ShardServeError as exc:  # no such model: nothing of a model to count it in
-        return await transport.answer(request, Failure(exc.status_code, exc))
-    metrics = model.metrics
-    # The server's own deadline, a moment before the request's: a 504 before it was a deadline
-    # the client shortened, not the version's failure (``count_routed``).
-    own_deadline = time.monotonic() + model.settings.request_timeout_ms / 1000.0
+    stamp = Stamp(started)
+    CURRENT.set(stamp)  # the request's own task: its batcher's submit stamps it
+    tracer = active.tracer
+    if tracer is not None:
+        tracer.request(stamp, *transport.trace_context(request))
+    model: ModelHandle | None = None
     error: Exception | None = None
     outcome: A | Failure
     try:
-        batcher = model.require_batcher()
-        settings = model.settings
-        # Admission from the headers alone: a refused request costs no body read, no decode.
-        check_length(body_length, settings.max_body_bytes)
+        model = models.model(name, version, label)
+    except ShardServeError as exc:  # no such model: nothing of a model to count it in
+        error, status, outcome = exc, exc.status_code, Failure(exc.status_code, exc)
+    else:
+        metrics = model.metrics
+        # The server's own deadline, a moment before the request's: a 504 before it was a
+        # deadline the client shortened, not the version's failure (``count_routed``).
+        own_deadline = time.monotonic() + model.settings.request_timeout_ms / 1000.0
         try:
-            check_headroom(batcher)
-        except QueueFullError:
-            metrics.reject("queue_full")
+            batcher = model.require_batcher()
+            settings = model.settings
+            # Admission from the headers alone: a refused request costs no body read, no decode.
+            check_length(body_length, settings.max_body_bytes)
+            try:
+                check_headroom(batcher)
+            except QueueFullError:
+                metrics.reject("queue_full")
+                raise
+            deadline = transport.deadline(request, settings)
+            with model.admitted.hold():  # the model's drain waits for it (``Admitted``)
+                outcome = await work(request, model, batcher, deadline)
+            status = 200
+        except ClientGone:
+            metrics.reject("client_gone")
+            log_failure(transport.request_id(request), CLIENT_GONE, _GONE_MESSAGE)
+            status, outcome = CLIENT_GONE, _GONE
+        except ShardServeError as exc:
+            if isinstance(exc, InvalidInputError | PayloadTooLargeError):
+                metrics.reject("invalid_input")
+            error = exc
+            status = exc.status_code
+            outcome = Failure(status, exc)
+        except Exception as exc:
+            error = exc
+            status, outcome = 500, Failure(500, None, exc)
+        except BaseException:  # cancelled: the client went away (gRPC) or its deadline passed
+            metrics.reject("client_gone")
+            log_failure(transport.request_id(request), CLIENT_GONE, _GONE_MESSAGE)
+            _count(metrics, CLIENT_GONE, None, own_deadline, started, version, label, stamp)
+            stamp.status = CLIENT_GONE
+            _finish(stamp, model, None, transport, request)
             raise
-        deadline = transport.deadline(request, settings)
-        with model.admitted.hold():  # the model's drain waits for it (``Admitted``)
-            outcome = await work(request, model, batcher, deadline)
-        status = 200
-    except ClientGone:
-        metrics.reject("client_gone")
-        log_failure(transport.request_id(request), CLIENT_GONE, _GONE_MESSAGE)
-        status, outcome = CLIENT_GONE, _GONE
-    except ShardServeError as exc:
-        if isinstance(exc, InvalidInputError | PayloadTooLargeError):
-            metrics.reject("invalid_input")
-        error = exc
-        status = exc.status_code
-        outcome = Failure(status, exc)
-    except Exception as exc:
-        error = exc
-        status, outcome = 500, Failure(500, None, exc)
-    except BaseException:  # cancelled: the client went away (gRPC) or its deadline passed
-        metrics.reject("client_gone")
-        log_failure(transport.request_id(request), CLIENT_GONE, _GONE_MESSAGE)
-        _count(metrics, CLIENT_GONE, None, own_deadline, started, version, label)
-        raise
-    _count(metrics, status, error, own_deadline, started, version, label)
-    return await transport.answer(request, outcome)
+        _count(metrics, status, error, own_deadline, started, version, label, stamp)
+    stamp.status = status
+    if stamp.span is None and active.access_log is None:
+        return await transport.answer(request, outcome, stamp)
+    try:
+        return await transport.answer(request, outcome, stamp)
+    finally:
+        _finish(stamp, model, error, transport, request)
+
+
+def _finish(
+    stamp: Stamp,
+    model: ModelHandle | None,
+    error: BaseException | None,
+    transport: Transport[R, A, T],
+    request: R,
+) -> None:
+    """End the request's span and write its access-log line, where either is on."""
+    tracer, access = active.tracer, active.access_log
+    name = model.name if model is not None else ""
+    version = model.version if model is not None else ""
+    if tracer is not None and stamp.span is not None:
+        failed = None
+        if stamp.status >= 500 or isinstance(error, ModelInputError):
+            failed = error.message if isinstance(error, ShardServeError) else "internal error"
+        tracer.request_end(
+            stamp,
+            {
+                "shardserve.model": name,
+                "shardserve.version": version,
+                "shardserve.request_id": transport.request_id(request),
+                "shardserve.rows": stamp.rows,
+                "shardserve.batch_rows": stamp.batch_rows,
+                "http.response.status_code": stamp.status,
+            },
+            failed,
+        )
+    if access is not None:
+        route, protocol, client, bytes_in = transport.describe(request)
+        access.write(
+            request_id=transport.request_id(request),
+            trace_id=stamp.trace_id,
+            client=client,
+            route=route,
+            protocol=protocol,
+            model=name,
+            version=version,
+            status=stamp.status,
+            rows=stamp.rows,
+            batch_rows=stamp.batch_rows,
+            queue_ms=stamp.queue_ms,
+            compute_ms=stamp.compute_ms,
+            total_ms=stamp.total_ms(),
+            bytes_in=bytes_in,
+            bytes_out=stamp.bytes_out,
+            reject=reject_reason(error, stamp.status),
+        )
 
 
 def _count(
@@ -172,9 +257,13 @@ def _count(
     started: float,
     version: str | None,
     label: str | None,
+    stamp: Stamp,
 ) -> None:
     seconds = time.perf_counter() - started
-    metrics.observe_latency(status, seconds)
+    if stamp.trace_id is None:
+        metrics.observe_latency(status, seconds)
+    else:  # the bucket's exemplar: a sampled request's trace
+        metrics.observe_latency(status, seconds, stamp.trace_id)
     if version is None and label is None:  # the server chose its version (a canary's split)
         count_routed(metrics, status, error, own_deadline, seconds)
 

@@ -41,6 +41,10 @@ from serving.errors import (
 )
 from serving.http.replies import log_failure, request_id_from, retry_after_seconds
 from serving.protocols.dataplane import Failure
+from serving.telemetry import active
+from serving.telemetry.access_log import reject_reason
+from serving.telemetry.headers import server_timing_of
+from serving.telemetry.stamp import Stamp
 
 if TYPE_CHECKING:
     from serving.http.model import ModelHandle
@@ -48,12 +52,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RETRY_AFTER_KEY",
+    "SERVER_TIMING_KEY",
     "Context",
     "GrpcCall",
     "GrpcTransport",
     "Handlers",
     "Refused",
     "abort",
+    "refuse",
     "request_id",
     "rpc_deadline",
     "status_code",
@@ -61,6 +67,7 @@ __all__ = [
 
 log = logging.getLogger("shardserve")
 RETRY_AFTER_KEY = "retry-after"
+SERVER_TIMING_KEY = "server-timing"
 Context: TypeAlias = grpc.aio.ServicerContext
 M = TypeVar("M")  # a call's request message
 
@@ -152,7 +159,8 @@ class GrpcTransport:
     def deadline(self, call: GrpcCall[Any], settings: Settings) -> float:
         return rpc_deadline(call.context.time_remaining(), settings.request_timeout_ms)
 
-    async def answer(self, call: GrpcCall[Any], outcome: Any) -> Any:
+    async def answer(self, call: GrpcCall[Any], outcome: Any, stamp: Stamp) -> Any:
+        timing = (SERVER_TIMING_KEY, stamp.server_timing())
         if isinstance(outcome, Failure):
             if outcome.unexpected is not None:
                 log.error(
@@ -161,12 +169,48 @@ class GrpcTransport:
                     self.method,
                     exc_info=outcome.unexpected,
                 )
-            await abort(call.context, outcome.error, call.rid)
-        call.context.set_trailing_metadata((("x-request-id", call.rid),))
+            await abort(call.context, outcome.error, call.rid, (timing,))
+        if active.access_log is not None:
+            stamp.bytes_out = outcome.ByteSize()
+        call.context.set_trailing_metadata((("x-request-id", call.rid), timing))
         return outcome
 
     def request_id(self, call: GrpcCall[Any]) -> str:
         return call.rid
+
+    def trace_context(self, call: GrpcCall[Any]) -> tuple[str | None, str | None]:
+        parent = state = None
+        for key, value in call.context.invocation_metadata() or ():
+            if key == "traceparent" and parent is None and isinstance(value, str):
+                parent = value
+            elif key == "tracestate" and state is None and isinstance(value, str):
+                state = value
+        return parent, state
+
+    def describe(self, call: GrpcCall[Any]) -> tuple[str, str, str, int]:
+        size = getattr(call.message, "ByteSize", None)
+        return self.method, "grpc", call.context.peer() or "-", size() if size else 0
+
+
+async def refuse(
+    context: Context, refused: Refused, rid: str, started: float, method: str
+) -> NoReturn:
+    """End a call refused before its message was parsed (``Refused``) as ``abort`` does, with
+    its ``server-timing`` and, where the access log is on, its line."""
+    total_ms = (time.perf_counter() - started) * 1000.0
+    timing = server_timing_of(total_ms).decode()
+    access = active.access_log
+    if access is not None:
+        model = refused.model
+        access.write(
+            request_id=rid, trace_id=None, client=context.peer() or "-", route=method,
+            protocol="grpc", model=model.name if model is not None else "",
+            version=model.version if model is not None else "",
+            status=refused.error.status_code, rows=0, batch_rows=0, queue_ms=0.0,
+            compute_ms=0.0, total_ms=total_ms, bytes_in=0, bytes_out=0,
+            reject=reject_reason(refused.error, refused.error.status_code),
+        )  # fmt: skip
+    await abort(context, refused.error, rid, ((SERVER_TIMING_KEY, timing),))
 
 
 def request_id(context: Context) -> str:
@@ -176,11 +220,16 @@ def request_id(context: Context) -> str:
     return request_id_from(headers).decode()
 
 
-async def abort(context: Context, error: ShardServeError | None, rid: str) -> NoReturn:
+async def abort(
+    context: Context,
+    error: ShardServeError | None,
+    rid: str,
+    extra: Sequence[tuple[str, str]] = (),
+) -> NoReturn:
     """End the call with the error's status (``None``: an unexpected error, INTERNAL, which its
     caller logged with its traceback and request id), and its retry hint where it has one
-    (``RETRY_AFTER_KEY``)."""
-    metadata = [("x-request-id", rid)]
+    (``RETRY_AFTER_KEY``); ``extra``: more trailing metadata (``server-timing``)."""
+    metadata = [("x-request-id", rid), *extra]
     if error is None:
         code, message = grpc.StatusCode.INTERNAL, "internal server error; see the server log"
     else:

@@ -19,6 +19,8 @@ from serving.http.fast import FastRequest, ModelRef
 from serving.http.model import ModelDirectory
 from serving.http.replies import Reply, error_reply, send_reply, unexpected_reply
 from serving.protocols.dataplane import Failure, Work, infer
+from serving.telemetry.headers import SERVER_TIMING, client_address, trace_headers
+from serving.telemetry.stamp import Stamp
 
 if TYPE_CHECKING:
     from serving.settings.config import Settings
@@ -37,7 +39,9 @@ class _Rest:
     def deadline(self, request: FastRequest, settings: Settings) -> float:
         return request_deadline(request.timeout_ms, settings)
 
-    def answer(self, request: FastRequest, outcome: Reply | Failure) -> Awaitable[None]:
+    def answer(
+        self, request: FastRequest, outcome: Reply | Failure, stamp: Stamp
+    ) -> Awaitable[None]:
         # Returns ``send_reply``'s coroutine rather than awaiting it: no frame of its own.
         if isinstance(outcome, Failure):
             if outcome.error is not None:
@@ -47,10 +51,25 @@ class _Rest:
             else:  # the client went away: nobody reads it
                 outcome = (499, b"", b"text/plain", [])
         status, body, content_type, headers = outcome
+        stamp.bytes_out = len(body)
+        timing = (SERVER_TIMING, stamp.server_timing().encode())
+        headers = [*headers, timing] if headers else [timing]
         return send_reply(request.send, request.rid, status, body, content_type, headers)
 
     def request_id(self, request: FastRequest) -> str:
         return request.request_id
+
+    def trace_context(self, request: FastRequest) -> tuple[str | None, str | None]:
+        return trace_headers(request.scope["headers"])
+
+    def describe(self, request: FastRequest) -> tuple[str, str, str, int]:
+        length = request.content_length
+        return (
+            request.scope.get("path", ""),
+            "http",
+            client_address(request.scope),
+            int(length) if length is not None and length.isdigit() else 0,
+        )
 
 
 _REST = _Rest()

@@ -14,6 +14,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving.canary.split import CanarySplit
+from serving.http.access import RouteLine
 from serving.http.fast import FastPathLayer, FastRoutes
 from serving.http.replies import REQUEST_ID_KEY, request_id_from, send_with_request_id
 from serving.openapi.document import Served, document
@@ -31,6 +32,7 @@ from serving.server.routes import install_routes
 from serving.server.state import ServerState
 from serving.server.tfserving_routes import install_tfserving_routes
 from serving.settings.config import Settings
+from serving.telemetry import active
 from serving.version.runner import RunnerFactory, build_runner
 
 if TYPE_CHECKING:
@@ -48,7 +50,16 @@ def create_app(
     lifespan = make_lifespan(
         settings, lambda state: Repository(state, settings, runner_factory, on_load_failure)
     )
-    app = ShardServeApp(title="shardserve", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    # FastAPI's own OpenTelemetry off: it would turn on as soon as anything sets a global
+    # tracer provider, and then every request would leave the fast path (``_untraced``). The
+    # server's spans are its own (``serving.telemetry``), made on the fast path.
+    app = ShardServeApp(
+        title="shardserve",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     install_error_handlers(app)
     install_tfserving_routes(app, settings, predict_model)
     install_routes(app)
@@ -111,14 +122,25 @@ class ShardServeApp(FastAPI):
         # Outside every middleware, so that their own answers (a CORS preflight, a 500 from
         # ServerErrorMiddleware) carry the id too.
         send = send_with_request_id(send, rid)
-        if self._untraced and self.middleware_stack is not None:
-            # FastAPI.__call__ asks OpenTelemetry on every request whether it is configured
-            # (8 us, as much as the rest of the stack); the answer is taken once, at the first
-            # request: telemetry configured later than that is not seen.
-            scope["app"] = self
-            await self.middleware_stack(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)
+        line = None
+        access = active.access_log
+        if access is not None and not (
+            scope["method"] == "POST" and self.fast_routes.match_scope(scope) is not None
+        ):  # a route outside the data plane (which logs the inference routes itself)
+            line = RouteLine(scope, send, access)
+            send = line.send
+        try:
+            if self._untraced and self.middleware_stack is not None:
+                # FastAPI.__call__ asks OpenTelemetry on every request whether it is configured
+                # (8 us, as much as the rest of the stack); the answer is taken once, at the
+                # first request: telemetry configured later than that is not seen.
+                scope["app"] = self
+                await self.middleware_stack(scope, receive, send)
+                return
+            await super().__call__(scope, receive, send)
+        finally:
+            if line is not None:
+                line.write()
 
     @property
     def answers_fast_routes(self) -> bool:

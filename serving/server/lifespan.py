@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from serving.protocols.grpc_port import start_grpc_server, stop_grpc_server
 from serving.server.state import ServerState
 from serving.settings.config import Settings
+from serving.telemetry import setup as telemetry
 from serving.version.runner import release_cluster
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def make_lifespan(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        telemetry.start(settings)  # before Ray starts: its workers get the OTEL_* variables
         state = ServerState(settings=settings)
         repository = repository_of(state)
         app.state.shardserve = state
@@ -49,7 +51,10 @@ def make_lifespan(
             await repository.start()
             yield
         finally:
-            await _shut_down(state, repository, grpc_server)
+            try:
+                await _shut_down(state, repository, grpc_server)
+            finally:
+                telemetry.stop()
 
     return lifespan
 

@@ -60,14 +60,23 @@ def install_routes(app: FastAPI) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=_METRICS_DOC)
     async def metrics(request: Request) -> Response:
+        # OpenMetrics where the scraper asks for it (Prometheus does, by its Accept header):
+        # the latency buckets' exemplars (a sampled request's trace id) exist only there.
+        if "application/openmetrics-text" in request.headers.get("accept", ""):
+            return Response(_state(request).metrics.render(openmetrics=True), media_type=_OM)
         return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 _GAVE_UP = "A model's batcher gave up after crashing again and again: restart the process."
 _NOT_READY = "Loading, failed to load, stopping, or no healthy replica (the reason in 'error')."
+_OM = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 _METRICS_DOC: dict[int | str, dict[str, Any]] = {
     200: {
-        "description": "Prometheus text exposition format",
-        "content": {"text/plain": {"schema": {"type": "string"}}},
+        "description": "Prometheus text exposition format; OpenMetrics (with the latency "
+        "buckets' exemplars: trace ids) where the Accept header asks for it",
+        "content": {
+            "text/plain": {"schema": {"type": "string"}},
+            "application/openmetrics-text": {"schema": {"type": "string"}},
+        },
     }
 }

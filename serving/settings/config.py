@@ -96,6 +96,30 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "(terminationGracePeriodSeconds, docker stop -t).",
     )
 
+    # --- observability (serving.telemetry)
+    tracing: bool | None = Field(
+        None,
+        description="Export OpenTelemetry traces over OTLP; unset = on where an "
+        "OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set, as for any OpenTelemetry service; "
+        "OTEL_SDK_DISABLED=true wins. The OTEL_* variables configure the rest.",
+    )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="Where traces go (an OTLP/HTTP URL such as http://collector:4318, or "
+        "with OTEL_EXPORTER_OTLP_PROTOCOL=grpc a gRPC one, http://collector:4317); turns "
+        "tracing on; unset = the OTEL_EXPORTER_OTLP_* variables'.",
+    )
+    access_log: Literal["json", "text", "off"] = Field(
+        "off",
+        description="One line per request on stdout (logger shardserve.access): json for log "
+        "pipelines, text for people; its fields are in the README (Observability).",
+    )
+    access_log_probes: bool = Field(
+        False,
+        description="Log the health and readiness probes and the /metrics scrapes that answer "
+        "2xx too (a failed one is always logged); off: they would be most of the lines.",
+    )
+
     # --- the model
     model: str = Field(
         "demo-mlp", description="A .keras file, a bundle directory, or a demo model name."
@@ -168,6 +192,13 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "share of the cores among the model's stage actors, in whole threads (at least 1), on a "
         "private local Ray, 1 on a cluster.",
     )
+    stage_cores: Literal["replicas", "threads"] = Field(
+        "replicas",
+        description="On a private local Ray, a model of one stage whose copies fit in half the "
+        "free memory: one single-threaded replica per core (replicas) or one actor with a "
+        "TensorFlow thread per core (threads); not when replicas, CPUs per shard or a stage "
+        "budget are given (docs/tuning.md).",
+    )
     placement_strategy: PlacementStrategy = Field(
         "PACK", description="Placement group strategy of a pipeline's shard actors."
     )
@@ -219,6 +250,23 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "batch); past it the load fails with what it waited for, instead of waiting for ever.",
     )
 
+    # --- the front end's process
+    gc_freeze: bool = Field(
+        True,
+        description="Once a version is READY, collect and freeze what the load left alive "
+        "(gc.freeze), so that the collector no longer scans it on the request path.",
+    )
+    # About 20 to 50 requests' young containers between gen-0 collections instead of CPython's
+    # 700 (a few requests'): a gen-0 pass over 10,000 young objects takes well under a ms, and
+    # reference counting still frees all but cycles at once (serving.version.collector).
+    gc_first_threshold: int = Field(
+        10_000,
+        ge=100,
+        le=10_000_000,
+        description="Young objects between two collections of the first generation (CPython: "
+        "700), set with gc_freeze; a server allocates per request (docs/tuning.md).",
+    )
+
     # --- batching
     max_batch_size: int = Field(32, ge=1, le=4096, description="Rows in a full batch.")
     batch_timeout_ms: float | Literal["auto"] = Field(
@@ -235,6 +283,12 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         None,
         description="Batch sizes a batch is padded to; unset = no padding on CPU stages, powers "
         "of two up to max on GPU stages (docs/tuning.md).",
+    )
+    fill_while_busy: bool = Field(
+        True,
+        description="A batch whose wait ran out while the first stage of every healthy replica "
+        "is busy keeps taking rows until that stage is about to be free (or it is full, or a "
+        "deadline needs it); false = it closes on its wait alone (docs/tuning.md).",
     )
     request_timeout_ms: float = Field(
         30000.0, gt=0, le=3_600_000, description="Deadline of a request (header may shorten)."

@@ -9,6 +9,7 @@ inside a Ray task, and the signature comes from the bundle manifest.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -23,7 +24,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from serving.settings.config import Settings
-from shards.cpu_plan import Pipeline, cpus_per_stage, scheduling_cpus
+from shards.cpu_plan import Pipeline, cpus_per_stage, machine_cores, scheduling_cpus
 from shards.pipeline.health import Health
 from shards.signature import ModelSignature
 
@@ -117,6 +118,14 @@ async def build_runner(settings: Settings) -> ModelRunner:
     bundle = await resolve_bundle_remote(settings.model, resolve)
     log.info("model %r -> bundle %s", settings.model, bundle)
     options = pipeline_options(settings)
+    copies = await asyncio.to_thread(stage_replicas, settings, bundle)
+    if copies > 1:
+        options = dataclasses.replace(options, replicas=copies, cpus_per_shard=1.0)
+        log.info(
+            "model %r: its one stage runs as %d single-threaded replicas instead of one actor "
+            "with %d TensorFlow threads (--stage-cores threads for one actor)",
+            settings.model, copies, copies,
+        )  # fmt: skip
     try:
         group: Any = await ReplicaSet.create(bundle, options)
     except BaseException:
@@ -173,6 +182,30 @@ def private_ray_cpus(versions: Iterable[Settings]) -> int:
     their CPUs at once, with room for one more (``shards.cpu_plan.scheduling_cpus``): Ray's
     count is a scheduling count there, and the actors' TensorFlow threads share the real cores."""
     return scheduling_cpus(_pipeline(settings) for settings in versions)
+
+
+def stage_replicas(settings: Settings, bundle: Path) -> int:
+    """How many single-threaded replicas serve ``bundle`` (``shards.cpu_plan.stage_copies``),
+    where the choice is the server's: ``stage_cores`` "replicas", a private Ray, and no replica
+    count, replica bounds, CPUs per shard or stage budget given (a model that needed its stages
+    to fit a budget is not copied); else 1 (the version's own replicas)."""
+    from shards.bundle.format import read_manifest
+    from shards.cpu_plan import available_memory, stage_copies
+
+    given = settings.model_fields_set & _COUNTS_GIVEN
+    if settings.stage_cores != "replicas" or settings.ray_address is not None or given:
+        return 1
+    if settings.max_stage_bytes:
+        return 1
+    stages = read_manifest(bundle).stages
+    peak = stages[0].planned_peak_bytes if stages else 0
+    return stage_copies(len(stages), peak, machine_cores(), available_memory())
+
+
+# Settings that, given, say how the cores or the replicas are used: the server does not choose.
+_COUNTS_GIVEN = frozenset(
+    {"replicas", "min_replicas", "max_replicas", "cpus_per_shard", "max_stage_bytes"}
+)
 
 
 def _pipeline(settings: Settings) -> Pipeline:

@@ -27,6 +27,7 @@ from serving.metrics.series import Metrics, ModelMetrics
 from serving.settings.config import ConfigError, Settings
 from serving.settings.lengths import served_max_length
 from serving.supervisor import supervise
+from serving.version.collector import freeze_heap
 from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
 from serving.version.life import LOADING_STATES, Life, VersionState
@@ -265,6 +266,8 @@ class ServedModel:
         batcher.set_length_padding(self.length_plan.padding)
         await log_memory(self, runner)
         self.batcher = batcher
+        if self.settings.gc_freeze:
+            freeze_heap(self.settings.gc_first_threshold)
         self._life.advance(VersionState.READY)
         log.info(
             "ready: serving %r version %s (%d stage(s))", self.name, self.version, runner.num_stages
@@ -394,6 +397,8 @@ def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
         allowed_batch_sizes=settings.batch_sizes(),
         slo_p99_ms=settings.slo_p99_ms,
         pipeline_depth=stages * replicas,
+        pipeline_stages=stages,
+        fill_while_busy=settings.fill_while_busy,
         # CPU stages take any batch size with one trace: padding would only add rows.
         pad_batches=settings.allowed_batch_sizes is not None or runner.on_gpu,
     )

@@ -28,6 +28,7 @@ from shards.cpu_plan import intra_op_threads
 from shards.errors import ModelError, one_line
 from shards.pipeline.faults import INPUT_ERRORS
 from shards.signature import TensorSpec
+from shards.tracing import stage_span
 
 INTERVAL_LOG_SIZE = 256
 
@@ -178,10 +179,29 @@ class ShardActor:
         # numpy, not tf.Tensor: numpy crosses the object store zero-copy.
         return [np.asarray(v) for v in values]
 
-    def forward(self, *tensors: np.ndarray) -> Any:
+    def forward(self, *tensors: np.ndarray, trace: str | None = None) -> Any:
         """One batch: the stage's inputs positionally in ``spec.inputs`` order; its outputs as
         separate returns in ``spec.outputs`` order (call with ``num_returns=len(outputs)``; one
-        output is returned bare), so each goes on its own to the stages that read it."""
+        output is returned bare), so each goes on its own to the stages that read it.
+
+        ``trace``: the batch span's W3C ``traceparent`` where the batch is traced: the stage's
+        span is made here, in this process, under it (``shards.tracing``)."""
+        if trace is None:
+            return self._forward(tensors)
+        first: Any = tensors[0] if tensors else None
+        rows = len(first) if getattr(first, "ndim", 0) else 0
+        attributes = {
+            "shardserve.stage": self._spec.name,
+            "shardserve.stage_index": self._spec.index,
+            "shardserve.rows": rows,
+            "shardserve.device": self._device.name,
+        }
+        if self._spec.part is not None:
+            attributes["shardserve.part"] = self._spec.name
+        with stage_span(trace, f"stage {self._spec.name}", attributes):
+            return self._forward(tensors)
+
+    def _forward(self, tensors: Sequence[np.ndarray]) -> Any:
         specs = self._spec.inputs
         if len(tensors) != len(specs):
             raise ModelError(

@@ -29,6 +29,7 @@ from shards.pipeline.faults import is_replica_fault, translate
 from shards.pipeline.health import ReplicaState
 from shards.pipeline.tensor_routes import Route, Source, request_readers
 from shards.pipeline.watchdog import ON_READY, BatchClock, Watchdog, set_when_ready
+from shards.tracing import BATCH
 
 log = logging.getLogger(__name__)
 
@@ -191,11 +192,14 @@ class Replica:
         # Top-level refs as arguments: Ray hands each stage the arrays themselves, fetched from
         # the stage that made them.
         made: list[list[Any]] = []
+        # A traced batch's context goes with each stage call (``shards.tracing``).
+        traced = BATCH.get()
+        trace = {} if traced is None else {"trace": traced.traceparent}
         for actor, route in zip(self.actors, self._routes, strict=True):
             args = [
                 request[s.name] if s.from_request else made[s.stage][s.index] for s in route.inputs
             ]
-            out = actor.forward.options(num_returns=route.num_returns).remote(*args)
+            out = actor.forward.options(num_returns=route.num_returns).remote(*args, **trace)
             made.append([out] if route.num_returns == 1 else list(out))
         # No await since stage 0 was called: batches enter in the order of their stage-0 calls.
         left = self._enter_first_stage(clock)

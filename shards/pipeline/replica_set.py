@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from shards import tracing
 from shards.bundle.format import Manifest, read_manifest
 from shards.cluster import pending_placement, placement_resources
 from shards.errors import (
@@ -171,11 +172,28 @@ class ReplicaSet:
         while True:
             pipeline = self._pick(tried)
             tried.append(pipeline)
+            if tracing.BATCH.get() is not None:  # a traced batch: which replica, which try
+                tracing.note("shardserve.replica", self._id_of(pipeline) or 0)
+                tracing.note("shardserve.replica_tries", len(tried))
             try:
                 return await pipeline.run(inputs, self._watchdog)
             except RunError as error:
                 if not is_replica_fault(error):
                     raise
+                tracing.note_event(
+                    "replica fault",
+                    replica=self._id_of(pipeline) or 0,
+                    reason=error.message,
+                )
+                if isinstance(error, StageTimeoutError):
+                    # Past the watchdog's limit: the replica's stage actors are killed (a
+                    # running task is not interrupted otherwise) and restarted.
+                    tracing.note_event(
+                        "watchdog kill",
+                        replica=self._id_of(pipeline) or 0,
+                        reason=error.message,
+                        waited_behind=error.victim,
+                    )
                 self._fault(pipeline, error)
                 if error.victim:
                     victims += 1

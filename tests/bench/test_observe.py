@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bench.observe.cpusplit import process_cpu_seconds
+from bench.observe.cpusplit import _part, per_work, process_cpu_seconds
 from bench.observe.quiet import other_benches
 from bench.observe.scrape import parse
 
@@ -59,3 +59,27 @@ def test_a_scrape_sums_the_served_versions_under_the_series_plain_names() -> Non
         'shardserve_stage_calls_total{replica="0",stage="1"}': 5.0,
         'shardserve_padded_positions_total{kind="pad"}': 2.0,
     }
+
+
+def test_cpu_per_unit_of_work_and_the_idle_share() -> None:
+    # 10 s on 2 cores: the front end used 0.5 cores, the actor 1.0, the rest of Ray 0.1.
+    parts = {"frontend": 0.5, "shard_actors": 1.0, "ray_other": 0.1, "load_generator": 0.2}
+    work = per_work(parts, 10.0, served=1000, rows=4000, machine_cores=2)
+    assert work["frontend_ms_per_request"] == pytest.approx(5.0)
+    assert work["workers_ms_per_row"] == pytest.approx(2.5)
+    assert work["ray_ms_per_request"] == pytest.approx(1.0)
+    assert work["idle_share"] == pytest.approx(0.1)
+    # A server that counts no rows (a peer): its workers per request.
+    assert per_work(parts, 10.0, 1000, None, 2)["workers_ms_per_row"] == pytest.approx(10.0)
+
+
+def test_a_servers_children_count_as_its_model_workers_or_the_rest_of_ray() -> None:
+    assert _part(["ray::ShardActor.run"]) == "shard_actors"
+    assert _part(["ray::ServeReplica:app:Model"]) == "shard_actors"
+    assert _part(["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet"]) == (
+        "ray_other"
+    )
+    assert _part(["ray::IDLE"]) == "ray_other"
+    assert _part(["python", "-c", "from multiprocessing.spawn import spawn_main"]) == (
+        "shard_actors"
+    )  # a LitServe worker

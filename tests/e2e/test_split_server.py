@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.test_faults import assert_clean_error
 from tests.serverproc import Server, running_server
-from tests.shards.partition.test_split import recommender_inputs
+from tests.shards.partition.test_layer_split import recommender_inputs
 
 
 @pytest.fixture(scope="module")

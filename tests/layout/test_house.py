@@ -65,3 +65,13 @@ def test_the_architecture_doc_names_every_module() -> None:
         and f"`{path.stem}`" not in doc
     ]
     assert not unnamed, f"docs/architecture.md does not name {unnamed}"
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    # tests/ has no __init__.py: pytest imports each test file by its basename, and a second file
+    # of the same name fails the whole collection ("import file mismatch").
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not clashes, f"test files that share a basename: {clashes}"

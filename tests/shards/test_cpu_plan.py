@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from shards.cpu_plan import cpus_per_stage, intra_op_threads, pipeline_cpus, scheduling_cpus
+from shards.cpu_plan import (
+    cpus_per_stage,
+    intra_op_threads,
+    pipeline_cpus,
+    scheduling_cpus,
+    stage_copies,
+)
 
 
 @pytest.mark.parametrize(
@@ -47,3 +53,23 @@ def test_the_private_ray_holds_every_model_at_once_and_one_more() -> None:
 @pytest.mark.parametrize(("cpus", "threads"), [(0.25, 1), (0.5, 1), (1.0, 1), (1.5, 1), (4.0, 4)])
 def test_intra_op_threads_are_whole_cores_at_least_one(cpus: float, threads: int) -> None:
     assert intra_op_threads(cpus) == threads
+
+
+GiB = 2**30
+
+
+def test_a_small_single_stage_becomes_one_single_threaded_replica_per_core() -> None:
+    assert stage_copies(1, GiB, cores=2, available_bytes=16 * GiB) == 2
+    assert stage_copies(1, GiB, cores=8, available_bytes=16 * GiB) == 8
+
+
+def test_copies_only_where_every_copy_fits_in_half_the_free_memory() -> None:
+    assert stage_copies(1, 4 * GiB, cores=2, available_bytes=16 * GiB) == 2  # 8 of 16 GiB
+    assert stage_copies(1, 5 * GiB, cores=2, available_bytes=16 * GiB) == 1
+    assert stage_copies(1, GiB, cores=16, available_bytes=16 * GiB) == 1
+
+
+def test_several_stages_one_core_or_no_plan_keep_one_actor() -> None:
+    assert stage_copies(2, GiB, cores=2, available_bytes=16 * GiB) == 1
+    assert stage_copies(1, GiB, cores=1, available_bytes=16 * GiB) == 1
+    assert stage_copies(1, 0, cores=2, available_bytes=16 * GiB) == 1

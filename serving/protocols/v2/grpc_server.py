@@ -42,6 +42,7 @@ from serving.protocols.grpc_call import (
     Handlers,
     Refused,
     abort,
+    refuse,
     request_id,
     rpc_deadline,
 )
@@ -132,7 +133,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         rid = _request_id(context)
         if isinstance(request, Refused):
             count_refused(request.model, request.error, started)
-            await _abort(context, request.error, rid)
+            await refuse(context, request, rid, started, "ModelInfer")
         call: _Call = GrpcCall(request, context, rid)
         version = request.model_version or None
         return await infer(

@@ -19,6 +19,11 @@ def _record(system: str, scenario: str, rps: float) -> dict[str, object]:
         "p99_ms": 9.0,
         "errors": 0,
         "frontend": {"rss_mb": 100.0, "tensorflow_loaded": False},
+        "mean_batch_rows": 32.0 if system.startswith("shardserve") else None,
+        "frontend_ms_per_request": 0.5,
+        "workers_ms_per_row": 1.2,
+        "ray_ms_per_request": 0.05,
+        "idle_share": 0.1,
     }
 
 
@@ -31,7 +36,9 @@ def _results() -> dict[str, object]:
             "max_batch_size": 8,
             "batch_timeout_ms": 5.0,
         },
-        "ceiling": {"light": {"64": {"ms": 1.0, "rows_per_s": 4000.0, "calls": 10}}},
+        "ceiling": {
+            "light": {"64": {"ms": 1.0, "rows_per_s": 4000.0, "calls": 10, "cpu_ms_per_row": 0.7}}
+        },
         "runs": [
             _record("shardserve-1", "c64", 1000.0),
             _record("shardserve-1", "c64", 3000.0),
@@ -52,6 +59,8 @@ def test_report_gives_ratios_and_keeps_the_hand_written_analysis() -> None:
     text = render(_results(), "python -m bench run --tiny", old)
     assert "| shardserve-1 | 2.00x | 0.50x |" in text  # / litserve, / ceiling
     assert "`python -m bench run --tiny`" in text
+    assert "| shardserve-1 | c64 | 32.0 | 0.500 | 1.200 | 0.700 | 0.050 | 10% |" in text
+    assert "| litserve | c64 | - | 0.500 | 1.200 | 0.700 | 0.050 | 10% |" in text
     assert text.endswith(f"{ANALYSIS_MARKER}\n## Why\nkept text\n")
     assert "# old numbers" not in text
 
@@ -71,6 +80,7 @@ def test_harness_runs_end_to_end_on_a_tiny_setting(bench_on_session_ray: SuiteRu
         assert run["rps"] > 0
         # The signature comes from the bundle manifest: the HTTP process never loads TF.
         assert run["frontend"]["tensorflow_loaded"] is False
+        assert run["mean_batch_rows"] >= 1 and run["frontend_ms_per_request"] > 0
     assert results["ceiling"]["light"]["64"]["rows_per_s"] > 0
     assert "| shardserve-1 |" in bench_on_session_ray.table("run")
     assert (bench_on_session_ray.out / "bench_throughput.png").stat().st_size > 0

@@ -1,17 +1,20 @@
 """``python -m bench frontcpu``'s pure parts: the order of its windows, the ratios from canned
-windows, and the server each code tree is started as. A real run starts four servers (minutes),
-so it is left to the bench itself."""
+windows, and the server each code tree is started as; the tracing modes (their variables, their
+ratios to off) and the OTLP sink. A real run starts four servers (minutes), so it is left to the
+bench itself."""
 
 from __future__ import annotations
 
 import math
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.suites.frontcpu import FrontCpuPlan, schedule, server_spec
-from bench.suites.frontcpu_report import render, summarize
+from bench.observe.otlp_sink import OtlpSink
+from bench.suites.frontcpu import FrontCpuPlan, mode_label, schedule, server_spec, tracing_env
+from bench.suites.frontcpu_report import render, summarize, summarize_modes
 
 
 def _window(tree: str, round_: int, cpu_ms: float, errors: int = 0) -> dict[str, Any]:
@@ -118,3 +121,56 @@ def test_a_folder_that_is_no_code_tree_is_refused(tmp_path: Path) -> None:
         FrontCpuPlan(compare_tree=tmp_path)
     with pytest.raises(ValueError, match="protocols must be among"):
         FrontCpuPlan(protocols=("websocket",))
+
+
+def test_tracing_modes_set_the_standard_variables_and_off_disables_the_sdk() -> None:
+    assert [mode_label(m) for m in ("off", "1.0", "0.01")] == ["off", "on-1", "on-0.01"]
+    assert tracing_env("off", "http://x") == {"OTEL_SDK_DISABLED": "true"}
+    on = tracing_env("0.01", "http://127.0.0.1:9")
+    assert on["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:9"
+    assert on["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == "http://127.0.0.1:9/v1/traces"
+    assert on["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert (on["OTEL_TRACES_SAMPLER_ARG"], on["OTEL_SDK_DISABLED"]) == ("0.01", "false")
+    for bad in ("on", "0", "1.5"):
+        with pytest.raises(ValueError, match="'off' or a sampling ratio"):
+            FrontCpuPlan(tracing=("off", bad))
+
+
+def test_tracing_modes_rotate_and_are_compared_with_off(tmp_path: Path) -> None:
+    modes = ("off", "on-1", "on-0.01")
+    assert [label for _, _, label in schedule(2, ("grpc",), modes)] == [*modes, *modes[::-1]]
+    windows = [
+        {**_window(mode, r, ms), "protocol": "grpc"}
+        for r, row in enumerate(((0.20, 0.30, 0.21), (0.22, 0.28, 0.22)))
+        for mode, ms in zip(modes, row, strict=True)
+    ]
+    (cell,) = summarize_modes(windows, modes)
+    assert cell["median_ms"] == pytest.approx({"off": 0.21, "on-1": 0.29, "on-0.01": 0.215})
+    assert cell["ratio"] == {"off": 1.0, "on-1": 1.381, "on-0.01": 1.0238}
+    tree = {"path": "/t", "commit": "abc1234", "dirty": False}
+    table = render(
+        {
+            "plan": {"rounds": 2, "window_s": 6.0, "clients": {"light": 64}},
+            "trees": {m: tree for m in modes},
+            "windows": windows,
+            "modes": [cell],
+            "sink": {"posts": 3, "bytes": 1000},
+        }
+    )
+    assert "| light | grpc | 64 | 0.2100 | 0.2900 | 0.2150 | 1.381 | 1.024 | 0 |" in table
+    assert "3 posts" in table
+    plan = FrontCpuPlan(tree=_tree(tmp_path / "t", "serving/cli/main.py"), pin=False)
+    spec = server_spec(plan, tmp_path / "m.keras", plan.tree, "on-1", 8123, 0, {"A": "b"})
+    assert spec.env == {"A": "b", "PYTHONPATH": str(plan.tree)}
+
+
+def test_the_sink_accepts_and_counts_otlp_posts() -> None:
+    with OtlpSink() as sink:
+        request = urllib.request.Request(
+            sink.endpoint + "/v1/traces",
+            data=b"\x0a\x00",
+            headers={"content-type": "application/x-protobuf"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200
+    assert (sink.posts, sink.bytes) == (1, 2)

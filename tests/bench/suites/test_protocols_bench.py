@@ -29,6 +29,10 @@ def _run(workload: str, protocol: str, rps: float, cpu_ms: float, repeat: int = 
         "frontend_cores": 0.5,
         "loadgen_cores": 0.2,
         "mean_batch_rows": 40.0,
+        "frontend_ms_per_request": cpu_ms,
+        "workers_ms_per_row": 0.8,
+        "ray_ms_per_request": 0.05,
+        "idle_share": 0.13,
     }
 
 
@@ -41,6 +45,7 @@ def _results() -> dict:
                 "before_rows_per_s": 1900.0,
                 "after_rows_per_s": 2100.0,
                 "rows_per_s": 2000.0,
+                "cpu_ms_per_row": 0.71,
             }
         },
         "runs": [
@@ -67,6 +72,17 @@ def test_targets_are_judged_on_medians_over_rounds() -> None:
     assert "| heavy | V2 binary tensors | 256 | 1,500 |" in text
     assert "| 0.75x | 1.88x | 0.350 | 0.39x |" in text
     assert "**missed**" in text
+
+
+def test_the_report_says_where_the_time_goes() -> None:
+    text = render(_results())
+    assert "| heavy | V2 binary tensors | 40.0 | 0.350 | 0.800 | 0.710 | 1.13x | 0.050 | 13% |" in (
+        text
+    )
+    assert (
+        "| light | TF-Serving JSON `/predict` | 40.0 | 0.500 | 0.800 | - | - | 0.050 | 13% |"
+        in (text)
+    )
 
 
 def test_answers_of_each_protocol_are_read_as_their_client_would() -> None:
@@ -115,9 +131,12 @@ def test_protocols_bench_runs_on_a_tiny_setting(bench_on_session_ray: SuiteRun) 
         assert 1 <= run["mean_batch_rows"] <= 8
         # The shard actor is the session Ray's here, not a child of the server: not counted.
         assert run["cores"]["frontend"] > 0
+        assert run["frontend_ms_per_request"] > 0 and 0 <= run["idle_share"] <= 1
     assert runs["grpc"]["tool"] == "tritonclient.grpc.aio"
     assert results["ceiling"]["light"]["rows_per_s"] > 0
+    assert results["ceiling"]["light"]["cpu_ms_per_row"] > 0
     table = bench_on_session_ray.table("protocols")
+    assert "Where the time goes" in table
     assert "| light | V2 binary tensors | 8 |" in table
     assert "| target (issue 11) |" in table and "light c8, V2 binary" in table
     assert "| light | V2 gRPC (raw contents) |" in table.split("cores went")[1]

@@ -129,3 +129,14 @@ def test_a_batch_limit_under_an_slo_depends_on_the_length() -> None:
         model.observe(size, ms128 / 1000, length=128)
     assert model.largest_within(0.035, (1, 4, 8), length=16) == 8
     assert model.largest_within(0.035, (1, 4, 8), length=128) == 4
+
+
+def test_the_first_stage_compute_comes_from_its_own_reports_only() -> None:
+    model = RunTimeModel()
+    model.observe(8, 0.200)
+    assert model.entry_s(8) is None  # the wall time holds the whole pipeline's queueing
+    model.observe_compute([_report(0, {8: 10.0}), _report(0, {8: 20.0}, replica=1)])
+    assert model.entry_s(8) == pytest.approx(0.015)  # replicas of the stage averaged
+    model.observe_compute([_report(0, {8: 10.0}), _report(1, {8: 30.0})])
+    assert model.entry_s(8) == pytest.approx(0.010)
+    assert model.entry_s(16) == pytest.approx(0.020)  # linear from the nearest size

@@ -17,6 +17,8 @@ from serving.batching.settings import BatchSettings
         ({"max_inflight_batches": 0}, "max_inflight_batches must be an integer >= 1, got 0"),
         ({"max_queue_rows": True}, "max_queue_rows must be an integer >= 1, got True"),
         ({"pipeline_depth": 0}, "pipeline_depth must be an integer >= 1, got 0"),
+        ({"pipeline_stages": 0}, "pipeline_stages must be an integer >= 1, got 0"),
+        ({"fill_while_busy": 1}, "fill_while_busy must be true or false, got 1"),
         (
             {"batch_timeout_ms": -1},
             "batch_timeout_ms must be a number >= 0 or None (auto), got -1",
@@ -76,3 +78,8 @@ def test_without_padding_a_batch_runs_at_its_row_count() -> None:
     assert BatchSettings(max_batch_size=32).padded_size(17) == 32
     with pytest.raises(ValueError, match="pad_batches must be true or false"):
         BatchSettings(pad_batches=1)  # type: ignore[arg-type]
+
+
+def test_batches_enter_one_first_stage_per_replica() -> None:
+    assert BatchSettings(pipeline_depth=6, pipeline_stages=3).entry_stages == 2
+    assert BatchSettings().entry_stages == 1

@@ -107,7 +107,14 @@ async def running(seen: list[str] | None = None, **overrides: Any) -> AsyncItera
     counting = Counting(app)
     (port,) = free_ports(1)
     config = uvicorn.Config(
-        counting, host="127.0.0.1", port=port, log_level="warning", http=http_protocol(app)
+        counting,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        http=http_protocol(app),
+        # uvicorn's own logging config binds its handlers to the sys.stderr of the moment: under a
+        # test's capsys, a stream closed once that test ends, which a later test's log then hits.
+        log_config=None,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

@@ -1,5 +1,6 @@
 """How the server sizes its private Ray before starting it: the stages each version will have
-(guessed before the model is cut) and the logical CPUs that hold them all and one more."""
+(guessed before the model is cut) and the logical CPUs that hold them all and one more; and
+when a small single stage takes the cores as single-threaded replicas."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 from pathlib import Path
 
 from serving.settings.config import Settings
-from serving.version.runner import estimated_stages, private_ray_cpus
-from shards.cpu_plan import machine_cores
+from serving.version.runner import estimated_stages, private_ray_cpus, stage_replicas
+from shards.bundle.format import read_manifest
+from shards.bundle.resolve import ResolveOptions, resolve_bundle
+from shards.cpu_plan import available_memory, machine_cores, stage_copies
 
 
 def test_the_stages_are_known_from_the_settings_a_bundle_or_the_weights_over_a_budget(
@@ -35,3 +38,27 @@ def test_two_models_each_get_their_cpus_and_one_more_fits() -> None:
     asks = [2 * max(1, cores // 2), 4 * max(1, cores // 4)]
 
     assert private_ray_cpus([one, two]) == sum(asks) + max([cores, *asks])
+
+
+def test_the_server_copies_a_small_single_stage_only_where_the_choice_is_its_own(
+    tmp_path: Path,
+) -> None:
+    bundle = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=tmp_path)
+    )
+    cores = machine_cores()
+    peak = read_manifest(bundle).stages[0].planned_peak_bytes
+    copies = stage_copies(1, peak, cores, available_memory())
+    model = str(bundle)
+
+    assert stage_replicas(Settings(model=model), bundle) == copies
+    assert stage_replicas(Settings(model=model, stage_cores="threads"), bundle) == 1
+    assert stage_replicas(Settings(model=model, replicas=1), bundle) == 1  # a count given
+    assert stage_replicas(Settings(model=model, cpus_per_shard=1), bundle) == 1
+    assert stage_replicas(Settings(model=model, max_stage_bytes=[2**40]), bundle) == 1
+    assert stage_replicas(Settings(model=model, ray_address="auto"), bundle) == 1
+    assert stage_replicas(Settings(model=model, min_replicas=1, max_replicas=2), bundle) == 1
+    two = resolve_bundle(
+        "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
+    )
+    assert stage_replicas(Settings(model=str(two)), two) == 1

@@ -106,7 +106,7 @@ def test_budget_gives_fewest_stages_that_fit(tmp_path: Path) -> None:
 
 def test_budget_smaller_than_a_layer_splits_it(tmp_path: Path) -> None:
     # Issue 29: a Dense larger than the budget is split by its output units, not refused (the
-    # refusal of a kind that cannot be split: tests/shards/partition/test_split.py).
+    # refusal of a kind that cannot be split: tests/shards/partition/test_layer_split.py).
     model, inputs = sequential()
     manifest = partition_to_bundle(
         model, tmp_path / "b", max_stage_bytes=1000, max_batch_size=1, device_overhead_bytes=0

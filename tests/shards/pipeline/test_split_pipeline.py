@@ -22,7 +22,7 @@ from shards.partition.demo_models import demo_recommender
 from shards.pipeline.options import PipelineOptions
 from shards.pipeline.placement import per_stage_resources
 from shards.pipeline.replica_set import ReplicaSet
-from tests.shards.partition.test_split import (
+from tests.shards.partition.test_layer_split import (
     BUDGET,
     gpt2_inputs,
     recommender_inputs,

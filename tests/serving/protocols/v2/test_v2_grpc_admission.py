@@ -44,6 +44,8 @@ async def test_a_full_queue_is_unavailable_with_the_retry_hint_http_gives() -> N
         gate.set()
         await asyncio.gather(first, second)
     assert code == grpc.StatusCode.UNAVAILABLE
+    timing = metadata.pop("server-timing")  # issue 30: every answer carries its Server-Timing
+    assert timing.startswith("queue;dur=")
     assert metadata == {"x-request-id": "g1", "retry-after": "1"}
     assert http.status_code == 503
     assert metadata["retry-after"] == http.headers["retry-after"]

@@ -1,0 +1,2 @@
+"""What an operator sees of a request: its times (Server-Timing), its trace (OpenTelemetry),
+its access-log line."""
