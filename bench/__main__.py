@@ -17,6 +17,7 @@ Examples::
     python -m bench ragged                                   # mixed lengths, length padded
     python -m bench rollout --quick                          # version switch, canary rollback
     python -m bench elastic --quick                          # replicas follow a load step
+    python -m bench split                                    # tables split across devices
     python -m bench soak                                     # front-end RSS, 10 min of load
 """
 
@@ -44,6 +45,7 @@ from bench.suites import (
     ragged,
     rollout,
     soak,
+    split,
 )
 
 # In the order of ``--help``.
@@ -60,6 +62,7 @@ SUITES = (
     ragged,
     rollout,
     elastic,
+    split,
     soak,
 )
 

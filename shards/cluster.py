@@ -25,7 +25,7 @@ import ray
 import ray._private.ray_constants as ray_constants
 
 from shards.actor import tflog
-from shards.errors import InsufficientResourcesError, scrub
+from shards.errors import InsufficientResourcesError, one_line, scrub
 from shards.partition.memory_plan import format_size
 from shards.tracing import otel_env
 
@@ -237,6 +237,46 @@ def _group_shape(group: dict[str, Any]) -> str:
 
 def cluster_has_gpus() -> bool:
     return float(ray.cluster_resources().get("GPU", 0.0)) > 0
+
+
+# How long the driver waits for a GPU to say how much memory it has: a GPU node that does not
+# answer in time leaves the budget unset, as on a machine without GPUs.
+GPU_MEMORY_TIMEOUT_S = 30.0
+
+
+def _gpu_memory_mib() -> int | None:
+    """The total memory of the GPU Ray gave this task, in MiB, by ``nvidia-smi``; None where
+    there is none to ask."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    ids = ray.get_gpu_ids()
+    query = [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    if ids:
+        query.append(f"--id={ids[0]}")
+    done = subprocess.run(query, capture_output=True, text=True, timeout=10, check=False)
+    lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
+    return int(float(lines[0])) if done.returncode == 0 and lines else None
+
+
+def gpu_memory_bytes(timeout_s: float = GPU_MEMORY_TIMEOUT_S) -> int | None:
+    """The memory of one of the cluster's GPUs (asked of a task holding one), or None where no
+    GPU answers in time: where it cannot be asked, ``--gpu-memory-bytes`` gives it."""
+    task = ray.remote(num_gpus=1, num_cpus=0)(_gpu_memory_mib)
+    ref = task.remote()
+    try:
+        mib = ray.get(ref, timeout=timeout_s)
+    except Exception as exc:
+        ray.cancel(ref, force=True)
+        log.warning("no GPU said how much memory it has (%s): no default budget", one_line(exc))
+        return None
+    if mib is None:
+        log.warning("the GPU task found no nvidia-smi: no default budget (--gpu-memory-bytes)")
+        return None
+    return int(mib) * 1024**2
 
 
 def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strategy: str) -> None:

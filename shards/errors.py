@@ -200,8 +200,10 @@ def one_line(exc: BaseException) -> str:
         ] or lines
     first = lines[0].strip() if lines else ""
     first = scrub(first)
-    # TensorFlow appends "\n\t [[{{node ...}}]]" or " [Op:...]" to the op's message.
+    # TensorFlow appends "\n\t [[{{node ...}}]]" or " [Op:...]" to the op's message, and an op
+    # inside a function (a cond's branch) comes prefixed with "{{function_node NAME}}".
     first = re.split(r"\s*\[\[|\s*\[Op:", first)[0].strip()
+    first = re.sub(r"^(\{\{function_node [^}]*\}\}\s*)+", "", first)
     name = type(exc).__name__
     return _clip(f"{name}: {first}" if first else name)
 

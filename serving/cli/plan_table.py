@@ -71,7 +71,8 @@ def plan_rows(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
 def _layers(spec: StageSpec) -> str:
     mem, part = spec.memory, spec.part
     if part is not None:
-        return f"{part.layer} {part.how} [{part.start}, {part.stop})"
+        use = "" if part.use is None else f" {part.use}"
+        return f"{part.layer}{use} {part.how} [{part.start}, {part.stop})"
     return "?" if mem is None else f"{mem.first_layer}..{mem.last_layer}"
 
 
@@ -80,16 +81,24 @@ def split_lines(stages: Sequence[StageSpec]) -> list[str]:
     found: dict[str, list[StageSpec]] = {}
     for spec in stages:
         if spec.part is not None:
-            found.setdefault(spec.part.layer, []).append(spec)
+            found.setdefault(spec.part.group, []).append(spec)
     lines = []
-    for layer, specs in found.items():
+    for specs in found.values():
         part = specs[0].part
         assert part is not None
         unit = "rows (vocabulary ranges)" if part.how == "rows" else "output units"
         where = ", ".join(s.name for s in specs)
+        if part.use is not None:
+            lines.append(
+                f"{part.layer} ({part.kind}) {part.use}: the same rows held again, in "
+                f"{part.parts} parts on stages {where}, run side by side; each part the logits "
+                "of its rows, joined by the next stage (the driver, for a model output)"
+            )
+            continue
         lines.append(
-            f"{layer} ({part.kind}) is larger than one device: split by {unit} into "
+            f"{part.layer} ({part.kind}) is larger than one device: split by {unit} into "
             f"{part.parts} parts on stages {where}, run side by side; the next stage combines them"
+            " (the driver, for a model output)"
         )
     return lines
 

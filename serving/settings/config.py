@@ -140,6 +140,12 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="A device's own memory before any weight (e.g. 1GiB); unset = 1 GiB on a "
         "GPU, 700 MiB on a CPU.",
     )
+    gpu_memory_bytes: int | None = Field(
+        None,
+        description="Memory of one GPU (e.g. 80GiB): the device budget where the cluster has "
+        "GPUs and neither max_stage_bytes nor stages is given; unset = asked of a GPU "
+        "(nvidia-smi).",
+    )
     max_sequence_length: int | None = Field(
         None,
         ge=1,
@@ -311,6 +317,11 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
     @classmethod
     def _budgets(cls, value: Any) -> Any:
         return None if value is None else list(parse_budgets(value))
+
+    @field_validator("gpu_memory_bytes", mode="before")
+    @classmethod
+    def _gpu_memory(cls, value: Any) -> Any:
+        return None if value is None else parse_bytes(value)
 
     @field_validator("device_overhead_bytes", mode="before")
     @classmethod

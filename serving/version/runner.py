@@ -102,9 +102,10 @@ async def build_runner(settings: Settings) -> ModelRunner:
     from shards.bundle.resolve import ResolveOptions
     from shards.pipeline.replica_set import ReplicaSet
 
+    budget = await asyncio.to_thread(device_budget, settings)
     resolve = ResolveOptions(
         stages=settings.stages,
-        max_stage_bytes=settings.max_stage_bytes,
+        max_stage_bytes=budget,
         imports=tuple(settings.imports),
         cache_dir=settings.cache_dir,
         max_batch_size=settings.max_batch_size,
@@ -265,6 +266,26 @@ def device_overhead(settings: Settings) -> int:
         return settings.device_overhead_bytes
     gpus = settings.gpus_per_shard
     return default_overhead(gpu=runtime.cluster_has_gpus() if gpus is None else gpus > 0)
+
+
+def device_budget(settings: Settings) -> list[int] | None:
+    """The budget the model is cut to: ``max_stage_bytes``; else, where the stages get GPUs and
+    no ``stages`` is given, one GPU's memory (``gpu_memory_bytes``, else asked of a GPU) times
+    the share of it each stage gets, so that a layer larger than a GPU is split rather than run
+    out of memory; else none (a CPU's memory is the machine's, shared by every stage)."""
+    from shards import cluster as runtime
+
+    if settings.max_stage_bytes is not None or settings.stages is not None:
+        return settings.max_stage_bytes
+    gpus = settings.gpus_per_shard
+    if gpus == 0 or not runtime.cluster_has_gpus():
+        return None
+    memory = settings.gpu_memory_bytes or runtime.gpu_memory_bytes()
+    if memory is None:
+        return None
+    share = 1.0 if gpus is None else min(gpus, 1.0)
+    log.info("no max_stage_bytes: each stage's budget is its GPU's memory (%d bytes)", memory)
+    return [int(memory * share)]
 
 
 def pipeline_options(settings: Settings) -> PipelineOptions:

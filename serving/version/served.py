@@ -385,7 +385,10 @@ def served_length(settings: Settings, signature: ModelSignature) -> int:
 
 def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
     """The batcher's start-up settings: the server's, fitted to the runner's stages."""
-    stages, replicas = runner.num_stages, runner.replicas
+    # Stages one after the other: a split layer's parts run the same batch side by side, so
+    # they hold one batch between them (the manifest's depth; a runner without parts: its stages).
+    stages = int(getattr(runner, "pipeline_depth", runner.num_stages))
+    replicas = runner.replicas
     return BatchSettings(
         max_batch_size=settings.max_batch_size,
         batch_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shards.bundle.driver_combine import DriverCombine
 from shards.bundle.fingerprint import built_with
 from shards.errors import BundleError, ShardsError
 from shards.signature import ModelSignature, TensorSpec
@@ -111,6 +112,14 @@ class StagePart:
     parts: int
     start: int
     stop: int
+    # "logits": the rows of a tied table held again for its reverse use (the logits over the
+    # vocabulary, ``ReversibleEmbedding(..., reverse=True)``); None: the layer's own use.
+    use: str | None = None
+
+    @property
+    def group(self) -> str:
+        """The parts that run side by side: one layer's, one use's."""
+        return self.layer if self.use is None else f"{self.layer} ({self.use})"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StagePart:
@@ -122,6 +131,7 @@ class StagePart:
             parts=int(data["parts"]),
             start=int(data["start"]),
             stop=int(data["stop"]),
+            use=None if data.get("use") is None else str(data["use"]),
         )
 
 
@@ -172,6 +182,8 @@ class Manifest:
     imports: tuple[str, ...] = ()
     # Keras and TensorFlow versions and the partitioner's source digest (shards.bundle.fingerprint).
     built_with: dict[str, str] = field(default_factory=built_with)
+    # Model outputs joined by the driver from a split layer's parts (shards.bundle.driver_combine).
+    combines: tuple[DriverCombine, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -183,6 +195,7 @@ class Manifest:
             "imports": list(self.imports),
             "built_with": dict(self.built_with),
             "splits": self.splits(),
+            "combines": [c.to_json() for c in self.combines],
         }
 
     def splits(self) -> list[dict[str, Any]]:
@@ -194,7 +207,8 @@ class Manifest:
                 continue
             p, mem = stage.part, stage.memory
             entry = found.setdefault(
-                p.layer, {"layer": p.layer, "kind": p.kind, "how": p.how, "parts": p.parts}
+                p.group,
+                {"layer": p.layer, "kind": p.kind, "how": p.how, "parts": p.parts, "use": p.use},
             )
             entry.setdefault("stages", []).append(
                 {
@@ -244,6 +258,7 @@ class Manifest:
             source_sha256=str(data["source_sha256"]),
             imports=tuple(str(m) for m in data.get("imports", ())),
             built_with={str(k): str(v) for k, v in data.get("built_with", {}).items()},
+            combines=tuple(DriverCombine.from_json(c) for c in data.get("combines", ())),
         )
 
     @property

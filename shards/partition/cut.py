@@ -8,13 +8,14 @@ import hashlib
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import keras
 import numpy as np
 
 from shards.actor.precision import check_reduced
+from shards.bundle.driver_combine import DriverCombine, combine_outputs
 from shards.bundle.format import (
     FORMAT_VERSION,
     SAVEDMODEL_SUFFIX,
@@ -40,7 +41,16 @@ from shards.partition.memory_plan import (
 )
 from shards.partition.plan import Plan, budget_text, plan_balanced, plan_budget
 from shards.partition.savedmodel import read_savedmodel
-from shards.partition.split import Split, choose_splits, describe, parts_needed, split_model
+from shards.partition.split import (
+    LOGITS,
+    Split,
+    choose_splits,
+    describe,
+    hand_to_driver,
+    parts_needed,
+    split_model,
+    uses,
+)
 from shards.signature import ModelSignature
 
 __all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_chain"]
@@ -101,6 +111,35 @@ def plan_stages(
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
 ) -> list[tuple[keras.Model, StageSpec]]:
+    """Plan and cut: each stage's sub-model and its spec (``plan_bundle``'s stages)."""
+    return plan_bundle(
+        graph,
+        stages=stages,
+        max_stage_bytes=max_stage_bytes,
+        max_batch_size=max_batch_size,
+        device_overhead_bytes=device_overhead_bytes,
+        weight_dtype=weight_dtype,
+    ).stages
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan cut: each stage's sub-model and spec, and the model outputs the driver joins from
+    a split layer's parts (``shards.bundle.driver_combine``)."""
+
+    stages: list[tuple[keras.Model, StageSpec]]
+    combines: tuple[DriverCombine, ...] = ()
+
+
+def plan_bundle(
+    graph: Graph,
+    *,
+    stages: int | None = None,
+    max_stage_bytes: Budgets | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    device_overhead_bytes: int | None = None,
+    weight_dtype: str | None = None,
+) -> Planned:
     """Plan and cut: each stage's sub-model and its spec, memory plan included (what
     ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
     default for a GPU when TensorFlow sees one here, else for a CPU. ``weight_dtype``: the
@@ -118,8 +157,9 @@ def plan_stages(
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     whole = graph
     splits: list[Split] = []
+    combines: tuple[DriverCombine, ...] = ()
     if budgets is not None:
-        graph, memory, splits = _split_oversized(graph, memory, budgets, weight_dtype)
+        graph, memory, splits, combines = _split_oversized(graph, memory, budgets, weight_dtype)
     parts = _part_nodes(graph, splits)
     try:
         stage_plan = plan(
@@ -171,7 +211,7 @@ def plan_stages(
                 f"weights), over its budget {budget}; raise the budget"
             )
         cut_stages.append((stage, spec))
-    return cut_stages
+    return Planned(cut_stages, combines)
 
 
 def _memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
@@ -186,9 +226,11 @@ def _memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
 
 def _split_oversized(
     graph: Graph, memory: MemoryModel, budgets: Sequence[int], weight_dtype: str | None
-) -> tuple[Graph, MemoryModel, list[Split]]:
+) -> tuple[Graph, MemoryModel, list[Split], tuple[DriverCombine, ...]]:
     """``graph`` with each layer too large for the largest budget split into the fewest parts
-    that fit it (``shards.partition.split``); the same graph where none is too large."""
+    that fit it (``shards.partition.split``); the same graph where none is too large. A split
+    layer whose combine would be a model output and nothing else is joined by the driver
+    instead (the combines returned): its parts' outputs are the graph's outputs."""
     top = max(budgets)
 
     def over(i: int) -> tuple[int, str] | None:
@@ -200,29 +242,31 @@ def _split_oversized(
         calls.setdefault(id(gnode.node.operation), []).append(gnode.node)
 
     def parts_for(i: int, op: object, how: str) -> int | None:
-        nodes = calls[id(op)]
-        if any(n.arguments.kwargs.get("reverse") for n in nodes):  # type: ignore[attr-defined]
-            raise PlanError(
-                f"layer {graph.nodes[i].name!r} is a tied embedding used for its logits too "
-                "(reverse=True); splitting it is not supported yet: raise the budget"
-            )
+        # A tied table's lookups and its logits are split at the same rows, each use's parts
+        # holding them (shards.partition.split): the count is the larger of the two uses'.
         weights = memory.need(i, i + 1).weight_bytes
-        return parts_needed(
-            op,
-            how,
-            nodes,
-            weights,
-            memory.overhead_bytes,
-            memory.max_batch_size,
-            graph.sequence_length,
-            top,
-        )
+        counts = [
+            parts_needed(
+                op,
+                use_how,
+                nodes,
+                weights,
+                memory.overhead_bytes,
+                memory.max_batch_size,
+                graph.sequence_length,
+                top,
+            )
+            for use_how, nodes in uses(calls[id(op)], how)
+        ]
+        return None if None in counts else max(c for c in counts if c is not None)
 
     splits = choose_splits(graph.nodes, over, parts_for, budget_text(budgets))
     for _ in range(8):
         if not splits:
-            return graph, memory, []
-        split_graph = reanalyse(graph, split_model(graph.model, splits))
+            return graph, memory, [], ()
+        split, handed = hand_to_driver(split_model(graph.model, splits))
+        names, combines = _driver_names(graph.signature.output_names, handed)
+        split_graph = reanalyse(graph, split, names)
         split_memory = _memory_like(split_graph, memory)
         parts = _part_nodes(split_graph, splits)
         # The count was computed from shapes; a part the memory model finds over gets one more.
@@ -232,9 +276,25 @@ def _split_oversized(
             if split_memory.need(i, i + 1).total > top and p.parts < splits_by(splits)[p.layer].size
         }
         if not grow:
-            return split_graph, split_memory, splits
+            return split_graph, split_memory, splits, combines
         splits = [s.more() if s.layer in grow else s for s in splits]
     raise PlanError(f"cannot split {', '.join(s.layer for s in splits)} to fit {top} bytes")
+
+
+def _driver_names(
+    outputs: Sequence[str], handed: Mapping[int, DriverCombine]
+) -> tuple[list[str], tuple[DriverCombine, ...]]:
+    """The split model's output names (a handed output's parts named after their layers) and
+    the combines, named."""
+    names: list[str] = []
+    combines: list[DriverCombine] = []
+    for i, name in enumerate(outputs):
+        if i not in handed:
+            names.append(name)
+            continue
+        names.extend(handed[i].parts)
+        combines.append(replace(handed[i], output=name))
+    return names, tuple(combines)
 
 
 def splits_by(splits: Sequence[Split]) -> dict[str, Split]:
@@ -244,8 +304,12 @@ def splits_by(splits: Sequence[Split]) -> dict[str, Split]:
 def _part_nodes(graph: Graph, splits: Sequence[Split]) -> dict[int, StagePart]:
     """Node index -> the part of a split layer it is."""
     names = {
-        s.part_name(k): StagePart(s.layer, s.kind, s.how, k, s.parts, s.bounds[k], s.bounds[k + 1])
+        s.part_name(k, use): StagePart(
+            s.layer, s.kind, s.how, k, s.parts, s.bounds[k], s.bounds[k + 1], use
+        )
         for s in splits
+        for use in (None, LOGITS)
+        if use is None or s.reversed
         for k in range(s.parts)
     }
     return {i: names[n.name] for i, n in enumerate(graph.nodes) if n.name in names}
@@ -263,10 +327,10 @@ def _labels(stage_plan: Plan, parts: dict[int, StagePart]) -> list[str]:
             labels.append(str(step))
             step += 1
             continue
-        if part.layer not in group:
-            group[part.layer] = step
+        if part.group not in group:
+            group[part.group] = step
             step += 1
-        labels.append(f"{group[part.layer]}.{part.part}")
+        labels.append(f"{group[part.group]}.{part.part}")
     return labels
 
 
@@ -336,7 +400,7 @@ def partition_to_bundle(
         )
     _prepare_out_dir(out)
     graph = analyse(model, max_sequence_length)
-    planned = plan_stages(
+    planned = plan_bundle(
         graph,
         stages=stages,
         max_stage_bytes=max_stage_bytes,
@@ -344,13 +408,13 @@ def partition_to_bundle(
         device_overhead_bytes=device_overhead_bytes,
         weight_dtype=weight_dtype,
     )
-    report(f"planned {len(planned)} stage(s) over {len(graph.nodes)} nodes")
+    report(f"planned {len(planned.stages)} stage(s) over {len(graph.nodes)} nodes")
     if (bounded := describe_bounds(graph.signature)) is not None:
         report(bounded)
     if (padded := describe_pad_values(graph.signature)) is not None:
         report(padded)
     specs = []
-    for stage, spec in planned:
+    for stage, spec in planned.stages:
         stage.save(out / spec.file)
         report(
             f"stage {spec.index}: {len(spec.inputs)} input(s), {len(spec.outputs)} output(s), "
@@ -358,7 +422,15 @@ def partition_to_bundle(
             f"-> {spec.file}"
         )
         specs.append(spec)
-    manifest = Manifest(FORMAT_VERSION, graph.signature, tuple(specs), source, sha, tuple(imports))
+    manifest = Manifest(
+        FORMAT_VERSION,
+        graph.signature,
+        tuple(specs),
+        source,
+        sha,
+        tuple(imports),
+        combines=planned.combines,
+    )
     write_manifest(out, manifest)
     report(f"wrote {out / 'manifest.json'}")
     return manifest
@@ -417,4 +489,5 @@ def run_chain(
         results = result if isinstance(result, list | tuple) else [result]
         for t, value in zip(spec.outputs, results, strict=True):
             tensors[t.name] = keras.ops.convert_to_numpy(value)
+    tensors.update(combine_outputs(manifest.combines, tensors))
     return {t.name: tensors[t.name] for t in manifest.signature.outputs}

@@ -136,17 +136,14 @@ def analyse(model: keras.Model, sequence_length: int | None = None) -> Graph:
     return replace(graph, signature=signature)
 
 
-def reanalyse(graph: Graph, model: keras.Model) -> Graph:
+def reanalyse(graph: Graph, model: keras.Model, output_names: Sequence[str] | None = None) -> Graph:
     """The graph of ``model``, a rewrite of ``graph.model`` with the same inputs and outputs in
     the same order (a layer split into parts: ``shards.partition.split``): named, bounded and
-    signed as ``graph``."""
+    signed as ``graph``. ``output_names``: the names of ``model``'s outputs where they are not
+    the signature's (a split output's parts, which the driver joins)."""
+    names = [t.name for t in graph.signature.outputs] if output_names is None else output_names
     return replace(
-        _layer_graph(
-            model,
-            [t.name for t in graph.signature.inputs],
-            [t.name for t in graph.signature.outputs],
-            graph.sequence_length,
-        ),
+        _layer_graph(model, [t.name for t in graph.signature.inputs], names, graph.sequence_length),
         signature=graph.signature,
     )
 

@@ -7,9 +7,20 @@ planner then gives each part a stage of its own (``isolated``), and the combine 
 start of the stage that reads the layer's output (or at the driver's last stage). Parts read the
 same tensors and not each other's outputs, so the pipeline runs them at the same time.
 
-- ``Embedding`` (``mask_zero`` too) and keras_hub's ``ReversibleEmbedding`` used forward: by
-  rows, each part a vocabulary range; the combine adds the parts (exact).
+- ``Embedding`` (``mask_zero`` too), keras_hub's ``ReversibleEmbedding`` and the token table of
+  its ``TokenAndPositionEmbedding``: by rows, each part a vocabulary range; the combine adds the
+  parts (exact), then, for a TokenAndPositionEmbedding, its positions.
+- A tied table's logits (``ReversibleEmbedding(..., reverse=True)``): the same row ranges as
+  its lookups, each part the logits of its rows (its columns of the output); the combine
+  concatenates (a column slice of a matrix product: 1e-6 relative).
 - ``Dense`` and ``EinsumDense``: by output units; the combine concatenates, then activates.
+
+A tied table is split once (one set of row ranges) and held twice: one set of parts does its
+lookups at the start of the pipeline, another holds the same rows for its logits at the end.
+One actor serving both uses would sit at two places of the pipeline: Ray runs an actor's tasks
+in the order they were sent, so batch n+1's lookup would wait for batch n's logits, behind
+every stage between them, and the pipeline would hold one batch at a time. The memory plan
+counts both sets (each part is a stage with its weights).
 
 Any other kind too large is refused by name, with its size, the budget and the kinds that can
 be split.
@@ -26,13 +37,20 @@ from typing import Any
 import keras
 import numpy as np
 
+from shards.bundle.driver_combine import DriverCombine
 from shards.errors import PlanError
 from shards.partition.flatten import topological_nodes
 from shards.partition.memory_plan import format_size, row_bytes
 from shards.partition.split_layers import KernelColumns, SplitCombine, TableRows, einsum_letters
 
-SPLITTABLE = "Embedding (mask_zero too), keras_hub's ReversibleEmbedding, Dense and EinsumDense"
+SPLITTABLE = (
+    "Embedding (mask_zero too), keras_hub's ReversibleEmbedding, Dense and EinsumDense, and "
+    "keras_hub's TokenAndPositionEmbedding (its token table) and a ReversibleEmbedding's logits "
+    "(reverse=True)"
+)
 PART_MARK = "_part"
+# The use of a tied table's parts that hold its rows again, as logits over the vocabulary.
+LOGITS = "logits"
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,9 @@ class Split:
     how: str
     size: int  # rows of the table, or output units
     bounds: tuple[int, ...]  # parts' ranges: [bounds[k], bounds[k + 1])
+    # A table also called with reverse=True (a tied embedding's logits): a second set of parts
+    # holds the same rows for that use.
+    reversed: bool = False
 
     @property
     def parts(self) -> int:
@@ -52,23 +73,44 @@ class Split:
     def more(self) -> Split:
         """The same layer in one more part."""
         bounds = bounds_for(self.size, self.parts + 1)
-        return Split(self.layer, self.kind, self.how, self.size, bounds)
+        return Split(self.layer, self.kind, self.how, self.size, bounds, self.reversed)
 
-    def part_name(self, k: int) -> str:
-        return f"{self.layer}{PART_MARK}{k}of{self.parts}"
+    def part_name(self, k: int, use: str | None = None) -> str:
+        mark = PART_MARK if use is None else f"_{use}{PART_MARK}"
+        return f"{self.layer}{mark}{k}of{self.parts}"
+
+
+def _token_and_position(op: Any) -> bool:
+    """keras_hub's TokenAndPositionEmbedding (keras_hub imported only where it is in use)."""
+    return any(c.__name__ == "TokenAndPositionEmbedding" for c in type(op).__mro__)
+
+
+def _table(op: Any) -> Any:
+    """The embedding layer whose rows are split: the layer itself, or the token table of a
+    TokenAndPositionEmbedding."""
+    return op.token_embedding if _token_and_position(op) else op
 
 
 def _kind(op: Any) -> str | None:
     """``rows``, ``columns`` or None (cannot be split)."""
-    if isinstance(op, keras.layers.Embedding):
+    if isinstance(op, keras.layers.Embedding) or _token_and_position(op):
         return "rows"
     if isinstance(op, keras.layers.Dense | keras.layers.EinsumDense):
         return "columns"
     return None
 
 
-def _reversed_call(nodes: Sequence[Any]) -> bool:
-    return any(n.arguments.kwargs.get("reverse") for n in nodes)
+def _reversed_call(node: Any) -> bool:
+    return bool(node.arguments.kwargs.get("reverse"))
+
+
+def uses(calls: Sequence[Any], how: str) -> list[tuple[str, list[Any]]]:
+    """A split layer's calls by use, each with how its parts divide the output: a table's
+    lookups (rows: every part writes the whole output) and its reverse calls (the logits over
+    the vocabulary: each part its columns)."""
+    found = [(how, [n for n in calls if not _reversed_call(n)])]
+    found.append(("columns", [n for n in calls if _reversed_call(n)]))
+    return [(h, nodes) for h, nodes in found if nodes]
 
 
 def _units_axis(op: Any) -> tuple[str, int, int]:
@@ -88,8 +130,8 @@ def _units_axis(op: Any) -> tuple[str, int, int]:
 
 
 def _size(op: Any, how: str) -> int:
-    if how == "rows":
-        return int(op.input_dim)
+    if isinstance(op, keras.layers.Embedding) or _token_and_position(op):
+        return int(_table(op).input_dim)
     if isinstance(op, keras.layers.Dense):
         return int(op.units)
     return _units_axis(op)[2]
@@ -138,6 +180,35 @@ def parts_needed(
     return None
 
 
+def _reverse_kernel(op: Any) -> np.ndarray:
+    """The (output_dim, vocabulary) kernel of a ReversibleEmbedding's logits: the table
+    transposed when tied, else its own reverse table."""
+    if getattr(op, "tie_weights", True):
+        return np.transpose(keras.ops.convert_to_numpy(op.embeddings))
+    return keras.ops.convert_to_numpy(op.reverse_embeddings)
+
+
+def _logit_parts(op: Any, split: Split) -> list[keras.layers.Layer]:
+    """The parts of a table's logits: each the columns of its rows (``x @ rows.T``), a Dense
+    without a bias as ``KernelColumns`` computes it."""
+    if getattr(op, "reverse_dtype", None) is not None:
+        raise PlanError(
+            f"layer {op.name!r} computes its logits in reverse_dtype={op.reverse_dtype!r}; "
+            "splitting such a table is not supported: raise the budget"
+        )
+    kernel = _reverse_kernel(op)
+    layers: list[keras.layers.Layer] = []
+    for k in range(split.parts):
+        a, b = split.bounds[k], split.bounds[k + 1]
+        part = KernelColumns(
+            (kernel.shape[0], b - a), None, name=split.part_name(k, LOGITS), dtype=op.dtype_policy
+        )
+        part.build(None)
+        part.kernel.assign(kernel[:, a:b])
+        layers.append(part)
+    return layers
+
+
 def _part_layers(op: Any, split: Split) -> list[keras.layers.Layer]:
     """The parts of ``op``, each built and holding its slice of the weights."""
     layers: list[keras.layers.Layer] = []
@@ -146,8 +217,8 @@ def _part_layers(op: Any, split: Split) -> list[keras.layers.Layer]:
         name, policy = split.part_name(k), op.dtype_policy
         part: keras.layers.Layer
         if split.how == "rows":
-            table = keras.ops.convert_to_numpy(op.embeddings)
-            part = TableRows(a, b - a, table.shape[1], name=name, dtype=policy)
+            table = keras.ops.convert_to_numpy(_table(op).embeddings)
+            part = TableRows(a, b - a, table.shape[1], table.shape[0], name=name, dtype=policy)
             part.build(None)
             part.embeddings.assign(table[a:b])
         else:
@@ -193,8 +264,13 @@ def _bias_slice(op: Any, bias: np.ndarray, a: int, b: int) -> np.ndarray:
 def _combine(op: Any, split: Split, node: Any, call: int) -> SplitCombine:
     # Named as the layer was, so a model output keeps its name; a second call's combine after it.
     name = op.name if call == 0 else f"{op.name}_call{call + 1}"
+    if _reversed_call(node):
+        name = name.replace(op.name, f"{op.name}_{LOGITS}", 1)
+        cap = getattr(op, "logit_soft_cap", None)
+        return SplitCombine("concat", soft_cap=cap, name=name, dtype=op.dtype_policy)
     if split.how == "rows":
-        return SplitCombine("add", mask_zero=bool(op.mask_zero), name=name, dtype=op.dtype_policy)
+        mask_zero = bool(_table(op).mask_zero)
+        return SplitCombine("add", mask_zero=mask_zero, name=name, dtype=op.dtype_policy)
     axis = -1
     if isinstance(op, keras.layers.EinsumDense):
         letter, _, _ = _units_axis(op)
@@ -212,16 +288,23 @@ def _owner(tensor: Any) -> Any:
 
 
 def _order(nodes: list[Any], split_ops: set[int]) -> list[list[Any]]:
-    """Topological order with each split layer's calls as one step (its part serves them all);
-    stable: otherwise the order the nodes came in. ``PlanError`` when one call of a split layer
-    reads what another call makes (a tied embedding's reverse use: not split yet)."""
-    group = {id(n): (id(n.operation) if id(n.operation) in split_ops else id(n)) for n in nodes}
-    members: dict[int, list[Any]] = {}
+    """Topological order with each split layer's calls of one use as one step (its parts serve
+    them all: a table's lookups, its logits); stable: otherwise the order the nodes came in.
+    ``PlanError`` when one call of a split layer reads what another call of the same use
+    makes."""
+
+    def key(n: Any) -> Any:
+        if id(n.operation) not in split_ops:
+            return id(n)
+        return (id(n.operation), _reversed_call(n))
+
+    group = {id(n): key(n) for n in nodes}
+    members: dict[Any, list[Any]] = {}
     for n in nodes:
         members.setdefault(group[id(n)], []).append(n)
     first = {g: min(nodes.index(m) for m in ms) for g, ms in members.items()}
-    after: dict[int, set[int]] = {g: set() for g in members}
-    waits: dict[int, int] = dict.fromkeys(members, 0)
+    after: dict[Any, set[Any]] = {g: set() for g in members}
+    waits: dict[Any, int] = dict.fromkeys(members, 0)
     for n in nodes:
         for t in [*n.input_tensors, *(m for t in n.input_tensors if (m := _mask(t)) is not None)]:
             parent = _owner(t)
@@ -230,8 +313,8 @@ def _order(nodes: list[Any], split_ops: set[int]) -> list[list[Any]]:
             a, b = group[id(parent)], group[id(n)]
             if a == b:
                 raise PlanError(
-                    f"layer {n.operation.name!r} is called on its own output (a tied embedding's "
-                    "reverse use); splitting it is not supported yet: raise the budget"
+                    f"layer {n.operation.name!r} is called on its own output; splitting it is "
+                    "not supported: raise the budget"
                 )
             if b not in after[a]:
                 after[a].add(b)
@@ -248,8 +331,8 @@ def _order(nodes: list[Any], split_ops: set[int]) -> list[list[Any]]:
                 heapq.heappush(ready, (first[b], b))
     if len(order) != len(members):
         raise PlanError(
-            "a split layer's calls depend on each other's outputs (a tied embedding's reverse "
-            "use); splitting it is not supported yet: raise the budget"
+            "a split layer's calls depend on each other's outputs; splitting it is not "
+            "supported: raise the budget"
         )
     return order
 
@@ -287,13 +370,72 @@ def split_model(model: keras.Model, splits: Sequence[Split]) -> keras.Model:
             continue
         split = by_name[op.name]
         reads = [substitute(node.arguments.args[0]) for node in step]
-        outs = [keras.tree.flatten(part(reads)) for part in _part_layers(op, split)]
+        logits = _reversed_call(step[0])
+        parts = _logit_parts(op, split) if logits else _part_layers(op, split)
+        outs = [keras.tree.flatten(part(reads)) for part in parts]
         for c, node in enumerate(step):
+            _plain_call(node)
             combine = _combine(op, split, node, c)
             pieces = [o[c] for o in outs]
+            if _token_and_position(op):
+                pieces.append(_positions(op, pieces[0], c))
+                combine.extra = 1
             joined = combine([reads[c], *pieces] if combine.mask_zero else pieces)
             values[id(node.outputs[0])] = joined
     return keras.Model(inputs, [values[id(t)] for t in model.outputs], name=model.name)
+
+
+def hand_to_driver(model: keras.Model) -> tuple[keras.Model, dict[int, DriverCombine]]:
+    """``model`` (split) with each output that is a combine nothing else reads, and that numpy
+    computes as Keras does (a concatenation, with a soft cap or no activation; a sum), replaced
+    by the parts it joins; by output index, the combine the driver does instead
+    (``shards.bundle.driver_combine``; its output's name is the caller's to fill, its parts
+    named after the part layers)."""
+    outputs: list[Any] = []
+    handed: dict[int, DriverCombine] = {}
+    for i, tensor in enumerate(model.outputs):
+        op, index, _ = tensor._keras_history
+        linear = getattr(op, "activation", None) is keras.activations.linear
+        if (
+            not isinstance(op, SplitCombine)
+            or op._outbound_nodes
+            or (op.how == "concat" and not linear)
+            or (op.how == "add" and op.extra)
+        ):
+            outputs.append(tensor)
+            continue
+        node = op._inbound_nodes[index]
+        parts = list(node.input_tensors)[1 if op.mask_zero else 0 :]
+        names = tuple(t._keras_history[0].name for t in parts)
+        handed[i] = DriverCombine("", op.how, names, op.axis, op.soft_cap)
+        outputs.extend(parts)
+    if not handed:
+        return model, {}
+    return keras.Model(model.inputs, outputs, name=model.name), handed
+
+
+def _plain_call(node: Any) -> None:
+    """A call the parts reproduce: one tensor in; no start_index or positions (a cache's
+    decoding step), which the parts do not take."""
+    extra = set(node.arguments.kwargs) - {"reverse", "training", "mask"}
+    if len(node.arguments.args) != 1 or extra:
+        raise PlanError(
+            f"layer {node.operation.name!r} is called with {sorted(extra) or 'several inputs'}; "
+            "a split layer's parts take its input alone: raise the budget"
+        )
+
+
+def _positions(op: Any, like: Any, call: int) -> Any:
+    """A TokenAndPositionEmbedding's positions for its split token lookup (a copy of its small
+    position table, read for the shape of a part's output), which the combine adds to the
+    parts' sum as the layer's call adds them to its lookup."""
+    source = op.position_embedding
+    suffix = "" if call == 0 else f"_call{call + 1}"
+    config = source.get_config() | {"name": f"{op.name}_positions{suffix}"}
+    positions = type(source).from_config(config)
+    positions.build(tuple(like.shape))
+    positions.set_weights(source.get_weights())
+    return positions(like)
 
 
 def choose_splits(
@@ -322,24 +464,32 @@ def choose_splits(
                 f"the budget; raise the budget or lower --max-batch-size"
             )
         size = _size(op, how)
-        splits[op.name] = Split(op.name, type(op).__name__, how, size, bounds_for(size, parts))
+        tied = any(g.node.operation is op and _reversed_call(g.node) for g in nodes)
+        splits[op.name] = Split(
+            op.name, type(op).__name__, how, size, bounds_for(size, parts), tied
+        )
     return list(splits.values())
 
 
 def describe(split: Split) -> str:
     unit = "rows" if split.how == "rows" else "output units"
     ranges = ", ".join(f"[{split.bounds[k]}, {split.bounds[k + 1]})" for k in range(split.parts))
-    return f"{split.layer} ({split.kind}) split by {split.how} into {split.parts}: {unit} {ranges}"
+    held = ", its rows held again for its logits" if split.reversed else ""
+    text = f"{split.layer} ({split.kind}) split by {split.how} into {split.parts}: {unit} {ranges}"
+    return text + held
 
 
 __all__ = [
+    "LOGITS",
     "SPLITTABLE",
     "Split",
     "bounds_for",
     "choose_splits",
     "describe",
     "format_size",
+    "hand_to_driver",
     "parts_needed",
     "refuse",
     "split_model",
+    "uses",
 ]

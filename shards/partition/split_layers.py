@@ -6,7 +6,9 @@ up only the ids inside it, writing zeros for the others, so that adding the part
 plus zeros. A ``Dense`` or ``EinsumDense`` is split by its output units: ``KernelColumns``
 holds a slice of the kernel (and of the bias) and computes those units without the activation;
 ``SplitCombine(how="concat")`` joins the slices along the output axis and applies the
-activation, which may read the whole row (softmax).
+activation, which may read the whole row (softmax). A tied table's logits (keras_hub's
+``ReversibleEmbedding(..., reverse=True)``) are a ``KernelColumns`` too: its rows, transposed,
+are the columns of the logits' kernel.
 
 A part takes a list of inputs and returns one output per input: a layer called several times
 (an id table read for a history and a candidate) is one part node serving every call, so its
@@ -30,11 +32,26 @@ def _as_list(value: Any) -> list[Any]:
 
 @keras.saving.register_keras_serializable(package="shardserve")
 class TableRows(keras.layers.Layer):  # type: ignore[misc]
-    """Rows ``[start, start + rows)`` of an embedding table of ``output_dim`` columns."""
+    """Rows ``[start, start + rows)`` of an embedding table of ``output_dim`` columns and
+    ``vocabulary`` rows in all.
 
-    def __init__(self, start: int, rows: int, output_dim: int, **kwargs: Any) -> None:
+    Each part reads every id as the whole table's lookup does (Keras's ``take``: a negative id
+    counts from the end of the whole vocabulary) and checks it against the whole vocabulary,
+    not only its own range: an id outside ``[0, vocabulary)`` then raises
+    ``InvalidArgumentError`` as the whole table's lookup does on a CPU, so the bad row is
+    isolated and answered with its reason rather than given zeros. The check is the parts', not
+    the combine's: every part reads the ids (the combine reads them only for ``mask_zero``), it
+    fails the batch at the stage where the whole model would, and a combine done by the driver
+    (a model output) runs no TensorFlow. On a GPU, where the whole table's lookup gives zeros
+    for such an id, a split table is the stricter of the two.
+    """
+
+    def __init__(
+        self, start: int, rows: int, output_dim: int, vocabulary: int | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.start, self.rows, self.output_dim = int(start), int(rows), int(output_dim)
+        self.vocabulary = None if vocabulary is None else int(vocabulary)
 
     def build(self, input_shape: Any) -> None:
         self.embeddings = self.add_weight(
@@ -46,6 +63,10 @@ class TableRows(keras.layers.Layer):  # type: ignore[misc]
         for ids in _as_list(inputs):
             if ids.dtype not in ("int32", "int64"):
                 ids = ops.cast(ids, "int32")
+            if self.vocabulary is not None:
+                # As Keras's take: a negative id counts from the end of the whole vocabulary.
+                ids = ops.where(ids < 0, ids + self.vocabulary, ids)
+                check_ids(ids, self.vocabulary)
             local = ids - self.start
             inside = ops.logical_and(local >= 0, local < self.rows)
             found = ops.take(self.embeddings, ops.where(inside, local, 0), axis=0)
@@ -66,7 +87,26 @@ class TableRows(keras.layers.Layer):  # type: ignore[misc]
             "start": self.start,
             "rows": self.rows,
             "output_dim": self.output_dim,
+            "vocabulary": self.vocabulary,
         }
+
+
+def check_ids(ids: Any, vocabulary: int) -> None:
+    """Raise ``InvalidArgumentError`` naming the first id outside ``[0, vocabulary)``, in the
+    words of TensorFlow's own gather (``indices[2,0] = 7000 is not in [0, 6000)``)."""
+    import tensorflow as tf
+
+    bad = tf.logical_or(ids < 0, ids >= vocabulary)
+
+    def fail() -> Any:
+        at = tf.where(bad)[0]
+        where = tf.strings.reduce_join(tf.strings.as_string(at), separator=",")
+        value = tf.strings.as_string(tf.gather_nd(ids, at[None])[0])
+        text = tf.strings.join(["indices[", where, "] = ", value, f" is not in [0, {vocabulary})"])
+        return tf.raw_ops.Assert(condition=False, data=[text])
+
+    # Assert inside the branch taken only on a bad id: a clean batch pays one comparison.
+    tf.cond(tf.reduce_any(bad), fail, tf.no_op)
 
 
 def einsum_letters(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
@@ -142,8 +182,10 @@ class KernelColumns(keras.layers.Layer):  # type: ignore[misc]
 @keras.saving.register_keras_serializable(package="shardserve")
 class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
     """The parts' outputs joined: added (row ranges; with ``mask_zero`` the ids come first and
-    the output carries ``ids != 0`` as its mask, as the table's ``Embedding`` did), or
-    concatenated along ``axis`` and passed through ``activation`` (column ranges)."""
+    the output carries ``ids != 0`` as its mask, as the table's ``Embedding`` did; ``extra``
+    inputs after the parts are added to their sum: a TokenAndPositionEmbedding's positions), or
+    concatenated along ``axis`` and passed through ``activation`` and ``soft_cap`` (column
+    ranges; a tied table's logits)."""
 
     def __init__(
         self,
@@ -151,23 +193,36 @@ class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
         axis: int = -1,
         activation: Any = None,
         mask_zero: bool = False,
+        soft_cap: float | None = None,
+        extra: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.extra = int(extra)
         self.how, self.axis, self.mask_zero = how, int(axis), bool(mask_zero)
+        self.soft_cap = None if soft_cap is None else float(soft_cap)
         self.activation = keras.activations.get(activation)
         self.supports_masking = True
 
     def _parts(self, inputs: Any) -> list[Any]:
         parts = _as_list(inputs)
-        return parts[1:] if self.mask_zero else parts
+        parts = parts[1:] if self.mask_zero else parts
+        return parts[: len(parts) - self.extra]
 
     def call(self, inputs: Any) -> Any:
         parts = self._parts(inputs)
         if self.how == "add":
             # Each element is one part's value and zeros from the others: the sum is exact.
-            return functools.reduce(ops.add, parts)
-        return self.activation(ops.concatenate(parts, axis=self.axis))
+            joined = functools.reduce(ops.add, parts)
+            # Then what the layer added to its lookup (a TokenAndPositionEmbedding's positions).
+            for addend in _as_list(inputs)[len(_as_list(inputs)) - self.extra :]:
+                joined = ops.add(joined, addend)
+            return joined
+        joined = self.activation(ops.concatenate(parts, axis=self.axis))
+        if self.soft_cap is not None:
+            # A ReversibleEmbedding's logit_soft_cap, on the joined logits as on its own.
+            joined = ops.multiply(ops.tanh(ops.divide(joined, self.soft_cap)), self.soft_cap)
+        return joined
 
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
         shapes = [tuple(s) for s in self._parts(input_shape)]
@@ -191,4 +246,6 @@ class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
             "axis": self.axis,
             "activation": keras.activations.serialize(self.activation),
             "mask_zero": self.mask_zero,
+            "soft_cap": self.soft_cap,
+            "extra": self.extra,
         }

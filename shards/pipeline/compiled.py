@@ -70,7 +70,11 @@ class CompiledStages:
                 entered()
             try:
                 future = await self._graph.execute_async(**inputs)
-                result = await future
+                # Several outputs (a MultiOutputNode): Ray 2.60 gives one future per output.
+                if isinstance(future, list):
+                    result: Any = [await f for f in future]
+                else:
+                    result = await future
             except ray.exceptions.RayError:
                 raise  # the model raised (RayTaskError), or the graph says why it broke
             except Exception as exc:

@@ -22,6 +22,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from shards.actor.stage_actor import ShardActor
+from shards.bundle.driver_combine import DriverCombine
 from shards.bundle.format import Manifest
 from shards.bundle.shipping import ShippedStage, ship_bundle, stages_off_node
 from shards.cluster import check_cluster_fits, cluster_has_gpus, placement_resources
@@ -65,6 +66,27 @@ class Layout:
     actor: ActorSpec
     options: PipelineOptions
     depth: int
+    # Model outputs the driver joins from a split layer's parts (shards.bundle.driver_combine).
+    combines: tuple[DriverCombine, ...] = ()
+
+
+def per_stage_resources(
+    manifest: Manifest, given: tuple[dict[str, float], ...]
+) -> tuple[dict[str, float], ...]:
+    """``--stage-resources`` per stage: given one per stage (each part of a split layer its
+    own, to put the parts on different nodes), or one per place in the pipeline (a split
+    layer's parts each asking their place's entry), as the user counts stages before a cut."""
+    places = [s.name.split(".")[0] for s in manifest.stages]
+    order = list(dict.fromkeys(places))
+    if not given or len(given) == len(manifest.stages):
+        return given
+    if len(given) != len(order):
+        raise ValueError(
+            f"stage_resources has {len(given)} entries; the bundle has {len(manifest.stages)} "
+            f"stages ({', '.join(s.name for s in manifest.stages)}) at {len(order)} places in "
+            "the pipeline: give one entry per stage or one per place"
+        )
+    return tuple(given[order.index(p)] for p in places)
 
 
 def place(bundles: list[dict[str, float]], strategy: str) -> PlacementGroup:
@@ -173,13 +195,14 @@ async def start_replicas(
     # A CPU stage's memory plan is host memory: asked of Ray, so that models share the machine
     # by their plans (a GPU stage's plan is the device's, which Ray does not count).
     memory = [spec.planned_peak_bytes for spec in manifest.stages] if not gpus else []
-    bundles = placement_resources(len(manifest.stages), cpus, gpus, options.stage_resources, memory)
+    extra = per_stage_resources(manifest, options.stage_resources)
+    bundles = placement_resources(len(manifest.stages), cpus, gpus, extra, memory)
     check_cluster_fits(bundles, options.replicas, options.placement_strategy)
     replicas: list[Replica] = []
     try:
         groups = [place(bundles, options.placement_strategy) for _ in range(options.replicas)]
         for group in groups:
-            replicas.append(Replica([], routes, output_sources, group))
+            replicas.append(Replica([], routes, output_sources, group, manifest.combines))
         await wait_groups(groups, bundles, options.ready_timeout_s)
         away = stages_off_node(groups, ray.get_runtime_context().get_node_id())
         # Hashing and storing multi-GB stage files must not stall the event loop.
@@ -214,14 +237,15 @@ async def start_replicas(
         for replica in replicas:
             replica.close()
         raise
-    return replicas, Layout(routes, output_sources, bundles, spec, options, depth)
+    layout = Layout(routes, output_sources, bundles, spec, options, depth, manifest.combines)
+    return replicas, layout
 
 
 def new_replica(layout: Layout) -> Replica:
     """One more replica as ``layout`` builds them: its placement group asked for, no actors yet
     (``start_replica`` starts them once the group is placed)."""
     group = place(layout.bundles, layout.options.placement_strategy)
-    return Replica([], layout.routes, layout.output_sources, group)
+    return Replica([], layout.routes, layout.output_sources, group, layout.combines)
 
 
 async def start_replica(

@@ -21,6 +21,7 @@ import numpy as np
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
+from shards.bundle.driver_combine import DriverCombine, combine_outputs
 from shards.cluster import run_bounded
 from shards.errors import ReplicaLostError, StageTimeoutError
 from shards.pipeline.compiled import CompiledStages
@@ -48,6 +49,7 @@ class Replica:
         routes: tuple[Route, ...],
         output_sources: dict[str, Source],
         group: PlacementGroup,
+        combines: tuple[DriverCombine, ...] = (),
     ) -> None:
         self.actors = list(actors)
         self.placement_group = group
@@ -65,10 +67,13 @@ class Replica:
         self._first_stage_tail: asyncio.Future[None] | None = None
         self._routes = routes
         self._output_sources = output_sources
+        self._combines = combines
         self._request_readers = request_readers(routes)
-        # Only the model outputs that a stage makes are awaited; the rest of a stage's outputs
-        # go from stage to stage and never come back to the driver.
-        self._awaited = {n: s for n, s in output_sources.items() if not s.from_request}
+        # Only the model outputs that a stage makes are awaited (a split output's parts in its
+        # place); the rest of a stage's outputs go from stage to stage and never come back here.
+        self._awaited = {
+            n: s for n, s in output_sources.items() if not s.from_request and not s.by_driver
+        }
         self.compiled: CompiledStages | None = None
 
     def compile(self, max_inflight: int) -> None:
@@ -207,9 +212,14 @@ class Replica:
     def _outputs(
         self, inputs: dict[str, np.ndarray], made: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
+        # A split output is joined here, from its parts (numpy; shards.bundle.driver_combine).
+        if self._combines:
+            made = {**made, **combine_outputs(self._combines, made)}
+        parts = {p for c in self._combines for p in c.parts}
         return {
             name: inputs[name] if src.from_request else made[name]
             for name, src in self._output_sources.items()
+            if name not in parts
         }
 
     async def probe(self, timeout_s: float) -> None:

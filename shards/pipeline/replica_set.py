@@ -115,6 +115,8 @@ class ReplicaSet:
     ) -> None:
         self.signature: ModelSignature = manifest.signature
         self.num_stages = len(manifest.stages)
+        # Stages one after the other (a split layer's parts side by side count once).
+        self.pipeline_depth = manifest.depth
         self.on_gpu = layout.actor.gpus > 0
         self._replicas = dict(enumerate(pipelines))
         self._ids = itertools.count(len(pipelines))

@@ -15,6 +15,9 @@ from shards.bundle.format import Manifest
 
 # Source stage of a tensor that comes from the request itself rather than from a stage.
 MODEL_INPUT = -1
+# Source "stage" of a model output the driver joins from a split layer's parts
+# (``shards.bundle.driver_combine``): the parts' outputs are awaited in its place.
+DRIVER = -2
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,10 @@ class Source:
     @property
     def from_request(self) -> bool:
         return self.stage == MODEL_INPUT
+
+    @property
+    def by_driver(self) -> bool:
+        return self.stage == DRIVER
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,8 @@ class Route:
 
 
 def plan_routes(manifest: Manifest) -> tuple[tuple[Route, ...], dict[str, Source]]:
-    """Per stage, the producer of each input; per model output (signature order), its producer."""
+    """Per stage, the producer of each input; per model output (signature order), its producer
+    (``DRIVER`` for one the driver joins), then the producers of the parts the driver joins."""
     producer = {
         name: Source(MODEL_INPUT, i, name) for i, name in enumerate(manifest.signature.input_names)
     }
@@ -65,10 +73,14 @@ def plan_routes(manifest: Manifest) -> tuple[tuple[Route, ...], dict[str, Source
         producer.update(
             {spec.name: Source(stage.index, i, spec.name) for i, spec in enumerate(stage.outputs)}
         )
-    missing = [n for n in manifest.signature.output_names if n not in producer]
+    for i, combine in enumerate(manifest.combines):
+        producer.setdefault(combine.output, Source(DRIVER, i, combine.output))
+    parts = [p for c in manifest.combines for p in c.parts]
+    missing = [n for n in [*manifest.signature.output_names, *parts] if n not in producer]
     if missing:
         raise ValueError(f"model outputs {missing} are produced by no stage of the bundle")
-    return tuple(routes), {n: producer[n] for n in manifest.signature.output_names}
+    names = [*manifest.signature.output_names, *parts]
+    return tuple(routes), {n: producer[n] for n in names}
 
 
 def request_readers(routes: tuple[Route, ...]) -> Counter[str]:

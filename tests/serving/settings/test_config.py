@@ -112,6 +112,15 @@ def test_the_served_policy_knows_the_pipeline_depth() -> None:
     assert (policy.pipeline_depth, policy.max_inflight_batches, policy.is_auto) == (6, 8, True)
 
 
+def test_a_split_layers_parts_count_once_in_the_pipeline_depth() -> None:
+    runner = FakeRunner()
+    runner.num_stages = 3  # "0.0", "0.1" (one layer's parts, side by side) and "1"
+    runner.pipeline_depth = 2  # type: ignore[attr-defined]
+    runner.replicas = 2  # type: ignore[attr-defined]
+    policy = batch_settings(load_settings(batch_timeout_ms="auto"), runner)
+    assert policy.pipeline_depth == 4
+
+
 def test_batches_are_padded_on_gpu_stages_or_when_sizes_are_given_not_on_cpu() -> None:
     cpu, gpu = FakeRunner(), FakeRunner()
     gpu.on_gpu = True  # type: ignore[misc]

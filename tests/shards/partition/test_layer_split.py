@@ -9,6 +9,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from shards.bundle.format import BundleError, read_manifest
 from shards.partition.cut import partition_to_bundle, run_chain
@@ -51,6 +52,24 @@ def test_the_item_table_is_split_by_rows_and_answers_equal(tmp_path: Path) -> No
     # A lookup split by rows adds each row to zeros: exact, so the rest of the model is too.
     got = run_chain(tmp_path / "b", inputs)["scores"]
     np.testing.assert_array_equal(got, whole(model, inputs))
+
+
+def test_an_id_outside_the_vocabulary_raises_as_the_whole_model_does(tmp_path: Path) -> None:
+    model, inputs = demo_recommender(), recommender_inputs()
+    partition_to_bundle(
+        model, tmp_path / "b", max_stage_bytes=BUDGET, max_batch_size=8, device_overhead_bytes=0
+    )
+    # Keras's lookup counts a negative id from the end of the table: so do the parts.
+    inputs["item"][1, 0] = -1
+    np.testing.assert_array_equal(run_chain(tmp_path / "b", inputs)["scores"], whole(model, inputs))
+    for bad, read in ((6000, 6000), (-6001, -1)):
+        inputs["item"][1, 0] = bad
+        message = rf"indices\[1,0\] = {read} is not in \[0, 6000\)"
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            whole(model, inputs)
+        # Each part checks the whole vocabulary: not zeros from every part, the same error.
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            run_chain(tmp_path / "b", inputs)
 
 
 def test_a_wide_dense_is_split_by_columns_too(tmp_path: Path) -> None:
@@ -125,3 +144,86 @@ def test_a_bundle_of_format_2_is_refused_with_the_way_out(tmp_path: Path) -> Non
     path.write_text(json.dumps(json.loads(path.read_text()) | {"format_version": 2}))
     with pytest.raises(BundleError, match=r"format_version 2.*re-partition the source model"):
         read_manifest(tmp_path / "b")
+
+
+def tiny_gpt2(vocabulary: int = 5000, length: int = 8) -> keras.Model:
+    """keras_hub's GPT2CausalLM, built in code (no download), whose ReversibleEmbedding is both
+    its token lookup and, tied, its logits over the vocabulary."""
+    import keras_hub
+
+    keras.utils.set_random_seed(3)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=vocabulary,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=length,
+    )
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def gpt2_inputs(vocabulary: int = 5000, length: int = 8) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2)
+    mask = np.ones((3, length), "int32")
+    mask[1, length // 2 :] = 0
+    return {
+        "token_ids": rng.integers(0, vocabulary, (3, length)).astype("int32"),
+        "padding_mask": mask,
+    }
+
+
+def test_a_tied_embedding_is_split_once_for_its_lookup_and_its_logits(tmp_path: Path) -> None:
+    model, inputs = tiny_gpt2(), gpt2_inputs()
+    # The 5000 x 16 table (320 000 bytes) is larger than the budget; so are its logits.
+    manifest = partition_to_bundle(
+        model,
+        tmp_path / "b",
+        max_stage_bytes=400_000,
+        max_batch_size=1,
+        device_overhead_bytes=0,
+        max_sequence_length=8,
+    )
+    lookup, logits = manifest.splits()
+    assert (lookup["layer"], lookup["use"], logits["layer"], logits["use"]) == (
+        "token_embedding",
+        None,
+        "token_embedding",
+        "logits",
+    )
+    # Split once: the same row ranges serve both uses, each use's parts holding them.
+    ranges = [[(p["start"], p["stop"]) for p in s["stages"]] for s in (lookup, logits)]
+    assert ranges[0] == ranges[1] == [(0, 2500), (2500, 5000)]
+    assert [p["weight_bytes"] for s in (lookup, logits) for p in s["stages"]] == [160_000] * 4
+    assert [p["label"] for p in logits["stages"]] == ["2.0", "2.1"]
+    assert all(s.planned_peak_bytes <= 400_000 for s in manifest.stages)
+    # The logits are a column slice of a matrix product: 1e-6 relative.
+    (got,) = run_chain(tmp_path / "b", inputs).values()
+    want = keras.ops.convert_to_numpy(model(inputs))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_token_and_position_embedding_splits_its_token_table(tmp_path: Path) -> None:
+    import keras_hub
+
+    keras.utils.set_random_seed(4)
+    ids = keras.Input((8,), dtype="int32", name="ids")
+    tokens = keras_hub.layers.TokenAndPositionEmbedding(4000, 8, 16, mask_zero=True, name="tokens")
+    x = tokens(ids)
+    model = keras.Model(ids, [x, keras.layers.GlobalAveragePooling1D(name="pool")(x)])
+    manifest = partition_to_bundle(
+        model, tmp_path / "b", max_stage_bytes=150_000, max_batch_size=2, device_overhead_bytes=0
+    )
+    (split,) = manifest.splits()
+    assert (split["layer"], split["kind"], split["parts"]) == (
+        "tokens",
+        "TokenAndPositionEmbedding",
+        2,
+    )
+    rows = np.array([[5, 3999, 2000, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7, 8]], dtype="int32")
+    got = run_chain(tmp_path / "b", {"ids": rows})
+    want = [keras.ops.convert_to_numpy(t) for t in model(rows)]
+    # The token rows are exact, the positions added after them as the layer adds them, and the
+    # padding mask crosses the split (the pooling skips the padded positions).
+    np.testing.assert_array_equal(got["tokens"], want[0])
+    np.testing.assert_array_equal(got["pool"], want[1])

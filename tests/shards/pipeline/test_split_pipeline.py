@@ -1,6 +1,7 @@
 """A layer split across devices (issue 29) served by real stage actors: each part its own actor,
 reading the same request tensors, the next stage combining them; a part actor killed with
-SIGKILL is brought back like any stage actor."""
+SIGKILL is brought back like any stage actor; an id outside the vocabulary is the batch's
+input error. A tied GPT-2 served with its table split, its logits joined by the driver."""
 
 from __future__ import annotations
 
@@ -10,14 +11,24 @@ import signal
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 
+from shards.bundle.format import read_manifest
+from shards.errors import ModelError
 from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_recommender
 from shards.pipeline.options import PipelineOptions
+from shards.pipeline.placement import per_stage_resources
 from shards.pipeline.replica_set import ReplicaSet
-from tests.shards.partition.test_layer_split import BUDGET, recommender_inputs, whole
+from tests.shards.partition.test_layer_split import (
+    BUDGET,
+    gpt2_inputs,
+    recommender_inputs,
+    tiny_gpt2,
+    whole,
+)
 
 
 @pytest.mark.asyncio
@@ -37,6 +48,13 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
         stats = {s["stage"]: s["calls"] for s in await group.stats()}
         # Both parts ran every batch (the warm-up's included), side by side with one another.
         assert stats["0.0"] == stats["0.1"] == stats["1"] >= 4
+        # An id outside the vocabulary is the batch's error, as the whole model's lookup raises
+        # it on a CPU (not zeros from every part): input-blamed, so the server isolates its row.
+        bad = {k: v.copy() for k, v in inputs.items()}
+        bad["history"][2, 3] = 7000
+        with pytest.raises(ModelError, match=r"indices\[2,3\] = 7000 is not in \[0, 6000\)") as err:
+            await group.run(bad)
+        assert err.value.input_blamed
         (part,) = [i for i in await group.describe() if i["stage"] == "0.1"]
         os.kill(part["pid"], signal.SIGKILL)
         # The lost batch (if any) is retried; the part actor is restarted and probed back in.
@@ -53,3 +71,68 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
         assert after["pid"] != part["pid"]
     finally:
         await group.close()
+
+
+@pytest.mark.asyncio
+async def test_a_tied_gpt2_is_served_split_and_its_logits_joined_by_the_driver(
+    ray_address: str, tmp_path: Path
+) -> None:
+    # keras_hub's GPT2CausalLM: its 5000 x 16 table split once, held by the lookup's parts and
+    # again by the logits' parts; the logits (the model's output) come back to the driver as
+    # parts and are concatenated there, with no stage of their own.
+    model, inputs = tiny_gpt2(), gpt2_inputs()
+    manifest = partition_to_bundle(
+        model,
+        tmp_path / "b",
+        max_stage_bytes=400_000,
+        max_batch_size=1,
+        device_overhead_bytes=0,
+        max_sequence_length=8,
+        imports=["keras_hub"],
+    )
+    assert [s.name for s in manifest.stages] == ["0.0", "0.1", "1", "2.0", "2.1"]
+    (combine,) = manifest.combines
+    assert (combine.how, combine.parts) == (
+        "concat",
+        ("token_embedding_logits_part0of2", "token_embedding_logits_part1of2"),
+    )
+    want = keras.ops.convert_to_numpy(model(inputs))
+    # The session's Ray declares 4 CPUs: five stage actors take half of one each.
+    options = PipelineOptions(
+        replicas=1, batch_sizes=(3,), imports=("keras_hub",), cpus_per_shard=0.5
+    )
+    group = await ReplicaSet.create(tmp_path / "b", options)
+    try:
+        # Five stages at three places: a pipeline three deep.
+        assert (group.num_stages, group.pipeline_depth) == (5, 3)
+        outs = await asyncio.gather(*(group.run(inputs) for _ in range(3)))
+        for out in outs:
+            assert list(out) == [combine.output]
+            # A column slice of a matrix product may take another kernel: 1e-6 relative.
+            np.testing.assert_allclose(out[combine.output], want, rtol=1e-6, atol=1e-7)
+        # The same actors as a compiled graph, whose two leaves (the parts) come back as two
+        # futures: joined by the driver the same way.
+        for pipeline in group._pipelines:
+            pipeline.compile(3)
+        out = await group.run(inputs)
+        np.testing.assert_allclose(out[combine.output], want, rtol=1e-6, atol=1e-7)
+    finally:
+        await group.close()
+
+
+def test_stage_resources_are_given_per_stage_or_per_place_in_the_pipeline(tmp_path: Path) -> None:
+    partition_to_bundle(
+        demo_recommender(),
+        tmp_path / "b",
+        max_stage_bytes=BUDGET,
+        max_batch_size=8,
+        device_overhead_bytes=0,
+    )
+    manifest = read_manifest(tmp_path / "b")
+    a, b, c = {"node_a": 1.0}, {"node_b": 1.0}, {"node_c": 1.0}
+    # Stages "0.0", "0.1" and "1": each part its own entry (to spread a table over nodes) ...
+    assert per_stage_resources(manifest, (a, b, c)) == (a, b, c)
+    # ... or one per place, the parts of a split layer asking the same.
+    assert per_stage_resources(manifest, (a, c)) == (a, a, c)
+    with pytest.raises(ValueError, match=r"has 4 entries; the bundle has 3 stages \(0.0, 0.1, 1\)"):
+        per_stage_resources(manifest, (a, b, c, c))

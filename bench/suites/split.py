@@ -1,0 +1,226 @@
+"""``python -m bench split``: a model whose embedding tables are split across devices (issue 29)
+against the same model in one stage.
+
+The model: a recommender of two tables of ``--rows`` x ``--dim`` float32 each (128 MiB at the
+default 1 048 576 x 32; the item table read for a history of 20 ids and for the candidate, with
+``mask_zero``), an MLP and a score. It is partitioned in a child (this process never loads
+TensorFlow) twice: under a budget of ``--budget-share`` of one table, which splits each table by
+rows into parts of their own (``--device-overhead-bytes 0``), and with no budget (one stage:
+it fits this machine's RAM). Each bundle is served by one pipeline (``ReplicaSet``, no HTTP) on
+a private local Ray, under ``--concurrency`` closed-loop callers of ``--batch`` rows each, for
+``--seconds`` after ``--warmup``. Per layout it prints:
+
+- rows/s and the p50 and p99 of a batch's latency under that load;
+- the p50 of a batch alone (one caller), and the split's excess over the one stage: the per-batch
+  cost of the fan-out (the batch's tensors sent to every part) and the combine (the next stage
+  adding the parts' outputs);
+- per actor: its stage label, planned peak and measured RSS (and above its RSS once TensorFlow
+  was imported: the plan counts no overhead here).
+
+The lookup is the dense combine (each part writes the whole output, zeros outside its rows,
+then one exact add); routing each part only its ids and scattering back is not implemented, so
+there is no second routing to measure. On 2 cores no speed-up is expected: the figure is the
+overhead, and the memory per part against the plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import options
+from bench.systems.actors import cpu_only_env, local_ray
+
+MiB = 2**20
+HISTORY = 20
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    rows: int = 1_048_576  # per table: 128 MiB at dim 32
+    dim: int = 32
+    budget_share: float = 0.6  # the split budget, as a share of one table's bytes
+    batch: int = 32
+    concurrency: int = 4
+    seconds: float = 20.0
+    warmup_s: float = 3.0
+    workdir: Path = Path(".bench/split")
+
+    def __post_init__(self) -> None:
+        if self.rows < 16 or self.dim < 1:
+            raise ValueError(f"--rows must be >= 16 and --dim >= 1, got {self.rows}, {self.dim}")
+        if not 0.05 <= self.budget_share < 1.0:
+            raise ValueError(f"--budget-share must be in [0.05, 1), got {self.budget_share}")
+
+
+def build(rows: int, dim: int) -> Any:
+    """Two tables of ``rows`` x ``dim``, an MLP, a score (built in code, seeded)."""
+    import keras
+
+    init = keras.initializers.RandomUniform(-0.05, 0.05, seed=1)
+    history = keras.Input((HISTORY,), dtype="int32", name="history")
+    item = keras.Input((1,), dtype="int32", name="item")
+    user = keras.Input((1,), dtype="int32", name="user")
+    items = keras.layers.Embedding(
+        rows, dim, mask_zero=True, embeddings_initializer=init, name="items"
+    )
+    users = keras.layers.Embedding(rows, dim, embeddings_initializer=init, name="users")
+    x = keras.layers.Concatenate(name="features")(
+        [
+            keras.layers.GlobalAveragePooling1D(name="pool")(items(history)),
+            keras.layers.Flatten(name="candidate")(items(item)),
+            keras.layers.Flatten(name="user_vector")(users(user)),
+        ]
+    )
+    x = keras.layers.Dense(128, activation="relu", kernel_initializer=init, name="mlp")(x)
+    score = keras.layers.Dense(1, kernel_initializer=init, name="score")(x)
+    return keras.Model([history, item, user], score, name="split_rec")
+
+
+def _partition(plan: SplitPlan, out: Path, budget: int | None) -> None:
+    how = "stages=1" if budget is None else f"max_stage_bytes={budget}"
+    code = (
+        "from bench.suites.split import build; from shards.partition.cut import "
+        f"partition_to_bundle; partition_to_bundle(build({plan.rows}, {plan.dim}), "
+        f"{str(out)!r}, {how}, max_batch_size={plan.batch}, device_overhead_bytes=0, "
+        "source_name='split_rec')"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=cpu_only_env())
+
+
+def _inputs(plan: SplitPlan, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    history = rng.integers(1, plan.rows, size=(plan.batch, HISTORY)).astype("int32")
+    history[:, HISTORY // 2 :] *= rng.integers(0, 2, size=(plan.batch, 1)).astype("int32")
+    return {
+        "history": history,
+        "item": rng.integers(1, plan.rows, size=(plan.batch, 1)).astype("int32"),
+        "user": rng.integers(0, plan.rows, size=(plan.batch, 1)).astype("int32"),
+    }
+
+
+async def _load(group: Any, plan: SplitPlan, callers: int, seconds: float) -> list[float]:
+    """Each caller's batch latencies (s) for ``seconds`` of closed-loop load."""
+    batches = [_inputs(plan, seed) for seed in range(8)]
+    latencies: list[float] = []
+    stop = time.monotonic() + seconds
+
+    async def caller(k: int) -> None:
+        n = k
+        while time.monotonic() < stop:
+            tick = time.perf_counter()
+            await group.run(batches[n % len(batches)])
+            latencies.append(time.perf_counter() - tick)
+            n += callers
+
+    await asyncio.gather(*(caller(k) for k in range(callers)))
+    return latencies
+
+
+async def _measure(bundle: Path, plan: SplitPlan) -> dict[str, Any]:
+    from shards.bundle.format import read_manifest
+    from shards.pipeline.options import PipelineOptions
+    from shards.pipeline.replica_set import ReplicaSet
+
+    manifest = read_manifest(bundle)
+    planned = {s.name: s.planned_peak_bytes for s in manifest.stages}
+    group = await ReplicaSet.create(bundle, PipelineOptions(replicas=1, batch_sizes=(plan.batch,)))
+    try:
+        await _load(group, plan, plan.concurrency, plan.warmup_s)
+        loaded = await _load(group, plan, plan.concurrency, plan.seconds)
+        alone = await _load(group, plan, 1, max(1.0, plan.seconds / 4))
+        actors = [
+            {
+                "stage": info["stage"],
+                "planned": planned[info["stage"]],
+                "rss": info["memory"]["rss_bytes"],
+                "tf_mark": info["memory"]["rss_marks"]["tensorflow"],
+                "weights": info["weight_bytes"],
+            }
+            for info in await group.describe()
+        ]
+    finally:
+        await group.close()
+    ordered = sorted(loaded)
+    return {
+        "stages": [s.name for s in manifest.stages],
+        "rows_per_s": len(loaded) * plan.batch / plan.seconds,
+        "p50_ms": 1000 * statistics.median(ordered),
+        "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        "alone_p50_ms": 1000 * statistics.median(alone),
+        "actors": actors,
+    }
+
+
+def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
+    plan.workdir.mkdir(parents=True, exist_ok=True)
+    table_bytes = plan.rows * plan.dim * 4
+    budget = int(table_bytes * plan.budget_share)
+    results: dict[str, Any] = {"table_bytes": table_bytes, "budget": budget, "layouts": {}}
+    with local_ray(8), tempfile.TemporaryDirectory(dir=plan.workdir) as tmp:
+        for name, given in (("one stage", None), ("split", budget)):
+            bundle = Path(tmp) / name.replace(" ", "_")
+            tick = time.monotonic()
+            _partition(plan, bundle, given)
+            progress(f"{name}: partitioned in {time.monotonic() - tick:.0f} s")
+            results["layouts"][name] = found = asyncio.run(_measure(bundle, plan))
+            progress(
+                f"{name}: stages {', '.join(found['stages'])}; {found['rows_per_s']:.0f} rows/s, "
+                f"p99 {found['p99_ms']:.1f} ms, alone p50 {found['alone_p50_ms']:.2f} ms"
+            )
+    whole, split = results["layouts"]["one stage"], results["layouts"]["split"]
+    results["fan_out_combine_ms"] = split["alone_p50_ms"] - whole["alone_p50_ms"]
+    return results
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [
+        f"two tables of {results['table_bytes'] / MiB:.0f} MiB each; split budget "
+        f"{results['budget'] / MiB:.0f} MiB (dense combine; routing ids only: not implemented)",
+        "",
+        "| layout | stages | rows/s | p50 ms | p99 ms | batch alone p50 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, found in results["layouts"].items():
+        lines.append(
+            f"| {name} | {', '.join(found['stages'])} | {found['rows_per_s']:.0f} | "
+            f"{found['p50_ms']:.1f} | {found['p99_ms']:.1f} | {found['alone_p50_ms']:.2f} |"
+        )
+    lines += [
+        "",
+        f"fan-out + combine, per batch alone: {results['fan_out_combine_ms']:+.2f} ms",
+        "",
+        "| layout | stage | weights MiB | planned peak MiB | RSS MiB | RSS above its TF import "
+        "MiB | above / planned |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, found in results["layouts"].items():
+        for actor in found["actors"]:
+            above = actor["rss"] - actor["tf_mark"]
+            lines.append(
+                f"| {name} | {actor['stage']} | {actor['weights'] / MiB:.1f} | "
+                f"{actor['planned'] / MiB:.1f} | {actor['rss'] / MiB:.0f} | {above / MiB:.0f} | "
+                f"{above / actor['planned']:.2f}x |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def add_parsers(sub: Any) -> None:
+    about = "embedding tables split across devices vs one stage: req/s, p99, RSS per part"
+    opts = options.suite(
+        sub, "split", about, out="docs/bench-split", plan=SplitPlan, run=run, render=render
+    )
+    opts.own("--rows", type=int, help="rows per table")
+    opts.own("--dim", type=int)
+    opts.own("--budget-share", type=float, help="the split budget, as a share of one table")
+    opts.own("--batch", type=int)
+    opts.add("concurrency", "seconds", "warmup_s", "workdir")
