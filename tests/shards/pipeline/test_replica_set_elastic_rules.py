@@ -104,7 +104,7 @@ def make_group(*states: ReplicaState) -> tuple[ReplicaSet, list[FakeReplica]]:
     fakes = [FakeReplica(f"r{i}") for i in range(len(states))]
     for fake, state in zip(fakes, states, strict=True):
         fake.state = state
-    manifest = SimpleNamespace(signature=SIGNATURE, stages=(None,))
+    manifest = SimpleNamespace(signature=SIGNATURE, stages=(None,), depth=1)
     layout = Layout((), {}, [], cast(Any, SimpleNamespace(gpus=0.0)), PipelineOptions(), 2)
     return ReplicaSet(cast(Any, manifest), cast(Any, fakes), layout), fakes
 

@@ -127,7 +127,7 @@ def hung() -> StageTimeoutError:
 
 def make_group(script: Script, replicas: int = 1) -> tuple[ReplicaSet, list[FakeReplica]]:
     fakes = [FakeReplica(f"r{i}", script) for i in range(replicas)]
-    manifest = SimpleNamespace(signature=SIGNATURE, stages=(None,))
+    manifest = SimpleNamespace(signature=SIGNATURE, stages=(None,), depth=1)
     layout = Layout((), {}, [], cast(Any, SimpleNamespace(gpus=0.0)), PipelineOptions(), 2)
     group = ReplicaSet(cast(Any, manifest), cast(Any, fakes), layout, start_s=START_S)
     return group, fakes
