@@ -166,3 +166,26 @@ async def test_a_failing_probe_is_always_logged() -> None:
 
 async def _drop(message: object) -> None:
     pass
+
+
+def test_the_default_stream_is_the_stdout_of_each_line_not_of_the_logs_making(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A process that swaps its stdout (a test runner's capture, a daemon's redirect) after the log
+    # is made: the line goes to the stdout of its moment, not to a stream closed since.
+    made_under = io.StringIO()
+    monkeypatch.setattr("sys.stdout", made_under)
+    access = AccessLog("json")
+    made_under.close()
+    now = io.StringIO()
+    monkeypatch.setattr("sys.stdout", now)
+    try:
+        access.write(
+            request_id="r-1", trace_id=None, client="127.0.0.1:1", route="/predict",
+            protocol="http", model="m", version="1", status=200, rows=1, batch_rows=1,
+            queue_ms=0.1, compute_ms=0.2, total_ms=0.4, bytes_in=10, bytes_out=20, reject="",
+        )  # fmt: skip
+    finally:
+        access.close()
+    (line,) = now.getvalue().splitlines()
+    assert json.loads(line)["request_id"] == "r-1"
