@@ -47,6 +47,9 @@ class RolloutPlan:
     parts: tuple[str, ...] = PARTS
     switch_models: tuple[str, ...] = ("light", "heavy")
     real_factor: float = 0.5
+    # A fixed rate for the real switches instead of real_factor x capacity: to compare two
+    # configurations (their capacities differ) at the same load.
+    real_rate: float | None = None
     simulated_factor: float = 0.9
     simulate_device_ms: float = 40.0
     simulated_batch: int = 8
@@ -81,6 +84,8 @@ class RolloutPlan:
         )
         options.require(self, positive=("switch_s", "canary_s", "canary_rate", "window_s"))
         options.require(self, positive=("after_s",))
+        if self.real_rate is not None and self.real_rate <= 0:
+            raise ValueError(f"--real-rate must be > 0, got {self.real_rate:g}")
         options.require(self, at_least_one=("min_requests", "slow_layers"))
         _known("parts", self.parts, PARTS)
         _known("switch_models", self.switch_models, KINDS[:2])
@@ -153,6 +158,7 @@ def add_parsers(sub: Any) -> None:
     opts.own("--parts", type=options.csv, help=f"comma-separated, of {', '.join(PARTS)}")
     opts.own("--switch-models", type=options.csv, help="comma-separated: light,heavy")
     opts.own("--real-factor", type=float, help="the switch's load, x capacity")
+    opts.own("--real-rate", type=float, help="the switch's load in req/s (not x capacity)")
     opts.own("--simulated-factor", type=float, help="the simulated switch's load, x capacity")
     opts.add("simulate_device_ms")
     opts.own("--simulated-batch", type=int, help="max_batch_size of the simulated switch")

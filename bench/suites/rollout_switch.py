@@ -63,8 +63,11 @@ def run_switch(plan: Any, label: str, kind: str, simulated: bool, progress: Prog
         measured = capacity(proc, bodies, plan.capacity_clients, plan.capacity_s)
         wait_idle(base(proc), 60.0, 0.2)
         rate = factor * measured
+        if not simulated and plan.real_rate is not None:
+            rate = plan.real_rate
+            factor = rate / measured
         progress(
-            f"  capacity {measured:.1f} req/s; {factor:g}x = {rate:.1f} req/s for "
+            f"  capacity {measured:.1f} req/s; {factor:.2g}x = {rate:.1f} req/s for "
             f"at most {plan.switch_s:g} s ({plan.after_s:g} s past version 1 unloaded), version 2 "
             f"appears at {plan.appear_at_s:g} s"
         )

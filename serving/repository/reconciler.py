@@ -58,7 +58,12 @@ from serving.repository.labels import Labels
 from serving.repository.registry import Registry
 from serving.repository.replica_switch import Rolling
 from serving.repository.source import REMOVED, ModelPlan, why_retired
-from serving.repository.switch_queue import narrow_queues, widen_queues
+from serving.repository.switch_queue import (
+    backlog_within_own,
+    narrow_queues,
+    widen_queue,
+    widen_queues,
+)
 from serving.supervisor import start_supervised
 from serving.version.life import VersionState
 from serving.version.readiness import version_state
@@ -274,6 +279,8 @@ class Reconciler:
         model = ServedModel(name, found.settings, self.state.metrics, version=str(version))
         self.state.add_model(model)
         widen_queues(self.state.models[name].values(), model)  # while it loads
+        # and its own from its first request until what it replaces has drained (its settle)
+        model.before_ready = widen_queue
         self._loads[model] = _Load(model, found.fingerprint)
         self.rollouts.listen(model)
         model.start(self.rolling.factory(model, plan, self._factory), self._on_load_failure)
@@ -303,8 +310,9 @@ class Reconciler:
         """Once its load has ended (waited for here), and a switch replica by replica it began
         has ended (its steps come first: ``_settle_step``): a failed version's actors end (its
         reason stays in the index), then what it was to replace is retired, or kept if it
-        failed. Whatever fails here, the queues widened for its load narrow; a settle that
-        raises is taken again on the next tick."""
+        failed. Whatever fails here, the queues widened for its load narrow, once what it
+        retired has gone (``switch_queue``); a settle that raises is taken again on the next
+        tick."""
         model = load.model
         await model.wait_load()
         if self.rolling.under_way(model):
@@ -318,8 +326,11 @@ class Reconciler:
             else:
                 self._failed.pop(key, None)
             async with self._locks[model.name]:
-                self._hand_over(model.name)
+                retiring = self._hand_over(model.name)
             self._loads.pop(model, None)
+            if retiring:
+                await asyncio.wait(retiring)
+            await backlog_within_own(self.state.models.get(model.name, {}).values())
         finally:
             self._narrow(load)
 

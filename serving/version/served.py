@@ -59,6 +59,9 @@ class ServedModel:
     # Its queue rows before and while another version of its model loads (widened then by
     # ``serving.repository.switch_queue``), or None.
     queue_widened: tuple[int, int] | None = field(default=None, repr=False)
+    # Called with this version once its batcher is set, before it is READY and takes requests
+    # (the reconciler widens its queue there while what it replaces drains), or None.
+    before_ready: Callable[[ServedModel], None] | None = field(default=None, repr=False)
     # What serving.elastic keeps of this version (held by a switch, a fixed count, its scaler).
     scale_state: ScaleState = field(default_factory=ScaleState, repr=False)
     _jobs: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
@@ -266,6 +269,8 @@ class ServedModel:
         batcher.set_length_padding(self.length_plan.padding)
         await log_memory(self, runner)
         self.batcher = batcher
+        if self.before_ready is not None:
+            self.before_ready(self)
         if self.settings.gc_freeze:
             freeze_heap(self.settings.gc_first_threshold)
         self._life.advance(VersionState.READY)

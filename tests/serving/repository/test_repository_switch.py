@@ -196,3 +196,42 @@ async def test_under_latest_two_the_version_that_drops_out_serves_until_the_new_
         slow.set()
         await _until(lambda: sorted(state.models["m"]) == ["2", "3"])
         assert versions.made[1][0].closed
+
+
+async def test_the_new_version_holds_the_deeper_queue_until_the_old_one_has_drained(
+    tmp_path: Path,
+) -> None:
+    """The old version's backlog runs on the cores the new one's first batches need: the new
+    version takes the traffic with the deeper queue, and both narrow only once the old version
+    has answered what it held (``switch_queue``)."""
+    add_version(tmp_path, 1)
+    versions = Versions()
+    loading = versions.loading[2] = asyncio.Event()
+    async with serve_repository(tmp_path, versions, max_batch_size=2) as client:  # type: ignore[arg-type]
+        state: ServerState = client.shardserve  # type: ignore[attr-defined]
+        assert state.repository is not None
+        rows = state.model("m", "1").require_batcher().settings.max_queue_rows
+        held = versions.made[1][0].gate = asyncio.Event()  # version 1's batches hang from now
+        backlog = [
+            asyncio.create_task(client.post(PREDICT, json={"instances": [row(1)]}))
+            for _ in range(6)
+        ]
+        await _until(lambda: versions.made[1][0].calls_started >= 2)
+        add_version(tmp_path, 2)
+        await state.repository.poll_once()
+        await _until(lambda: index(state)["m/2"][0] == "LOADING")
+        loading.set()
+        await _until(lambda: index(state)["m/2"][0] == "READY")
+        reply = await client.post(PREDICT, json={"instances": [row(1)]})
+        assert (reply.status_code, reply.json()["predictions"][0][0]) == (200, 2.0)
+        # Version 1 drains its backlog meanwhile: version 2 serves with the deeper queue.
+        assert "1" in state.models["m"]
+        assert state.model("m", "2").require_batcher().settings.max_queue_rows == 8 * rows
+        held.set()
+        answers = await asyncio.wait_for(asyncio.gather(*backlog), WAIT_S)
+        assert [a.status_code for a in answers] == [200] * 6
+        assert {a.json()["predictions"][0][0] for a in answers} == {1.0}
+        await _until(lambda: list(state.models["m"]) == ["2"])
+        await _until(
+            lambda: state.model("m", "2").require_batcher().settings.max_queue_rows == rows
+        )
