@@ -42,10 +42,10 @@ def shardserve_spec(
         str(config.max_batch_size),
         "--batch-timeout-ms",
         str(config.batch_timeout_ms),
-        # One stage: the server's own choice (its share of the cores as threads, or one
-        # single-threaded replica per core where copies fit: ``--stage-cores``), so that the
-        # bench measures the defaults; SHARDSERVE_STAGE_CORES=threads in the bench's environment
-        # measures one actor with every core as its threads.
+        # One stage: the server's own choice (one actor with its share of the cores as
+        # threads: ``--stage-cores``), so that the bench measures the defaults;
+        # SHARDSERVE_STAGE_CORES=replicas in the bench's environment measures one
+        # single-threaded replica per core where copies fit.
         *(["--cpus-per-shard", f"{cpus:g}"] if stages > 1 else []),
         "--cache-dir",
         str(cache_dir),

@@ -193,11 +193,12 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "private local Ray, 1 on a cluster.",
     )
     stage_cores: Literal["replicas", "threads"] = Field(
-        "replicas",
-        description="On a private local Ray, a model of one stage whose copies fit in half the "
-        "free memory: one single-threaded replica per core (replicas) or one actor with a "
-        "TensorFlow thread per core (threads); not when replicas, CPUs per shard or a stage "
-        "budget are given (docs/tuning.md).",
+        "threads",
+        description="On a private local Ray, a model of one stage: one actor with a TensorFlow "
+        "thread per core (threads, the lower latency), or, where its copies fit in half the free "
+        "memory, one single-threaded replica per core (replicas: +4% req/s for a light model "
+        "under load, +25% c=1 latency for a heavy one); not when replicas, CPUs per shard or a "
+        "stage budget are given (docs/tuning.md).",
     )
     placement_strategy: PlacementStrategy = Field(
         "PACK", description="Placement group strategy of a pipeline's shard actors."

@@ -123,7 +123,7 @@ async def build_runner(settings: Settings) -> ModelRunner:
         options = dataclasses.replace(options, replicas=copies, cpus_per_shard=1.0)
         log.info(
             "model %r: its one stage runs as %d single-threaded replicas instead of one actor "
-            "with %d TensorFlow threads (--stage-cores threads for one actor)",
+            "with %d TensorFlow threads (--stage-cores replicas)",
             settings.model, copies, copies,
         )  # fmt: skip
     try:

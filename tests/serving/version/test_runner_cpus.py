@@ -51,14 +51,16 @@ def test_the_server_copies_a_small_single_stage_only_where_the_choice_is_its_own
     copies = stage_copies(1, peak, cores, available_memory())
     model = str(bundle)
 
-    assert stage_replicas(Settings(model=model), bundle) == copies
-    assert stage_replicas(Settings(model=model, stage_cores="threads"), bundle) == 1
-    assert stage_replicas(Settings(model=model, replicas=1), bundle) == 1  # a count given
-    assert stage_replicas(Settings(model=model, cpus_per_shard=1), bundle) == 1
-    assert stage_replicas(Settings(model=model, max_stage_bytes=[2**40]), bundle) == 1
-    assert stage_replicas(Settings(model=model, ray_address="auto"), bundle) == 1
-    assert stage_replicas(Settings(model=model, min_replicas=1, max_replicas=2), bundle) == 1
+    replicas = {"model": model, "stage_cores": "replicas"}
+
+    assert stage_replicas(Settings(model=model), bundle) == 1  # the default: threads
+    assert stage_replicas(Settings(**replicas), bundle) == copies
+    assert stage_replicas(Settings(**replicas, replicas=1), bundle) == 1  # a count given
+    assert stage_replicas(Settings(**replicas, cpus_per_shard=1), bundle) == 1
+    assert stage_replicas(Settings(**replicas, max_stage_bytes=[2**40]), bundle) == 1
+    assert stage_replicas(Settings(**replicas, ray_address="auto"), bundle) == 1
+    assert stage_replicas(Settings(**replicas, min_replicas=1, max_replicas=2), bundle) == 1
     two = resolve_bundle(
         "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
     )
-    assert stage_replicas(Settings(model=str(two)), two) == 1
+    assert stage_replicas(Settings(model=str(two), stage_cores="replicas"), two) == 1
