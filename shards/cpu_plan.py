@@ -8,12 +8,13 @@ every model the server will run (``scheduling_cpus``), plus room for one more: a
 no longer waits for CPUs the first took. Pure: no Ray, so the front end can size Ray before
 starting it.
 
-A model of one small stage may take the cores another way (``stage_copies``): N single-threaded
-replicas instead of one actor with N TensorFlow threads. On 2 cores, for a 1-stage MLP, two
-single-threaded replicas served 8-15% more requests per second than one two-threaded actor and
-left no core idle (issue 32): the two threads of one actor stall on each other at each op's end
-while the front end and Ray take turns on the same cores; two actors each keep one core busy.
-It costs a copy of the weights per replica, so it is done only where every copy fits.
+A model of one small stage may take the cores another way (``stage_copies``, where the operator
+asks for it: ``stage_cores = "replicas"``): N single-threaded replicas instead of one actor with
+N TensorFlow threads. On one 2-core machine two single-threaded replicas of a 1-stage MLP served
+8-15% more requests per second than one two-threaded actor; on another they gave no gain on the
+same model and 25% more c=1 latency (a batch of one row on one thread), +4% on a light model
+(docs/tuning.md). It costs a copy of the weights per replica, so it is done only where every
+copy fits.
 """
 
 from __future__ import annotations
