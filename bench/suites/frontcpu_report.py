@@ -13,18 +13,29 @@ LIMIT = 1.05
 TREES = ("old", "new")
 
 
-def summarize(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per (workload, protocol), in the order they were measured: per round each
-    tree's ms CPU/req and their ratio (the two windows of a round ran next to each other), and
-    the ratio new/old of the medians over the rounds."""
+def _cells(
+    windows: list[dict[str, Any]],
+) -> list[tuple[tuple[str, str], list[dict[str, Any]], dict[int, dict[str, float]]]]:
+    """The windows per (workload, protocol), in the order measured, with each round's ms
+    CPU/req per tree (or tracing mode)."""
     cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for window in windows:
         cells.setdefault((window["workload"], window["protocol"]), []).append(window)
     out = []
-    for (workload, protocol), mine in cells.items():
+    for cell, mine in cells.items():
         by_round: dict[int, dict[str, float]] = {}
         for window in mine:
             by_round.setdefault(window["round"], {})[window["tree"]] = window["cpu_ms_per_request"]
+        out.append((cell, mine, by_round))
+    return out
+
+
+def summarize(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (workload, protocol), in the order they were measured: per round each
+    tree's ms CPU/req and their ratio (the two windows of a round ran next to each other), and
+    the ratio new/old of the medians over the rounds."""
+    out = []
+    for (workload, protocol), mine, by_round in _cells(windows):
         rounds = [
             {
                 **{t: ms.get(t) for t in TREES},
@@ -56,14 +67,8 @@ def summarize_modes(windows: list[dict[str, Any]], modes: tuple[str, ...]) -> li
     """``--tracing``'s cells, one per (workload, protocol): each mode's ms CPU/req per round and
     its median over the rounds, and each median's ratio to the first mode's (``off`` where it is
     measured)."""
-    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for window in windows:
-        cells.setdefault((window["workload"], window["protocol"]), []).append(window)
     out = []
-    for (workload, protocol), mine in cells.items():
-        by_round: dict[int, dict[str, float]] = {}
-        for window in mine:
-            by_round.setdefault(window["round"], {})[window["tree"]] = window["cpu_ms_per_request"]
+    for (workload, protocol), mine, by_round in _cells(windows):
         medians = {m: _median([ms.get(m) for ms in by_round.values()]) for m in modes}
         base = "off" if "off" in modes else modes[0]
         out.append(

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from shards.bundle.format import BundleError, read_manifest
+from shards.bundle.format import BundleError, Manifest, read_manifest
 from shards.partition.cut import partition_to_bundle, run_chain
 from shards.partition.demo_models import demo_recommender
 from shards.partition.plan import PlanError
@@ -163,6 +164,19 @@ def tiny_gpt2(vocabulary: int = 5000, length: int = 8) -> keras.Model:
     return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
 
 
+def partition_gpt2(model: keras.Model, bundle: Path, **options: Any) -> Manifest:
+    """``tiny_gpt2`` cut under a budget (400,000 bytes) smaller than its table and its logits."""
+    return partition_to_bundle(
+        model,
+        bundle,
+        max_stage_bytes=400_000,
+        max_batch_size=1,
+        device_overhead_bytes=0,
+        max_sequence_length=8,
+        **options,
+    )
+
+
 def gpt2_inputs(vocabulary: int = 5000, length: int = 8) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(2)
     mask = np.ones((3, length), "int32")
@@ -176,14 +190,7 @@ def gpt2_inputs(vocabulary: int = 5000, length: int = 8) -> dict[str, np.ndarray
 def test_a_tied_embedding_is_split_once_for_its_lookup_and_its_logits(tmp_path: Path) -> None:
     model, inputs = tiny_gpt2(), gpt2_inputs()
     # The 5000 x 16 table (320 000 bytes) is larger than the budget; so are its logits.
-    manifest = partition_to_bundle(
-        model,
-        tmp_path / "b",
-        max_stage_bytes=400_000,
-        max_batch_size=1,
-        device_overhead_bytes=0,
-        max_sequence_length=8,
-    )
+    manifest = partition_gpt2(model, tmp_path / "b")
     lookup, logits = manifest.splits()
     assert (lookup["layer"], lookup["use"], logits["layer"], logits["use"]) == (
         "token_embedding",

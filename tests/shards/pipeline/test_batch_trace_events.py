@@ -20,8 +20,10 @@ from tests.shards.pipeline.test_replica_set_retry import (
 TRACEPARENT = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
 
 
-async def test_a_hung_batch_notes_the_watchdog_kill_and_its_retry() -> None:
-    group, _ = make_group(Script(hung()), replicas=2)
+async def traced_run(script: Script) -> BatchTrace:
+    """One batch over two fake replicas running ``script``, answered, on a traced span: its
+    notes."""
+    group, _ = make_group(script, replicas=2)
     noted = BatchTrace(TRACEPARENT)
     token = BATCH.set(noted)
     try:
@@ -29,6 +31,11 @@ async def test_a_hung_batch_notes_the_watchdog_kill_and_its_retry() -> None:
     finally:
         BATCH.reset(token)
         await group.close()
+    return noted
+
+
+async def test_a_hung_batch_notes_the_watchdog_kill_and_its_retry() -> None:
+    noted = await traced_run(Script(hung()))
     names = [name for name, _ in noted.events]
     assert names == ["replica fault", "watchdog kill"]
     kill = noted.events[1][1]
@@ -38,12 +45,5 @@ async def test_a_hung_batch_notes_the_watchdog_kill_and_its_retry() -> None:
 
 
 async def test_a_lost_stage_is_a_fault_but_no_watchdog_kill() -> None:
-    group, _ = make_group(Script(lost()), replicas=2)
-    noted = BatchTrace(TRACEPARENT)
-    token = BATCH.set(noted)
-    try:
-        assert_answered(await group.run(INPUTS))
-    finally:
-        BATCH.reset(token)
-        await group.close()
+    noted = await traced_run(Script(lost()))
     assert [name for name, _ in noted.events] == ["replica fault"]

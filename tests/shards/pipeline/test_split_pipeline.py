@@ -25,6 +25,7 @@ from shards.pipeline.replica_set import ReplicaSet
 from tests.shards.partition.test_layer_split import (
     BUDGET,
     gpt2_inputs,
+    partition_gpt2,
     recommender_inputs,
     tiny_gpt2,
     whole,
@@ -81,15 +82,7 @@ async def test_a_tied_gpt2_is_served_split_and_its_logits_joined_by_the_driver(
     # again by the logits' parts; the logits (the model's output) come back to the driver as
     # parts and are concatenated there, with no stage of their own.
     model, inputs = tiny_gpt2(), gpt2_inputs()
-    manifest = partition_to_bundle(
-        model,
-        tmp_path / "b",
-        max_stage_bytes=400_000,
-        max_batch_size=1,
-        device_overhead_bytes=0,
-        max_sequence_length=8,
-        imports=["keras_hub"],
-    )
+    manifest = partition_gpt2(model, tmp_path / "b", imports=["keras_hub"])
     assert [s.name for s in manifest.stages] == ["0.0", "0.1", "1", "2.0", "2.1"]
     (combine,) = manifest.combines
     assert (combine.how, combine.parts) == (
