@@ -36,6 +36,8 @@ def test_the_plan_refuses_unknown_parts_and_quick_shortens_only_the_defaults() -
         RolloutPlan(parts=("switch", "rolling"))
     with pytest.raises(ValueError, match="--appear-at must fall inside the load"):
         RolloutPlan(switch_s=10.0, appear_at_s=12.0)
+    with pytest.raises(ValueError, match="--real-rate must be > 0, got 0"):
+        RolloutPlan(real_rate=0.0)
     short = quick(RolloutPlan(quick=True, canary_s=30.0), QUICK)
     assert short.switch_s == QUICK["switch_s"] and short.canary_s == 30.0
 
