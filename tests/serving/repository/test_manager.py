@@ -255,9 +255,9 @@ async def test_the_poll_loop_loads_a_model_that_appears_and_unloads_one_removed(
         await _until(lambda: ("b", "1") in runners.made)
         await settled(repository.state)
         assert index(repository) == {"a/1": ("READY", ""), "b/1": ("READY", "")}
-        (tmp_path / "a" / "1" / "manifest.json").unlink()
-        (tmp_path / "a" / "1").rmdir()
-        (tmp_path / "a").rmdir()
+        # Moved out in one step: a poll between an unlink and an rmdir would rightly list "a"
+        # with no complete version for a moment.
+        (tmp_path / "a").rename(tmp_path.parent / f"{tmp_path.name}-a-removed")
         await _until(lambda: runners.made[("a", "1")].closed and "a" not in repository.state.models)
         assert sorted(index(repository)) == ["b/1"]
 
