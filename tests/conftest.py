@@ -78,3 +78,10 @@ def ray_address() -> Iterator[str]:
         yield str(ctx.address_info["gcs_address"])
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One bundle cache for the servers of the built-in demo models that do not look into their
+    cache: each demo model and stage count is partitioned once per session (~4.5 s a server)."""
+    return tmp_path_factory.mktemp("demo-cache")

@@ -29,12 +29,14 @@ MAX_EXAMPLES = 20
 
 
 @pytest.fixture(scope="module")
-def server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(
+    ray_address: str, demo_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("contract")
     args = [
         "--model", "demo-tiny",
         "--ray-address", ray_address,
-        "--cache-dir", str(workdir / "cache"),
+        "--cache-dir", str(demo_cache),
         "--admin-token", TOKEN,
         "--grpc-port", "0",
     ]  # fmt: skip

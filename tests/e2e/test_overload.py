@@ -34,11 +34,11 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("overload")
 
 
-def _args(ray_address: str, workdir: Path) -> list[str]:
+def _args(ray_address: str, cache: Path) -> list[str]:
     return [
         "--model", "demo-tiny",
         "--ray-address", ray_address,
-        "--cache-dir", str(workdir / "cache"),
+        "--cache-dir", str(cache),
         "--max-batch-size", "4",
         "--max-queue-rows", "8",
         "--max-inflight-batches", "2",
@@ -54,10 +54,10 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(ray_address: str, workdir: Path) -> Iterator[Served]:
+def served(ray_address: str, demo_cache: Path, workdir: Path) -> Iterator[Served]:
     """One server for the flood, then the SIGTERM under load, which stops it."""
     others = _shard_pids()
-    with running_server(_args(ray_address, workdir), workdir) as srv:
+    with running_server(_args(ray_address, demo_cache), workdir) as srv:
         yield Served(srv, _shard_pids() - others)
 
 
@@ -213,11 +213,11 @@ async def _predict_after_signal(client: httpx.AsyncClient) -> str:
 
 
 async def test_sigterm_with_a_hung_stage_answers_every_held_request_within_the_budget(
-    ray_address: str, workdir: Path
+    ray_address: str, demo_cache: Path, workdir: Path
 ) -> None:
     budget_s = 5.0
     args = [
-        *_args(ray_address, workdir),
+        *_args(ray_address, demo_cache),
         "--stop-timeout-s", str(budget_s),
         "--batch-hard-timeout-ms", "600000",  # no watchdog: the stage hangs for 10 min
     ]  # fmt: skip

@@ -43,11 +43,13 @@ class GrpcServer:
 
 
 @pytest.fixture(scope="module")
-def server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
+def server(
+    ray_address: str, demo_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GrpcServer]:
     workdir = tmp_path_factory.mktemp("v2grpc")
     (port,) = free_ports(1)
     args = ["--model", TINY, "--stages", "2", "--ray-address", ray_address,
-            "--cache-dir", str(workdir / "cache"), "--max-batch-size", "8",
+            "--cache-dir", str(demo_cache), "--max-batch-size", "8",
             "--batch-timeout-ms", "2", "--grpc-port", str(port)]  # fmt: skip
     with running_server(args, workdir) as http:
         yield GrpcServer(http, f"127.0.0.1:{port}")

@@ -43,11 +43,11 @@ def _two_input_model(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def servers(
-    ray_address: str, tmp_path_factory: pytest.TempPathFactory
+    ray_address: str, demo_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Server]]:
     workdir = tmp_path_factory.mktemp("v2http")
     model_path = workdir / f"{MULTI}.keras"
-    common = ["--ray-address", ray_address, "--cache-dir", str(workdir / "cache"),
+    common = ["--ray-address", ray_address, "--cache-dir", str(demo_cache),
               "--max-batch-size", "8", "--batch-timeout-ms", "2"]  # fmt: skip
     with contextlib.ExitStack() as stack:
         tiny = stack.enter_context(

@@ -20,10 +20,10 @@ TOKEN = "tune-test-token"
 
 
 @pytest.fixture
-def server(ray_address: str, tmp_path: Path) -> Iterator[str]:
+def server(ray_address: str, demo_cache: Path, tmp_path: Path) -> Iterator[str]:
     args = [
         "--model", "demo-tiny", "--admin-token", TOKEN, "--ray-address", ray_address,
-        "--cache-dir", str(tmp_path / "cache"), "--batch-timeout-ms", "2",
+        "--cache-dir", str(demo_cache), "--batch-timeout-ms", "2",
     ]  # fmt: skip
     with running_server(args, tmp_path) as srv:
         yield srv.url
