@@ -1,6 +1,6 @@
 """When a batch whose wait ran out goes: at once into an idle pipeline, else once the first stage
 of a healthy replica is about to be free, when full, or when a member's deadline needs it to go
-(``serving.batching.dispatch``). The pure rule first, then the batcher on a clock the test moves,
+(``serving.batching.dispatch``); the auto wait's share goes as it is. The pure rule first, then the batcher on a clock the test moves,
 with the first stage's compute seeded as the stats poll would report it."""
 
 from __future__ import annotations
@@ -105,6 +105,42 @@ async def test_a_members_deadline_sends_the_batch_before_the_stage_frees(
     open_gate(runner)
     await asyncio.gather(busy, late)
     assert [(r.size, r.reason) for r in make.records] == [(1, "timeout"), (1, "deadline")]
+
+
+async def test_a_filling_batch_goes_as_stage_free_when_the_pipeline_empties(
+    clock: FakeClock, make: Harness
+) -> None:
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=5, max_inflight_batches=2)
+    _seed_entry(batcher, 60_000)  # predicted: the stage is busy for a minute
+    busy = await occupy(batcher, runner)
+    first = await spawn(batcher.submit(make_rows(1, start=1)))
+    clock.advance(1.0)  # its wait ran out: it keeps taking rows
+    await asyncio.sleep(0.05)
+    assert runner.calls_started == 1
+    open_gate(runner)  # the batch in flight ends long before its prediction
+    await asyncio.gather(busy, first)
+    assert [(r.size, r.reason) for r in make.records] == [(1, "timeout"), (1, "stage_free")]
+
+
+async def test_the_auto_waits_share_goes_while_the_first_stage_is_busy(
+    clock: FakeClock, make: Harness
+) -> None:
+    # Two stages, a row in flight and one queued: two rows over two batches, so the queued row
+    # is its batch's share (the auto wait's "target") and goes at once. Held until the first
+    # stage freed as well, the batches of 16 clients over 2 stages travelled in step.
+    runner = FakeRunner(gate=asyncio.Event())
+    batcher = await make(
+        runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=3,
+        pipeline_depth=2, pipeline_stages=2,
+    )  # fmt: skip
+    _seed_entry(batcher, 60_000)
+    busy = await occupy(batcher, runner)
+    second = await spawn(batcher.submit(make_rows(1, start=1)))
+    await runner.wait_started(2)
+    open_gate(runner)
+    await asyncio.gather(busy, second)
+    assert [(r.size, r.reason) for r in make.records] == [(1, "idle"), (1, "target")]
 
 
 async def test_an_idle_pipeline_gets_the_batch_at_its_timeout(make: Harness) -> None:
