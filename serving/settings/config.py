@@ -289,7 +289,8 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         True,
         description="A batch whose wait ran out while the first stage of every healthy replica "
         "is busy keeps taking rows until that stage is about to be free (or it is full, or a "
-        "deadline needs it); false = it closes on its wait alone (docs/tuning.md).",
+        "deadline needs it; the auto wait's share goes as it is); false = it closes on its wait "
+        "alone (docs/tuning.md).",
     )
     request_timeout_ms: float = Field(
         30000.0, gt=0, le=3_600_000, description="Deadline of a request (header may shorten)."
