@@ -180,8 +180,9 @@ class Dispatcher:
         policy: BatchSettings,
         length: int,
     ) -> tuple[float | None, str]:
-        """``pipeline_fit`` for the head of ``key``, from what this dispatcher has in flight;
-        (None, "") where the rule is off or the first stage has not reported its compute."""
+        """``pipeline_fit`` for the head of ``key``, from what this dispatcher has in flight
+        (nothing in flight: the stage is free); (None, "") where the rule is off or the first
+        stage has not reported its compute."""
         if not policy.fill_while_busy:
             return None, ""
         if not self._sent:
