@@ -31,7 +31,7 @@ from serving.http.replies import read_body
 from serving.openapi.bodies import BatchingView, ReplicasView, RunTimeView, errors
 from serving.openapi.document import ADMIN_SECURITY
 from serving.settings.config import Settings, default_queue_rows
-from serving.version.runner import ModelRunner
+from serving.version.runner import ModelRunner, pipeline_depth
 
 if TYPE_CHECKING:
     from serving.server.state import ServerState
@@ -158,7 +158,7 @@ def policy_changes(
     # queue never shrinks below its start-up rows: a request that size was served (and the
     # OpenAPI document says so), and a batching change must not make it a 400.
     if settings.max_queue_rows is None:
-        start_up = settings.queue_rows(runner.num_stages, runner.replicas)
+        start_up = settings.queue_rows(pipeline_depth(runner), runner.replicas)
         changes["max_queue_rows"] = max(default_queue_rows(size, inflight), start_up)
     if settings.allowed_batch_sizes is None:
         changes["allowed_batch_sizes"] = ()

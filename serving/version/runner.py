@@ -63,6 +63,15 @@ class ModelRunner(Protocol):
     async def close(self) -> None: ...
 
 
+def pipeline_depth(runner: object) -> int:
+    """Stages one after the other in one replica: a split layer's parts run the same batch side by
+    side and hold one batch between them (the manifest's ``depth``); a runner without parts: its
+    stages. Every limit sized by the pipeline (in-flight batches, queue rows, the auto wait's
+    depth) reads this, at start-up, after a scale step, in the OpenAPI document and on the admin
+    route alike."""
+    return int(getattr(runner, "pipeline_depth", getattr(runner, "num_stages", 1)))
+
+
 @runtime_checkable
 class ElasticRunner(Protocol):
     """A runner whose replica count can change (``shards.pipeline.replica_set.ReplicaSet``): the
