@@ -23,12 +23,13 @@ and what the index shows for a rolled-back canary.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from serving.canary.judge import judge
-from serving.canary.split import CanarySplit, WeightedSplit
+from serving.canary.split import CanarySplit, RandomSplit
 from serving.canary.window import OutcomeWindow
 from serving.errors import ConflictError, NotFoundError
 from serving.telemetry import active
@@ -61,8 +62,10 @@ class Rollout:
         metrics: Metrics,
         on_change: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         self.name = name
+        self._rng = rng  # the split's draws: the system's generator unless a test seeds one
         self.split = CanarySplit(stable)
         self.traffic = traffic
         self.state: RolloutState = "stable"
@@ -152,8 +155,10 @@ class Rollout:
         self.state = "canary"
         self.reason = None
         self.canary_since = self._clock()
-        self.windows = {self.stable: self.windows.get(self.stable) or self._window()}
-        self.windows[version] = self._window()
+        # Both windows start together: a stable window of answers from before the canary would
+        # compare the canary with another time (a client could fail nothing before it and half
+        # after, and the canary alone would look worse).
+        self.windows = {self.stable: self._window(), version: self._window()}
         self._set_split(self.traffic.stable, self.traffic.canary)
         log.info(
             "model %r version %s: canary beside stable version %s at weights %d/%d",
@@ -219,7 +224,7 @@ class Rollout:
     def _set_split(self, stable: int, canary: int) -> None:
         self.split.weights = (stable, canary)
         if canary > 0 and self.canary is not None and self.state == "canary":
-            self.split.split = WeightedSplit({self.stable: stable, self.canary: canary})
+            self.split.split = RandomSplit({self.stable: stable, self.canary: canary}, self._rng)
         else:
             self.split.split = None
 
