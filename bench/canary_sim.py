@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.getLogger("shardserve").setLevel(logging.ERROR)  # a rollback's WARNING per run
     copy = Scenario(rate=args.rate)
-    for promote in ("manual", "auto"):
+    modes: tuple[PromoteMode, PromoteMode] = ("manual", "auto")
+    for promote in modes:
         out = runs(Scenario(rate=args.rate, promote=promote), args.runs)
         print(
             f"copy of stable, 50% client failures, promote={promote}: "
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{sum(o.state == 'stable' for o in out)} promoted "
             f"({copy.windows} windows of {copy.window_s:.0f} s, {args.rate:g} req/s, 90/10)"
         )
-    for client, promote in ((0.0, "manual"), (0.5, "manual"), (0.5, "auto")):
+    for client, promote in ((0.0, modes[0]), (0.5, modes[0]), (0.5, modes[1])):
         scenario = Scenario(
             client_failures=client, canary_failures=0.2, rate=args.rate, promote=promote
         )
