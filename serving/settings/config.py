@@ -109,6 +109,15 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "with OTEL_EXPORTER_OTLP_PROTOCOL=grpc a gRPC one, http://collector:4317); turns "
         "tracing on; unset = the OTEL_EXPORTER_OTLP_* variables'.",
     )
+    trace_client_sampled_per_s: float = Field(
+        10.0,
+        ge=0,
+        le=1_000_000,
+        description="A client's traceparent with the sampled flag is honoured this many times "
+        "a second at most (a trace recorded in the client's trace); past it, and at 0, such a "
+        "request starts a trace of the server's own, linked to the client's, that the server's "
+        "sampler (OTEL_TRACES_SAMPLER) decides: a client cannot force full tracing's cost.",
+    )
     access_log: Literal["json", "text", "off"] = Field(
         "off",
         description="One line per request on stdout (logger shardserve.access): json for log "
