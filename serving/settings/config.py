@@ -182,7 +182,8 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         20 * 1024 * MiB,
         ge=0,
         description="Size the bundle cache is pruned to after each load (e.g. 20GiB), least "
-        "recently used bundles first; a bundle being served is never removed.",
+        "recently used bundles first; a bundle being served is never removed. The stage cache "
+        "of every node that gets shipped stages is pruned to it too, as each actor loads.",
     )
 
     # --- Ray and placement

@@ -303,6 +303,7 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         imports=tuple(settings.imports),
         simulate_device_ms=settings.simulate_device_ms,
         ship_stages=settings.ship_stages,
+        stage_cache_max_bytes=settings.cache_max_bytes,
         compiled_graph=settings.compiled_graph,
         activation_dtype=settings.activation_dtype,
         weight_dtype=settings.weight_dtype,
