@@ -32,6 +32,7 @@ from serving.canary.judge import judge
 from serving.canary.split import CanarySplit, RandomSplit
 from serving.canary.window import OutcomeWindow
 from serving.errors import ConflictError, NotFoundError
+from serving.supervisor import RepeatedFailures
 from serving.telemetry import active
 
 if TYPE_CHECKING:
@@ -256,6 +257,7 @@ class Rollouts:
         self._metrics = metrics
         self._on_change = on_change
         self._rollouts: dict[str, Rollout] = {}
+        self._failures = RepeatedFailures()
 
     def __getitem__(self, name: str) -> Rollout:
         return self._rollouts[name]
@@ -370,10 +372,15 @@ class Rollouts:
     def check(self) -> None:
         """Judge every canary (the reconciler's tick: auto promotion needs no request)."""
         for rollout in list(self._rollouts.values()):
+            if self._failures.wait_s(rollout.name) > 0:
+                continue
+            what = f"model {rollout.name!r}: judging its canary"
             try:
                 rollout.check()
-            except Exception:  # one model's judge must not end the others'
-                log.exception("model %r: judging its canary failed", rollout.name)
+            except Exception as exc:  # one model's judge must not end the others'
+                self._failures.failed(rollout.name, what, exc)
+            else:
+                self._failures.succeeded(rollout.name, what)
 
 
 def _ready(model: ServedModel) -> bool:
