@@ -278,6 +278,15 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "700), set with gc_freeze; a server allocates per request (docs/tuning.md).",
     )
 
+    driver_join_max_bytes: int = Field(
+        2 * 1024 * MiB,
+        ge=0,
+        description="The most the front end may allocate to join a batch's output from the "
+        "parts of a layer split across devices (e.g. 2GiB; shardserve plan shows it): a "
+        "max_batch_size whose join is larger is refused at load, saying the batch size that "
+        "fits.",
+    )
+
     # --- batching
     max_batch_size: int = Field(32, ge=1, le=4096, description="Rows in a full batch.")
     batch_timeout_ms: float | Literal["auto"] = Field(
@@ -342,7 +351,7 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
             return None if value is None else 0
         return parse_bytes(value)
 
-    @field_validator("cache_max_bytes", mode="before")
+    @field_validator("cache_max_bytes", "driver_join_max_bytes", mode="before")
     @classmethod
     def _cache_bytes(cls, value: Any) -> Any:
         # 0 keeps only the bundles in use; parse_bytes refuses it as a budget.
