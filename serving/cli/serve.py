@@ -12,8 +12,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from serving.settings.config import ConfigError, Settings, load_settings
+from serving.telemetry import setup as telemetry
 from serving.version.life import VersionState
 
 err = Console(stderr=True)
@@ -88,8 +90,10 @@ def serve(
     """Serve a model over HTTP: POST /predict, batched and pipelined over Ray shard actors."""
     try:
         settings = load_settings(config, **flags)
+        telemetry.check(settings)  # tracing on without its extra: one line, not a traceback
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        # Escaped: a message's own brackets ('shardserve[tracing]') are not markup.
+        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
         raise typer.Exit(2) from None
     run_server(settings)
 
@@ -153,5 +157,5 @@ def run_server(settings: Settings) -> None:
     served = state.served() if state and single else []
     failed = [m.reason for m in served if m.state is VersionState.FAILED]
     if failed:
-        err.print(f"[red]error:[/red] the model failed to load: {failed[0]}")
+        err.print(f"[red]error:[/red] the model failed to load: {escape(failed[0])}")
         raise typer.Exit(1)

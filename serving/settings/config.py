@@ -109,6 +109,15 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "with OTEL_EXPORTER_OTLP_PROTOCOL=grpc a gRPC one, http://collector:4317); turns "
         "tracing on; unset = the OTEL_EXPORTER_OTLP_* variables'.",
     )
+    trace_client_sampled_per_s: float = Field(
+        10.0,
+        ge=0,
+        le=1_000_000,
+        description="A client's traceparent with the sampled flag is honoured this many times "
+        "a second at most (a trace recorded in the client's trace); past it, and at 0, such a "
+        "request starts a trace of the server's own, linked to the client's, that the server's "
+        "sampler (OTEL_TRACES_SAMPLER) decides: a client cannot force full tracing's cost.",
+    )
     access_log: Literal["json", "text", "off"] = Field(
         "off",
         description="One line per request on stdout (logger shardserve.access): json for log "
@@ -173,7 +182,8 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         20 * 1024 * MiB,
         ge=0,
         description="Size the bundle cache is pruned to after each load (e.g. 20GiB), least "
-        "recently used bundles first; a bundle being served is never removed.",
+        "recently used bundles first; a bundle being served is never removed. The stage cache "
+        "of every node that gets shipped stages is pruned to it too, as each actor loads.",
     )
 
     # --- Ray and placement
@@ -268,6 +278,15 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "700), set with gc_freeze; a server allocates per request (docs/tuning.md).",
     )
 
+    driver_join_max_bytes: int = Field(
+        2 * 1024 * MiB,
+        ge=0,
+        description="The most the front end may allocate to join a batch's output from the "
+        "parts of a layer split across devices (e.g. 2GiB; shardserve plan shows it): a "
+        "max_batch_size whose join is larger is refused at load, saying the batch size that "
+        "fits.",
+    )
+
     # --- batching
     max_batch_size: int = Field(32, ge=1, le=4096, description="Rows in a full batch.")
     batch_timeout_ms: float | Literal["auto"] = Field(
@@ -332,7 +351,7 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
             return None if value is None else 0
         return parse_bytes(value)
 
-    @field_validator("cache_max_bytes", mode="before")
+    @field_validator("cache_max_bytes", "driver_join_max_bytes", mode="before")
     @classmethod
     def _cache_bytes(cls, value: Any) -> Any:
         # 0 keeps only the bundles in use; parse_bytes refuses it as a budget.
