@@ -67,8 +67,8 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         1024,
         ge=1,
         le=1_000_000,
-        description="Open HTTP connections served at once; a request on one more gets 503 "
-        "(Retry-After) and its connection is closed.",
+        description="Open HTTP connections (sockets, idle ones included) at once; one more is "
+        "answered 503 (Retry-After) as it connects, and closed.",
     )
     grpc_max_concurrent_rpcs: int = Field(
         256,
