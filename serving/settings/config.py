@@ -61,7 +61,8 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="Longest a request's head may take to arrive (from its first byte, or from "
         "the connection's start), and its body (from when its handler starts reading it); past "
         "it 408 and the connection is closed (a slow client holds no connection, queue room, "
-        "buffer or drain for longer).",
+        "buffer or drain for longer); a gRPC call's message, from the call's start "
+        "(DEADLINE_EXCEEDED).",
     )
     max_connections: int = Field(
         1024,
@@ -74,7 +75,37 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         256,
         ge=1,
         le=1_000_000,
-        description="gRPC calls served at once; one more is refused with RESOURCE_EXHAUSTED.",
+        description="gRPC calls served at once (their message read; streams apart); one more "
+        "is refused with RESOURCE_EXHAUSTED.",
+    )
+    grpc_max_streams: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description="gRPC streams open at once (Health.Watch, server reflection), apart from "
+        "grpc_max_concurrent_rpcs; one more is refused with RESOURCE_EXHAUSTED.",
+    )
+    grpc_max_open_calls: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="gRPC calls open at once, whatever they wait for (their message, which has "
+        "body_read_timeout_s to come, the model, a stream); one more is refused with "
+        "RESOURCE_EXHAUSTED before anything is read.",
+    )
+    grpc_max_connection_idle_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="A gRPC connection without a call for this long is closed (GOAWAY; "
+        "clients reconnect when they need to).",
+    )
+    grpc_max_connection_age_s: float | None = Field(
+        3600.0,
+        gt=0,
+        le=30 * 86_400,
+        description="A gRPC connection is closed after this long (GOAWAY), its calls in "
+        "progress given request_timeout_ms to end, streams then cut; unset = never.",
     )
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for /admin routes; unset = admin routes off."
@@ -399,6 +430,12 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
     def _cross_checks(self) -> Settings:
         if self.grpc_port == self.port:
             raise ValueError(f"grpc_port and port are both {self.port}; give them different ports")
+        if self.grpc_max_open_calls < self.grpc_max_concurrent_rpcs:
+            raise ValueError(
+                f"grpc_max_open_calls ({self.grpc_max_open_calls}) must be >= "
+                f"grpc_max_concurrent_rpcs ({self.grpc_max_concurrent_rpcs}): the calls served "
+                "are among those open"
+            )
         if self.stages is not None and self.max_stage_bytes is not None:
             raise ValueError("give either stages or max_stage_bytes, not both")
         if self.allowed_batch_sizes is not None:
