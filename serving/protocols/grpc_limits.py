@@ -21,6 +21,11 @@ read (and parsed), and again once it is read.
 
 The connection's own limits (keepalive, idle and age) are grpc's channel options
 (``server_options``).
+
+The calls that take the admin token (``admin_methods``) are refused (PERMISSION_DENIED) before
+their message is read where the token would come in clear text over a network: a port without
+TLS and a peer other than the loopback address, unless ``--allow-plaintext-admin``
+(``serving.http.admin_token.check_admin_transport``, HTTP's rule).
 """
 
 from __future__ import annotations
@@ -29,16 +34,19 @@ import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from urllib.parse import unquote
 
 import grpc
 
 from serving.batching.dispatch import SHUTTING_DOWN
+from serving.errors import ForbiddenError
+from serving.http.admin_token import Transport, check_admin_transport
 from serving.http.body_deadline import body_deadlines
 
 if TYPE_CHECKING:
     from serving.settings.config import Settings
 
-__all__ = ["CallLimits", "server_options"]
+__all__ = ["CallLimits", "peer_host", "server_options"]
 
 _Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 _KEEPALIVE_MS = 60_000  # a ping after a minute without frames: a dead peer's streams end
@@ -73,7 +81,12 @@ def _ms(seconds: float) -> int:
 class CallLimits(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Counts and caps the calls of one gRPC server (see the module's docstring)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, admin_methods: frozenset[str] = frozenset(), admin_what: str = ""
+    ) -> None:
+        self.settings = settings
+        self.admin_methods = admin_methods
+        self.admin_what = admin_what
         self.max_served = settings.grpc_max_concurrent_rpcs
         self.max_streams = settings.grpc_max_streams
         self.read_timeout_s = settings.body_read_timeout_s
@@ -94,13 +107,14 @@ class CallLimits(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             found = await continuation(details)
             if found is None:
                 return None
-            handler = self._handlers[details.method] = self._wrap(found)
+            handler = self._handlers[details.method] = self._wrap(found, details.method)
         return handler
 
-    def _wrap(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         kinds = (handler.request_deserializer, handler.response_serializer)
         if handler.unary_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(self._unary(handler.unary_unary), *kinds)
+            behavior = self._unary(handler.unary_unary, admin=method in self.admin_methods)
+            return grpc.stream_unary_rpc_method_handler(behavior, *kinds)
         if handler.unary_stream is not None:
             behavior = self._unary_stream(handler.unary_stream)
             return grpc.stream_stream_rpc_method_handler(behavior, *kinds)
@@ -109,8 +123,10 @@ class CallLimits(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         behavior = self._stream_stream(handler.stream_stream)
         return grpc.stream_stream_rpc_method_handler(behavior, *kinds)
 
-    def _unary(self, inner: Callable[[Any, _Context], Awaitable[Any]]) -> Any:
+    def _unary(self, inner: Callable[[Any, _Context], Awaitable[Any]], *, admin: bool) -> Any:
         async def served(_: AsyncIterator[Any], context: _Context) -> Any:
+            if admin:
+                await self._check_admin_transport(context)
             if self.served >= self.max_served:
                 await _refuse(context, self._served_full())
             request = await self._read(context)
@@ -209,6 +225,16 @@ class CallLimits(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             )
         return request
 
+    async def _check_admin_transport(self, context: _Context) -> None:
+        settings = self.settings
+        transport = Transport(settings.tls, peer_host(context.peer()))
+        try:
+            check_admin_transport(
+                settings.admin_token, transport, settings.allow_plaintext_admin, self.admin_what
+            )
+        except ForbiddenError as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+
     def _served_full(self) -> str:
         return (
             f"too many gRPC calls in progress: {self.served}, grpc_max_concurrent_rpcs="
@@ -220,6 +246,15 @@ class CallLimits(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             f"too many gRPC streams open: {self.streams} (Health.Watch, reflection), "
             f"grpc_max_streams={self.max_streams}; close one, or retry later"
         )
+
+
+def peer_host(peer: str) -> str | None:
+    """The address in gRPC's peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, the
+    brackets percent-encoded by some versions); ``None`` for another kind (``unix:``)."""
+    kind, _, rest = unquote(peer).partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return None
+    return rest.rpartition(":")[0].strip("[]") or None
 
 
 async def _refuse(context: _Context, message: str) -> NoReturn:

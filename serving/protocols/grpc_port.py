@@ -32,7 +32,7 @@ from serving.protocols.grpc_health import HEALTH_SERVICE, ServedHealth
 from serving.protocols.grpc_limits import CallLimits, server_options
 from serving.protocols.tfserving.grpc_service import add_tfserving_services
 from serving.protocols.tfserving.proto import model_service_pb2, prediction_service_pb2
-from serving.protocols.v2.grpc_repository import RepositorySource
+from serving.protocols.v2.grpc_repository import ADMIN_METHODS, ADMIN_WHAT, RepositorySource
 from serving.protocols.v2.grpc_server import add_v2_service
 from serving.protocols.v2.proto import grpc_service_pb2
 
@@ -62,7 +62,7 @@ async def start_grpc_server(
     server = grpc.aio.server(
         # What each call holds, counted and capped (grpc_limits); past all of them together
         # one more call is refused at once (RESOURCE_EXHAUSTED), before its message is read.
-        interceptors=[limits or CallLimits(settings)],
+        interceptors=[limits or CallLimits(settings, ADMIN_METHODS, ADMIN_WHAT)],
         maximum_concurrent_rpcs=settings.grpc_max_open_calls,
         options=[
             # The body cap of HTTP: a bigger message is refused before it is decoded.
@@ -84,15 +84,31 @@ async def start_grpc_server(
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.grpc_port}"
     try:
-        server.add_insecure_port(address)
+        if settings.tls:
+            server.add_secure_port(address, _credentials(settings))
+        else:
+            server.add_insecure_port(address)
     except RuntimeError:
         raise RuntimeError(
             f"cannot serve gRPC on {address}: the port is in use or not allowed; "
             "choose another with --grpc-port, or 0 to turn gRPC off"
         ) from None
     await server.start()
-    log.info("gRPC (Open Inference Protocol, TensorFlow Serving) on %s", address)
+    tls = "" if not settings.tls else " (mutual TLS)" if settings.tls_ca_file else " (TLS)"
+    log.info("gRPC (Open Inference Protocol, TensorFlow Serving) on %s%s", address, tls)
     return server
+
+
+def _credentials(settings: Settings) -> grpc.ServerCredentials:
+    """The server's certificate and key, and with ``tls_ca_file`` the CA its clients'
+    certificates must be signed by (checked when the settings were read)."""
+    assert settings.tls_cert_file is not None and settings.tls_key_file is not None
+    ca = settings.tls_ca_file
+    return grpc.ssl_server_credentials(
+        [(settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())],
+        root_certificates=None if ca is None else ca.read_bytes(),
+        require_client_auth=ca is not None,
+    )
 
 
 async def stop_grpc_server(server: grpc.aio.Server | None, *, grace_s: float) -> None:

@@ -24,7 +24,7 @@ from pydantic_core import ErrorDetails
 
 from serving.batching.batcher import Batcher
 from serving.errors import InvalidInputError, NotReadyError
-from serving.http.admin_token import check_admin_token
+from serving.http.admin_token import Transport, check_admin_token, check_admin_transport
 from serving.http.admission import check_length
 from serving.http.json_body import refusal, whole
 from serving.http.replies import read_body
@@ -51,7 +51,9 @@ _MAX_WAIT_MS = 60_000  # Settings' own ceiling of batch_timeout_ms
 
 
 def check_token(request: Request, settings: Settings) -> None:
-    check_admin_token(request.headers.get("authorization"), settings.admin_token, "admin routes")
+    token, what = settings.admin_token, "admin routes"
+    check_admin_transport(token, Transport.of(request.scope), settings.allow_plaintext_admin, what)
+    check_admin_token(request.headers.get("authorization"), token, what)
 
 
 def batching_view(batcher: Batcher, replicas: dict[str, Any] | None = None) -> BatchingView:

@@ -68,7 +68,11 @@ def create_app(
     install_rollout_routes(app, settings)
     install_v2_routes(app, V2_ROUTE_DOCS)
     install_repository_routes(
-        app, settings.admin_token, REPOSITORY_DOCS, body_timeout_s=settings.body_read_timeout_s
+        app,
+        settings.admin_token,
+        REPOSITORY_DOCS,
+        body_timeout_s=settings.body_read_timeout_s,
+        allow_plaintext_admin=settings.allow_plaintext_admin,
     )
     return app
 

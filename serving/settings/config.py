@@ -25,6 +25,7 @@ from serving.settings.elastic import ScalingSettings
 from serving.settings.lengths import MAX_LENGTH_LIMIT, LengthSettings
 from serving.settings.repository import RepositorySettings
 from serving.settings.sources import ConfigError, TomlSource, format_validation_error, split_csv
+from serving.settings.tls import TlsSettings
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets, parse_bytes
 
 __all__ = ["ConfigError", "Settings", "default_queue_rows", "load_settings", "padded_batch_sizes"]
@@ -38,8 +39,9 @@ _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 )
 
 
-# The length-padding fields: LengthSettings; the model repository's: RepositorySettings.
-class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings):
+# The length-padding fields: LengthSettings; the model repository's: RepositorySettings; TLS's:
+# TlsSettings.
+class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings, TlsSettings):
     model_config = SettingsConfigDict(
         env_prefix="SHARDSERVE_", extra="forbid", validate_default=True
     )
@@ -432,9 +434,8 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
             raise ValueError(f"grpc_port and port are both {self.port}; give them different ports")
         if self.grpc_max_open_calls < self.grpc_max_concurrent_rpcs:
             raise ValueError(
-                f"grpc_max_open_calls ({self.grpc_max_open_calls}) must be >= "
-                f"grpc_max_concurrent_rpcs ({self.grpc_max_concurrent_rpcs}): the calls served "
-                "are among those open"
+                f"grpc_max_open_calls ({self.grpc_max_open_calls}) must be >= grpc_max_concurrent"
+                f"_rpcs ({self.grpc_max_concurrent_rpcs}): the calls served are among those open"
             )
         if self.stages is not None and self.max_stage_bytes is not None:
             raise ValueError("give either stages or max_stage_bytes, not both")
