@@ -22,6 +22,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from serving.settings.elastic import ScalingSettings
+from serving.settings.grpc_limits import GrpcSettings
 from serving.settings.lengths import MAX_LENGTH_LIMIT, LengthSettings
 from serving.settings.repository import RepositorySettings
 from serving.settings.sources import ConfigError, TomlSource, format_validation_error, split_csv
@@ -39,9 +40,11 @@ _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 )
 
 
-# The length-padding fields: LengthSettings; the model repository's: RepositorySettings; TLS's:
-# TlsSettings.
-class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings, TlsSettings):
+# The length-padding fields: LengthSettings; the model repository's: RepositorySettings; the
+# gRPC calls' limits: GrpcSettings; TLS's: TlsSettings.
+class Settings(
+    BaseSettings, LengthSettings, RepositorySettings, ScalingSettings, GrpcSettings, TlsSettings
+):
     model_config = SettingsConfigDict(
         env_prefix="SHARDSERVE_", extra="forbid", validate_default=True
     )
@@ -72,42 +75,6 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         le=1_000_000,
         description="Open HTTP connections (sockets, idle ones included) at once; one more is "
         "answered 503 (Retry-After) as it connects, and closed.",
-    )
-    grpc_max_concurrent_rpcs: int = Field(
-        256,
-        ge=1,
-        le=1_000_000,
-        description="gRPC calls served at once (their message read; streams apart); one more "
-        "is refused with RESOURCE_EXHAUSTED.",
-    )
-    grpc_max_streams: int = Field(
-        256,
-        ge=1,
-        le=1_000_000,
-        description="gRPC streams open at once (Health.Watch, server reflection), apart from "
-        "grpc_max_concurrent_rpcs; one more is refused with RESOURCE_EXHAUSTED.",
-    )
-    grpc_max_open_calls: int = Field(
-        1024,
-        ge=1,
-        le=1_000_000,
-        description="gRPC calls open at once, whatever they wait for (their message, which has "
-        "body_read_timeout_s to come, the model, a stream); one more is refused with "
-        "RESOURCE_EXHAUSTED before anything is read.",
-    )
-    grpc_max_connection_idle_s: float = Field(
-        300.0,
-        gt=0,
-        le=86_400,
-        description="A gRPC connection without a call for this long is closed (GOAWAY; "
-        "clients reconnect when they need to).",
-    )
-    grpc_max_connection_age_s: float | None = Field(
-        3600.0,
-        gt=0,
-        le=30 * 86_400,
-        description="A gRPC connection is closed after this long (GOAWAY), its calls in "
-        "progress given request_timeout_ms to end, streams then cut; unset = never.",
     )
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for /admin routes; unset = admin routes off."
@@ -432,11 +399,6 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
     def _cross_checks(self) -> Settings:
         if self.grpc_port == self.port:
             raise ValueError(f"grpc_port and port are both {self.port}; give them different ports")
-        if self.grpc_max_open_calls < self.grpc_max_concurrent_rpcs:
-            raise ValueError(
-                f"grpc_max_open_calls ({self.grpc_max_open_calls}) must be >= grpc_max_concurrent"
-                f"_rpcs ({self.grpc_max_concurrent_rpcs}): the calls served are among those open"
-            )
         if self.stages is not None and self.max_stage_bytes is not None:
             raise ValueError("give either stages or max_stage_bytes, not both")
         if self.allowed_batch_sizes is not None:
