@@ -21,6 +21,7 @@ from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from serving.protocols.v2.datatypes import BINARY_ONLY
 from serving.protocols.v2.parameters import timeout_s
 from serving.protocols.v2.tensors import decode_tensor, encode_tensor, spec_datatype
+from serving.quoting import MAX_QUOTED, clip, quote
 from shards.signature import ModelSignature, TensorSpec
 
 __all__ = ["HEADER_LENGTH", "InferCall", "encode_infer", "parse_infer"]
@@ -182,13 +183,14 @@ def _split_body(
     if not (header_length.isascii() and header_length.isdigit()):
         raise InvalidInputError(
             f"header Inference-Header-Content-Length must be the JSON header's length in bytes, "
-            f"got {header_length!r}"
+            f"got {quote(header_length)}"
         )
-    length = int(header_length)
+    # More digits than the body's length has is too long before int() (past 4,300 it raises).
+    length = int(header_length) if len(header_length) <= len(str(len(body))) else len(body) + 1
     if length > len(body):
         raise InvalidInputError(
-            f"header Inference-Header-Content-Length is {length} but the body has only "
-            f"{len(body)} bytes"
+            f"header Inference-Header-Content-Length is {clip(header_length, MAX_QUOTED)} but "
+            f"the body has only {len(body)} bytes"
         )
     return view[:length], view[length:]
 
