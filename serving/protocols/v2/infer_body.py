@@ -17,6 +17,7 @@ import orjson
 
 from serving.errors import InvalidInputError
 from serving.http.replies import JSON, OCTET_STREAM, Reply
+from serving.protocols.json_strings import string_quotes
 from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from serving.protocols.v2.datatypes import BINARY_ONLY
 from serving.protocols.v2.parameters import timeout_s
@@ -169,7 +170,10 @@ def _parse(
     # Only a JSON header that holds true or false somewhere needs its data scanned for booleans.
     end = len(header)
     maybe_bool = body.find(b"true", 0, end) >= 0 or body.find(b"false", 0, end) >= 0
-    inputs = _inputs(payload.get("inputs"), binary, signature, maybe_bool, limits)
+    # Only one with more '"' than its keys and strings outside "data" take may hold a string
+    # in its data (serving.protocols.json_strings).
+    maybe_str = body.count(b'"', 0, end) > string_quotes(payload)
+    inputs = _inputs(payload.get("inputs"), binary, signature, maybe_bool, limits, maybe_str)
     outputs = _outputs(payload.get("outputs"), binary_default, signature)
     return InferCall(inputs, outputs, rid, seconds)
 
@@ -216,6 +220,7 @@ def _inputs(
     signature: ModelSignature,
     maybe_bool: bool,
     limits: RequestLimits,
+    maybe_str: bool,
 ) -> dict[str, np.ndarray]:
     parts = _parts(signature)
     names, specs = parts.input_names, parts.inputs
@@ -255,7 +260,14 @@ def _inputs(
         else:
             raise InvalidInputError(f'{where} has neither "data" nor binary_data_size')
         arrays[name] = decode_tensor(
-            name, entry.get("datatype"), entry.get("shape"), data, spec, maybe_bool, limits
+            name,
+            entry.get("datatype"),
+            entry.get("shape"),
+            data,
+            spec,
+            maybe_bool,
+            limits,
+            maybe_str,
         )
     if offset != len(binary):
         raise InvalidInputError(

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from serving.errors import InvalidInputError
+from serving.protocols.json_strings import holds_string
 from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from serving.protocols.v2.datatypes import BINARY_ONLY, DATATYPES, TO_NUMPY, datatype_of
+from serving.quoting import quote
 from shards.signature import TensorSpec
 
 Raw = bytes | bytearray | memoryview
@@ -72,14 +74,16 @@ def decode_tensor(
     spec: TensorSpec,
     maybe_bool: bool = False,
     limits: RequestLimits = DEFAULT_LIMITS,
+    maybe_str: bool = False,
 ) -> np.ndarray:
     """The array of one request input; ``shape``'s first dimension is its rows.
 
     ``data`` is the tensor's raw little-endian bytes, or its elements as a (flat or nested) list;
-    ``maybe_bool``: the list came from JSON that holds true or false somewhere. The shape is
-    held to ``limits`` before anything is shaped by it.
+    ``maybe_bool``: the list came from JSON that holds true or false somewhere; ``maybe_str``:
+    from JSON that may hold a string in its data (``serving.protocols.json_strings``). The
+    shape is held to ``limits`` before anything is shaped by it.
     """
-    where = f"input {name!r}"
+    where = f"input {quote(name)}"
     check_datatype(where, datatype, spec)
     dims = check_shape(where, shape, spec, limits)
     count = math.prod(dims)
@@ -90,6 +94,9 @@ def decode_tensor(
             f"{where} is {datatype}, which JSON cannot carry; send it as binary data "
             '(parameters "binary_data_size" and the Inference-Header-Content-Length header)'
         )
+    if maybe_str and holds_string(data):
+        # before np.asarray: N strings are an array of N times the longest
+        raise InvalidInputError(f"{where} holds strings; expected {datatype} values")
     return _from_list(where, datatype, dims, count, data, spec, maybe_bool)
 
 
