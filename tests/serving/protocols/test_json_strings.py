@@ -19,9 +19,7 @@ from serving.protocols.tfserving.codec import decode_predict
 from serving.protocols.v2.infer_body import parse_infer
 from shards.signature import ModelSignature, TensorSpec
 
-WIDE = ModelSignature(
-    "m", (TensorSpec("x", (8,), "float32"),), (TensorSpec("y", (2,), "float32"),)
-)
+WIDE = ModelSignature("m", (TensorSpec("x", (8,), "float32"),), (TensorSpec("y", (2,), "float32"),))
 MULTI = ModelSignature(
     "m",
     (TensorSpec("ids", (2,), "int32"), TensorSpec("mask", (2,), "float32")),
