@@ -56,7 +56,7 @@ def clip(text: str, limit: int) -> str:
 
 
 def _first(values: Iterable[Any], most: int) -> list[Any]:
-    shown = []
+    shown: list[Any] = []
     for value in values:
         if len(shown) == most:
             break

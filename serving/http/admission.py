@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError
-from serving.quoting import clip
+from serving.quoting import clip, quote
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
@@ -85,7 +85,7 @@ def request_deadline(header: str | None, settings: Settings) -> float:
         if not 0 < asked < math.inf:  # NaN too
             raise InvalidInputError(
                 f"header X-Request-Timeout-Ms must be a positive, finite number of ms, got "
-                f"{header!r}; leave it out for the server's deadline (request_timeout_ms="
+                f"{quote(header)}; leave it out for the server's deadline (request_timeout_ms="
                 f"{timeout_ms:g})"
             )
         timeout_ms = min(timeout_ms, asked)

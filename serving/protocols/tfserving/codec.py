@@ -26,7 +26,7 @@ import orjson
 from serving.errors import InvalidInputError
 from serving.protocols.json_strings import holds_string
 from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
-from serving.quoting import quote
+from serving.quoting import quote, quote_all
 from shards.signature import ModelSignature, TensorSpec
 
 Form = Literal["instances", "inputs"]
@@ -64,10 +64,11 @@ def decode_predict(
         raise InvalidInputError(
             f'body must be a JSON object with "instances" or "inputs", got {type(payload).__name__}'
         )
-    unknown = sorted(set(payload) - _ALLOWED_KEYS)
+    unknown = [key for key in payload if key not in _ALLOWED_KEYS]
     if unknown:
         raise InvalidInputError(
-            f'unknown key(s) {unknown} in body; expected "instances" (rows) or "inputs" (columns)'
+            f"unknown key(s) {quote_all(unknown, sort=True)} in body; expected "
+            '"instances" (rows) or "inputs" (columns)'
         )
     if ("instances" in payload) == ("inputs" in payload):
         raise InvalidInputError(
@@ -263,8 +264,8 @@ def _columns_from_inputs(inputs: Any, signature: ModelSignature) -> dict[str, An
 
 def _check_keys(obj: dict[str, Any], names: list[str], where: str) -> None:
     missing = [n for n in names if n not in obj]
-    extra = sorted(set(obj) - set(names))
-    if extra:
+    if len(obj) + len(missing) > len(names):
+        extra = quote_all([key for key in obj if key not in names], sort=True)
         raise InvalidInputError(f"{where} has unknown input(s) {extra}; expected {names}")
     if missing:
         raise InvalidInputError(f"{where} is missing input(s) {missing}; expected {names}")

@@ -164,7 +164,7 @@ def _parse(
     timeout = params.get("timeout")
     if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)):
         raise InvalidInputError(
-            f'parameter "timeout" is in microseconds (an integer), got {timeout!r}'
+            f'parameter "timeout" is in microseconds (an integer), got {quote(timeout)}'
         )
     seconds = None if timeout is None else timeout_s(timeout)
     # Only a JSON header that holds true or false somewhere needs its data scanned for booleans.
@@ -210,7 +210,7 @@ def _object(value: Any, where: str) -> dict[str, Any]:
 def _flag(params: dict[str, Any], key: str, where: str) -> bool:
     value = params.get(key, False)
     if not isinstance(value, bool):
-        raise InvalidInputError(f'{where}: "{key}" must be true or false, got {value!r}')
+        raise InvalidInputError(f'{where}: "{key}" must be true or false, got {quote(value)}')
     return value
 
 
@@ -234,10 +234,10 @@ def _inputs(
         name = entry["name"]
         spec = specs.get(name)
         if spec is None:
-            raise InvalidInputError(f"unknown input {name!r}; the model's inputs are {names}")
+            raise InvalidInputError(f"unknown input {quote(name)}; the model's inputs are {names}")
         if name in arrays:
-            raise InvalidInputError(f"input {name!r} is given twice")
-        where = f"input {name!r}"
+            raise InvalidInputError(f"input {quote(name)} is given twice")
+        where = f"input {quote(name)}"
         params = _object(entry.get("parameters"), f"{where}: parameters")
         if any(key.startswith("shared_memory") for key in params):
             raise InvalidInputError(f"{where} uses shared memory, which this server does not serve")
@@ -301,23 +301,25 @@ def _outputs(
                 raise InvalidInputError(f'"outputs"[{i}] must be an object with a "name" string')
             name = entry["name"]
             if name not in names:
-                raise InvalidInputError(f"unknown output {name!r}; the model's outputs are {names}")
+                raise InvalidInputError(
+                    f"unknown output {quote(name)}; the model's outputs are {names}"
+                )
             if any(name == seen for seen, _ in asked):
-                raise InvalidInputError(f"output {name!r} is asked for twice")
-            params = _object(entry.get("parameters"), f"output {name!r}: parameters")
+                raise InvalidInputError(f"output {quote(name)} is asked for twice")
+            params = _object(entry.get("parameters"), f"output {quote(name)}: parameters")
             if params.get("classification") or any(k.startswith("shared_memory") for k in params):
                 raise InvalidInputError(
-                    f"output {name!r}: classification and shared memory are not served"
+                    f"output {quote(name)}: classification and shared memory are not served"
                 )
-            binary = _flag(params, "binary_data", f"output {name!r}: parameters")
+            binary = _flag(params, "binary_data", f"output {quote(name)}: parameters")
             asked.append((name, binary if "binary_data" in params else binary_default))
     specs = parts.outputs
     for name, binary in asked:
         datatype = spec_datatype(specs[name])
         if not binary and datatype in BINARY_ONLY:
             raise InvalidInputError(
-                f"output {name!r} is {datatype}, which JSON cannot carry; ask for it as binary "
-                'data (output parameter "binary_data": true)'
+                f"output {quote(name)} is {datatype}, which JSON cannot carry; ask for it as "
+                'binary data (output parameter "binary_data": true)'
             )
     return asked
 

@@ -104,7 +104,7 @@ def check_datatype(where: str, datatype: Any, spec: TensorSpec) -> None:
     expected = spec_datatype(spec)
     if datatype not in DATATYPES:
         raise InvalidInputError(
-            f"{where} has datatype {datatype!r}, which is not a datatype of the protocol; "
+            f"{where} has datatype {quote(datatype)}, which is not a datatype of the protocol; "
             f"the model expects {expected}"
         )
     if datatype != expected:
@@ -118,7 +118,7 @@ def check_shape(
     within ``limits`` (so that their product, the element count, is bounded too)."""
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInputError(
-            f"{where} has shape {shape!r}; a shape is a list of integers >= 0, expected "
+            f"{where} has shape {quote(shape)}; a shape is a list of integers >= 0, expected "
             f"{wire_shape(spec)}"
         )
     dims = tuple(shape)
