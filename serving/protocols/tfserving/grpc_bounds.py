@@ -162,6 +162,7 @@ class _Scan(WireReader):
         is bounded by the values a request may hold."""
         dims = 0
         while pos < end:
+            begin = pos
             field, wire, pos, start = self.field(pos, end)
             if field in _UNSERVED:
                 raise InvalidInputError(
@@ -193,12 +194,38 @@ class _Scan(WireReader):
             else:
                 count = 1  # an element of string_val, or an unknown field
             self.values += max(count, 1)
+            if field not in (_SHAPE, _CONTENT) and self.values <= bounds.values:
+                pos = self.skip_repeats(bounds, begin, pos, end, field, wire)
             if self.values > bounds.values:
                 raise InvalidInputError(
                     f"the message has {self.values}+ typed values; a request to model "
                     f"{quote(bounds.model)} holds at most {bounds.values} (max_queue_rows rows "
                     "at max_sequence_length): send fewer rows per request"
                 )
+
+    def skip_repeats(
+        self, bounds: InferBounds, begin: int, pos: int, end: int, field: int, wire: int
+    ) -> int:
+        """Past the fields after ``data[begin:pos]`` shaped as it, each counted as it would
+        be (a value each; a packed run's values by its length, or its varints' last bytes)."""
+        one = self.data[begin:pos]
+        if len(one) > 130:  # a tag and a one-byte length: at most 127 bytes of value
+            return pos
+        most = bounds.values - self.values + 1
+        runs = self.repeats(pos, end, one, most)
+        if not runs:
+            return pos
+        stop = pos + runs * len(one)
+        if wire != DELIMITED or field not in _PACKED_VARINT | _PACKED_4 | _PACKED_8 | {18}:
+            self.values += runs
+        elif field in _PACKED_VARINT:  # a tag and a length byte each end "a varint" too
+            self.values += max(self.varints(pos, stop, most + 2 * runs) - 2 * runs, runs)
+        else:
+            each = len(one) - 2
+            self.values += runs * max(
+                each // (4 if field in _PACKED_4 else 8 if field in _PACKED_8 else 1), 1
+            )
+        return stop
 
     def shape(self, bounds: InferBounds, pos: int, end: int, before: int) -> int:
         """The dimensions of one ``tensor_shape`` field (``before``: of those before it)."""

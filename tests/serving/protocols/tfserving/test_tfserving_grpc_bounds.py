@@ -6,11 +6,14 @@ list of them). The messages are built with our own compiled protos: no TensorFlo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from serving.errors import InvalidInputError
 from serving.protocols.tfserving import grpc_service
@@ -222,3 +225,69 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def _tensor_message(tensor: bytes) -> bytes:
+    entry = b"\x0a\x01x\x12" + _varint(len(tensor)) + tensor
+    return b"\x0a\x06\x0a\x04fake\x12" + _varint(len(entry)) + entry
+
+
+@pytest.mark.parametrize(
+    ("field", "each", "values"),
+    [
+        (b"\x2d\x00\x00\x80\x3f", 1, 1),  # float_val 1.0, one field each
+        (b"\x38\x05", 1, 1),  # int_val 5, one field each
+        (b"\x3a\x03\x01\x02\x03", 3, 3),  # int_val packed, three a run
+        (b"\x2a\x08" + b"\x00" * 8, 2, 2),  # float_val packed, two a run
+        (b"\x2a\x00", 0, 1),  # an empty run: nothing to protobuf, a value to the walk
+    ],
+)
+def test_fields_repeated_alike_count_as_one_at_a_time(field: bytes, each: int, values: int) -> None:
+    """Runs of fields shaped alike are skipped a stride at a time, counted as each alone."""
+    for times in (100, 2000):
+        message = _tensor_message(field * times)
+        parsed = predict_pb2.PredictRequest.FromString(message).inputs["x"]
+        assert len(parsed.float_val) + len(parsed.int_val) == each * times
+        bounds = InferBounds(model="fake", inputs=1, outputs=1, rank=2, values=values * 1000)
+        if times * values <= bounds.values:
+            scan_predict_request(message, lambda selector: bounds)
+        else:
+            with pytest.raises(InvalidInputError, match="[0-9]+\\+ typed values"):
+                scan_predict_request(message, lambda selector: bounds)
+
+
+def test_runs_of_varints_of_different_lengths_are_walked_exactly() -> None:
+    fields = b"".join(b"\x38" + _varint(v) for v in [1, 300, 70_000, 5] * 300)  # int_val
+    message = _tensor_message(fields)
+    bounds = InferBounds(model="fake", inputs=1, outputs=1, rank=2, values=1200)
+    scan_predict_request(message, lambda selector: bounds)
+    tight = InferBounds(model="fake", inputs=1, outputs=1, rank=2, values=1199)
+    with pytest.raises(InvalidInputError, match="1200\\+ typed values"):
+        scan_predict_request(message, lambda selector: tight)
+
+
+_FIELD = st.one_of(
+    st.integers(0, 1 << 35).map(lambda v: b"\x38" + _varint(v)),  # int_val, one field each
+    st.binary(min_size=4, max_size=4).map(lambda b: b"\x2d" + b),  # float_val, one field each
+    st.lists(st.integers(0, 1 << 20), max_size=5).map(
+        lambda vs: b"\x3a" + _varint(len(p := b"".join(map(_varint, vs)))) + p  # int_val packed
+    ),
+    st.integers(0, 3).map(lambda n: b"\x2a" + _varint(4 * n) + b"\x00" * 4 * n),  # float_val
+    st.binary(max_size=3).map(lambda b: b"\x42" + _varint(len(b)) + b),  # string_val
+)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(fields=st.lists(st.lists(_FIELD, min_size=1, max_size=3), max_size=12))
+def test_the_walk_never_counts_fewer_values_than_protobuf_reads(fields: list[list[bytes]]) -> None:
+    """Whatever mix of fields (runs of one repeated, lengths that differ), the count that the
+    bound refuses by is at least what protobuf parses: the bound holds the parse."""
+    tensor = b"".join(group * 3 for group in (b"".join(f) for f in fields))  # runs alike
+    message = _tensor_message(tensor)
+    parsed = predict_pb2.PredictRequest.FromString(message).inputs["x"]
+    values = len(parsed.int_val) + len(parsed.float_val) + len(parsed.string_val)
+    most = values + tensor.count(b"\x38") + tensor.count(b"\x2d") + tensor.count(b"\x3a") + 512
+    scan_predict_request(message, lambda selector: replace(BOUNDS, values=most))
+    if values:
+        with pytest.raises(InvalidInputError, match="typed values"):
+            scan_predict_request(message, lambda selector: replace(BOUNDS, values=values - 1))
