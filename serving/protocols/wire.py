@@ -125,5 +125,21 @@ class WireReader:
             count -= len(same.lstrip(b"\0" if wire == VARINT else field[1:2]))
         return count
 
+    def varint_fields(self, pos: int, end: int, tag: int, most: int) -> tuple[int, int]:
+        """(how many, where they end) of the varint fields of the one-byte ``tag`` that follow
+        from ``pos`` on, whatever their lengths, at most ``most``: a tight loop, a third of a
+        step through ``field`` each."""
+        data = self.data
+        count = 0
+        while count < most and pos < end and data[pos] == tag:
+            last = pos + 1
+            while last < end and data[last] >= 0x80:
+                last += 1
+            if last >= end or last - pos > 10:
+                break  # a varint past the end, or too long: ``field`` says what is wrong
+            pos = last + 1
+            count += 1
+        return count, pos
+
     def text(self, start: int, stop: int) -> str:
         return self.view[start:stop].tobytes().decode("utf-8", "replace")

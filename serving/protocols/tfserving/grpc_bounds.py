@@ -213,6 +213,10 @@ class _Scan(WireReader):
             return pos
         most = bounds.values - self.values + 1
         runs = self.repeats(pos, end, one, most)
+        if not runs and wire == VARINT and one[0] < 0x80:  # values of different lengths
+            runs, stop = self.varint_fields(pos, end, one[0], most)
+            self.values += runs
+            return stop
         if not runs:
             return pos
         stop = pos + runs * len(one)
