@@ -20,7 +20,8 @@ An empty ``model_spec.name`` means the default model (``/predict``'s). Errors ar
 status (``serving.protocols.grpc_call``'s table), as TF Serving's: INVALID_ARGUMENT for a bad
 tensor, NOT_FOUND for an unknown model, version or label, UNAVAILABLE (with ``retry-after``)
 for a full queue or a version not ready, DEADLINE_EXCEEDED, and RESOURCE_EXHAUSTED for a message
-over ``max_body_bytes`` (gRPC refuses it before it is decoded).
+over ``max_body_bytes`` (gRPC refuses it before it is decoded). A ``Predict`` message with more
+than its model's queue can take is INVALID_ARGUMENT before protobuf parses it (``grpc_bounds``).
 """
 
 from __future__ import annotations
