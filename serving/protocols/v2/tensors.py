@@ -125,7 +125,7 @@ def check_shape(
     # A fixed row shape (the usual case) is one tuple comparison.
     if not dims or (dims[1:] != spec.shape and not spec.matches_row_shape(dims[1:])):
         raise InvalidInputError(
-            f"{where} has shape {shape}; the model expects {wire_shape(spec)} (the first "
+            f"{where} has shape {quote(shape)}; the model expects {wire_shape(spec)} (the first "
             "dimension is rows)"
         )
     if shape[0] < 1:
