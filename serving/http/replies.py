@@ -216,7 +216,7 @@ def unexpected_reply(scope: Scope, exc: Exception) -> Reply:
         "request %s: 500 unexpected error on %s %s",
         request_id(scope).decode(),
         scope.get("method"),
-        scope.get("path"),
+        clip(scope.get("path") or "", _LOGGED_CHARACTERS),
         exc_info=exc,
     )
     body = orjson.dumps({"error": "internal server error; see the server log"})
