@@ -23,6 +23,8 @@ _INT_BITS = 64  # an integer wider than this is named by its width (repr past 4,
 def quote(value: object, limit: int = MAX_QUOTED) -> str:
     """``repr(value)``, at most ``limit`` characters of a string (its length said where it was
     cut); a list, tuple or set as ``quote_all`` writes it."""
+    if type(value) is str and len(value) <= limit:  # the usual case, first
+        return repr(value)
     if isinstance(value, str | bytes | bytearray):
         if len(value) <= limit:
             return repr(value)
