@@ -271,14 +271,19 @@ def add_tfserving_services(server: grpc.aio.Server, models: ModelDirectory) -> l
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(  # type: ignore[no-untyped-call]
         servicer, generated
     )
-    # Predict's message is checked against its model's limits before it is parsed.
+    # Predict's message is checked against its model's limits before it is parsed; the other
+    # calls' messages are small.
+    generated.bound_small()
     generated.handlers["Predict"] = grpc.unary_unary_rpc_method_handler(
         servicer.Predict,
         request_deserializer=servicer.read_predict,
         response_serializer=predict_pb2.PredictResponse.SerializeToString,
     )
     generated.install(server)
+    model_service = Handlers()
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        ModelServicer(models), server
+        ModelServicer(models), model_service
     )
+    model_service.bound_small()
+    model_service.install(server)
     return ["tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"]

@@ -18,7 +18,16 @@ from hypothesis import strategies as st
 from serving.errors import InvalidInputError
 from serving.protocols.tfserving import grpc_service
 from serving.protocols.tfserving.grpc_bounds import scan_predict_request
-from serving.protocols.tfserving.proto import predict_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+from serving.protocols.tfserving.proto import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_pb2,
+    predict_pb2,
+    tensor_pb2,
+    tensor_shape_pb2,
+    types_pb2,
+)
+from serving.protocols.v2.proto import grpc_service_pb2 as pb
 from serving.protocols.wire import InferBounds
 from tests.fakes import FakeRunner
 from tests.serving.protocols.v2.test_v2_grpc import rejects, serve
@@ -250,10 +259,10 @@ def test_fields_repeated_alike_count_as_one_at_a_time(field: bytes, each: int, v
         assert len(parsed.float_val) + len(parsed.int_val) == each * times
         bounds = InferBounds(model="fake", inputs=1, outputs=1, rank=2, values=values * 1000)
         if times * values <= bounds.values:
-            scan_predict_request(message, lambda selector: bounds)
+            scan_predict_request(message, lambda selector, b=bounds: b)
         else:
-            with pytest.raises(InvalidInputError, match="[0-9]+\\+ typed values"):
-                scan_predict_request(message, lambda selector: bounds)
+            with pytest.raises(InvalidInputError, match=r"[0-9]+\+ typed values"):
+                scan_predict_request(message, lambda selector, b=bounds: b)
 
 
 def test_runs_of_varints_of_different_lengths_are_walked_exactly() -> None:
@@ -291,3 +300,48 @@ def test_the_walk_never_counts_fewer_values_than_protobuf_reads(fields: list[lis
     if values:
         with pytest.raises(InvalidInputError, match="typed values"):
             scan_predict_request(message, lambda selector: replace(BOUNDS, values=values - 1))
+
+
+@pytest.mark.parametrize(
+    ("method", "message"),
+    [
+        (
+            "/tensorflow.serving.PredictionService/GetModelMetadata",
+            get_model_metadata_pb2.GetModelMetadataRequest(
+                metadata_field=["signature_def"] * 10_000
+            ),
+        ),
+        (
+            "/tensorflow.serving.ModelService/GetModelStatus",
+            get_model_status_pb2.GetModelStatusRequest(
+                model_spec=model_pb2.ModelSpec(name="m" * 100_000)
+            ),
+        ),
+        (
+            "/inference.GRPCInferenceService/ModelMetadata",
+            pb.ModelMetadataRequest(name="fake", version="9" * 100_000),
+        ),
+    ],
+    ids=["tf-metadata", "tf-status", "v2-metadata"],
+)
+async def test_a_look_of_more_than_64_kib_is_refused_before_it_is_parsed(
+    method: str, message: Any
+) -> None:
+    data = message.SerializeToString()
+    assert len(data) > 64 * 1024
+    async with (
+        serve(FakeRunner()) as s,
+        grpc.aio.insecure_channel(f"127.0.0.1:{s.port}") as channel,
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await channel.unary_unary(method)(data)
+        small = message.__class__()
+        if hasattr(small, "model_spec"):
+            small.model_spec.name = "fake"
+        else:
+            small.name = "fake"
+        if hasattr(small, "metadata_field"):
+            small.metadata_field.append("signature_def")
+        assert await channel.unary_unary(method)(small.SerializeToString())  # served
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"message is {len(data):,} bytes; it is at most 65,536" in (info.value.details() or "")
