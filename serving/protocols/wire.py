@@ -63,18 +63,30 @@ class WireReader:
 
     def field(self, pos: int, end: int) -> tuple[int, int, int, int]:
         """(field number, wire type, where the next field starts, where this one's value
-        starts) of the field at ``pos``."""
-        tag, pos = self.varint(pos, end)
+        starts) of the field at ``pos``. A one-byte tag, varint or length (fields under 16,
+        values under 128: most of every message) is read inline."""
+        data = self.data
+        if pos < end and data[pos] < 0x80:
+            tag = data[pos]
+            pos += 1
+        else:
+            tag, pos = self.varint(pos, end)
         wire = tag & 7
         start = pos
         if wire == VARINT:
-            _, pos = self.varint(pos, end)
+            if pos < end and data[pos] < 0x80:
+                pos += 1
+            else:
+                _, pos = self.varint(pos, end)
         elif wire == FIXED64:
             pos += 8
         elif wire == FIXED32:
             pos += 4
         elif wire == DELIMITED:
-            size, start = self.varint(pos, end)
+            if pos < end and data[pos] < 0x80:
+                size, start = data[pos], pos + 1
+            else:
+                size, start = self.varint(pos, end)
             pos = start + size
         else:
             raise Malformed(f"wire type {wire}, which no field of it has")

@@ -161,6 +161,7 @@ class _Scan(WireReader):
         """Every field counts one value at least (an empty packed run too), so that the walk
         is bounded by the values a request may hold."""
         dims = 0
+        data = self.data
         while pos < end:
             begin = pos
             field, wire, pos, start = self.field(pos, end)
@@ -194,7 +195,13 @@ class _Scan(WireReader):
             else:
                 count = 1  # an element of string_val, or an unknown field
             self.values += max(count, 1)
-            if field not in (_SHAPE, _CONTENT) and self.values <= bounds.values:
+            # Only a field whose next one has its tag may start a run (one comparison).
+            if (
+                pos < end
+                and data[pos] == data[begin]
+                and self.values <= bounds.values
+                and field not in (_SHAPE, _CONTENT)
+            ):
                 pos = self.skip_repeats(bounds, begin, pos, end, field, wire)
             if self.values > bounds.values:
                 raise InvalidInputError(
