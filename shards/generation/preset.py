@@ -154,3 +154,25 @@ def read_preset(path: str) -> PresetSpec:
         tokenizer_kind=_TOKENIZER_KINDS[family] if has_tokenizer else None,
         add_start_token=add_start,
     )
+
+
+def special_tokens(spec: PresetSpec) -> tuple[tuple[int, ...], int | None]:
+    """The preset's end token ids and start token id, read from its tokenizer assets (no
+    TensorFlow); ``((), None)`` for a preset without a tokenizer."""
+    if spec.tokenizer_dir is None:
+        return (), None
+    assets = Path(spec.tokenizer_dir)
+    if spec.family == "gpt2":
+        vocabulary = _read_json(assets / "vocabulary.json")
+        token = vocabulary.get("<|endoftext|>")
+        if token is None:
+            return (), None
+        # GPT-2's start token is also its end token.
+        return (int(token),), int(token)
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(assets / "vocabulary.spm"))
+    end = processor.piece_to_id("</s>")
+    start = processor.piece_to_id("<s>")
+    unknown = processor.unk_id()
+    return ((int(end),) if end != unknown else ()), (int(start) if start != unknown else None)
