@@ -20,7 +20,9 @@ __all__ = [
     "FAMILIES",
     "PresetSpec",
     "is_generating_model",
+    "is_preset_dir",
     "read_preset",
+    "special_tokens",
 ]
 
 # The backbone class a preset names -> the family whose stage body runs it.
@@ -61,7 +63,8 @@ def _read_json(path: Path) -> Any:
         return json.load(f)
 
 
-def _is_preset_dir(path: Path) -> bool:
+def is_preset_dir(path: Path) -> bool:
+    """A keras_hub preset directory (of any task or family)."""
     return (
         path.is_dir()
         and (path / "metadata.json").is_file()
@@ -87,7 +90,7 @@ def _backbone_class(path: Path) -> str | None:
 def is_generating_model(path: str) -> bool:
     """True when ``path`` is a keras_hub CausalLM preset directory of a supported family."""
     p = Path(path)
-    if not _is_preset_dir(p):
+    if not is_preset_dir(p):
         return False
     return _backbone_class(p) in FAMILIES
 
@@ -107,7 +110,7 @@ def _dtype_bytes(config: dict[str, Any]) -> int:
 def read_preset(path: str) -> PresetSpec:
     """Read a preset's JSON; a CausalLM of an unsupported family is refused by name."""
     p = Path(path)
-    if not _is_preset_dir(p):
+    if not is_preset_dir(p):
         raise ResolveError(
             f"{path!r} is not a keras_hub preset directory (metadata.json, config.json, task.json)"
         )

@@ -98,3 +98,16 @@ def test_the_kv_cache_counts_slots_length_blocks_kv_heads(llama_preset: Path) ->
     spec = read_preset(str(llama_preset))
     # (8 slots + the scratch slot) x 32 positions x 2 blocks x (k, v) x 2 kv heads x 8 x 4 bytes
     assert kv_cache_bytes(spec, blocks=2, kv_slots=8, max_length=32) == 9 * 32 * 2 * 2 * 2 * 8 * 4
+
+
+def test_resolve_says_a_preset_generates_instead_of_cutting_it(
+    gpt2_preset: Path, tmp_path: Path
+) -> None:
+    from shards.bundle.resolve import ResolveOptions, resolve_bundle
+
+    options = ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path / "cache")
+    with pytest.raises(ResolveError, match="GPT2Backbone preset: it is served by generation"):
+        resolve_bundle(str(gpt2_preset), options)
+    other = _fake_preset(tmp_path / "opt", "OPTBackbone", ["CausalLM"])
+    with pytest.raises(ResolveError, match="supported: GPT2Backbone, LlamaBackbone"):
+        resolve_bundle(str(other), options)
