@@ -1,7 +1,7 @@
 """Tiny keras_hub causal LMs built in code (no download), saved as presets once per session.
 
-Shared by the back end's tests (tests/shards/generation) and the front end's: import the
-fixtures into a conftest (``from tests.generation_models import gpt2_preset, ...``).
+Registered for every test folder by tests/conftest.py (``pytest_plugins``): request the
+fixtures by name (``gpt2_preset``, ``llama_greedy``, ...) from any test.
 
 - ``gpt2_preset``: a GPT-2 CausalLM with a byte-level BPE tokenizer from an in-code vocabulary
   and merges (``GPT2CausalLMPreprocessor``, ``add_start_token``), slot bound 32 positions.

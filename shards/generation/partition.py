@@ -9,9 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shards.errors import PlanError
-from shards.generation.preset import PresetSpec
+from shards.generation.preset import DEFAULT_MAX_LENGTH, PresetSpec
 
-__all__ = ["StageCut", "cut_blocks", "kv_cache_bytes", "resolve_max_length"]
+__all__ = [
+    "GenerationStagePlan",
+    "StageCut",
+    "cut_blocks",
+    "describe_plan",
+    "kv_cache_bytes",
+    "plan_generation",
+    "resolve_max_length",
+    "stage_params",
+]
 
 
 @dataclass(frozen=True)
@@ -64,3 +73,90 @@ def kv_cache_bytes(spec: PresetSpec, blocks: int, kv_slots: int, max_length: int
     return (
         (kv_slots + 1) * max_length * blocks * 2 * spec.kv_heads * spec.head_dim * spec.dtype_bytes
     )
+
+
+def _block_params(spec: PresetSpec) -> int:
+    c = spec.config
+    h, i = spec.hidden_dim, int(c["intermediate_dim"])
+    kv = spec.kv_heads * spec.head_dim
+    if spec.family == "gpt2":
+        # two layer norms, q/k/v/out with biases, a two-layer MLP with biases
+        return 2 * 2 * h + 4 * (h * h + h) + (h * i + i) + (i * h + h)
+    # llama: two RMS norms, q/o (h x h) and k/v (h x kv heads * head dim) without biases,
+    # SwiGLU (gate, up, down)
+    return 2 * h + 2 * h * h + 2 * h * kv + 3 * h * i
+
+
+def stage_params(spec: PresetSpec, cut: StageCut, total_layers: int) -> int:
+    """The parameters a stage holds: its blocks, the embeddings on the first stage, the final
+    norm and (untied) LM head on the last. A tied head lives in the embedding, so the last stage
+    holds the embedding too."""
+    c = spec.config
+    h, v = spec.hidden_dim, spec.vocabulary_size
+    params = cut.blocks * _block_params(spec)
+    tied = spec.family == "gpt2" or bool(c.get("tie_word_embeddings", False))
+    first, last = cut.first == 0, cut.last == total_layers
+    if first or (last and tied):
+        params += v * h
+    if first and spec.family == "gpt2":
+        params += int(c["max_sequence_length"]) * h
+    if last:
+        params += 2 * h if spec.family == "gpt2" else h
+        if not tied:
+            params += v * h
+    return params
+
+
+@dataclass(frozen=True)
+class GenerationStagePlan:
+    cut: StageCut
+    weight_bytes: int
+    kv_cache_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_cache_bytes
+
+
+def plan_generation(
+    spec: PresetSpec, stages: int, kv_slots: int, max_length: int
+) -> list[GenerationStagePlan]:
+    """Each stage's weights and KV cache for a cut of ``stages`` ranges of blocks."""
+    return [
+        GenerationStagePlan(
+            cut,
+            stage_params(spec, cut, spec.num_layers) * spec.dtype_bytes,
+            kv_cache_bytes(spec, cut.blocks, kv_slots, max_length),
+        )
+        for cut in cut_blocks(spec.num_layers, stages)
+    ]
+
+
+def describe_plan(
+    spec: PresetSpec, plans: list[GenerationStagePlan], kv_slots: int, max_length: int
+) -> list[str]:
+    """``shardserve plan``'s lines for a generating model."""
+    from shards.partition.memory_plan import format_size
+
+    bound = (
+        f"the model's {spec.max_length_bound} position rows"
+        if spec.max_length_bound is not None
+        else f"the model has no position bound (RoPE): {DEFAULT_MAX_LENGTH} taken"
+    )
+    lines = [
+        f"{spec.family} causal LM, {spec.num_layers} decoder blocks, generating: "
+        f"{kv_slots} KV slots x {max_length} positions ({bound}; --max-sequence-length sets it)",
+        f"{'stage':<6} {'blocks':<10} {'weights':>10} {'KV cache':>10} {'total':>10}",
+    ]
+    last = len(plans) - 1
+    for p in plans:
+        blocks = f"[{p.cut.first}, {p.cut.last})"
+        what = f"{p.cut.index:<6} {blocks:<10} {format_size(p.weight_bytes):>10} "
+        what += f"{format_size(p.kv_cache_bytes):>10} {format_size(p.total_bytes):>10}"
+        extra = []
+        if p.cut.index == 0:
+            extra.append("embeddings")
+        if p.cut.index == last:
+            extra.append("final norm, LM head, sampling")
+        lines.append(what + ("  + " + ", ".join(extra) if extra else ""))
+    return lines

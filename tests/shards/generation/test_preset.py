@@ -11,7 +11,12 @@ import pytest
 
 from shards.errors import PlanError, ResolveError
 from shards.generation import is_generating_model
-from shards.generation.partition import cut_blocks, kv_cache_bytes, resolve_max_length
+from shards.generation.partition import (
+    cut_blocks,
+    kv_cache_bytes,
+    plan_generation,
+    resolve_max_length,
+)
 from shards.generation.preset import DEFAULT_MAX_LENGTH, read_preset, special_tokens
 from tests.generation_models import GPT2_VOCABULARY
 
@@ -111,3 +116,17 @@ def test_resolve_says_a_preset_generates_instead_of_cutting_it(
     other = _fake_preset(tmp_path / "opt", "OPTBackbone", ["CausalLM"])
     with pytest.raises(ResolveError, match="supported: GPT2Backbone, LlamaBackbone"):
         resolve_bundle(str(other), options)
+
+
+def test_stage_parameters_add_up_to_the_presets_count(
+    gpt2_preset: Path, llama_preset: Path
+) -> None:
+    for preset in (gpt2_preset, llama_preset):
+        spec = read_preset(str(preset))
+        counted = json.loads((preset / "metadata.json").read_text())["parameter_count"]
+        # A tied head (GPT-2's) reads the embedding: the last stage holds a copy of it.
+        copy = spec.vocabulary_size * spec.hidden_dim if spec.family == "gpt2" else 0
+        for stages in (1, 2, 3):
+            plans = plan_generation(spec, stages, kv_slots=2, max_length=8)
+            held = sum(p.weight_bytes for p in plans)
+            assert held == (counted + (copy if stages > 1 else 0)) * 4
