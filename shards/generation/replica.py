@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from shards.bundle.shipping import default_cache_dir
 from shards.errors import PipelineStartError, one_line
 from shards.generation.actor import GenerationStage
 from shards.generation.contract import (
@@ -38,6 +40,7 @@ from shards.generation.partition import StageCut, cut_blocks, resolve_max_length
 from shards.generation.preset import PresetSpec, read_preset, special_tokens
 from shards.generation.sampling import check_sampling
 from shards.generation.stage import bucket
+from shards.generation.weights import stage_files
 from shards.pipeline.faults import is_replica_fault, translate
 
 __all__ = ["Replica", "start_generation_replicas"]
@@ -45,6 +48,7 @@ __all__ = ["Replica", "start_generation_replicas"]
 log = logging.getLogger(__name__)
 
 _RemoteStage = ray.remote(GenerationStage)
+_stage_files = ray.remote(stage_files)
 
 
 class Replica:
@@ -194,6 +198,7 @@ async def _start_one(
     spec: PresetSpec,
     info: GenerationInfo,
     cuts: Sequence[StageCut],
+    files: Sequence[str | None],
     *,
     num_cpus_per_stage: float,
     num_gpus_per_stage: float,
@@ -232,7 +237,7 @@ async def _start_one(
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=index
             ),
-        ).remote(spec.path, cut.first, cut.last, info.kv_slots, info.max_length, warm)
+        ).remote(spec.path, cut.first, cut.last, info.kv_slots, info.max_length, warm, files[index])
         for index, cut in enumerate(cuts)
     ]
     replica = Replica(info, spec, actors, group, ready_timeout_s)
@@ -255,6 +260,7 @@ async def start_generation_replicas(
     num_cpus_per_stage: float = 1.0,
     max_restarts: int = 1,
     ready_timeout_s: float = 300.0,
+    stage_cache_dir: str | Path | None = None,
 ) -> list[Replica]:
     """Start ``replicas`` replicas of the preset at ``model_path``; see the package docstring."""
     if kv_slots < 1:
@@ -265,6 +271,12 @@ async def start_generation_replicas(
     max_length = resolve_max_length(spec, max_sequence_length)
     cuts = cut_blocks(spec.num_layers, 1 if stages is None else stages)
     end_ids, start_id = special_tokens(spec)
+    # Each stage's layers written apart once (a Ray task: TensorFlow stays out of the driver).
+    cache = str(stage_cache_dir) if stage_cache_dir is not None else str(default_cache_dir())
+    try:
+        files: list[str | None] = list(await _stage_files.remote(model_path, cuts, cache))
+    except ray.exceptions.RayError as exc:
+        raise PipelineStartError(f"the stage files were not written: {one_line(exc)}") from None
     info = GenerationInfo(
         model_family=spec.family,
         vocabulary_size=spec.vocabulary_size,
@@ -282,6 +294,7 @@ async def start_generation_replicas(
                 spec,
                 info,
                 cuts,
+                files,
                 num_cpus_per_stage=num_cpus_per_stage,
                 num_gpus_per_stage=num_gpus_per_stage,
                 max_restarts=max_restarts,

@@ -18,6 +18,8 @@ from shards.generation import (
     StepFailed,
     start_generation_replicas,
 )
+from shards.generation.partition import cut_blocks, kv_cache_bytes, stage_params
+from shards.generation.preset import read_preset
 from shards.generation.replica import Replica
 from tests.generation_models import TOTAL_LENGTH, Greedy
 
@@ -27,7 +29,7 @@ SLOTS = 4
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["gpt2", "llama"])
 async def served(
-    request: pytest.FixtureRequest, ray_address: str
+    request: pytest.FixtureRequest, ray_address: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[Replica, Greedy]]:
     greedy: Greedy = request.getfixturevalue(f"{request.param}_greedy")
     (replica,) = await start_generation_replicas(
@@ -39,6 +41,7 @@ async def served(
         num_cpus_per_stage=0.5,
         max_restarts=1,
         ready_timeout_s=120.0,
+        stage_cache_dir=str(tmp_path_factory.mktemp("stage-files")),
     )
     try:
         yield replica, greedy
@@ -128,6 +131,13 @@ def _staggered(greedy: Greedy) -> list[_Seq]:
 async def test_greedy_equals_generate_token_for_token(served: tuple[Replica, Greedy]) -> None:
     replica, greedy = served
     assert replica.info.stages == 2 and replica.info.kv_slots == SLOTS
+    spec = read_preset(str(greedy.preset))
+    held = await asyncio.gather(*(a.describe.remote() for a in replica._actors))
+    for cut, stage in zip(cut_blocks(spec.num_layers, 2), held, strict=True):
+        # Each actor built only its blocks, from its own stage file.
+        assert stage["from_stage_file"] and stage["blocks"] == [cut.first, cut.last]
+        assert stage["params"] == stage_params(spec, cut, spec.num_layers)
+        assert stage["kv_cache_bytes"] == kv_cache_bytes(spec, cut.blocks, SLOTS, 32)
     seqs = _staggered(greedy)
     ran = await _run(replica, seqs)
     for s, expected in zip(seqs, greedy.generated, strict=True):
