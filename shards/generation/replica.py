@@ -61,12 +61,14 @@ class Replica:
         actors: list[Any],
         group: PlacementGroup,
         ready_timeout_s: float,
+        step_timeout_s: float | None = None,
     ) -> None:
         self.info = info
         self._spec = spec
         self._actors = actors
         self._group = group
         self._ready_timeout_s = ready_timeout_s
+        self._step_timeout_s = step_timeout_s
         self._incarnations: list[str] = []
         self._lost = True  # until wait_ready() has seen every stage warm
         self._closed = False
@@ -151,7 +153,13 @@ class Replica:
                     [row.token_index for row in rows],
                 )
         try:
-            sampled, logprobs = await ref
+            sampled, logprobs = await asyncio.wait_for(ref, self._step_timeout_s)
+        except TimeoutError:
+            self._restart_hung()
+            raise ReplicaLost(
+                f"a step ran past {self._step_timeout_s:g} s: the replica's stages are restarted; "
+                "wait_ready(), then prefill again"
+            ) from None
         except Exception as exc:
             error = translate(exc)
             if is_replica_fault(error):
@@ -166,6 +174,18 @@ class Replica:
             RowResult(slot=row.slot, token_id=int(t), logprob=float(lp))
             for row, t, lp in zip(rows, sampled, logprobs, strict=True)
         ]
+
+    def _restart_hung(self) -> None:
+        """A stage hung: Ray restarts every stage (their caches are lost with the step anyway),
+        so no later step queues behind the hung one."""
+        if self._lost:
+            return
+        self._lost = True
+        log.warning(
+            "a generation step ran past %g s; restarting the replica's stages", self._step_timeout_s
+        )
+        for actor in self._actors:
+            ray.kill(actor, no_restart=False)
 
     async def wait_ready(self) -> None:
         """Wait until every stage answers (Ray restarts a dead one, which re-warms as it starts);
@@ -204,6 +224,7 @@ async def _start_one(
     num_gpus_per_stage: float,
     max_restarts: int,
     ready_timeout_s: float,
+    step_timeout_s: float | None,
 ) -> Replica:
     bundles: list[dict[str, float]] = [
         {"CPU": num_cpus_per_stage, **({"GPU": num_gpus_per_stage} if num_gpus_per_stage else {})}
@@ -240,7 +261,7 @@ async def _start_one(
         ).remote(spec.path, cut.first, cut.last, info.kv_slots, info.max_length, warm, files[index])
         for index, cut in enumerate(cuts)
     ]
-    replica = Replica(info, spec, actors, group, ready_timeout_s)
+    replica = Replica(info, spec, actors, group, ready_timeout_s, step_timeout_s)
     try:
         await replica.wait_ready()
     except (ReplicaLost, ray.exceptions.RayError) as exc:
@@ -261,12 +282,15 @@ async def start_generation_replicas(
     max_restarts: int = 1,
     ready_timeout_s: float = 300.0,
     stage_cache_dir: str | Path | None = None,
+    step_timeout_s: float | None = None,
 ) -> list[Replica]:
     """Start ``replicas`` replicas of the preset at ``model_path``; see the package docstring."""
     if kv_slots < 1:
         raise ValueError(f"kv_slots must be >= 1, got {kv_slots}")
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if step_timeout_s is not None and step_timeout_s <= 0:
+        raise ValueError(f"step_timeout_s must be > 0 or None, got {step_timeout_s}")
     spec = read_preset(model_path)
     max_length = resolve_max_length(spec, max_sequence_length)
     cuts = cut_blocks(spec.num_layers, 1 if stages is None else stages)
@@ -299,6 +323,7 @@ async def start_generation_replicas(
                 num_gpus_per_stage=num_gpus_per_stage,
                 max_restarts=max_restarts,
                 ready_timeout_s=ready_timeout_s,
+                step_timeout_s=step_timeout_s,
             )
             for _ in range(replicas)
         ),

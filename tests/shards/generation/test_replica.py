@@ -39,7 +39,7 @@ async def served(
         max_sequence_length=32,
         # Small CPU shares: both stages fit beside other tests' pipelines on the session's 4.
         num_cpus_per_stage=0.5,
-        max_restarts=1,
+        max_restarts=3,
         ready_timeout_s=120.0,
         stage_cache_dir=str(tmp_path_factory.mktemp("stage-files")),
     )
@@ -173,6 +173,8 @@ async def test_an_id_outside_the_vocabulary_fails_only_its_row(
     assert result.token_id == greedy.generated[1][0]
 
 
+# Faults are handled alike for every family: one is enough (each restart costs seconds).
+@pytest.mark.parametrize("served", ["gpt2"], indirect=True)
 async def test_a_killed_stage_is_lost_then_prefilled_again_to_the_same_tokens(
     served: tuple[Replica, Greedy],
 ) -> None:
@@ -186,3 +188,25 @@ async def test_a_killed_stage_is_lost_then_prefilled_again_to_the_same_tokens(
     again = _Seq(greedy.prompts[3], max_tokens=4, arrives=0)
     await _run(replica, [again])
     assert tuple(again.generated) == greedy.generated[3][:4]
+
+
+# Faults are handled alike for every family: one is enough (each restart costs seconds).
+@pytest.mark.parametrize("served", ["gpt2"], indirect=True)
+async def test_a_step_past_its_timeout_restarts_the_stages_and_is_lost(
+    served: tuple[Replica, Greedy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replica, greedy = served
+    before = await asyncio.gather(*(a.ready.remote() for a in replica._actors))
+    # No step crosses two actors in 0.1 ms: as a hung stage would, this one runs past its limit.
+    monkeypatch.setattr(replica, "_step_timeout_s", 1e-4)
+    with pytest.raises(ReplicaLost, match="ran past"):
+        await replica.step([RowStep(0, greedy.prompts[0], 0, Sampling(), 0)])
+    with pytest.raises(ReplicaLost):
+        await replica.step([RowStep(0, greedy.prompts[0], 0, Sampling(), 0)])
+    monkeypatch.setattr(replica, "_step_timeout_s", 60.0)
+    await replica.wait_ready()
+    after = await asyncio.gather(*(a.ready.remote() for a in replica._actors))
+    assert all(b != a for b, a in zip(before, after, strict=True))  # every stage restarted
+    seq = _Seq(greedy.prompts[0], max_tokens=3, arrives=0)
+    await _run(replica, [seq])
+    assert tuple(seq.generated) == greedy.generated[0][:3]
