@@ -39,7 +39,7 @@ from shards.generation.contract import (
 from shards.generation.partition import StageCut, cut_blocks, resolve_max_length
 from shards.generation.preset import PresetSpec, read_preset, special_tokens
 from shards.generation.sampling import check_sampling
-from shards.generation.stage import bucket
+from shards.generation.stage import bucket, context_bucket
 from shards.generation.weights import stage_files
 from shards.pipeline.faults import is_replica_fault, translate
 
@@ -126,6 +126,13 @@ class Replica:
             lengths[i] = len(row.token_ids)
         return ids, slots, positions, lengths
 
+    def _context(self, rows: Sequence[RowStep]) -> int:
+        """How many positions of its slots the step's attention reads: a bucket of the longest
+        row's end, so short sequences do not pay for the whole slot."""
+        return context_bucket(
+            max(r.position + len(r.token_ids) for r in rows), self.info.max_length
+        )
+
     async def step(self, rows: Sequence[RowStep]) -> list[RowResult]:
         if self._closed:
             raise ReplicaLost("the replica is closed")
@@ -135,12 +142,13 @@ class Replica:
             return []
         self._check(rows)
         ids, slots, positions, lengths = self._pad(rows)
+        context = self._context(rows)
         ref: Any = ids
         last = len(self._actors) - 1
         for index, actor in enumerate(self._actors):
             if index < last:
                 ref = actor.forward.remote(
-                    ref, slots, positions, lengths, self._incarnations[index]
+                    ref, slots, positions, lengths, context, self._incarnations[index]
                 )
             else:
                 ref = actor.forward.remote(
@@ -148,6 +156,7 @@ class Replica:
                     slots,
                     positions,
                     lengths,
+                    context,
                     self._incarnations[index],
                     [row.sampling for row in rows],
                     [row.token_index for row in rows],
@@ -243,7 +252,7 @@ async def _start_one(
     warm = []
     rows = 1
     while True:
-        warm.append((bucket(rows, info.kv_slots), 1))
+        warm.append((bucket(rows, info.kv_slots), 1, context_bucket(1, info.max_length)))
         if rows >= info.kv_slots:
             break
         rows *= 2

@@ -26,7 +26,10 @@ import numpy as np
 
 from shards.generation.preset import PresetSpec
 
-__all__ = ["StageModel", "bucket"]
+__all__ = ["MIN_CONTEXT", "StageModel", "bucket", "context_bucket"]
+
+# The shortest prefix of a slot attention reads: fewer, larger buckets for short sequences.
+MIN_CONTEXT = 16
 
 
 def bucket(n: int, cap: int) -> int:
@@ -35,6 +38,11 @@ def bucket(n: int, cap: int) -> int:
     while size < n:
         size *= 2
     return max(n, min(size, cap))
+
+
+def context_bucket(end: int, max_length: int) -> int:
+    """The positions a step's attention reads, for rows ending (exclusive) at ``end`` at most."""
+    return min(max_length, bucket(max(end, MIN_CONTEXT), max_length))
 
 
 def _embed_gpt2(backbone: Any, ids: Any, positions: Any) -> Any:
@@ -108,7 +116,7 @@ class StageModel:
             trainable=False,
             name="kv_cache",
         )
-        self._steps: dict[tuple[int, int], Any] = {}
+        self._steps: dict[tuple[int, int, int], Any] = {}
 
     @property
     def params(self) -> int:
@@ -120,8 +128,8 @@ class StageModel:
 
     # --- the compiled step, one per shape bucket ---
 
-    def _step_fn(self, rows: int, new: int) -> Any:
-        key = (rows, new)
+    def _step_fn(self, rows: int, new: int, context: int) -> Any:
+        key = (rows, new, context)
         fn = self._steps.get(key)
         if fn is not None:
             return fn
@@ -135,7 +143,7 @@ class StageModel:
         ints = tf.TensorSpec((rows,), tf.int32)
         fn = tf.function(
             lambda x, slots, positions, lengths: self._forward(
-                x, slots, positions, lengths, rows, new
+                x, slots, positions, lengths, rows, new, context
             ),
             input_signature=[x_spec, ints, ints, ints],
             reduce_retracing=False,
@@ -144,7 +152,14 @@ class StageModel:
         return fn
 
     def _forward(
-        self, x: Any, slots: Any, positions: Any, lengths: Any, rows: int, new: int
+        self,
+        x: Any,
+        slots: Any,
+        positions: Any,
+        lengths: Any,
+        rows: int,
+        new: int,
+        context: int,
     ) -> Any:
         import tensorflow as tf
         from keras_hub.src.vllm.context import vllm_context_scope
@@ -167,7 +182,7 @@ class StageModel:
             tf.reshape(write_pos, (tokens,)),
             tf.where(lengths > 0, slots, scratch),
             clipped,
-            self.max_length,
+            context,
         )
         flat_pos = tf.reshape(clipped, (tokens, 1))
         if self.is_first:
@@ -193,23 +208,35 @@ class StageModel:
         return tf.cast(logits, tf.float32)
 
     def run(
-        self, x: np.ndarray, slots: np.ndarray, positions: np.ndarray, lengths: np.ndarray
+        self,
+        x: np.ndarray,
+        slots: np.ndarray,
+        positions: np.ndarray,
+        lengths: np.ndarray,
+        context: int | None = None,
     ) -> np.ndarray:
         """One step: hidden states ``[R, N, hidden]`` for the next stage, or logits ``[R, vocab]``
-        from the last (which samples from them; they never leave its process)."""
+        from the last (which samples from them; they never leave its process). ``context``: how
+        many positions of each slot attention reads (at least every row's position + its new
+        tokens; the slot length by default), a bucket so that a short sequence reads a short
+        prefix of its slot."""
         rows, new = int(x.shape[0]), int(x.shape[1])
-        fn = self._step_fn(rows, new)
+        context = self.max_length if context is None else int(context)
+        if not 1 <= context <= self.max_length:
+            raise ValueError(f"context {context} is outside 1..{self.max_length}")
+        fn = self._step_fn(rows, new, context)
         out = fn(x, slots.astype(np.int32), positions.astype(np.int32), lengths.astype(np.int32))
         return np.asarray(out.numpy())
 
-    def warm_up(self, rows: int, new: int) -> None:
-        """Trace the bucket ``(rows, new)`` on padded rows: they write only the scratch slot."""
+    def warm_up(self, rows: int, new: int, context: int | None = None) -> None:
+        """Trace the bucket ``(rows, new, context)`` on padded rows: they write only the scratch
+        slot."""
         if self.is_first:
             x = np.zeros((rows, new), np.int32)
         else:
             x = np.zeros((rows, new, self.hidden_dim), np.dtype(self.dtype))
         zeros = np.zeros((rows,), np.int32)
-        self.run(x, np.full((rows,), self.kv_slots, np.int32), zeros, zeros)
+        self.run(x, np.full((rows,), self.kv_slots, np.int32), zeros, zeros, context)
 
 
 class _Attention:
@@ -228,7 +255,7 @@ class _Attention:
         write_pos: Any,
         read_slot: Any,
         token_pos: Any,
-        max_length: int,
+        context: int,
     ) -> None:
         self.cache = cache
         self.rows = rows
@@ -237,7 +264,7 @@ class _Attention:
         self.write_pos = write_pos
         self.read_slot = read_slot
         self.token_pos = token_pos
-        self.max_length = max_length
+        self.context = context
 
     def __call__(
         self,
@@ -267,12 +294,13 @@ class _Attention:
                 [block, tf.fill((tokens,), kind), self.write_slot, self.write_pos], axis=1
             )
             self.cache.scatter_nd_update(index, tf.cast(update, self.cache.dtype))
-        keys = tf.gather(self.cache[cache_index, 0], self.read_slot)  # [R, L, kv, D]
-        values = tf.gather(self.cache[cache_index, 1], self.read_slot)
+        # Only the first `context` positions: no row of this step reads past them.
+        keys = tf.gather(self.cache[cache_index, 0, :, : self.context], self.read_slot)
+        values = tf.gather(self.cache[cache_index, 1, :, : self.context], self.read_slot)
         q = tf.reshape(query, (rows, new, kv_heads, groups, head_dim))
         scores = tf.einsum("rnkgd,rlkd->rkgnl", q, tf.cast(keys, q.dtype))
         scores = tf.cast(scores, tf.float32) * scale
-        allowed = tf.range(self.max_length)[None, None, :] <= self.token_pos[:, :, None]
+        allowed = tf.range(self.context)[None, None, :] <= self.token_pos[:, :, None]
         scores = tf.where(allowed[:, None, None, :, :], scores, tf.float32.min)
         probs = tf.cast(tf.nn.softmax(scores, axis=-1), q.dtype)
         out = tf.einsum("rkgnl,rlkd->rnkgd", probs, tf.cast(values, q.dtype))
