@@ -107,15 +107,21 @@ class StageModel:
         self._family_embed = _FAMILY_EMBED[spec.family]
         self.hidden_dim = spec.hidden_dim
         self.dtype = backbone.compute_dtype
-        # [blocks, key/value, slots + scratch, positions, kv heads, head dim]
-        self.cache = tf.Variable(
-            tf.zeros(
-                (last - first, 2, kv_slots + 1, max_length, spec.kv_heads, spec.head_dim),
-                dtype=self.dtype,
-            ),
-            trainable=False,
-            name="kv_cache",
-        )
+        # One variable per block, rows (key/value, slot + scratch, position) flattened into its
+        # first axis: written in place by scatter and read by gather along that axis, a row of
+        # kv heads x head dim at a time (a slice of a variable would copy it whole first).
+        self._cache_shape = (2, kv_slots + 1, max_length, spec.kv_heads, spec.head_dim)
+        self.caches = [
+            tf.Variable(
+                tf.zeros(
+                    (2 * (kv_slots + 1) * max_length, spec.kv_heads, spec.head_dim),
+                    dtype=self.dtype,
+                ),
+                trainable=False,
+                name=f"kv_cache_{first + i}",
+            )
+            for i in range(last - first)
+        ]
         self._steps: dict[tuple[int, int, int], Any] = {}
 
     @property
@@ -124,7 +130,12 @@ class StageModel:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return int(self.cache.shape.num_elements()) * self.cache.dtype.size
+        return sum(int(c.shape.num_elements()) * c.dtype.size for c in self.caches)
+
+    def cache_array(self) -> np.ndarray:
+        """The KV cache as ``[blocks, key/value, slots + scratch, positions, kv heads, head dim]``
+        (a copy, for tests and inspection)."""
+        return np.stack([c.numpy().reshape(self._cache_shape) for c in self.caches])
 
     # --- the compiled step, one per shape bucket ---
 
@@ -175,7 +186,7 @@ class StageModel:
         # is thrown away, and its write went to the scratch slot.
         clipped = tf.minimum(token_pos, self.max_length - 1)
         attention = _Attention(
-            self.cache,
+            self.caches,
             rows,
             new,
             tf.reshape(write_slot, (tokens,)),
@@ -183,6 +194,8 @@ class StageModel:
             tf.where(lengths > 0, slots, scratch),
             clipped,
             context,
+            self.kv_slots + 1,
+            self.max_length,
         )
         flat_pos = tf.reshape(clipped, (tokens, 1))
         if self.is_first:
@@ -242,13 +255,13 @@ class StageModel:
 class _Attention:
     """The paged-attention function the keras_hub hook calls once per decoder block.
 
-    ``cache_index`` is what we published as that block's cache (its index in ``self.cache``); the
+    ``cache_index`` is what we published as that block's cache (its index in ``caches``); the
     updated "cache" handed back is the same index, the variable having been written in place.
     """
 
     def __init__(
         self,
-        cache: Any,
+        caches: list[Any],
         rows: int,
         new: int,
         write_slot: Any,
@@ -256,8 +269,10 @@ class _Attention:
         read_slot: Any,
         token_pos: Any,
         context: int,
+        slots: int,
+        max_length: int,
     ) -> None:
-        self.cache = cache
+        self.caches = caches
         self.rows = rows
         self.new = new
         self.write_slot = write_slot
@@ -265,6 +280,12 @@ class _Attention:
         self.read_slot = read_slot
         self.token_pos = token_pos
         self.context = context
+        self.slots = slots  # kv slots + the scratch one
+        self.max_length = max_length
+
+    def _row(self, kind: int, slot: Any, position: Any) -> Any:
+        """The cache row of (key or value, slot, position), broadcast."""
+        return (kind * self.slots + slot) * self.max_length + position
 
     def __call__(
         self,
@@ -288,15 +309,14 @@ class _Attention:
         groups = num_heads // kv_heads
         key = tf.reshape(key, (tokens, kv_heads, head_dim))
         value = tf.reshape(value, (tokens, kv_heads, head_dim))
-        block = tf.fill((tokens,), tf.constant(cache_index, tf.int32))
+        cache = self.caches[cache_index]
         for kind, update in ((0, key), (1, value)):
-            index = tf.stack(
-                [block, tf.fill((tokens,), kind), self.write_slot, self.write_pos], axis=1
-            )
-            self.cache.scatter_nd_update(index, tf.cast(update, self.cache.dtype))
-        # Only the first `context` positions: no row of this step reads past them.
-        keys = tf.gather(self.cache[cache_index, 0, :, : self.context], self.read_slot)
-        values = tf.gather(self.cache[cache_index, 1, :, : self.context], self.read_slot)
+            index = self._row(kind, self.write_slot, self.write_pos)
+            cache.scatter_update(tf.IndexedSlices(tf.cast(update, cache.dtype), index))
+        # Only the first `context` positions of each row's slot: no row reads past them.
+        position = tf.range(self.context, dtype=tf.int32)[None, :]
+        keys = cache.sparse_read(self._row(0, self.read_slot[:, None], position))  # [R, C, kv, D]
+        values = cache.sparse_read(self._row(1, self.read_slot[:, None], position))
         q = tf.reshape(query, (rows, new, kv_heads, groups, head_dim))
         scores = tf.einsum("rnkgd,rlkd->rkgnl", q, tf.cast(keys, q.dtype))
         scores = tf.cast(scores, tf.float32) * scale
