@@ -7,6 +7,7 @@ fixtures by name (``gpt2_preset``, ``llama_greedy``, ...) from any test.
   and merges (``GPT2CausalLMPreprocessor``, ``add_start_token``), slot bound 32 positions.
 - ``llama_preset``: a Llama CausalLM (4 query heads over 2 kv heads, RoPE, untied head) with a
   SentencePiece tokenizer trained in process (``llama_sentencepiece``; ``add_start_token``).
+- ``gpt2_keras``: the GPT-2 CausalLM saved as a ``.keras`` file (it generates too).
 - ``gpt2_greedy`` / ``llama_greedy``: ``CausalLM.generate`` (``sampler="greedy"``) on
   ``PROMPTS`` up to ``TOTAL_LENGTH`` tokens, computed once per session; the model seed is one
   whose greedy path is decisive (top-1 minus top-2 logit >= ``MARGIN`` at every generated step,
@@ -30,6 +31,7 @@ __all__ = [
     "TOTAL_LENGTH",
     "Greedy",
     "gpt2_greedy",
+    "gpt2_keras",
     "gpt2_preset",
     "llama_greedy",
     "llama_preset",
@@ -201,6 +203,16 @@ def llama_greedy(tmp_path_factory: pytest.TempPathFactory) -> Greedy:
 @pytest.fixture(scope="session")
 def gpt2_preset(gpt2_greedy: Greedy) -> Path:
     return gpt2_greedy.preset
+
+
+@pytest.fixture(scope="session")
+def gpt2_keras(gpt2_preset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The GPT-2 preset's CausalLM saved as one ``.keras`` file (tokenizer assets inside)."""
+    import keras_hub
+
+    path = tmp_path_factory.mktemp("gpt2-keras") / "gpt2.keras"
+    keras_hub.models.CausalLM.from_preset(str(gpt2_preset)).save(str(path))
+    return path
 
 
 @pytest.fixture(scope="session")

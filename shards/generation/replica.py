@@ -15,6 +15,7 @@ empty after Ray restarted it, is ``ReplicaLost`` until ``wait_ready()``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from shards.bundle.cache import ensure_private
 from shards.bundle.shipping import default_cache_dir
 from shards.errors import PipelineStartError, one_line
 from shards.generation.actor import GenerationStage
@@ -37,7 +39,7 @@ from shards.generation.contract import (
     StepFailed,
 )
 from shards.generation.partition import StageCut, cut_blocks, resolve_max_length
-from shards.generation.preset import PresetSpec, read_preset, special_tokens
+from shards.generation.preset import PresetSpec, extract_tokenizer, read_preset, special_tokens
 from shards.generation.sampling import check_sampling
 from shards.generation.stage import bucket, context_bucket
 from shards.generation.weights import stage_files
@@ -303,9 +305,15 @@ async def start_generation_replicas(
     spec = read_preset(model_path)
     max_length = resolve_max_length(spec, max_sequence_length)
     cuts = cut_blocks(spec.num_layers, 1 if stages is None else stages)
-    end_ids, start_id = special_tokens(spec)
     # Each stage's layers written apart once (a Ray task: TensorFlow stays out of the driver).
     cache = str(stage_cache_dir) if stage_cache_dir is not None else str(default_cache_dir())
+    if spec.archive:
+        # A .keras file's tokenizer is inside it: on disk for the front end, keyed by the file.
+        ensure_private(Path(cache))
+        stat = Path(spec.path).stat()
+        key = hashlib.sha256(f"{spec.path};{stat.st_size};{stat.st_mtime_ns}".encode())
+        spec = extract_tokenizer(spec, Path(cache) / f"tokenizer-{key.hexdigest()[:32]}")
+    end_ids, start_id = special_tokens(spec)
     try:
         files: list[str | None] = list(await _stage_files.remote(model_path, cuts, cache))
     except ray.exceptions.RayError as exc:

@@ -77,7 +77,6 @@ class StageModel:
         max_length: int,
         weights_file: str | None = None,
     ) -> None:
-        import keras_hub
         import tensorflow as tf
 
         if not 0 <= first < last <= spec.num_layers:
@@ -100,7 +99,9 @@ class StageModel:
         else:
             # No stage file on this node: the preset is read whole and the stage keeps its
             # layers (the backbone holds them all while the stage lives).
-            backbone = keras_hub.models.Backbone.from_preset(spec.path)
+            from shards.generation.weights import load_whole_backbone
+
+            backbone = load_whole_backbone(spec)
             blocks = list(backbone.transformer_layers[first:last])
         self._blocks = blocks
         self._backbone = backbone

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shards.generation import is_generating_model
 from shards.generation.partition import cut_blocks, stage_params
-from shards.generation.preset import read_preset
+from shards.generation.preset import extract_tokenizer, read_preset, special_tokens
 from shards.generation.stage import StageModel
 from shards.generation.weights import build_stage_backbone, stage_files
 
@@ -53,3 +54,28 @@ def test_stages_from_their_files_hold_their_layers_and_compute_the_whole(
         assert cache[:, :, 0, :3].all(axis=(2, 3)).all()
         assert not cache[:, :, 0, 3:].any()
         assert not cache[:, :, 1].any()
+
+
+def test_a_keras_file_of_a_causal_lm_generates_from_the_same_stage_weights(
+    gpt2_keras: Path, gpt2_preset: Path, tmp_path: Path
+) -> None:
+    assert is_generating_model(str(gpt2_keras))
+    spec = read_preset(str(gpt2_keras))
+    assert spec.archive and spec.family == "gpt2" and spec.num_layers == 4
+    # Its tokenizer is inside the file until extracted, then the preset's own assets.
+    assert spec.tokenizer_kind == "byte_bpe" and spec.tokenizer_dir is None
+    extracted = extract_tokenizer(spec, tmp_path / "tokenizer")
+    assert extracted.tokenizer_dir is not None
+    for name in ("vocabulary.json", "merges.txt"):
+        ours = (Path(extracted.tokenizer_dir) / name).read_bytes()
+        assert ours == (gpt2_preset / "assets" / "tokenizer" / name).read_bytes()
+    assert special_tokens(extracted) == special_tokens(read_preset(str(gpt2_preset)))
+
+    cuts = cut_blocks(spec.num_layers, 2)
+    from_keras = stage_files(str(gpt2_keras), cuts, str(tmp_path / "a"))
+    from_preset = stage_files(str(gpt2_preset), cuts, str(tmp_path / "b"))
+    for a, b in zip(from_keras, from_preset, strict=True):
+        with np.load(a) as left, np.load(b) as right:
+            assert sorted(left.files) == sorted(right.files)
+            for key in left.files:
+                np.testing.assert_array_equal(left[key], right[key])
