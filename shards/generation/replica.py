@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from shards.bundle.cache import ensure_private
 from shards.bundle.shipping import default_cache_dir
+from shards.cluster import check_cluster_fits
 from shards.errors import PipelineStartError, one_line
 from shards.generation.actor import GenerationStage
 from shards.generation.contract import (
@@ -225,6 +226,10 @@ class Replica:
         remove_placement_group(self._group)
 
 
+def _bundles(stages: int, cpus: float, gpus: float) -> list[dict[str, float]]:
+    return [{"CPU": cpus, **({"GPU": gpus} if gpus else {})} for _ in range(stages)]
+
+
 async def _start_one(
     spec: PresetSpec,
     info: GenerationInfo,
@@ -237,10 +242,7 @@ async def _start_one(
     ready_timeout_s: float,
     step_timeout_s: float | None,
 ) -> Replica:
-    bundles: list[dict[str, float]] = [
-        {"CPU": num_cpus_per_stage, **({"GPU": num_gpus_per_stage} if num_gpus_per_stage else {})}
-        for _ in cuts
-    ]
+    bundles = _bundles(len(cuts), num_cpus_per_stage, num_gpus_per_stage)
     group = placement_group(bundles, strategy="PACK")
     try:
         await asyncio.wait_for(group.ready(), timeout=ready_timeout_s)
@@ -290,7 +292,7 @@ async def start_generation_replicas(
     replicas: int = 1,
     num_gpus_per_stage: float = 0.0,
     num_cpus_per_stage: float = 1.0,
-    max_restarts: int = 1,
+    max_restarts: int = 3,
     ready_timeout_s: float = 300.0,
     stage_cache_dir: str | Path | None = None,
     step_timeout_s: float | None = None,
@@ -305,6 +307,10 @@ async def start_generation_replicas(
     spec = read_preset(model_path)
     max_length = resolve_max_length(spec, max_sequence_length)
     cuts = cut_blocks(spec.num_layers, 1 if stages is None else stages)
+    # Refused at once where the cluster can never hold them (a placement group would wait).
+    check_cluster_fits(
+        _bundles(len(cuts), num_cpus_per_stage, num_gpus_per_stage), replicas, "PACK"
+    )
     # Each stage's layers written apart once (a Ray task: TensorFlow stays out of the driver).
     cache = str(stage_cache_dir) if stage_cache_dir is not None else str(default_cache_dir())
     if spec.archive:

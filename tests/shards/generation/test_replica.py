@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 import ray
 
+from shards.errors import InsufficientResourcesError
 from shards.generation import (
     ReplicaLost,
     RowStep,
@@ -238,3 +239,10 @@ async def test_a_keras_file_generates_as_its_preset_does(
         assert tuple(seq.generated) == gpt2_greedy.generated[1][:5]
     finally:
         await replica.close()
+
+
+async def test_stages_the_cluster_cannot_hold_are_refused_at_once(
+    ray_address: str, gpt2_preset: Path
+) -> None:
+    with pytest.raises(InsufficientResourcesError, match="GPU"):
+        await start_generation_replicas(str(gpt2_preset), stages=2, num_gpus_per_stage=1.0)
