@@ -153,13 +153,15 @@ class StageModel:
             else tf.TensorSpec((rows, new, self.hidden_dim), self.dtype)
         )
         ints = tf.TensorSpec((rows,), tf.int32)
+        # Traced once here and called as a concrete function: one graph per bucket, and no
+        # "frequent retracing" warning for buckets that are new shapes by design.
         fn = tf.function(
             lambda x, slots, positions, lengths: self._forward(
                 x, slots, positions, lengths, rows, new, context
             ),
             input_signature=[x_spec, ints, ints, ints],
             reduce_retracing=False,
-        )
+        ).get_concrete_function()
         self._steps[key] = fn
         return fn
 
