@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -157,6 +158,13 @@ def greedy_reference(
     import keras_hub
 
     lm = keras_hub.models.CausalLM.from_preset(str(preset), load_weights=True)
+    return generate_greedy(lm, prompts, total)
+
+
+def generate_greedy(
+    lm: Any, prompts: Sequence[Sequence[int]], total: int
+) -> tuple[list[tuple[int, ...]], float]:
+    """``greedy_reference`` for a CausalLM in memory."""
     lm.preprocessor = None
     lm.compile(sampler="greedy")
     ids = np.zeros((len(prompts), total), np.int32)

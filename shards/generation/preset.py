@@ -163,6 +163,10 @@ def read_preset(path: str) -> PresetSpec:
             f"{path!r}: backbone {backbone_class!r} cannot generate here; supported: {supported}"
         )
     config = dict(backbone["config"])
+    if family == "llama" and not p.is_file() and _tied_in_weights(p / "model.weights.h5"):
+        # keras_hub 0.32's LlamaBackbone.get_config leaves tie_word_embeddings out, so a tied
+        # preset does not load in keras_hub itself; its weights file says it is tied.
+        config["tie_word_embeddings"] = True
     hidden = int(config["hidden_dim"])
     if family == "gpt2":
         heads = int(config["num_heads"])
@@ -199,6 +203,18 @@ def read_preset(path: str) -> PresetSpec:
         add_start_token=add_start,
         archive=archive,
     )
+
+
+def _tied_in_weights(weights: Path) -> bool:
+    """Whether a preset's weights hold one token embedding matrix (a tied head) and not two."""
+    import h5py
+
+    try:
+        with h5py.File(weights, "r") as f:
+            held = f.get("layers/reversible_embedding/vars")
+            return held is not None and len(held) == 1
+    except OSError:
+        return False
 
 
 def _archive_has(path: Path, prefix: str) -> bool:

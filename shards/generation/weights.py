@@ -94,11 +94,15 @@ def write_stage_weights(model_path: str, cuts: Sequence[StageCut], out: Path) ->
 def load_whole_backbone(spec: PresetSpec) -> Any:
     """The preset's (or ``.keras`` file's) whole backbone, with its weights."""
     import keras
-    import keras_hub
+    import keras_hub  # noqa: F401  (registers the backbone classes)
 
     if spec.archive:
         return keras.saving.load_model(spec.path, compile=False).backbone
-    return keras_hub.models.Backbone.from_preset(spec.path)
+    # As Backbone.from_preset loads it, but from the config read_preset made complete (a tied
+    # Llama's tie_word_embeddings, which keras_hub 0.32 does not save).
+    backbone = keras.saving.deserialize_keras_object(dict(spec.backbone, config=spec.config))
+    backbone.load_weights(str(Path(spec.path) / "model.weights.h5"))
+    return backbone
 
 
 def build_stage_backbone(spec: PresetSpec, first: int, last: int, weights_file: str) -> Any:
