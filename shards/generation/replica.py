@@ -199,14 +199,19 @@ class Replica:
         for actor in self._actors:
             ray.kill(actor, no_restart=False)
 
-    async def wait_ready(self) -> None:
+    async def wait_ready(self, *, fail_fast: bool = False) -> None:
         """Wait until every stage answers (Ray restarts a dead one, which re-warms as it starts);
-        ``ReplicaLost`` if they are not back within the ready timeout."""
+        ``ReplicaLost`` if they are not back within the ready timeout. ``fail_fast`` (at start):
+        a stage that cannot start raises at once."""
+        if self._closed:
+            raise ReplicaLost("the replica is closed")
         deadline = time.monotonic() + self._ready_timeout_s
         while True:
             try:
                 incarnations = await asyncio.gather(*(a.ready.remote() for a in self._actors))
             except ray.exceptions.RayError:
+                if fail_fast:
+                    raise
                 # Dead for good (no restart left) looks the same from here: it ends at the
                 # deadline.
                 if time.monotonic() > deadline:
@@ -276,7 +281,8 @@ async def _start_one(
     ]
     replica = Replica(info, spec, actors, group, ready_timeout_s, step_timeout_s)
     try:
-        await replica.wait_ready()
+        # A constructor that raised (an unreadable stage file, too little memory) is not retried.
+        await replica.wait_ready(fail_fast=True)
     except (ReplicaLost, ray.exceptions.RayError) as exc:
         await replica.close()
         raise PipelineStartError(f"a generation stage did not start: {one_line(exc)}") from None

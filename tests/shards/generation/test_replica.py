@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 import ray
 
-from shards.errors import InsufficientResourcesError
+from shards.errors import InsufficientResourcesError, PipelineStartError
 from shards.generation import (
     ReplicaLost,
     RowStep,
@@ -23,6 +23,7 @@ from shards.generation import (
 from shards.generation.partition import cut_blocks, kv_cache_bytes, stage_params
 from shards.generation.preset import read_preset
 from shards.generation.replica import Replica
+from shards.generation.weights import stage_files
 from tests.generation_models import GPT2_VOCABULARY, TOTAL_LENGTH, Greedy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -246,3 +247,24 @@ async def test_stages_the_cluster_cannot_hold_are_refused_at_once(
 ) -> None:
     with pytest.raises(InsufficientResourcesError, match="GPU"):
         await start_generation_replicas(str(gpt2_preset), stages=2, num_gpus_per_stage=1.0)
+
+
+async def test_a_stage_that_cannot_load_fails_the_start_with_its_reason(
+    ray_address: str, gpt2_preset: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "stage-files"
+    spec = read_preset(str(gpt2_preset))
+    cuts = cut_blocks(spec.num_layers, 2)
+    files = stage_files(str(gpt2_preset), cuts, str(cache))
+    Path(files[1]).write_bytes(b"not an npz")  # the cache entry is complete, its file broken
+    with pytest.raises(PipelineStartError, match="a generation stage did not start"):
+        await asyncio.wait_for(
+            start_generation_replicas(
+                str(gpt2_preset),
+                stages=2,
+                num_cpus_per_stage=0.5,
+                ready_timeout_s=120.0,
+                stage_cache_dir=str(cache),
+            ),
+            timeout=90.0,
+        )
