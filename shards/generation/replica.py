@@ -46,7 +46,7 @@ from shards.generation.stage import bucket, context_bucket
 from shards.generation.weights import stage_files
 from shards.pipeline.faults import is_replica_fault, translate
 
-__all__ = ["Replica", "start_generation_replicas"]
+__all__ = ["Replica", "decode_buckets", "start_generation_replicas"]
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +231,15 @@ class Replica:
         remove_placement_group(self._group)
 
 
+def decode_buckets(kv_slots: int, max_length: int) -> list[tuple[int, int, int]]:
+    """Every shape a decode step (one new token a row) takes: rows x context buckets. Traced at
+    start (each costs ~1 s a stage of 6 blocks x 512 on a CPU core), so that no sequence's
+    tokens wait on a trace when it grows past a context bucket."""
+    rows = sorted({bucket(r, kv_slots) for r in range(1, kv_slots + 1)})
+    contexts = sorted({context_bucket(end, max_length) for end in range(1, max_length + 1)})
+    return [(r, 1, c) for r in rows for c in contexts]
+
+
 def _bundles(stages: int, cpus: float, gpus: float) -> list[dict[str, float]]:
     return [{"CPU": cpus, **({"GPU": gpus} if gpus else {})} for _ in range(stages)]
 
@@ -257,14 +266,7 @@ async def _start_one(
             f"the cluster did not give {len(cuts)} stage(s) of {bundles[0]} within "
             f"{ready_timeout_s:g} s"
         ) from None
-    # Decode steps (one new token a row) are the common shape: warm them all at start.
-    warm = []
-    rows = 1
-    while True:
-        warm.append((bucket(rows, info.kv_slots), 1, context_bucket(1, info.max_length)))
-        if rows >= info.kv_slots:
-            break
-        rows *= 2
+    warm = decode_buckets(info.kv_slots, info.max_length)
     actors = [
         _RemoteStage.options(
             num_cpus=num_cpus_per_stage,

@@ -11,7 +11,7 @@ import ray
 
 from shards.errors import ModelError
 from shards.generation import GenerationInfo, ReplicaLost, RowStep, Sampling, StepFailed
-from shards.generation.replica import Replica
+from shards.generation.replica import Replica, decode_buckets
 
 INFO = GenerationInfo(
     model_family="gpt2",
@@ -121,3 +121,17 @@ async def test_a_bad_row_is_refused_by_its_slot_before_any_stage_runs(
         await replica.step([ROWS[0], row])
     assert info.value.slots == (row.slot,)
     assert stages[0].calls == 0
+
+
+def test_every_decode_shape_is_warmed_at_start() -> None:
+    # Rows padded to powers of two up to the slots; attention's context to powers of two from
+    # 16 up to the slot length.
+    assert decode_buckets(4, 32) == [
+        (1, 1, 16),
+        (1, 1, 32),
+        (2, 1, 16),
+        (2, 1, 32),
+        (4, 1, 16),
+        (4, 1, 32),
+    ]
+    assert decode_buckets(6, 100) == [(r, 1, c) for r in (1, 2, 4, 6) for c in (16, 32, 64, 100)]
