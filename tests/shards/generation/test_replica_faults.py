@@ -11,7 +11,7 @@ import ray
 
 from shards.errors import ModelError
 from shards.generation import GenerationInfo, ReplicaLost, RowStep, Sampling, StepFailed
-from shards.generation.replica import Replica, decode_buckets
+from shards.generation.replica import Replica, decode_buckets, split_by_length
 
 INFO = GenerationInfo(
     model_family="gpt2",
@@ -135,3 +135,25 @@ def test_every_decode_shape_is_warmed_at_start() -> None:
         (4, 1, 32),
     ]
     assert decode_buckets(6, 100) == [(r, 1, c) for r in (1, 2, 4, 6) for c in (16, 32, 64, 100)]
+
+
+def _rows(*lengths: int) -> list[RowStep]:
+    return [RowStep(i, (1,) * n, 0, Sampling(), 0) for i, n in enumerate(lengths)]
+
+
+def test_decodes_run_apart_from_a_long_prefill_where_that_pads_fewer_tokens() -> None:
+    # 7 decodes + a 9-token prefill: 8 x 16 padded together, 8 x 1 + 1 x 16 apart.
+    assert split_by_length(_rows(1, 1, 9, 1, 1, 1, 1, 1)) == [[0, 1, 3, 4, 5, 6, 7], [2]]
+    # One decode beside a 2-token prefill: 2 x 2 together, 1 + 2 apart.
+    assert split_by_length(_rows(2, 1)) == [[1], [0]]
+    # All of one kind: one group.
+    assert split_by_length(_rows(1, 1, 1)) == [[0, 1, 2]]
+    assert split_by_length(_rows(5, 3)) == [[0, 1]]
+
+
+async def test_a_split_step_answers_in_row_order_from_two_forwards() -> None:
+    replica, stages = await _replica()
+    rows = [RowStep(0, (1, 2, 3), 0, Sampling(), 0), RowStep(1, (4,), 7, Sampling(), 3)]
+    results = await replica.step(rows)
+    assert [r.slot for r in results] == [0, 1]
+    assert stages[1].calls == 2  # the decode and the prefill, each its own forward
