@@ -3,7 +3,9 @@
 ``step()`` pads its rows to a shape bucket, chains one ``forward`` per stage, each taking the
 previous stage's ObjectRef (the driver never waits between stages, and several steps in flight
 pipeline: each actor runs one call at a time, in the order they were sent), and awaits only the
-last stage's sampled ids. Nothing here blocks the event loop: refs are awaited.
+last stage's sampled ids. Nothing here blocks the event loop: refs are awaited. A step whose
+one-token rows (decodes) sit beside longer ones (prefills) runs them as two such chains where that
+pads fewer tokens (``split_by_length``).
 
 Rows are checked before anything runs (slot, position, length, ids inside the vocabulary,
 sampling parameters): a bad row raises ``StepFailed`` naming its slots, and the step runs none of
