@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+# The tiny keras_hub causal LMs (built once per session, on first use), for every test folder.
+pytest_plugins = ("tests.generation_models",)
+
 # Ray 2.60 turns on token authentication; a second driver (the server subprocess of the e2e
 # tests) could not attach to the session's Ray without the token.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -197,6 +197,11 @@ def plan(
     budgets, overhead = _plan_options(flags)
     from serving.cli.plan_table import plan_table
     from shards.bundle.format import MANIFEST_NAME, read_manifest
+    from shards.generation import is_generating_model
+
+    if is_generating_model(model):
+        _plan_generation(model, flags)
+        return
 
     try:
         if (Path(model) / MANIFEST_NAME).is_file():
@@ -216,6 +221,23 @@ def plan(
         raise _fail(exc) from None
     budgeted = budgets is not None or any(s.memory and s.memory.budget_bytes for s in specs)
     _stdout().print(plan_table(specs, signature, budgeted=budgeted))
+
+
+def _plan_generation(model: str, flags: PlanFlags) -> None:
+    """A keras_hub CausalLM preset: its cut into ranges of decoder blocks, each stage's weights
+    and KV cache (at the default KV slots), read from the preset's JSON alone."""
+    from shards.generation.partition import describe_plan, plan_generation, resolve_max_length
+    from shards.generation.preset import read_preset
+
+    kv_slots = 8
+    try:
+        spec = read_preset(model)
+        length = resolve_max_length(spec, flags.max_sequence_length)
+        plans = plan_generation(spec, flags.stages or 1, kv_slots, length)
+    except (ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    for line in describe_plan(spec, plans, kv_slots, length):
+        _stdout().print(line, highlight=False, markup=False)
 
 
 def _plan_model(

@@ -33,6 +33,7 @@ from shards.bundle.format import (
     read_manifest,
 )
 from shards.errors import ResolveError
+from shards.generation.preset import is_preset_dir, read_preset
 from shards.partition.memory_plan import parse_budgets
 
 if TYPE_CHECKING:
@@ -124,6 +125,14 @@ def cache_key(model: str, path: Path, options: str, cache_dir: Path) -> str:
         name, content = path.name, model_sha256(path, memo_dir=cache_dir)
     elif model in DEMO_NAMES:
         name, content = model, "demo"  # built in code: models.py is in the partitioner digest
+    elif is_preset_dir(path):
+        # A keras_hub preset is not cut into a bundle: read_preset refuses a family that cannot
+        # generate by name, and one that can is served by shards.generation.
+        spec = read_preset(str(path))
+        raise ResolveError(
+            f"{model!r} is a keras_hub {spec.backbone_class} preset: it is served by generation "
+            "(shards.generation), not as a bundle"
+        )
     elif path.exists():
         raise ResolveError(f"cannot serve {model!r}: expected {ACCEPTED}")
     else:

@@ -20,7 +20,9 @@ __all__ = [
     "FAMILIES",
     "PresetSpec",
     "is_generating_model",
+    "is_preset_dir",
     "read_preset",
+    "special_tokens",
 ]
 
 # The backbone class a preset names -> the family whose stage body runs it.
@@ -61,7 +63,8 @@ def _read_json(path: Path) -> Any:
         return json.load(f)
 
 
-def _is_preset_dir(path: Path) -> bool:
+def is_preset_dir(path: Path) -> bool:
+    """A keras_hub preset directory (of any task or family)."""
     return (
         path.is_dir()
         and (path / "metadata.json").is_file()
@@ -87,7 +90,7 @@ def _backbone_class(path: Path) -> str | None:
 def is_generating_model(path: str) -> bool:
     """True when ``path`` is a keras_hub CausalLM preset directory of a supported family."""
     p = Path(path)
-    if not _is_preset_dir(p):
+    if not is_preset_dir(p):
         return False
     return _backbone_class(p) in FAMILIES
 
@@ -107,7 +110,7 @@ def _dtype_bytes(config: dict[str, Any]) -> int:
 def read_preset(path: str) -> PresetSpec:
     """Read a preset's JSON; a CausalLM of an unsupported family is refused by name."""
     p = Path(path)
-    if not _is_preset_dir(p):
+    if not is_preset_dir(p):
         raise ResolveError(
             f"{path!r} is not a keras_hub preset directory (metadata.json, config.json, task.json)"
         )
@@ -154,3 +157,25 @@ def read_preset(path: str) -> PresetSpec:
         tokenizer_kind=_TOKENIZER_KINDS[family] if has_tokenizer else None,
         add_start_token=add_start,
     )
+
+
+def special_tokens(spec: PresetSpec) -> tuple[tuple[int, ...], int | None]:
+    """The preset's end token ids and start token id, read from its tokenizer assets (no
+    TensorFlow); ``((), None)`` for a preset without a tokenizer."""
+    if spec.tokenizer_dir is None:
+        return (), None
+    assets = Path(spec.tokenizer_dir)
+    if spec.family == "gpt2":
+        vocabulary = _read_json(assets / "vocabulary.json")
+        token = vocabulary.get("<|endoftext|>")
+        if token is None:
+            return (), None
+        # GPT-2's start token is also its end token.
+        return (int(token),), int(token)
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(assets / "vocabulary.spm"))
+    end = processor.piece_to_id("</s>")
+    start = processor.piece_to_id("<s>")
+    unknown = processor.unk_id()
+    return ((int(end),) if end != unknown else ()), (int(start) if start != unknown else None)

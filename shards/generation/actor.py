@@ -1,0 +1,70 @@
+"""The body of one generation stage actor: a ``StageModel``, its KV cache, and (last) sampling.
+
+A plain class; ``replica.py`` wraps it with ``ray.remote``. TensorFlow is imported inside the
+methods, so the driver importing this module loads none.
+
+A restarted actor has an empty cache. Each start draws a new ``incarnation``; the driver sends the
+one it saw at ``ready()`` with every step, and a step meant for an earlier incarnation is refused
+(``ReplicaLostError``) instead of reading a cache that no longer holds its sequences.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+
+from shards.errors import ModelError, ReplicaLostError, one_line
+from shards.generation.contract import Sampling
+from shards.generation.preset import read_preset
+from shards.generation.sampling import sample_rows
+
+__all__ = ["GenerationStage"]
+
+
+class GenerationStage:
+    def __init__(
+        self,
+        model_path: str,
+        first: int,
+        last: int,
+        kv_slots: int,
+        max_length: int,
+        warm_buckets: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        from shards.actor.stage_actor import _configure_tensorflow
+        from shards.generation.stage import StageModel
+
+        self._device = _configure_tensorflow()
+        self._model = StageModel(read_preset(model_path), first, last, kv_slots, max_length)
+        for rows, new in warm_buckets:
+            self._model.warm_up(rows, new)
+        self._rng = np.random.default_rng()
+        self.incarnation = uuid.uuid4().hex
+
+    def ready(self) -> str:
+        return self.incarnation
+
+    def forward(
+        self,
+        x: np.ndarray,
+        slots: np.ndarray,
+        positions: np.ndarray,
+        lengths: np.ndarray,
+        incarnation: str,
+        sampling: Sequence[Sampling] | None = None,
+        token_index: Sequence[int] | None = None,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Hidden states for the next stage, or (last stage) the sampled ids and their
+        log-probabilities for the first ``len(sampling)`` rows."""
+        if incarnation != self.incarnation:
+            raise ReplicaLostError("the stage restarted: its KV cache no longer holds the slots")
+        try:
+            out = self._model.run(x, slots, positions, lengths)
+        except Exception as exc:  # one line, no traceback: the driver maps it to StepFailed
+            raise ModelError(one_line(exc), input_blamed=False) from None
+        if not self._model.is_last:
+            return out
+        assert sampling is not None and token_index is not None
+        return sample_rows(out[: len(sampling)], sampling, token_index, self._rng)

@@ -1,0 +1,300 @@
+"""The driver's side of a generation replica: K stage actors in one placement group.
+
+``step()`` pads its rows to a shape bucket, chains one ``forward`` per stage, each taking the
+previous stage's ObjectRef (the driver never waits between stages, and several steps in flight
+pipeline: each actor runs one call at a time, in the order they were sent), and awaits only the
+last stage's sampled ids. Nothing here blocks the event loop: refs are awaited.
+
+Rows are checked before anything runs (slot, position, length, ids inside the vocabulary,
+sampling parameters): a bad row raises ``StepFailed`` naming its slots, and the step runs none of
+its rows, so the scheduler fails the bad ones and sends the others again. The model raising on a
+step fails the step's rows (``StepFailed`` with all of them). A stage that died, or came back
+empty after Ray restarted it, is ``ReplicaLost`` until ``wait_ready()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from shards.errors import PipelineStartError, one_line
+from shards.generation.actor import GenerationStage
+from shards.generation.contract import (
+    GenerationInfo,
+    ReplicaLost,
+    RowResult,
+    RowStep,
+    StepFailed,
+)
+from shards.generation.partition import StageCut, cut_blocks, resolve_max_length
+from shards.generation.preset import PresetSpec, read_preset, special_tokens
+from shards.generation.sampling import check_sampling
+from shards.generation.stage import bucket
+from shards.pipeline.faults import is_replica_fault, translate
+
+__all__ = ["Replica", "start_generation_replicas"]
+
+log = logging.getLogger(__name__)
+
+_RemoteStage = ray.remote(GenerationStage)
+
+
+class Replica:
+    """One pipeline of stage actors implementing ``contract.GenerationReplica``."""
+
+    def __init__(
+        self,
+        info: GenerationInfo,
+        spec: PresetSpec,
+        actors: list[Any],
+        group: PlacementGroup,
+        ready_timeout_s: float,
+    ) -> None:
+        self.info = info
+        self._spec = spec
+        self._actors = actors
+        self._group = group
+        self._ready_timeout_s = ready_timeout_s
+        self._incarnations: list[str] = []
+        self._lost = True  # until wait_ready() has seen every stage warm
+        self._closed = False
+
+    # --- checks before a step runs ---
+
+    def _row_problem(self, row: RowStep, seen: set[int]) -> str | None:
+        info = self.info
+        if not 0 <= row.slot < info.kv_slots:
+            return f"slot {row.slot} is outside 0..{info.kv_slots - 1}"
+        if row.slot in seen:
+            return f"slot {row.slot} appears twice in one step"
+        n = len(row.token_ids)
+        if n == 0:
+            return "a row needs at least one new token"
+        if row.position < 0 or row.position + n > info.max_length:
+            return (
+                f"positions {row.position}..{row.position + n - 1} do not fit the slot length "
+                f"{info.max_length}"
+            )
+        for t in row.token_ids:
+            if not 0 <= t < info.vocabulary_size:
+                return f"token id {t} is outside the vocabulary (0..{info.vocabulary_size - 1})"
+        if row.token_index < 0:
+            return f"token_index must be >= 0, got {row.token_index}"
+        return check_sampling(row.sampling)
+
+    def _check(self, rows: Sequence[RowStep]) -> None:
+        seen: set[int] = set()
+        bad: list[int] = []
+        reasons: list[str] = []
+        for row in rows:
+            problem = self._row_problem(row, seen)
+            seen.add(row.slot)
+            if problem is not None:
+                bad.append(row.slot)
+                reasons.append(problem)
+        if bad:
+            raise StepFailed("; ".join(reasons), bad)
+
+    # --- the step ---
+
+    def _pad(self, rows: Sequence[RowStep]) -> tuple[np.ndarray, ...]:
+        r = bucket(len(rows), self.info.kv_slots)
+        n = bucket(max(len(row.token_ids) for row in rows), self.info.max_length)
+        ids = np.zeros((r, n), np.int32)
+        # Padded rows read and write the scratch slot only (index kv_slots).
+        slots = np.full((r,), self.info.kv_slots, np.int32)
+        positions = np.zeros((r,), np.int32)
+        lengths = np.zeros((r,), np.int32)
+        for i, row in enumerate(rows):
+            ids[i, : len(row.token_ids)] = row.token_ids
+            slots[i] = row.slot
+            positions[i] = row.position
+            lengths[i] = len(row.token_ids)
+        return ids, slots, positions, lengths
+
+    async def step(self, rows: Sequence[RowStep]) -> list[RowResult]:
+        if self._closed:
+            raise ReplicaLost("the replica is closed")
+        if self._lost:
+            raise ReplicaLost("a stage of this replica is lost: wait_ready(), then prefill again")
+        if not rows:
+            return []
+        self._check(rows)
+        ids, slots, positions, lengths = self._pad(rows)
+        ref: Any = ids
+        last = len(self._actors) - 1
+        for index, actor in enumerate(self._actors):
+            if index < last:
+                ref = actor.forward.remote(
+                    ref, slots, positions, lengths, self._incarnations[index]
+                )
+            else:
+                ref = actor.forward.remote(
+                    ref,
+                    slots,
+                    positions,
+                    lengths,
+                    self._incarnations[index],
+                    [row.sampling for row in rows],
+                    [row.token_index for row in rows],
+                )
+        try:
+            sampled, logprobs = await ref
+        except Exception as exc:
+            error = translate(exc)
+            if is_replica_fault(error):
+                self._lost = True
+                raise ReplicaLost(
+                    "a stage of this replica was lost: wait_ready(), then prefill again"
+                ) from None
+            raise StepFailed(
+                f"the model raised on this step: {error.message}", [row.slot for row in rows]
+            ) from None
+        return [
+            RowResult(slot=row.slot, token_id=int(t), logprob=float(lp))
+            for row, t, lp in zip(rows, sampled, logprobs, strict=True)
+        ]
+
+    async def wait_ready(self) -> None:
+        """Wait until every stage answers (Ray restarts a dead one, which re-warms as it starts);
+        ``ReplicaLost`` if they are not back within the ready timeout."""
+        deadline = time.monotonic() + self._ready_timeout_s
+        while True:
+            try:
+                incarnations = await asyncio.gather(*(a.ready.remote() for a in self._actors))
+            except ray.exceptions.RayError:
+                # Dead for good (no restart left) looks the same from here: it ends at the
+                # deadline.
+                if time.monotonic() > deadline:
+                    raise ReplicaLost("the replica's stages did not come back in time") from None
+                await asyncio.sleep(0.2)
+                continue
+            self._incarnations = list(incarnations)
+            self._lost = False
+            return
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+        remove_placement_group(self._group)
+
+
+async def _start_one(
+    spec: PresetSpec,
+    info: GenerationInfo,
+    cuts: Sequence[StageCut],
+    *,
+    num_cpus_per_stage: float,
+    num_gpus_per_stage: float,
+    max_restarts: int,
+    ready_timeout_s: float,
+) -> Replica:
+    bundles: list[dict[str, float]] = [
+        {"CPU": num_cpus_per_stage, **({"GPU": num_gpus_per_stage} if num_gpus_per_stage else {})}
+        for _ in cuts
+    ]
+    group = placement_group(bundles, strategy="PACK")
+    try:
+        await asyncio.wait_for(group.ready(), timeout=ready_timeout_s)
+    except TimeoutError:
+        remove_placement_group(group)
+        raise PipelineStartError(
+            f"the cluster did not give {len(cuts)} stage(s) of {bundles[0]} within "
+            f"{ready_timeout_s:g} s"
+        ) from None
+    # Decode steps (one new token a row) are the common shape: warm them all at start.
+    warm = []
+    rows = 1
+    while True:
+        warm.append((bucket(rows, info.kv_slots), 1))
+        if rows >= info.kv_slots:
+            break
+        rows *= 2
+    actors = [
+        _RemoteStage.options(
+            num_cpus=num_cpus_per_stage,
+            num_gpus=num_gpus_per_stage,
+            max_restarts=max_restarts,
+            # A step that killed a stage would kill it again: no transparent retries.
+            max_task_retries=0,
+            max_concurrency=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=index
+            ),
+        ).remote(spec.path, cut.first, cut.last, info.kv_slots, info.max_length, warm)
+        for index, cut in enumerate(cuts)
+    ]
+    replica = Replica(info, spec, actors, group, ready_timeout_s)
+    try:
+        await replica.wait_ready()
+    except (ReplicaLost, ray.exceptions.RayError) as exc:
+        await replica.close()
+        raise PipelineStartError(f"a generation stage did not start: {one_line(exc)}") from None
+    return replica
+
+
+async def start_generation_replicas(
+    model_path: str,
+    *,
+    stages: int | None = None,
+    kv_slots: int = 8,
+    max_sequence_length: int | None = None,
+    replicas: int = 1,
+    num_gpus_per_stage: float = 0.0,
+    num_cpus_per_stage: float = 1.0,
+    max_restarts: int = 1,
+    ready_timeout_s: float = 300.0,
+) -> list[Replica]:
+    """Start ``replicas`` replicas of the preset at ``model_path``; see the package docstring."""
+    if kv_slots < 1:
+        raise ValueError(f"kv_slots must be >= 1, got {kv_slots}")
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    spec = read_preset(model_path)
+    max_length = resolve_max_length(spec, max_sequence_length)
+    cuts = cut_blocks(spec.num_layers, 1 if stages is None else stages)
+    end_ids, start_id = special_tokens(spec)
+    info = GenerationInfo(
+        model_family=spec.family,
+        vocabulary_size=spec.vocabulary_size,
+        max_length=max_length,
+        kv_slots=kv_slots,
+        stages=len(cuts),
+        end_token_ids=end_ids,
+        start_token_id=start_id if spec.add_start_token else None,
+        tokenizer_dir=spec.tokenizer_dir,
+        tokenizer_kind=spec.tokenizer_kind,
+    )
+    started = await asyncio.gather(
+        *(
+            _start_one(
+                spec,
+                info,
+                cuts,
+                num_cpus_per_stage=num_cpus_per_stage,
+                num_gpus_per_stage=num_gpus_per_stage,
+                max_restarts=max_restarts,
+                ready_timeout_s=ready_timeout_s,
+            )
+            for _ in range(replicas)
+        ),
+        return_exceptions=True,
+    )
+    errors = [r for r in started if isinstance(r, BaseException)]
+    if errors:
+        for r in started:
+            if isinstance(r, Replica):
+                await r.close()
+        raise errors[0]
+    return [r for r in started if isinstance(r, Replica)]

@@ -1,0 +1,270 @@
+"""One stage of a generating model: a range of decoder blocks, its KV cache and (last) the head.
+
+A step carries ``rows`` sequences, each with its own slot, position and number of new tokens,
+padded to a shape bucket ``[R, N]``. keras_hub's ``call_with_cache`` takes one cache index for the
+whole batch, so the blocks run through keras_hub 0.32's hook for vLLM
+(``keras_hub.src.vllm.context.vllm_context_scope``): every decoder block of the supported families
+projects q/k/v itself (after RoPE at the per-token positions we publish) and hands them to
+``_Attention``, the one attention function here: per-token cache write, per-row causal mask,
+grouped kv heads. Norms, projections and MLPs stay keras_hub's own code, so a family is only its
+embedding (``_FAMILY_EMBED``). The hook is private, static-shaped and thread-local: keras-hub is
+pinned below the next minor, and ``tests/shards/generation`` checks the result token for token
+against ``CausalLM.generate``.
+
+Each token is handed to the blocks as its own batch row (``[T, 1, hidden]``, T = R * N), the layout
+the hook was written for; the attention function folds it back to ``[R, N]``. Padded tokens (a
+row's tokens past its count, and padded rows) write their keys and values into a scratch slot
+(index ``kv_slots``) and never into a real one.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from shards.generation.preset import PresetSpec
+
+__all__ = ["StageModel", "bucket"]
+
+
+def bucket(n: int, cap: int) -> int:
+    """The padded size for ``n``: the next power of two, at most ``cap`` (and at least ``n``)."""
+    size = 1
+    while size < n:
+        size *= 2
+    return max(n, min(size, cap))
+
+
+def _embed_gpt2(backbone: Any, ids: Any, positions: Any) -> Any:
+    tokens = backbone.token_embedding(ids)
+    learned = backbone.position_embedding(tokens, positions=positions)
+    return backbone.embeddings_add((tokens, learned))
+
+
+def _embed_llama(backbone: Any, ids: Any, positions: Any) -> Any:
+    del positions  # RoPE: positions enter inside attention, through the hook's context
+    return backbone.token_embedding(ids)
+
+
+# A new family is its embedding here plus its name in preset.FAMILIES (Mistral and Qwen embed as
+# Llama does; Gemma scales by sqrt(hidden_dim)), as long as its attention layer takes the hook.
+_FAMILY_EMBED: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "gpt2": _embed_gpt2,
+    "llama": _embed_llama,
+}
+
+
+class StageModel:
+    """Blocks ``[first, last)`` of the preset's backbone, with the embeddings when ``first == 0``
+    and the final norm + LM head when ``last == num_layers``."""
+
+    def __init__(
+        self,
+        spec: PresetSpec,
+        first: int,
+        last: int,
+        kv_slots: int,
+        max_length: int,
+    ) -> None:
+        import keras_hub
+        import tensorflow as tf
+
+        if not 0 <= first < last <= spec.num_layers:
+            raise ValueError(
+                f"blocks [{first}, {last}) out of range for {spec.num_layers} decoder blocks"
+            )
+        self.spec = spec
+        self.first = first
+        self.last = last
+        self.is_first = first == 0
+        self.is_last = last == spec.num_layers
+        self.kv_slots = kv_slots
+        self.max_length = max_length
+        # TODO(issue 39): per-stage weight files written at partition time; for now every stage
+        # reads the preset whole and keeps only its own layers (the rest is freed below).
+        backbone = keras_hub.models.Backbone.from_preset(spec.path)
+        self._blocks = list(backbone.transformer_layers[first:last])
+        self._embed_layers = backbone if self.is_first else None
+        self._family_embed = _FAMILY_EMBED[spec.family]
+        self._norm = backbone.layer_norm if self.is_last else None
+        self._head = backbone.token_embedding if self.is_last else None
+        self._token_embedding = backbone.token_embedding
+        self.hidden_dim = spec.hidden_dim
+        self.dtype = backbone.compute_dtype
+        if not self.is_first:
+            del backbone
+            gc.collect()
+        # [blocks, key/value, slots + scratch, positions, kv heads, head dim]
+        self.cache = tf.Variable(
+            tf.zeros(
+                (last - first, 2, kv_slots + 1, max_length, spec.kv_heads, spec.head_dim),
+                dtype=self.dtype,
+            ),
+            trainable=False,
+            name="kv_cache",
+        )
+        self._steps: dict[tuple[int, int], Any] = {}
+
+    # --- the compiled step, one per shape bucket ---
+
+    def _step_fn(self, rows: int, new: int) -> Any:
+        key = (rows, new)
+        fn = self._steps.get(key)
+        if fn is not None:
+            return fn
+        import tensorflow as tf
+
+        x_spec = (
+            tf.TensorSpec((rows, new), tf.int32)
+            if self.is_first
+            else tf.TensorSpec((rows, new, self.hidden_dim), self.dtype)
+        )
+        ints = tf.TensorSpec((rows,), tf.int32)
+        fn = tf.function(
+            lambda x, slots, positions, lengths: self._forward(
+                x, slots, positions, lengths, rows, new
+            ),
+            input_signature=[x_spec, ints, ints, ints],
+            reduce_retracing=False,
+        )
+        self._steps[key] = fn
+        return fn
+
+    def _forward(
+        self, x: Any, slots: Any, positions: Any, lengths: Any, rows: int, new: int
+    ) -> Any:
+        import tensorflow as tf
+        from keras_hub.src.vllm.context import vllm_context_scope
+
+        tokens = rows * new
+        j = tf.range(new, dtype=tf.int32)[None, :]
+        valid = j < lengths[:, None]  # [R, N]
+        token_pos = positions[:, None] + j  # [R, N]
+        scratch = tf.constant(self.kv_slots, tf.int32)
+        write_slot = tf.where(valid, tf.broadcast_to(slots[:, None], (rows, new)), scratch)
+        write_pos = tf.where(valid, token_pos, 0)
+        # A padded token past the slot's end reads (and embeds) at the last position: its output
+        # is thrown away, and its write went to the scratch slot.
+        clipped = tf.minimum(token_pos, self.max_length - 1)
+        attention = _Attention(
+            self.cache,
+            rows,
+            new,
+            tf.reshape(write_slot, (tokens,)),
+            tf.reshape(write_pos, (tokens,)),
+            tf.where(lengths > 0, slots, scratch),
+            clipped,
+            self.max_length,
+        )
+        flat_pos = tf.reshape(clipped, (tokens, 1))
+        if self.is_first:
+            ids = tf.reshape(x, (tokens, 1))
+            h = self._family_embed(self._embed_layers, ids, flat_pos)
+        else:
+            h = tf.reshape(x, (tokens, 1, self.hidden_dim))
+        with vllm_context_scope(
+            paged_attention_func=attention,
+            positions=tf.reshape(clipped, (tokens,)),
+            kv_caches=list(range(len(self._blocks))),
+        ):
+            for block in self._blocks:
+                h = block(h, training=False)
+        h = tf.reshape(h, (rows, new, self.hidden_dim))
+        if not self.is_last:
+            return h
+        # Only each row's last new token is sampled from: the head runs on [R, hidden].
+        last = tf.maximum(lengths - 1, 0)
+        h = tf.gather(h, last, axis=1, batch_dims=1)
+        assert self._norm is not None and self._head is not None
+        h = self._norm(h)
+        logits = self._head(h, reverse=True)
+        return tf.cast(logits, tf.float32)
+
+    def run(
+        self, x: np.ndarray, slots: np.ndarray, positions: np.ndarray, lengths: np.ndarray
+    ) -> np.ndarray:
+        """One step: hidden states ``[R, N, hidden]`` for the next stage, or logits ``[R, vocab]``
+        from the last (which samples from them; they never leave its process)."""
+        rows, new = int(x.shape[0]), int(x.shape[1])
+        fn = self._step_fn(rows, new)
+        out = fn(x, slots.astype(np.int32), positions.astype(np.int32), lengths.astype(np.int32))
+        return np.asarray(out.numpy())
+
+    def warm_up(self, rows: int, new: int) -> None:
+        """Trace the bucket ``(rows, new)`` on padded rows: they write only the scratch slot."""
+        if self.is_first:
+            x = np.zeros((rows, new), np.int32)
+        else:
+            x = np.zeros((rows, new, self.hidden_dim), np.dtype(self.dtype))
+        zeros = np.zeros((rows,), np.int32)
+        self.run(x, np.full((rows,), self.kv_slots, np.int32), zeros, zeros)
+
+
+class _Attention:
+    """The paged-attention function the keras_hub hook calls once per decoder block.
+
+    ``cache_index`` is what we published as that block's cache (its index in ``self.cache``); the
+    updated "cache" handed back is the same index, the variable having been written in place.
+    """
+
+    def __init__(
+        self,
+        cache: Any,
+        rows: int,
+        new: int,
+        write_slot: Any,
+        write_pos: Any,
+        read_slot: Any,
+        token_pos: Any,
+        max_length: int,
+    ) -> None:
+        self.cache = cache
+        self.rows = rows
+        self.new = new
+        self.write_slot = write_slot
+        self.write_pos = write_pos
+        self.read_slot = read_slot
+        self.token_pos = token_pos
+        self.max_length = max_length
+
+    def __call__(
+        self,
+        cache_index: int,
+        query: Any,
+        key: Any,
+        value: Any,
+        scale: float,
+        head_dim: int,
+        num_heads: int,
+        kv_heads: int,
+        sliding_window: int | None = None,
+        soft_cap: float | None = None,
+    ) -> tuple[int, Any]:
+        import tensorflow as tf
+
+        if sliding_window is not None or soft_cap is not None:
+            raise NotImplementedError("sliding-window and soft-capped attention are not supported")
+        rows, new = self.rows, self.new
+        tokens = rows * new
+        groups = num_heads // kv_heads
+        key = tf.reshape(key, (tokens, kv_heads, head_dim))
+        value = tf.reshape(value, (tokens, kv_heads, head_dim))
+        block = tf.fill((tokens,), tf.constant(cache_index, tf.int32))
+        for kind, update in ((0, key), (1, value)):
+            index = tf.stack(
+                [block, tf.fill((tokens,), kind), self.write_slot, self.write_pos], axis=1
+            )
+            self.cache.scatter_nd_update(index, tf.cast(update, self.cache.dtype))
+        keys = tf.gather(self.cache[cache_index, 0], self.read_slot)  # [R, L, kv, D]
+        values = tf.gather(self.cache[cache_index, 1], self.read_slot)
+        q = tf.reshape(query, (rows, new, kv_heads, groups, head_dim))
+        scores = tf.einsum("rnkgd,rlkd->rkgnl", q, tf.cast(keys, q.dtype))
+        scores = tf.cast(scores, tf.float32) * scale
+        allowed = tf.range(self.max_length)[None, None, :] <= self.token_pos[:, :, None]
+        scores = tf.where(allowed[:, None, None, :, :], scores, tf.float32.min)
+        probs = tf.cast(tf.nn.softmax(scores, axis=-1), q.dtype)
+        out = tf.einsum("rkgnl,rlkd->rnkgd", probs, tf.cast(values, q.dtype))
+        return cache_index, tf.reshape(out, (tokens, num_heads * head_dim))
