@@ -29,11 +29,16 @@ END_ID = 0
 
 
 def make_info(
-    *, kv_slots: int = 4, max_length: int = 32, stages: int = 1, tokenizer_dir: str | None = None
+    *,
+    kv_slots: int = 4,
+    max_length: int = 32,
+    stages: int = 1,
+    tokenizer_dir: str | None = None,
+    vocabulary_size: int = VOCAB,
 ) -> GenerationInfo:
     return GenerationInfo(
         model_family="gpt2",
-        vocabulary_size=VOCAB,
+        vocabulary_size=vocabulary_size,
         max_length=max_length,
         kv_slots=kv_slots,
         stages=stages,

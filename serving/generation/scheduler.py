@@ -114,7 +114,7 @@ class Scheduler:
             raise ValueError("a scheduler needs at least one replica")
         self.info: GenerationInfo = replicas[0].info
         self._clock = clock
-        self._observer = observer
+        self.observer = observer
         self._wait = prefill_wait(settings.prefill_timeout_ms)
         self._max_waiting = settings.max_waiting
         groups = settings.groups or self.info.stages + 1
@@ -198,6 +198,15 @@ class Scheduler:
 
     # ---- a request
 
+    def check_headroom(self) -> None:
+        """``QueueFullError`` (503, Retry-After) when ``max_waiting`` prompts wait already."""
+        if len(self._waiting) >= self._max_waiting:
+            raise QueueFullError(
+                f"{len(self._waiting)} prompts are waiting for a slot (max_waiting_prompts="
+                f"{self._max_waiting}); retry later",
+                retry_after_s=1.0,
+            )
+
     async def generate(
         self, prompt: Seq[int], params: GenerationParams, deadline: float | None = None
     ) -> Completion:
@@ -207,12 +216,7 @@ class Scheduler:
         free at the end of the step in flight."""
         if self._closing is not None:
             raise NotReadyError(self._closing)
-        if len(self._waiting) >= self._max_waiting:
-            raise QueueFullError(
-                f"{len(self._waiting)} prompts are waiting for a slot (max_waiting="
-                f"{self._max_waiting}); retry later",
-                retry_after_s=1.0,
-            )
+        self.check_headroom()
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         seq = Sequence(tuple(prompt), params, self._clock(), future)
         self._waiting.append(seq)
@@ -335,15 +339,15 @@ class Scheduler:
             return
         if len(results) != len(rows):
             raise RuntimeError(f"a step of {len(rows)} rows answered {len(results)}")
-        if self._observer is not None:
-            self._observer.observe_step("prefill" if prefill else "decode", len(rows))
+        if self.observer is not None:
+            self.observer.observe_step("prefill" if prefill else "decode", len(rows))
         self._record(rep, group, seqs, results)
 
     def _record(
         self, rep: _Replica, group: _Group, seqs: list[Sequence], results: list[RowResult]
     ) -> None:
         now = self._clock()
-        observer = self._observer
+        observer = self.observer
         for seq, result in zip(seqs, results, strict=True):
             if seq.state is not SeqState.RUNNING:
                 continue

@@ -298,6 +298,33 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
     slo_p99_ms: float | None = Field(
         None, gt=0, description="Latency target the auto timeout keeps the p99 under."
     )
+    # A generating model (a keras_hub CausalLM preset): its KV cache and its scheduler.
+    kv_slots: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="Slots of a generating model's KV cache in each replica, fixed at load: "
+        "the most sequences it generates at once; the memory plan counts them.",
+    )
+    max_running_sequences: int | None = Field(
+        None,
+        ge=1,
+        description="Most sequences a generating model runs at once per replica (at most "
+        "kv_slots); the others wait for a slot. Unset = kv_slots.",
+    )
+    max_waiting_prompts: int = Field(
+        128,
+        ge=1,
+        description="Most prompts of a generating model waiting for a slot; past it 503 with "
+        "Retry-After.",
+    )
+    generation_timeout_ms: float = Field(
+        300000.0,
+        gt=0,
+        le=3_600_000,
+        description="Deadline of a generate request (X-Request-Timeout-Ms may shorten): past "
+        "it, 504. request_timeout_ms does not apply to it.",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -389,6 +416,11 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
                     f"allowed_batch_sizes must be sizes between 1 and max_batch_size "
                     f"({self.max_batch_size}), got {self.allowed_batch_sizes}"
                 )
+        if self.max_running_sequences is not None and self.max_running_sequences > self.kv_slots:
+            raise ValueError(
+                f"max_running_sequences ({self.max_running_sequences}) must be at most kv_slots "
+                f"({self.kv_slots}): a running sequence holds a slot"
+            )
         if self.max_queue_rows is not None and self.max_queue_rows < self.max_batch_size:
             raise ValueError(
                 f"max_queue_rows ({self.max_queue_rows}) must be >= max_batch_size "

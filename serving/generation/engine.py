@@ -1,0 +1,62 @@
+"""A served generating version's engine: its scheduler over its replicas, its tokenizer and what
+the model is (``GenerationInfo``). The served version (``serving.version.served``) holds one in
+place of a runner and batcher; the generate route reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from serving.generation.scheduler import GenerationObserver, Scheduler, SchedulerSettings
+from serving.generation.sequence import GenerationParams
+from serving.generation.tokenizer import TextTokenizer, load_tokenizer
+from serving.settings.config import Settings
+from shards.generation.contract import GenerationInfo, GenerationReplica
+
+__all__ = ["Generator", "scheduler_settings"]
+
+
+class Generator:
+    def __init__(
+        self,
+        replicas: Sequence[GenerationReplica],
+        settings: SchedulerSettings,
+        tokenizer: TextTokenizer | None = None,
+        *,
+        observer: GenerationObserver | None = None,
+        load_tokenizer_from_info: bool = True,
+    ) -> None:
+        self.info: GenerationInfo = replicas[0].info
+        self.replicas = len(replicas)
+        if tokenizer is None and load_tokenizer_from_info:
+            tokenizer = load_tokenizer(self.info)
+        self.tokenizer = tokenizer
+        self.scheduler = Scheduler(replicas, settings, observer)
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def set_observer(self, observer: GenerationObserver) -> None:
+        self.scheduler.observer = observer
+
+    def check_headroom(self) -> None:
+        """Refuse (503 with Retry-After) when the prompt queue is full, from the headers."""
+        self.scheduler.check_headroom()
+
+    async def warm_up(self) -> None:
+        """One token end to end, so that the first prompt does not pay for the set-up."""
+        first = self.info.start_token_id if self.info.start_token_id is not None else 0
+        await self.scheduler.generate([first], GenerationParams(max_tokens=1))
+
+    async def close(self, reason: str = "the model is stopping") -> None:
+        await self.scheduler.close(reason)
+
+
+def scheduler_settings(settings: Settings) -> SchedulerSettings:
+    """The scheduler's settings from the server's: the prefill waits as the batcher does
+    (``batch_timeout_ms``, or auto)."""
+    return SchedulerSettings(
+        max_running_sequences=settings.max_running_sequences,
+        prefill_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
+        max_waiting=settings.max_waiting_prompts,
+    )
