@@ -10,8 +10,10 @@ one it saw at ``ready()`` with every step, and a step meant for an earlier incar
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +23,8 @@ from shards.generation.preset import read_preset
 from shards.generation.sampling import sample_rows
 
 __all__ = ["GenerationStage"]
+
+log = logging.getLogger(__name__)
 
 
 class GenerationStage:
@@ -32,12 +36,20 @@ class GenerationStage:
         kv_slots: int,
         max_length: int,
         warm_buckets: Sequence[tuple[int, int]] = (),
+        weights_file: str | None = None,
     ) -> None:
         from shards.actor.stage_actor import _configure_tensorflow
         from shards.generation.stage import StageModel
 
         self._device = _configure_tensorflow()
-        self._model = StageModel(read_preset(model_path), first, last, kv_slots, max_length)
+        if weights_file is not None and not Path(weights_file).is_file():
+            # Written on the driver's node: another node reads the preset whole instead.
+            log.info("stage file not on this node; stage [%d, %d) reads the preset", first, last)
+            weights_file = None
+        self._from_file = weights_file is not None
+        self._model = StageModel(
+            read_preset(model_path), first, last, kv_slots, max_length, weights_file
+        )
         for rows, new in warm_buckets:
             self._model.warm_up(rows, new)
         self._rng = np.random.default_rng()
@@ -45,6 +57,15 @@ class GenerationStage:
 
     def ready(self) -> str:
         return self.incarnation
+
+    def describe(self) -> dict[str, object]:
+        """What this stage holds: its blocks, its parameters, whether it loaded its own file."""
+        return {
+            "blocks": [self._model.first, self._model.last],
+            "params": self._model.params,
+            "from_stage_file": self._from_file,
+            "kv_cache_bytes": self._model.kv_cache_bytes,
+        }
 
     def forward(
         self,

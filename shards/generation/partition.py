@@ -88,22 +88,21 @@ def _block_params(spec: PresetSpec) -> int:
 
 
 def stage_params(spec: PresetSpec, cut: StageCut, total_layers: int) -> int:
-    """The parameters a stage holds: its blocks, the embeddings on the first stage, the final
-    norm and (untied) LM head on the last. A tied head lives in the embedding, so the last stage
-    holds the embedding too."""
+    """The parameters a stage actor holds (``shards.generation.weights.build_stage_backbone``):
+    its blocks, the final norm, GPT-2's position rows, and the token embedding, whose
+    ReversibleEmbedding layer is also the head (tied, or its own matrix beside it, untied): the
+    whole vocabulary on the first and last stages, one row on the others."""
     c = spec.config
-    h, v = spec.hidden_dim, spec.vocabulary_size
-    params = cut.blocks * _block_params(spec)
-    tied = spec.family == "gpt2" or bool(c.get("tie_word_embeddings", False))
+    h = spec.hidden_dim
     first, last = cut.first == 0, cut.last == total_layers
-    if first or (last and tied):
-        params += v * h
-    if first and spec.family == "gpt2":
-        params += int(c["max_sequence_length"]) * h
-    if last:
-        params += 2 * h if spec.family == "gpt2" else h
-        if not tied:
-            params += v * h
+    tied = spec.family == "gpt2" or bool(c.get("tie_word_embeddings", False))
+    rows = spec.vocabulary_size if first or last else 1
+    params = cut.blocks * _block_params(spec)
+    params += rows * h * (1 if tied else 2)
+    if spec.family == "gpt2":
+        params += int(c["max_sequence_length"]) * h + 2 * h
+    else:
+        params += h
     return params
 
 

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from shards.bundle.shipping import default_cache_dir
 from shards.errors import PipelineStartError, one_line
 from shards.generation.actor import GenerationStage
 from shards.generation.contract import (
@@ -38,6 +40,7 @@ from shards.generation.partition import StageCut, cut_blocks, resolve_max_length
 from shards.generation.preset import PresetSpec, read_preset, special_tokens
 from shards.generation.sampling import check_sampling
 from shards.generation.stage import bucket
+from shards.generation.weights import stage_files
 from shards.pipeline.faults import is_replica_fault, translate
 
 __all__ = ["Replica", "start_generation_replicas"]
@@ -45,6 +48,7 @@ __all__ = ["Replica", "start_generation_replicas"]
 log = logging.getLogger(__name__)
 
 _RemoteStage = ray.remote(GenerationStage)
+_stage_files = ray.remote(stage_files)
 
 
 class Replica:
@@ -57,12 +61,14 @@ class Replica:
         actors: list[Any],
         group: PlacementGroup,
         ready_timeout_s: float,
+        step_timeout_s: float | None = None,
     ) -> None:
         self.info = info
         self._spec = spec
         self._actors = actors
         self._group = group
         self._ready_timeout_s = ready_timeout_s
+        self._step_timeout_s = step_timeout_s
         self._incarnations: list[str] = []
         self._lost = True  # until wait_ready() has seen every stage warm
         self._closed = False
@@ -147,7 +153,13 @@ class Replica:
                     [row.token_index for row in rows],
                 )
         try:
-            sampled, logprobs = await ref
+            sampled, logprobs = await asyncio.wait_for(ref, self._step_timeout_s)
+        except TimeoutError:
+            self._restart_hung()
+            raise ReplicaLost(
+                f"a step ran past {self._step_timeout_s:g} s: the replica's stages are restarted; "
+                "wait_ready(), then prefill again"
+            ) from None
         except Exception as exc:
             error = translate(exc)
             if is_replica_fault(error):
@@ -162,6 +174,18 @@ class Replica:
             RowResult(slot=row.slot, token_id=int(t), logprob=float(lp))
             for row, t, lp in zip(rows, sampled, logprobs, strict=True)
         ]
+
+    def _restart_hung(self) -> None:
+        """A stage hung: Ray restarts every stage (their caches are lost with the step anyway),
+        so no later step queues behind the hung one."""
+        if self._lost:
+            return
+        self._lost = True
+        log.warning(
+            "a generation step ran past %g s; restarting the replica's stages", self._step_timeout_s
+        )
+        for actor in self._actors:
+            ray.kill(actor, no_restart=False)
 
     async def wait_ready(self) -> None:
         """Wait until every stage answers (Ray restarts a dead one, which re-warms as it starts);
@@ -194,11 +218,13 @@ async def _start_one(
     spec: PresetSpec,
     info: GenerationInfo,
     cuts: Sequence[StageCut],
+    files: Sequence[str | None],
     *,
     num_cpus_per_stage: float,
     num_gpus_per_stage: float,
     max_restarts: int,
     ready_timeout_s: float,
+    step_timeout_s: float | None,
 ) -> Replica:
     bundles: list[dict[str, float]] = [
         {"CPU": num_cpus_per_stage, **({"GPU": num_gpus_per_stage} if num_gpus_per_stage else {})}
@@ -232,10 +258,10 @@ async def _start_one(
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=index
             ),
-        ).remote(spec.path, cut.first, cut.last, info.kv_slots, info.max_length, warm)
+        ).remote(spec.path, cut.first, cut.last, info.kv_slots, info.max_length, warm, files[index])
         for index, cut in enumerate(cuts)
     ]
-    replica = Replica(info, spec, actors, group, ready_timeout_s)
+    replica = Replica(info, spec, actors, group, ready_timeout_s, step_timeout_s)
     try:
         await replica.wait_ready()
     except (ReplicaLost, ray.exceptions.RayError) as exc:
@@ -255,16 +281,26 @@ async def start_generation_replicas(
     num_cpus_per_stage: float = 1.0,
     max_restarts: int = 1,
     ready_timeout_s: float = 300.0,
+    stage_cache_dir: str | Path | None = None,
+    step_timeout_s: float | None = None,
 ) -> list[Replica]:
     """Start ``replicas`` replicas of the preset at ``model_path``; see the package docstring."""
     if kv_slots < 1:
         raise ValueError(f"kv_slots must be >= 1, got {kv_slots}")
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if step_timeout_s is not None and step_timeout_s <= 0:
+        raise ValueError(f"step_timeout_s must be > 0 or None, got {step_timeout_s}")
     spec = read_preset(model_path)
     max_length = resolve_max_length(spec, max_sequence_length)
     cuts = cut_blocks(spec.num_layers, 1 if stages is None else stages)
     end_ids, start_id = special_tokens(spec)
+    # Each stage's layers written apart once (a Ray task: TensorFlow stays out of the driver).
+    cache = str(stage_cache_dir) if stage_cache_dir is not None else str(default_cache_dir())
+    try:
+        files: list[str | None] = list(await _stage_files.remote(model_path, cuts, cache))
+    except ray.exceptions.RayError as exc:
+        raise PipelineStartError(f"the stage files were not written: {one_line(exc)}") from None
     info = GenerationInfo(
         model_family=spec.family,
         vocabulary_size=spec.vocabulary_size,
@@ -282,10 +318,12 @@ async def start_generation_replicas(
                 spec,
                 info,
                 cuts,
+                files,
                 num_cpus_per_stage=num_cpus_per_stage,
                 num_gpus_per_stage=num_gpus_per_stage,
                 max_restarts=max_restarts,
                 ready_timeout_s=ready_timeout_s,
+                step_timeout_s=step_timeout_s,
             )
             for _ in range(replicas)
         ),

@@ -19,7 +19,6 @@ row's tokens past its count, and padded rows) write their keys and values into a
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +67,7 @@ class StageModel:
         last: int,
         kv_slots: int,
         max_length: int,
+        weights_file: str | None = None,
     ) -> None:
         import keras_hub
         import tensorflow as tf
@@ -83,20 +83,22 @@ class StageModel:
         self.is_last = last == spec.num_layers
         self.kv_slots = kv_slots
         self.max_length = max_length
-        # TODO(issue 39): per-stage weight files written at partition time; for now every stage
-        # reads the preset whole and keeps only its own layers (the rest is freed below).
-        backbone = keras_hub.models.Backbone.from_preset(spec.path)
-        self._blocks = list(backbone.transformer_layers[first:last])
-        self._embed_layers = backbone if self.is_first else None
+        if weights_file is not None:
+            # Only this stage's layers are built and loaded (shards.generation.weights).
+            from shards.generation.weights import build_stage_backbone
+
+            backbone = build_stage_backbone(spec, first, last, weights_file)
+            blocks = list(backbone.transformer_layers)
+        else:
+            # No stage file on this node: the preset is read whole and the stage keeps its
+            # layers (the backbone holds them all while the stage lives).
+            backbone = keras_hub.models.Backbone.from_preset(spec.path)
+            blocks = list(backbone.transformer_layers[first:last])
+        self._blocks = blocks
+        self._backbone = backbone
         self._family_embed = _FAMILY_EMBED[spec.family]
-        self._norm = backbone.layer_norm if self.is_last else None
-        self._head = backbone.token_embedding if self.is_last else None
-        self._token_embedding = backbone.token_embedding
         self.hidden_dim = spec.hidden_dim
         self.dtype = backbone.compute_dtype
-        if not self.is_first:
-            del backbone
-            gc.collect()
         # [blocks, key/value, slots + scratch, positions, kv heads, head dim]
         self.cache = tf.Variable(
             tf.zeros(
@@ -107,6 +109,14 @@ class StageModel:
             name="kv_cache",
         )
         self._steps: dict[tuple[int, int], Any] = {}
+
+    @property
+    def params(self) -> int:
+        return int(self._backbone.count_params())
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return int(self.cache.shape.num_elements()) * self.cache.dtype.size
 
     # --- the compiled step, one per shape bucket ---
 
@@ -162,7 +172,7 @@ class StageModel:
         flat_pos = tf.reshape(clipped, (tokens, 1))
         if self.is_first:
             ids = tf.reshape(x, (tokens, 1))
-            h = self._family_embed(self._embed_layers, ids, flat_pos)
+            h = self._family_embed(self._backbone, ids, flat_pos)
         else:
             h = tf.reshape(x, (tokens, 1, self.hidden_dim))
         with vllm_context_scope(
@@ -178,9 +188,8 @@ class StageModel:
         # Only each row's last new token is sampled from: the head runs on [R, hidden].
         last = tf.maximum(lengths - 1, 0)
         h = tf.gather(h, last, axis=1, batch_dims=1)
-        assert self._norm is not None and self._head is not None
-        h = self._norm(h)
-        logits = self._head(h, reverse=True)
+        h = self._backbone.layer_norm(h)
+        logits = self._backbone.token_embedding(h, reverse=True)
         return tf.cast(logits, tf.float32)
 
     def run(

@@ -18,6 +18,8 @@ from shards.generation import (
     StepFailed,
     start_generation_replicas,
 )
+from shards.generation.partition import cut_blocks, kv_cache_bytes, stage_params
+from shards.generation.preset import read_preset
 from shards.generation.replica import Replica
 from tests.generation_models import TOTAL_LENGTH, Greedy
 
@@ -27,7 +29,7 @@ SLOTS = 4
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["gpt2", "llama"])
 async def served(
-    request: pytest.FixtureRequest, ray_address: str
+    request: pytest.FixtureRequest, ray_address: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[Replica, Greedy]]:
     greedy: Greedy = request.getfixturevalue(f"{request.param}_greedy")
     (replica,) = await start_generation_replicas(
@@ -37,8 +39,9 @@ async def served(
         max_sequence_length=32,
         # Small CPU shares: both stages fit beside other tests' pipelines on the session's 4.
         num_cpus_per_stage=0.5,
-        max_restarts=1,
+        max_restarts=3,
         ready_timeout_s=120.0,
+        stage_cache_dir=str(tmp_path_factory.mktemp("stage-files")),
     )
     try:
         yield replica, greedy
@@ -128,6 +131,13 @@ def _staggered(greedy: Greedy) -> list[_Seq]:
 async def test_greedy_equals_generate_token_for_token(served: tuple[Replica, Greedy]) -> None:
     replica, greedy = served
     assert replica.info.stages == 2 and replica.info.kv_slots == SLOTS
+    spec = read_preset(str(greedy.preset))
+    held = await asyncio.gather(*(a.describe.remote() for a in replica._actors))
+    for cut, stage in zip(cut_blocks(spec.num_layers, 2), held, strict=True):
+        # Each actor built only its blocks, from its own stage file.
+        assert stage["from_stage_file"] and stage["blocks"] == [cut.first, cut.last]
+        assert stage["params"] == stage_params(spec, cut, spec.num_layers)
+        assert stage["kv_cache_bytes"] == kv_cache_bytes(spec, cut.blocks, SLOTS, 32)
     seqs = _staggered(greedy)
     ran = await _run(replica, seqs)
     for s, expected in zip(seqs, greedy.generated, strict=True):
@@ -163,6 +173,8 @@ async def test_an_id_outside_the_vocabulary_fails_only_its_row(
     assert result.token_id == greedy.generated[1][0]
 
 
+# Faults are handled alike for every family: one is enough (each restart costs seconds).
+@pytest.mark.parametrize("served", ["gpt2"], indirect=True)
 async def test_a_killed_stage_is_lost_then_prefilled_again_to_the_same_tokens(
     served: tuple[Replica, Greedy],
 ) -> None:
@@ -176,3 +188,25 @@ async def test_a_killed_stage_is_lost_then_prefilled_again_to_the_same_tokens(
     again = _Seq(greedy.prompts[3], max_tokens=4, arrives=0)
     await _run(replica, [again])
     assert tuple(again.generated) == greedy.generated[3][:4]
+
+
+# Faults are handled alike for every family: one is enough (each restart costs seconds).
+@pytest.mark.parametrize("served", ["gpt2"], indirect=True)
+async def test_a_step_past_its_timeout_restarts_the_stages_and_is_lost(
+    served: tuple[Replica, Greedy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replica, greedy = served
+    before = await asyncio.gather(*(a.ready.remote() for a in replica._actors))
+    # No step crosses two actors in 0.1 ms: as a hung stage would, this one runs past its limit.
+    monkeypatch.setattr(replica, "_step_timeout_s", 1e-4)
+    with pytest.raises(ReplicaLost, match="ran past"):
+        await replica.step([RowStep(0, greedy.prompts[0], 0, Sampling(), 0)])
+    with pytest.raises(ReplicaLost):
+        await replica.step([RowStep(0, greedy.prompts[0], 0, Sampling(), 0)])
+    monkeypatch.setattr(replica, "_step_timeout_s", 60.0)
+    await replica.wait_ready()
+    after = await asyncio.gather(*(a.ready.remote() for a in replica._actors))
+    assert all(b != a for b, a in zip(before, after, strict=True))  # every stage restarted
+    seq = _Seq(greedy.prompts[0], max_tokens=3, arrives=0)
+    await _run(replica, [seq])
+    assert tuple(seq.generated) == greedy.generated[0][:3]

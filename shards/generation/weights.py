@@ -1,0 +1,125 @@
+"""Per-stage weight files: the preset read once, each stage's layers written apart, so that a
+stage actor builds and loads only its own blocks (and the embeddings or head it holds).
+
+A stage file is an ``.npz`` of its layers' weights keyed ``<role>/<index>``, roles being
+``token_embedding``, ``position_embedding`` (GPT-2), ``block_<j>`` (the stage's j-th block) and
+``layer_norm``. A stage is built as a backbone of the preset's class with ``num_layers`` = its
+block count (and a one-row vocabulary where it holds neither the embeddings nor the head), then
+its roles' weights are set from the file. TensorFlow is imported by the callers' processes only
+(a Ray task writes the files; the actors read them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shards.generation.partition import StageCut
+from shards.generation.preset import PresetSpec, read_preset
+
+__all__ = ["build_stage_backbone", "stage_files_key", "write_stage_weights"]
+
+# Bumped when the file layout changes: older files are then written again, not misread.
+FORMAT = 1
+
+
+def _roles(backbone: Any, family: str, blocks: Sequence[int], first: bool, last: bool) -> list:
+    roles: list[tuple[str, Any]] = []
+    if first or last:
+        # The head of both families is the token embedding's reverse (tied) or its own matrix
+        # inside the same ReversibleEmbedding layer (untied).
+        roles.append(("token_embedding", backbone.token_embedding))
+    if first and family == "gpt2":
+        roles.append(("position_embedding", backbone.position_embedding))
+    roles += [(f"block_{j}", backbone.transformer_layers[i]) for j, i in enumerate(blocks)]
+    if last:
+        roles.append(("layer_norm", backbone.layer_norm))
+    return roles
+
+
+def stage_files_key(spec: PresetSpec, cuts: Sequence[StageCut], content: str) -> str:
+    """The cache entry for ``cuts`` of the preset whose bytes hash to ``content``."""
+    cut = ",".join(f"{c.first}-{c.last}" for c in cuts)
+    digest = hashlib.sha256(f"{content};{cut};format={FORMAT}".encode()).hexdigest()
+    return f"gen-{Path(spec.path).name[:40]}-{digest[:32]}"
+
+
+def write_stage_weights(model_path: str, cuts: Sequence[StageCut], out: Path) -> list[str]:
+    """Write ``out/stage-<i>.npz`` for each cut (reusing ``out`` when a complete copy is there);
+    returns the files' paths. The directory appears whole or not at all."""
+    files = [out / f"stage-{c.index}.npz" for c in cuts]
+    if (out / "done.json").is_file() and all(f.is_file() for f in files):
+        return [str(f) for f in files]
+    import keras_hub
+
+    spec = read_preset(model_path)
+    backbone = keras_hub.models.Backbone.from_preset(model_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=out.parent))
+    for cut in cuts:
+        arrays: dict[str, np.ndarray] = {}
+        roles = _roles(
+            backbone,
+            spec.family,
+            range(cut.first, cut.last),
+            cut.first == 0,
+            cut.last == spec.num_layers,
+        )
+        for role, layer in roles:
+            for i, w in enumerate(layer.get_weights()):
+                arrays[f"{role}/{i}"] = w
+        np.savez(tmp / f"stage-{cut.index}.npz", **arrays)  # type: ignore[arg-type]
+    (tmp / "done.json").write_text(json.dumps({"cuts": [[c.first, c.last] for c in cuts]}))
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        # Another writer finished first; its copy is as good as ours.
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [str(f) for f in files]
+
+
+def build_stage_backbone(spec: PresetSpec, first: int, last: int, weights_file: str) -> Any:
+    """A backbone of the preset's class holding blocks ``[first, last)`` (as its blocks 0..),
+    with its weights, and the embeddings/head where the stage holds them, from the stage file."""
+    import keras
+    import keras_hub  # noqa: F401  (registers the backbone classes)
+
+    holds_vocab = first == 0 or last == spec.num_layers
+    config = dict(spec.config, num_layers=last - first)
+    if not holds_vocab:
+        config["vocabulary_size"] = 1
+    raw = json.loads((Path(spec.path) / "config.json").read_text())
+    backbone = keras.saving.deserialize_keras_object(dict(raw, config=config))
+    with np.load(weights_file) as data:
+        roles = _roles(
+            backbone, spec.family, range(last - first), first == 0, last == spec.num_layers
+        )
+        for role, layer in roles:
+            count = len(layer.weights)
+            layer.set_weights([data[f"{role}/{i}"] for i in range(count)])
+    return backbone
+
+
+def stage_files(model_path: str, cuts: Sequence[StageCut], cache_dir: str) -> list[str]:
+    """The stage files of ``cuts`` under ``cache_dir``, written on first use (keyed by the
+    preset's bytes and the cut). Run in a Ray task: it loads TensorFlow."""
+    from shards.actor.tflog import import_tensorflow
+    from shards.bundle.cache import ensure_private
+    from shards.bundle.fingerprint import model_sha256
+
+    root = ensure_private(Path(cache_dir))
+    spec = read_preset(model_path)
+    key = stage_files_key(spec, cuts, model_sha256(Path(model_path), memo_dir=root))
+    out = root / key
+    if not ((out / "done.json").is_file()):
+        import_tensorflow()  # its start-up lines held to the job's level (shards.actor.tflog)
+    return write_stage_weights(model_path, cuts, out)
