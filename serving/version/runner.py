@@ -170,6 +170,10 @@ async def build_generator(settings: Settings) -> Generator:
         num_cpus_per_stage=settings.cpus_per_shard or 1.0,
         max_restarts=settings.shard_max_restarts,
         ready_timeout_s=settings.load_timeout_s,
+        stage_cache_dir=str(settings.cache_dir),
+        step_timeout_s=None
+        if settings.batch_hard_timeout_ms is None
+        else settings.batch_hard_timeout_ms / 1000.0,
     )
     return Generator(replicas, scheduler_settings(settings))
 
