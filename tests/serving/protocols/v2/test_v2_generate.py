@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from asgi_lifespan import LifespanManager
 
 from serving.generation.engine import Generator
 from serving.generation.scheduler import SchedulerSettings
 from serving.generation.tokenizer import ByteBPETokenizer
+from serving.http.fast import ModelRef
+from serving.protocols.v2.generate import v2_generate
 from serving.server.app import create_app
 from serving.settings.config import Settings
 from tests.errorcheck import assert_clean_error
@@ -59,6 +62,7 @@ async def serve(
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             client.shardserve = app.state.shardserve  # type: ignore[attr-defined]
+            client.app = app  # type: ignore[attr-defined]
             yield client
 
 
@@ -226,3 +230,69 @@ async def test_the_metrics_count_steps_tokens_and_slots() -> None:
         assert metric(text, "shardserve_generation_step_rows_count", **labels) == 4
         assert metric(text, "shardserve_running_sequences", **labels) == 0
         assert metric(text, "shardserve_free_kv_slots", **labels) == 4
+
+
+async def test_a_client_that_hangs_up_frees_its_slot_within_one_step() -> None:
+    gate = asyncio.Event()
+    fake = FakeGenerationReplica(make_info(kv_slots=1))
+    async with serve(fake, kv_slots=1) as client:
+        fake.gate = gate
+        body = orjson.dumps({"input_ids": [1], "parameters": {"max_tokens": 20}})
+        gone = asyncio.Event()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": URL,
+            "query_string": b"",
+            "headers": [(b"content-length", str(len(body)).encode())],
+            "app": client.app,  # type: ignore[attr-defined]
+        }
+        call = asyncio.ensure_future(v2_generate(ModelRef("fake"), scope, receive, send))
+        await fake.wait_started(2)  # the warm-up's step, then this prompt's prefill
+        gone.set()
+        await asyncio.wait_for(call, WAIT_S)
+        assert sent[0]["status"] == 499
+        gate.set()
+        scheduler = client.shardserve.model().generator.scheduler  # type: ignore[attr-defined]
+        while scheduler.free_slots != 1:
+            await asyncio.sleep(0.001)
+        assert fake.started == 2  # no step after the one in flight at the hang-up
+        # The slot serves the next prompt.
+        answer = await client.post(URL, json={"input_ids": [4], "parameters": {"max_tokens": 2}})
+        assert answer.json()["output_ids"] == expected_ids([4], 2)
+
+
+async def test_a_retired_generating_version_answers_what_it_admitted_then_closes() -> None:
+    gate = asyncio.Event()
+    fake = FakeGenerationReplica(make_info(kv_slots=2))
+    async with serve(fake) as client:
+        fake.gate = gate
+        body = {"input_ids": [3], "parameters": {"max_tokens": 3}}
+        running = asyncio.ensure_future(client.post(URL, json=body))
+        await fake.wait_started(2)
+        model = client.shardserve.model()  # type: ignore[attr-defined]
+        retire = asyncio.ensure_future(model.retire("version 2 replaces it"))
+        while model.state != "DRAINING":
+            await asyncio.sleep(0.001)
+        refused = await client.post(URL, json=body)
+        assert refused.status_code == 503
+        assert "version 2 replaces it" in refused.json()["error"]
+        assert not fake.closed
+        gate.set()
+        answer = await running
+        assert answer.json()["output_ids"] == expected_ids([3], 3)
+        await asyncio.wait_for(retire, WAIT_S)
+        assert fake.closed and model.state == "RETIRED"
