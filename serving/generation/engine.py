@@ -12,6 +12,7 @@ from serving.generation.sequence import GenerationParams
 from serving.generation.tokenizer import TextTokenizer, load_tokenizer
 from serving.settings.config import Settings
 from shards.generation.contract import GenerationInfo, GenerationReplica
+from shards.signature import ModelSignature, TensorSpec
 
 __all__ = ["Generator", "scheduler_settings"]
 
@@ -32,6 +33,17 @@ class Generator:
             tokenizer = load_tokenizer(self.info)
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(replicas, settings, observer)
+
+    @property
+    def signature(self) -> ModelSignature:
+        """What the V2 metadata shows of a generating model: the ids in, the ids out (the
+        generate route's), each up to the slot length."""
+        length = self.info.max_length
+        return ModelSignature(
+            name=self.info.model_family,
+            inputs=(TensorSpec("input_ids", (None,), "int32", max_length=length),),
+            outputs=(TensorSpec("output_ids", (None,), "int32", max_length=length),),
+        )
 
     def start(self) -> None:
         self.scheduler.start()

@@ -139,6 +139,8 @@ class ServedModel:
 
     @property
     def signature(self) -> ModelSignature:
+        if self.generator is not None:
+            return self.generator.signature
         if self.runner is None:
             raise NotReadyError("model is still loading; its signature is not known yet")
         return self.runner.signature

@@ -296,3 +296,13 @@ async def test_a_retired_generating_version_answers_what_it_admitted_then_closes
         assert answer.json()["output_ids"] == expected_ids([3], 3)
         await asyncio.wait_for(retire, WAIT_S)
         assert fake.closed and model.state == "RETIRED"
+
+
+async def test_a_generating_version_is_ready_and_its_metadata_shows_ids_in_and_out() -> None:
+    async with serve(FakeGenerationReplica()) as client:
+        assert (await client.get("/v2/models/fake/ready")).status_code == 200
+        assert (await client.get("/readyz")).status_code == 200
+        metadata = await client.get("/v2/models/fake")
+        assert metadata.status_code == 200, metadata.text
+        assert [t["name"] for t in metadata.json()["inputs"]] == ["input_ids"]
+        assert [t["name"] for t in metadata.json()["outputs"]] == ["output_ids"]
