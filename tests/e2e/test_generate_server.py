@@ -5,6 +5,8 @@ generate route; text in, text out; a client that hangs up frees its slot."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -131,3 +133,53 @@ def test_a_client_that_hangs_up_frees_its_slot(gpt2_server: Server) -> None:
     assert metric(text, "shardserve_running_sequences", **LABELS) == 0
     generated = metric(text, "shardserve_generated_tokens_total", **LABELS) - tokens_before
     assert generated < max_tokens
+
+
+def test_a_stage_killed_mid_generation_costs_no_client_a_token(
+    gpt2_server: Server, gpt2_greedy: Greedy
+) -> None:
+    import psutil
+    import ray
+
+    # The session's raylet (tests/conftest.py's one local Ray) runs the server's stage actors:
+    # its children whose title names the stage class.
+    raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
+    stages = [
+        p
+        for p in psutil.Process(raylet).children(recursive=True)
+        if "GenerationStage" in " ".join(p.cmdline())
+    ]
+    assert len(stages) == 2, stages
+    cases = [
+        (p, len(ids)) for p, ids in zip(gpt2_greedy.prompts, gpt2_greedy.generated, strict=True)
+    ]
+
+    async def ask_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gpt2_server.url, timeout=120) as client:
+            calls = [
+                asyncio.ensure_future(
+                    client.post(
+                        "/v2/models/gpt/generate",
+                        json={
+                            "input_ids": list(p),
+                            "parameters": {"max_tokens": n, "stop_token_ids": []},
+                        },
+                    )
+                )
+                for p, n in cases
+            ]
+            while (
+                metric(
+                    (await client.get("/metrics")).text, "shardserve_running_sequences", **LABELS
+                )
+                < 1
+            ):
+                pass
+            os.kill(stages[0].pid, signal.SIGKILL)  # kill -9
+            return await asyncio.gather(*calls)
+
+    answers = asyncio.run(ask_all())
+    for (prompt, n), answer, ids in zip(cases, answers, gpt2_greedy.generated, strict=True):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["output_ids"] == list(ids[:n]), prompt
+    assert "was lost" in gpt2_server.output()
