@@ -306,3 +306,31 @@ async def test_a_generating_version_is_ready_and_its_metadata_shows_ids_in_and_o
         assert metadata.status_code == 200, metadata.text
         assert [t["name"] for t in metadata.json()["inputs"]] == ["input_ids"]
         assert [t["name"] for t in metadata.json()["outputs"]] == ["output_ids"]
+
+
+async def test_the_admin_route_changes_max_running_sequences_at_run_time() -> None:
+    token = "a-long-enough-admin-token-for-tests"
+    fake = FakeGenerationReplica(make_info(kv_slots=4))
+    async with serve(fake, admin_token=token) as client:
+        auth = {"Authorization": f"Bearer {token}"}
+        url = "/admin/models/fake/generation"
+        view = await client.get(url, headers=auth)
+        assert view.status_code == 200, view.text
+        assert view.json() == {
+            "kv_slots": 4,
+            "max_running_sequences": 4,
+            "replicas": 1,
+            "running_sequences": 0,
+            "waiting_prompts": 0,
+            "free_kv_slots": 4,
+        }
+        changed = await client.put(url, headers=auth, json={"max_running_sequences": 1})
+        assert changed.json()["max_running_sequences"] == 1
+        body = {"input_ids": [2], "parameters": {"max_tokens": 3}}
+        answers = await asyncio.gather(*(client.post(URL, json=body) for _ in range(3)))
+        assert all(a.status_code == 200 for a in answers)
+        assert all(len(step) == 1 for step in fake.steps)  # one sequence at a time
+        refused = await client.put(url, headers=auth, json={"max_running_sequences": 5})
+        assert refused.status_code == 400
+        assert "from 1 to kv_slots=4, got 5" in refused.json()["error"]
+        assert (await client.get(url)).status_code in (401, 403)
