@@ -71,4 +71,5 @@ def scheduler_settings(settings: Settings) -> SchedulerSettings:
         max_running_sequences=settings.max_running_sequences,
         prefill_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
         max_waiting=settings.max_waiting_prompts,
+        groups=settings.generation_groups,
     )

@@ -318,6 +318,13 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="Most prompts of a generating model waiting for a slot; past it 503 with "
         "Retry-After.",
     )
+    generation_groups: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Groups of sequences a generating model keeps in flight per replica, each a "
+        "step behind the one ahead, so that every stage works. Unset = its stages + 1.",
+    )
     generation_timeout_ms: float = Field(
         300000.0,
         gt=0,

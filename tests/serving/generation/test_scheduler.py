@@ -305,3 +305,23 @@ async def test_close_fails_what_is_left_and_refuses_new_prompts() -> None:
         assert failed.value.status_code == 503  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="the version retired"):
         await scheduler.generate([3], params(1))
+
+
+def test_the_server_settings_choose_the_groups_and_the_prefill_wait() -> None:
+    from serving.generation.engine import scheduler_settings
+    from serving.settings.config import Settings
+
+    auto = scheduler_settings(Settings(model="m", batch_timeout_ms="auto", kv_slots=4))
+    assert (auto.prefill_timeout_ms, auto.groups, auto.max_running_sequences) == (None, None, None)
+    fixed = scheduler_settings(
+        Settings(
+            model="m",
+            batch_timeout_ms=7,
+            generation_groups=1,
+            kv_slots=4,
+            max_running_sequences=2,
+            max_waiting_prompts=3,
+        )
+    )
+    assert (fixed.prefill_timeout_ms, fixed.groups, fixed.max_running_sequences) == (7.0, 1, 2)
+    assert fixed.max_waiting == 3
