@@ -4,7 +4,9 @@ A keras_hub preset holds its tokenizer's assets (``GenerationInfo.tokenizer_dir`
 byte-level BPE (``vocabulary.json`` + ``merges.txt``) is read by the ``tokenizers`` library with
 GPT-2's pre-tokenizer, the special tokens kept whole as keras_hub's ``unsplittable_tokens``
 (tests/serving/generation/test_tokenizer.py holds it equal to keras_hub's ``GPT2Tokenizer``).
-A model without a tokenizer (a preset saved with ``preprocessor=None``) serves token ids only.
+Llama's SentencePiece model (``vocabulary.spm``) is read by the ``sentencepiece`` library
+(held equal to keras_hub's ``LlamaTokenizer`` there too). A model without a tokenizer (a preset
+saved with ``preprocessor=None``) serves token ids only.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from typing import Protocol
 
 from shards.generation.contract import GenerationInfo
 
-__all__ = ["ByteBPETokenizer", "TextTokenizer", "load_tokenizer"]
+__all__ = ["ByteBPETokenizer", "SentencePieceTokenizer", "TextTokenizer", "load_tokenizer"]
 
 VOCAB_FILENAME = "vocabulary.json"
 MERGES_FILENAME = "merges.txt"
+SPM_FILENAME = "vocabulary.spm"
 
 
 class TextTokenizer(Protocol):
@@ -72,6 +75,38 @@ class ByteBPETokenizer:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
+class SentencePieceTokenizer:
+    """Llama's SentencePiece model from a preset's ``vocabulary.spm`` (the ``sentencepiece``
+    library, as keras_hub's ``SentencePieceTokenizer`` reads it through tensorflow_text)."""
+
+    def __init__(self, directory: str | Path, start_token_id: int | None = None) -> None:
+        import sentencepiece
+
+        path = Path(directory) / SPM_FILENAME
+        self._model = sentencepiece.SentencePieceProcessor(model_proto=path.read_bytes())
+        self._start = start_token_id
+        model = self._model
+        plain = (
+            model.id_to_piece(i)
+            for i in range(model.get_piece_size())
+            if not (model.is_control(i) or model.is_byte(i) or model.is_unknown(i))
+        )
+        # "\u2581" stands for one space; a byte-fallback piece for one byte; an unknown
+        # character is one piece of up to 4 bytes.
+        self.max_token_bytes = max(
+            (len(p.replace("\u2581", " ").encode()) for p in plain), default=1
+        )
+        self.max_token_bytes = max(self.max_token_bytes, 4)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._model.encode(text)
+        return ids if self._start is None else [self._start, *ids]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        text: str = self._model.decode(list(ids))
+        return text
+
+
 def load_tokenizer(info: GenerationInfo) -> TextTokenizer | None:
     """The model's tokenizer, or ``None`` where it has none (token ids only). A kind this
     front end cannot read is refused by name."""
@@ -79,9 +114,11 @@ def load_tokenizer(info: GenerationInfo) -> TextTokenizer | None:
         return None
     if info.tokenizer_kind == "byte_bpe":
         return ByteBPETokenizer(info.tokenizer_dir, info.start_token_id)
+    if info.tokenizer_kind == "sentencepiece":
+        return SentencePieceTokenizer(info.tokenizer_dir, info.start_token_id)
     raise ValueError(
         f"tokenizer kind {info.tokenizer_kind!r} of a {info.model_family} model is not served "
-        "in the front end yet (byte_bpe is); serve it with input_ids"
+        "in the front end (byte_bpe and sentencepiece are)"
     )
 
 

@@ -73,3 +73,45 @@ def test_the_longest_token_bounds_the_bytes_a_slot_holds(
     _, directory = keras_tokenizer
     # "<|endoftext|>" is the longest token: 13 bytes of text.
     assert ByteBPETokenizer(directory).max_token_bytes == 13
+
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a stage holds its decoder blocks and a cache of keys and values",
+    "tokens are generated one step at a time, each at its own position",
+    "Numbers 12345 and punctuation: (a+b)=c; don't stop!",
+]
+
+
+@pytest.fixture(scope="module")
+def spm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import io
+
+    sentencepiece = pytest.importorskip("sentencepiece")
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 4),
+        model_writer=model,
+        vocab_size=320,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=1.0,
+    )
+    directory = tmp_path_factory.mktemp("spm")
+    (directory / "vocabulary.spm").write_bytes(model.getvalue())
+    return directory
+
+
+def test_sentencepiece_equals_keras_hubs_llama_tokenizer(spm_dir: Path) -> None:
+    keras_hub = pytest.importorskip("keras_hub")
+    from serving.generation.tokenizer import SentencePieceTokenizer
+
+    proto = (spm_dir / "vocabulary.spm").read_bytes()
+    theirs = keras_hub.models.LlamaTokenizer(proto=proto)
+    ours = SentencePieceTokenizer(spm_dir)
+    for text in [*CORPUS, "unseen words: zebra quux, and é ü", "  spaces  twice ", ""]:
+        ids = [int(t) for t in theirs.tokenize(text)]
+        assert ours.encode(text) == ids, text
+        assert ours.decode(ids) == theirs.detokenize(ids), text
+    start = theirs.start_token_id
+    assert SentencePieceTokenizer(spm_dir, start).encode("the fox")[0] == start
