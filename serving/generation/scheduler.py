@@ -291,7 +291,9 @@ class Scheduler:
                 )
                 if wait_s <= 0:
                     self._admit(rep, group, room)
-                    return
+                    if group.seqs:  # else every prompt it took had left: look again
+                        return
+                    continue
                 if group.seqs:
                     return
                 await self._sleep(wait_s)
@@ -322,6 +324,7 @@ class Scheduler:
 
     async def _step(self, rep: _Replica, group: _Group) -> None:
         seqs = list(group.seqs)
+        assert seqs, "a step needs rows"
         rows = [seq.next_row() for seq in seqs]
         prefill = any(seq.needs_prefill for seq in seqs)
         try:
