@@ -325,4 +325,3 @@ def test_the_server_settings_choose_the_groups_and_the_prefill_wait() -> None:
     )
     assert (fixed.prefill_timeout_ms, fixed.groups, fixed.max_running_sequences) == (7.0, 1, 2)
     assert fixed.max_waiting == 3
-
