@@ -23,7 +23,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from serving.settings.config import ConfigError, Settings
+from serving.settings.config import Settings
 from shards.cpu_plan import Pipeline, cpus_per_stage, machine_cores, scheduling_cpus
 from shards.pipeline.health import Health
 from shards.signature import ModelSignature
@@ -141,41 +141,6 @@ async def build_runner(settings: Settings) -> ModelRunner | Generator:
         raise
     _bundles[group] = bundle
     return group  # type: ignore[no-any-return]
-
-
-async def build_generator(settings: Settings) -> Generator:
-    """A generating model: its replicas' stage actors (``shards.generation``), each holding its
-    decoder blocks and KV cache, and the scheduler over them (``serving.generation``)."""
-    from serving.generation.engine import Generator, scheduler_settings
-    from shards.generation import start_generation_replicas
-
-    if settings.compiled_graph:
-        raise ConfigError(
-            f"--compiled-graph is not served for a generating model ({settings.model}): its "
-            "steps run on plain stage actors; leave the flag out"
-        )
-    saved = _signal_handlers()
-    try:
-        await asyncio.to_thread(_start_ray, settings)
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-    replicas = await start_generation_replicas(
-        settings.model,
-        stages=settings.stages,
-        kv_slots=settings.kv_slots,
-        max_sequence_length=settings.max_sequence_length,
-        replicas=settings.replica_bounds()[0],
-        num_gpus_per_stage=settings.gpus_per_shard or 0.0,
-        num_cpus_per_stage=settings.cpus_per_shard or 1.0,
-        max_restarts=settings.shard_max_restarts,
-        ready_timeout_s=settings.load_timeout_s,
-        stage_cache_dir=str(settings.cache_dir),
-        step_timeout_s=None
-        if settings.batch_hard_timeout_ms is None
-        else settings.batch_hard_timeout_ms / 1000.0,
-    )
-    return Generator(replicas, scheduler_settings(settings))
 
 
 def release_bundle(runner: object) -> None:
@@ -371,3 +336,39 @@ async def release_cluster(timeout_s: float) -> None:
         await asyncio.wait_for(asyncio.to_thread(cluster.stop_private), max(timeout_s, 0.1))
     except TimeoutError:
         log.warning("the private Ray did not stop within the stop budget; exiting without it")
+
+
+async def build_generator(settings: Settings) -> Generator:
+    """A generating model: its replicas' stage actors (``shards.generation``), each holding its
+    decoder blocks and KV cache, and the scheduler over them (``serving.generation``)."""
+    from serving.generation.engine import Generator, scheduler_settings
+    from serving.settings.config import ConfigError
+    from shards.generation import start_generation_replicas
+
+    if settings.compiled_graph:
+        raise ConfigError(
+            f"--compiled-graph is not served for a generating model ({settings.model}): its "
+            "steps run on plain stage actors; leave the flag out"
+        )
+    saved = _signal_handlers()
+    try:
+        await asyncio.to_thread(_start_ray, settings)
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    replicas = await start_generation_replicas(
+        settings.model,
+        stages=settings.stages,
+        kv_slots=settings.kv_slots,
+        max_sequence_length=settings.max_sequence_length,
+        replicas=settings.replica_bounds()[0],
+        num_gpus_per_stage=settings.gpus_per_shard or 0.0,
+        num_cpus_per_stage=settings.cpus_per_shard or 1.0,
+        max_restarts=settings.shard_max_restarts,
+        ready_timeout_s=settings.load_timeout_s,
+        stage_cache_dir=str(settings.cache_dir),
+        step_timeout_s=None
+        if settings.batch_hard_timeout_ms is None
+        else settings.batch_hard_timeout_ms / 1000.0,
+    )
+    return Generator(replicas, scheduler_settings(settings))
