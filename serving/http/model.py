@@ -99,8 +99,8 @@ class ModelHandle(Protocol):
 
     def require_generator(self) -> Generator:
         """Its generator (a generating version's scheduler and tokenizer) if it takes a
-        generate request now; else ``NotReadyError`` saying why, or ``InvalidInputError`` for
-        a version that does not generate."""
+        generate request now; else ``NotReadyError`` saying why, or ``NotFoundError`` for a
+        version that does not generate (it has no generate route)."""
         ...
 
     def not_ready_reason(self) -> str | None: ...

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from serving.batching.batcher import Batcher, BatchSettings
-from serving.errors import InvalidInputError, NotReadyError
+from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.generation.engine import Generator
 from serving.http.admission import Admitted
 from serving.metrics.series import Metrics, ModelMetrics
@@ -192,15 +192,16 @@ class ServedModel:
 
     def require_generator(self) -> Generator:
         """The generator, or why this version takes no generate request now: 503 while it
-        loads or stops, 400 for a version that does not generate."""
+        loads or stops, 404 for a version that does not generate."""
         state = self._life.state
         if state is VersionState.FAILED:
             raise NotReadyError(f"model failed to load: {self._life.reason}")
         if self.generator is None:
-            if self.batcher is not None:
-                raise InvalidInputError(
+            if self.batcher is not None:  # no generate route for it: 404, as a route
+                raise NotFoundError(
                     f"model {self.name!r} version {self.version} does not generate text (it "
-                    "is not a keras_hub CausalLM preset); use predict or infer"
+                    "is not a keras_hub CausalLM preset): no generate route; use predict or "
+                    "infer"
                 )
             raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
         if not self._life.served:

@@ -205,12 +205,12 @@ async def test_predict_on_a_generating_model_says_where_to_generate() -> None:
         assert "POST /v2/models/fake/generate" in answer.json()["error"]
 
 
-async def test_generate_on_a_model_that_does_not_generate_is_a_400() -> None:
+async def test_generate_on_a_model_that_does_not_generate_is_a_404() -> None:
     from tests.serving.served_app import serve as serve_runner
 
     async with serve_runner(FakeRunner()) as client:
         answer = await client.post(URL, json={"input_ids": [1]})
-        assert answer.status_code == 400
+        assert answer.status_code == 404
         assert "does not generate text" in answer.json()["error"]
 
 
