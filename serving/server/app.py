@@ -180,9 +180,12 @@ def _served(state: ServerState) -> Served:
     """What the document follows: the names, versions and labels served, and the one signature
     (and the rows a request may hold) every served version shares, else none."""
     versions = []
+    generating = set()
     shapes: set[tuple[ModelSignature | None, int | None]] = set()
     for model in state.served():
         versions.append((model.name, model.version))
+        if model.generator is not None:
+            generating.add(model.name)
         runner = model.runner
         if runner is None:  # loading: its signature is not known yet
             shapes.add((None, None))
@@ -191,7 +194,9 @@ def _served(state: ServerState) -> Served:
         shapes.add((runner.signature, rows))
     labels = {name: tuple(sorted(by_label)) for name, by_label in state.labels.items()}
     signature, max_rows = shapes.pop() if len(shapes) == 1 else (None, None)
-    return Served(tuple(versions), labels, signature, max_rows, _canaries(state))
+    return Served(
+        tuple(versions), labels, signature, max_rows, _canaries(state), tuple(sorted(generating))
+    )
 
 
 def _canaries(state: ServerState) -> tuple[str, ...]:

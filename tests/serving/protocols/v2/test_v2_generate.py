@@ -334,3 +334,16 @@ async def test_the_admin_route_changes_max_running_sequences_at_run_time() -> No
         assert refused.status_code == 400
         assert "from 1 to kv_slots=4, got 5" in refused.json()["error"]
         assert (await client.get(url)).status_code in (401, 403)
+
+
+async def test_the_openapi_document_lists_the_generate_routes_of_generating_models_only() -> None:
+    from tests.serving.served_app import serve as serve_runner
+
+    async with serve(FakeGenerationReplica()) as client:
+        paths = (await client.get("/openapi.json")).json()["paths"]
+        route = paths["/v2/models/{name}/generate"]["post"]
+        name = next(p for p in route["parameters"] if p["name"] == "name")
+        assert name["schema"]["enum"] == ["fake"]
+    async with serve_runner(FakeRunner()) as client:
+        paths = (await client.get("/openapi.json")).json()["paths"]
+        assert not [path for path in paths if "/generat" in path]
