@@ -65,11 +65,13 @@ class Generator:
 
 
 def scheduler_settings(settings: Settings) -> SchedulerSettings:
-    """The scheduler's settings from the server's: the prefill waits as the batcher does
-    (``batch_timeout_ms``, or auto)."""
+    """The scheduler's settings from the server's (``prefill_timeout_ms``: auto or fixed, the
+    batcher's two policies for prompts)."""
     return SchedulerSettings(
         max_running_sequences=settings.max_running_sequences,
-        prefill_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
+        prefill_timeout_ms=None
+        if settings.prefill_timeout_ms == "auto"
+        else float(settings.prefill_timeout_ms),
         max_waiting=settings.max_waiting_prompts,
         groups=settings.generation_groups,
     )

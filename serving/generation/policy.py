@@ -4,8 +4,9 @@ Pure arithmetic over what the scheduler counted: no asyncio, no clock of its own
 
 - ``admit_count``: how many waiting prompts a group may take at its step boundary (its share of
   the replica's running limit, within the replica's free slots).
-- When a prefill starts (``prefill_wait``), the batcher's two wait policies for prompts:
-  ``FixedPrefillWait`` (``batch_timeout_ms``): the prompts start once they fill what the group
+- When a prefill starts (``prefill_wait``, from ``prefill_timeout_ms``), the batcher's two wait
+  policies for prompts:
+  ``FixedPrefillWait`` (a number of ms): the prompts start once they fill what the group
   may take, or once the oldest waited the timeout; ``AutoPrefillWait`` (``auto``, as the
   batcher's: an idle pipeline gets its batch at once): an idle group takes the queue at once, a
   busy one at its next step boundary (the prompts join that step beside its decode rows, so

@@ -318,6 +318,12 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="Most prompts of a generating model waiting for a slot; past it 503 with "
         "Retry-After.",
     )
+    prefill_timeout_ms: float | Literal["auto"] = Field(
+        "auto",
+        description="Longest wait of a generating model's oldest waiting prompt for others to "
+        "join its prefill (0 = at once); auto = at once into an idle group, else at the next "
+        "step, beside the running sequences.",
+    )
     generation_groups: int | None = Field(
         None,
         ge=1,
@@ -379,7 +385,7 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
     def _json_resources(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
 
-    @field_validator("batch_timeout_ms", mode="before")
+    @field_validator("batch_timeout_ms", "prefill_timeout_ms", mode="before")
     @classmethod
     def _timeout(cls, value: Any) -> float | str:
         if isinstance(value, str) and value.strip().lower() == "auto":

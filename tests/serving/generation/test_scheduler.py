@@ -311,12 +311,12 @@ def test_the_server_settings_choose_the_groups_and_the_prefill_wait() -> None:
     from serving.generation.engine import scheduler_settings
     from serving.settings.config import Settings
 
-    auto = scheduler_settings(Settings(model="m", batch_timeout_ms="auto", kv_slots=4))
+    auto = scheduler_settings(Settings(model="m", kv_slots=4))
     assert (auto.prefill_timeout_ms, auto.groups, auto.max_running_sequences) == (None, None, None)
     fixed = scheduler_settings(
         Settings(
             model="m",
-            batch_timeout_ms=7,
+            prefill_timeout_ms=7,
             generation_groups=1,
             kv_slots=4,
             max_running_sequences=2,
