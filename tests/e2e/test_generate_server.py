@@ -1,6 +1,7 @@
 """A real ``shardserve serve --model <GPT-2 preset>`` in 2 stages on Ray (issue 39): 8 concurrent
 prompts of different lengths and max_tokens answer keras_hub's own greedy ids, through the
-generate route; text in, text out; a client that hangs up frees its slot."""
+generate route; text in, text out; a client that hangs up frees its slot; a stage killed
+(SIGKILL) mid-generation costs no client a token."""
 
 from __future__ import annotations
 
@@ -144,10 +145,11 @@ def test_a_stage_killed_mid_generation_costs_no_client_a_token(
     # The session's raylet (tests/conftest.py's one local Ray) runs the server's stage actors:
     # its children whose title names the stage class.
     raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
+    started = psutil.Process(gpt2_server.process.pid).create_time()
     stages = [
         p
         for p in psutil.Process(raylet).children(recursive=True)
-        if "GenerationStage" in " ".join(p.cmdline())
+        if "GenerationStage" in " ".join(p.cmdline()) and p.create_time() >= started
     ]
     assert len(stages) == 2, stages
     cases = [
