@@ -5,8 +5,9 @@ fixtures by name (``gpt2_preset``, ``llama_greedy``, ...) from any test.
 
 - ``gpt2_preset``: a GPT-2 CausalLM with a byte-level BPE tokenizer from an in-code vocabulary
   and merges (``GPT2CausalLMPreprocessor``, ``add_start_token``), slot bound 32 positions.
-- ``llama_preset``: a Llama CausalLM (4 query heads over 2 kv heads, RoPE, untied head) saved
-  with ``preprocessor=None``: token ids only.
+- ``llama_preset``: a Llama CausalLM (4 query heads over 2 kv heads, RoPE, untied head) with a
+  SentencePiece tokenizer trained in process (``llama_sentencepiece``; ``add_start_token``).
+- ``gpt2_keras``: the GPT-2 CausalLM saved as a ``.keras`` file (it generates too).
 - ``gpt2_greedy`` / ``llama_greedy``: ``CausalLM.generate`` (``sampler="greedy"``) on
   ``PROMPTS`` up to ``TOTAL_LENGTH`` tokens, computed once per session; the model seed is one
   whose greedy path is decisive (top-1 minus top-2 logit >= ``MARGIN`` at every generated step,
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,9 +32,11 @@ __all__ = [
     "TOTAL_LENGTH",
     "Greedy",
     "gpt2_greedy",
+    "gpt2_keras",
     "gpt2_preset",
     "llama_greedy",
     "llama_preset",
+    "llama_sentencepiece",
 ]
 
 # Prompts of different lengths (token ids valid in both models' vocabularies).
@@ -91,11 +95,48 @@ def build_gpt2(path: Path, seed: int) -> None:
     lm.save_to_preset(str(path))
 
 
+# Sentences a tiny SentencePiece model is trained on, in process (no download).
+_SPM_TEXT = (
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, generating text token by token",
+    "a sharded model serves its stages",
+    "keys and values in the cache",
+)
+
+
+def llama_sentencepiece() -> bytes:
+    """A 128-piece SentencePiece BPE model (pad 0, unk 1, <s> 2, </s> 3), trained in process."""
+    import io
+
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(_SPM_TEXT * 20),
+        model_writer=model,
+        vocab_size=LLAMA_VOCABULARY_SIZE,
+        model_type="bpe",
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
 def build_llama(path: Path, seed: int) -> None:
     import keras
     import keras_hub
 
     keras.utils.set_random_seed(seed)
+    tokenizer = keras_hub.models.LlamaTokenizer(proto=llama_sentencepiece())
+    assert tokenizer.vocabulary_size() == LLAMA_VOCABULARY_SIZE
+    preprocessor = keras_hub.models.LlamaCausalLMPreprocessor(
+        tokenizer=tokenizer, sequence_length=TOTAL_LENGTH
+    )
     backbone = keras_hub.models.LlamaBackbone(
         vocabulary_size=LLAMA_VOCABULARY_SIZE,
         num_layers=4,
@@ -104,7 +145,7 @@ def build_llama(path: Path, seed: int) -> None:
         hidden_dim=32,
         intermediate_dim=64,
     )
-    lm = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    lm = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=preprocessor)
     lm.save_to_preset(str(path))
 
 
@@ -117,6 +158,13 @@ def greedy_reference(
     import keras_hub
 
     lm = keras_hub.models.CausalLM.from_preset(str(preset), load_weights=True)
+    return generate_greedy(lm, prompts, total)
+
+
+def generate_greedy(
+    lm: Any, prompts: Sequence[Sequence[int]], total: int
+) -> tuple[list[tuple[int, ...]], float]:
+    """``greedy_reference`` for a CausalLM in memory."""
     lm.preprocessor = None
     lm.compile(sampler="greedy")
     ids = np.zeros((len(prompts), total), np.int32)
@@ -163,6 +211,16 @@ def llama_greedy(tmp_path_factory: pytest.TempPathFactory) -> Greedy:
 @pytest.fixture(scope="session")
 def gpt2_preset(gpt2_greedy: Greedy) -> Path:
     return gpt2_greedy.preset
+
+
+@pytest.fixture(scope="session")
+def gpt2_keras(gpt2_preset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The GPT-2 preset's CausalLM saved as one ``.keras`` file (tokenizer assets inside)."""
+    import keras_hub
+
+    path = tmp_path_factory.mktemp("gpt2-keras") / "gpt2.keras"
+    keras_hub.models.CausalLM.from_preset(str(gpt2_preset)).save(str(path))
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ The front end (``serving/generation/``) imports only the names exported here:
 - ``is_generating_model(path) -> bool``: a keras_hub preset directory of a supported family
   (reads ``metadata.json``/``config.json`` only: no TensorFlow, cheap);
 - ``start_generation_replicas(model_path, *, stages=None, kv_slots=8, max_sequence_length=None,
-  replicas=1, num_gpus_per_stage=0.0, num_cpus_per_stage=1.0, max_restarts=1,
+  replicas=1, num_gpus_per_stage=0.0, num_cpus_per_stage=1.0, max_restarts=3,
   ready_timeout_s=300.0, stage_cache_dir=None, step_timeout_s=None) -> list[GenerationReplica]``
   (async; needs Ray initialised in the driver). A step past ``step_timeout_s`` (a hung stage;
   None: no limit) restarts the replica's stages and raises ``ReplicaLost``. Each stage's layers
@@ -57,7 +57,7 @@ async def start_generation_replicas(
     replicas: int = 1,
     num_gpus_per_stage: float = 0.0,
     num_cpus_per_stage: float = 1.0,
-    max_restarts: int = 1,
+    max_restarts: int = 3,
     ready_timeout_s: float = 300.0,
     stage_cache_dir: str | None = None,
     step_timeout_s: float | None = None,

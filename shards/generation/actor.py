@@ -35,7 +35,7 @@ class GenerationStage:
         last: int,
         kv_slots: int,
         max_length: int,
-        warm_buckets: Sequence[tuple[int, int]] = (),
+        warm_buckets: Sequence[tuple[int, int, int]] = (),
         weights_file: str | None = None,
     ) -> None:
         from shards.actor.stage_actor import _configure_tensorflow
@@ -50,8 +50,8 @@ class GenerationStage:
         self._model = StageModel(
             read_preset(model_path), first, last, kv_slots, max_length, weights_file
         )
-        for rows, new in warm_buckets:
-            self._model.warm_up(rows, new)
+        for rows, new, context in warm_buckets:
+            self._model.warm_up(rows, new, context)
         self._rng = np.random.default_rng()
         self.incarnation = uuid.uuid4().hex
 
@@ -73,6 +73,7 @@ class GenerationStage:
         slots: np.ndarray,
         positions: np.ndarray,
         lengths: np.ndarray,
+        context: int,
         incarnation: str,
         sampling: Sequence[Sampling] | None = None,
         token_index: Sequence[int] | None = None,
@@ -82,7 +83,7 @@ class GenerationStage:
         if incarnation != self.incarnation:
             raise ReplicaLostError("the stage restarted: its KV cache no longer holds the slots")
         try:
-            out = self._model.run(x, slots, positions, lengths)
+            out = self._model.run(x, slots, positions, lengths, context)
         except Exception as exc:  # one line, no traceback: the driver maps it to StepFailed
             raise ModelError(one_line(exc), input_blamed=False) from None
         if not self._model.is_last:

@@ -1,24 +1,30 @@
-"""Reading a keras_hub CausalLM preset directory without TensorFlow.
+"""Reading a keras_hub CausalLM preset directory (or ``.keras`` file) without TensorFlow.
 
 A preset (``CausalLM.save_to_preset(dir)``) holds ``metadata.json``, the backbone's
 ``config.json``, the task's ``task.json``, ``model.weights.h5`` and the tokenizer's assets under
-``assets/tokenizer/``. Everything here reads JSON only, so the front end can ask whether a path
-generates (``is_generating_model``) and what its tokenizer is without importing TensorFlow.
+``assets/tokenizer/``. A ``.keras`` file of a CausalLM (``lm.save(path)``) is a zip holding the
+task's ``config.json`` (the backbone and preprocessor inside it), ``model.weights.h5`` and the
+tokenizer's assets under ``assets/preprocessor/tokenizer/``. Everything here reads JSON only, so
+the front end can ask whether a path generates (``is_generating_model``) and what its tokenizer
+is without importing TensorFlow.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from shards.errors import ResolveError
 
 __all__ = [
+    "ARCHIVE_TOKENIZER",
     "DEFAULT_MAX_LENGTH",
     "FAMILIES",
     "PresetSpec",
+    "extract_tokenizer",
     "is_generating_model",
     "is_preset_dir",
     "read_preset",
@@ -33,6 +39,9 @@ DEFAULT_MAX_LENGTH = 2048
 
 _TOKENIZER_KINDS = {"gpt2": "byte_bpe", "llama": "sentencepiece"}
 
+# Where a .keras file of a CausalLM keeps its tokenizer's assets.
+ARCHIVE_TOKENIZER = "assets/preprocessor/tokenizer/"
+
 
 @dataclass(frozen=True)
 class PresetSpec:
@@ -42,6 +51,7 @@ class PresetSpec:
     family: str
     backbone_class: str
     config: dict[str, Any]  # the backbone's config (config.json's "config")
+    backbone: dict[str, Any]  # the backbone serialized (module, class_name, config, ...)
     num_layers: int
     hidden_dim: int
     vocabulary_size: int
@@ -52,6 +62,7 @@ class PresetSpec:
     tokenizer_dir: str | None
     tokenizer_kind: str | None
     add_start_token: bool  # the preset's preprocessor prepends the start token
+    archive: bool = False  # a .keras file, not a preset directory
 
     @property
     def default_max_length(self) -> int:
@@ -73,26 +84,50 @@ def is_preset_dir(path: Path) -> bool:
     )
 
 
-def _backbone_class(path: Path) -> str | None:
+def _archive_task(path: Path) -> dict[str, Any] | None:
+    """The task config of a ``.keras`` file holding a keras_hub CausalLM, else None."""
+    if not (path.is_file() and path.suffix == ".keras" and zipfile.is_zipfile(path)):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+    if not isinstance(config, dict) or not str(config.get("class_name", "")).endswith("CausalLM"):
+        return None
+    task = config.get("config")
+    if not isinstance(task, dict) or not isinstance(task.get("backbone"), dict):
+        return None
+    return task
+
+
+def _sources(path: Path) -> tuple[dict[str, Any], Any] | None:
+    """(the backbone's serialized config, the preprocessor's) of a CausalLM preset directory or
+    ``.keras`` file; None when ``path`` is neither."""
+    task = _archive_task(path)
+    if task is not None:
+        return task["backbone"], task.get("preprocessor")
+    if not is_preset_dir(path):
+        return None
     try:
         metadata = _read_json(path / "metadata.json")
-        config = _read_json(path / "config.json")
+        backbone = _read_json(path / "config.json")
+        task_file = _read_json(path / "task.json")
     except (OSError, ValueError):
         return None
     if not isinstance(metadata, dict) or "CausalLM" not in (metadata.get("tasks") or []):
         return None
-    if not isinstance(config, dict):
+    if not isinstance(backbone, dict):
         return None
-    name = config.get("class_name")
-    return name if isinstance(name, str) else None
+    task_config = (task_file.get("config") or {}) if isinstance(task_file, dict) else {}
+    return backbone, task_config.get("preprocessor")
 
 
 def is_generating_model(path: str) -> bool:
-    """True when ``path`` is a keras_hub CausalLM preset directory of a supported family."""
-    p = Path(path)
-    if not is_preset_dir(p):
-        return False
-    return _backbone_class(p) in FAMILIES
+    """True when ``path`` is a keras_hub CausalLM of a supported family: a preset directory or a
+    ``.keras`` file (which also keeps serving ``:predict``)."""
+    sources = _sources(Path(path))
+    return sources is not None and sources[0].get("class_name") in FAMILIES
 
 
 def _dtype_bytes(config: dict[str, Any]) -> int:
@@ -108,22 +143,30 @@ def _dtype_bytes(config: dict[str, Any]) -> int:
 
 
 def read_preset(path: str) -> PresetSpec:
-    """Read a preset's JSON; a CausalLM of an unsupported family is refused by name."""
+    """Read a CausalLM preset's (or ``.keras`` file's) JSON; an unsupported family is refused by
+    name."""
     p = Path(path)
-    if not is_preset_dir(p):
+    sources = _sources(p)
+    if sources is None:
+        if is_preset_dir(p):
+            raise ResolveError(f"{path!r}: metadata.json does not name a CausalLM task")
         raise ResolveError(
-            f"{path!r} is not a keras_hub preset directory (metadata.json, config.json, task.json)"
+            f"{path!r} is neither a keras_hub preset directory (metadata.json, config.json, "
+            "task.json) nor a .keras file of a keras_hub CausalLM"
         )
-    backbone_class = _backbone_class(p)
-    if backbone_class is None:
-        raise ResolveError(f"{path!r}: metadata.json does not name a CausalLM task")
+    backbone, preprocessor = sources
+    backbone_class = str(backbone.get("class_name"))
     family = FAMILIES.get(backbone_class)
     if family is None:
         supported = ", ".join(sorted(FAMILIES))
         raise ResolveError(
             f"{path!r}: backbone {backbone_class!r} cannot generate here; supported: {supported}"
         )
-    config = dict(_read_json(p / "config.json")["config"])
+    config = dict(backbone["config"])
+    if family == "llama" and not p.is_file() and _tied_in_weights(p / "model.weights.h5"):
+        # keras_hub 0.32's LlamaBackbone.get_config leaves tie_word_embeddings out, so a tied
+        # preset does not load in keras_hub itself; its weights file says it is tied.
+        config["tie_word_embeddings"] = True
     hidden = int(config["hidden_dim"])
     if family == "gpt2":
         heads = int(config["num_heads"])
@@ -133,11 +176,11 @@ def read_preset(path: str) -> PresetSpec:
         heads = int(config["num_query_heads"])
         kv_heads = int(config["num_key_value_heads"])
         bound = None
-    task = _read_json(p / "task.json")
-    task_config = (task.get("config") or {}) if isinstance(task, dict) else {}
-    preprocessor = task_config.get("preprocessor")
+    archive = p.is_file()
     tokenizer_dir = p / "assets" / "tokenizer"
-    has_tokenizer = isinstance(preprocessor, dict) and tokenizer_dir.is_dir()
+    has_tokenizer = isinstance(preprocessor, dict) and (
+        _archive_has(p, ARCHIVE_TOKENIZER) if archive else tokenizer_dir.is_dir()
+    )
     add_start = has_tokenizer and bool(
         (preprocessor.get("config") or {}).get("add_start_token", True)  # type: ignore[union-attr]
     )
@@ -146,6 +189,7 @@ def read_preset(path: str) -> PresetSpec:
         family=family,
         backbone_class=backbone_class,
         config=config,
+        backbone=backbone,
         num_layers=int(config["num_layers"]),
         hidden_dim=hidden,
         vocabulary_size=int(config["vocabulary_size"]),
@@ -153,10 +197,43 @@ def read_preset(path: str) -> PresetSpec:
         head_dim=hidden // heads,
         max_length_bound=bound,
         dtype_bytes=_dtype_bytes(config),
-        tokenizer_dir=str(tokenizer_dir) if has_tokenizer else None,
+        # A .keras file's tokenizer is inside it: extract_tokenizer() puts it on disk.
+        tokenizer_dir=str(tokenizer_dir) if has_tokenizer and not archive else None,
         tokenizer_kind=_TOKENIZER_KINDS[family] if has_tokenizer else None,
         add_start_token=add_start,
+        archive=archive,
     )
+
+
+def _tied_in_weights(weights: Path) -> bool:
+    """Whether a preset's weights hold one token embedding matrix (a tied head) and not two."""
+    import h5py
+
+    try:
+        with h5py.File(weights, "r") as f:
+            held = f.get("layers/reversible_embedding/vars")
+            return held is not None and len(held) == 1
+    except OSError:
+        return False
+
+
+def _archive_has(path: Path, prefix: str) -> bool:
+    with zipfile.ZipFile(path) as archive:
+        return any(name.startswith(prefix) for name in archive.namelist())
+
+
+def extract_tokenizer(spec: PresetSpec, dest: Path) -> PresetSpec:
+    """A ``.keras`` file's spec with its tokenizer's assets extracted under ``dest`` (no
+    TensorFlow: a zip read), so the front end reads them as it reads a preset's."""
+    if not spec.archive or spec.tokenizer_kind is None:
+        return spec
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(spec.path) as archive:
+        for name in archive.namelist():
+            if name.startswith(ARCHIVE_TOKENIZER) and not name.endswith("/"):
+                target = dest / Path(name).name
+                target.write_bytes(archive.read(name))
+    return replace(spec, tokenizer_dir=str(dest))
 
 
 def special_tokens(spec: PresetSpec) -> tuple[tuple[int, ...], int | None]:

@@ -15,6 +15,7 @@ empty after Ray restarted it, is ``ReplicaLost`` until ``wait_ready()``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -26,7 +27,9 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from shards.bundle.cache import ensure_private
 from shards.bundle.shipping import default_cache_dir
+from shards.cluster import check_cluster_fits
 from shards.errors import PipelineStartError, one_line
 from shards.generation.actor import GenerationStage
 from shards.generation.contract import (
@@ -37,9 +40,9 @@ from shards.generation.contract import (
     StepFailed,
 )
 from shards.generation.partition import StageCut, cut_blocks, resolve_max_length
-from shards.generation.preset import PresetSpec, read_preset, special_tokens
+from shards.generation.preset import PresetSpec, extract_tokenizer, read_preset, special_tokens
 from shards.generation.sampling import check_sampling
-from shards.generation.stage import bucket
+from shards.generation.stage import bucket, context_bucket
 from shards.generation.weights import stage_files
 from shards.pipeline.faults import is_replica_fault, translate
 
@@ -126,6 +129,13 @@ class Replica:
             lengths[i] = len(row.token_ids)
         return ids, slots, positions, lengths
 
+    def _context(self, rows: Sequence[RowStep]) -> int:
+        """How many positions of its slots the step's attention reads: a bucket of the longest
+        row's end, so short sequences do not pay for the whole slot."""
+        return context_bucket(
+            max(r.position + len(r.token_ids) for r in rows), self.info.max_length
+        )
+
     async def step(self, rows: Sequence[RowStep]) -> list[RowResult]:
         if self._closed:
             raise ReplicaLost("the replica is closed")
@@ -135,12 +145,13 @@ class Replica:
             return []
         self._check(rows)
         ids, slots, positions, lengths = self._pad(rows)
+        context = self._context(rows)
         ref: Any = ids
         last = len(self._actors) - 1
         for index, actor in enumerate(self._actors):
             if index < last:
                 ref = actor.forward.remote(
-                    ref, slots, positions, lengths, self._incarnations[index]
+                    ref, slots, positions, lengths, context, self._incarnations[index]
                 )
             else:
                 ref = actor.forward.remote(
@@ -148,6 +159,7 @@ class Replica:
                     slots,
                     positions,
                     lengths,
+                    context,
                     self._incarnations[index],
                     [row.sampling for row in rows],
                     [row.token_index for row in rows],
@@ -214,6 +226,10 @@ class Replica:
         remove_placement_group(self._group)
 
 
+def _bundles(stages: int, cpus: float, gpus: float) -> list[dict[str, float]]:
+    return [{"CPU": cpus, **({"GPU": gpus} if gpus else {})} for _ in range(stages)]
+
+
 async def _start_one(
     spec: PresetSpec,
     info: GenerationInfo,
@@ -226,10 +242,7 @@ async def _start_one(
     ready_timeout_s: float,
     step_timeout_s: float | None,
 ) -> Replica:
-    bundles: list[dict[str, float]] = [
-        {"CPU": num_cpus_per_stage, **({"GPU": num_gpus_per_stage} if num_gpus_per_stage else {})}
-        for _ in cuts
-    ]
+    bundles = _bundles(len(cuts), num_cpus_per_stage, num_gpus_per_stage)
     group = placement_group(bundles, strategy="PACK")
     try:
         await asyncio.wait_for(group.ready(), timeout=ready_timeout_s)
@@ -243,7 +256,7 @@ async def _start_one(
     warm = []
     rows = 1
     while True:
-        warm.append((bucket(rows, info.kv_slots), 1))
+        warm.append((bucket(rows, info.kv_slots), 1, context_bucket(1, info.max_length)))
         if rows >= info.kv_slots:
             break
         rows *= 2
@@ -279,7 +292,7 @@ async def start_generation_replicas(
     replicas: int = 1,
     num_gpus_per_stage: float = 0.0,
     num_cpus_per_stage: float = 1.0,
-    max_restarts: int = 1,
+    max_restarts: int = 3,
     ready_timeout_s: float = 300.0,
     stage_cache_dir: str | Path | None = None,
     step_timeout_s: float | None = None,
@@ -294,9 +307,19 @@ async def start_generation_replicas(
     spec = read_preset(model_path)
     max_length = resolve_max_length(spec, max_sequence_length)
     cuts = cut_blocks(spec.num_layers, 1 if stages is None else stages)
-    end_ids, start_id = special_tokens(spec)
+    # Refused at once where the cluster can never hold them (a placement group would wait).
+    check_cluster_fits(
+        _bundles(len(cuts), num_cpus_per_stage, num_gpus_per_stage), replicas, "PACK"
+    )
     # Each stage's layers written apart once (a Ray task: TensorFlow stays out of the driver).
     cache = str(stage_cache_dir) if stage_cache_dir is not None else str(default_cache_dir())
+    if spec.archive:
+        # A .keras file's tokenizer is inside it: on disk for the front end, keyed by the file.
+        ensure_private(Path(cache))
+        stat = Path(spec.path).stat()
+        key = hashlib.sha256(f"{spec.path};{stat.st_size};{stat.st_mtime_ns}".encode())
+        spec = extract_tokenizer(spec, Path(cache) / f"tokenizer-{key.hexdigest()[:32]}")
+    end_ids, start_id = special_tokens(spec)
     try:
         files: list[str | None] = list(await _stage_files.remote(model_path, cuts, cache))
     except ray.exceptions.RayError as exc:

@@ -26,7 +26,10 @@ import numpy as np
 
 from shards.generation.preset import PresetSpec
 
-__all__ = ["StageModel", "bucket"]
+__all__ = ["MIN_CONTEXT", "StageModel", "bucket", "context_bucket"]
+
+# The shortest prefix of a slot attention reads: fewer, larger buckets for short sequences.
+MIN_CONTEXT = 16
 
 
 def bucket(n: int, cap: int) -> int:
@@ -35,6 +38,11 @@ def bucket(n: int, cap: int) -> int:
     while size < n:
         size *= 2
     return max(n, min(size, cap))
+
+
+def context_bucket(end: int, max_length: int) -> int:
+    """The positions a step's attention reads, for rows ending (exclusive) at ``end`` at most."""
+    return min(max_length, bucket(max(end, MIN_CONTEXT), max_length))
 
 
 def _embed_gpt2(backbone: Any, ids: Any, positions: Any) -> Any:
@@ -69,7 +77,6 @@ class StageModel:
         max_length: int,
         weights_file: str | None = None,
     ) -> None:
-        import keras_hub
         import tensorflow as tf
 
         if not 0 <= first < last <= spec.num_layers:
@@ -92,23 +99,31 @@ class StageModel:
         else:
             # No stage file on this node: the preset is read whole and the stage keeps its
             # layers (the backbone holds them all while the stage lives).
-            backbone = keras_hub.models.Backbone.from_preset(spec.path)
+            from shards.generation.weights import load_whole_backbone
+
+            backbone = load_whole_backbone(spec)
             blocks = list(backbone.transformer_layers[first:last])
         self._blocks = blocks
         self._backbone = backbone
         self._family_embed = _FAMILY_EMBED[spec.family]
         self.hidden_dim = spec.hidden_dim
         self.dtype = backbone.compute_dtype
-        # [blocks, key/value, slots + scratch, positions, kv heads, head dim]
-        self.cache = tf.Variable(
-            tf.zeros(
-                (last - first, 2, kv_slots + 1, max_length, spec.kv_heads, spec.head_dim),
-                dtype=self.dtype,
-            ),
-            trainable=False,
-            name="kv_cache",
-        )
-        self._steps: dict[tuple[int, int], Any] = {}
+        # One variable per block, rows (key/value, slot + scratch, position) flattened into its
+        # first axis: written in place by scatter and read by gather along that axis, a row of
+        # kv heads x head dim at a time (a slice of a variable would copy it whole first).
+        self._cache_shape = (2, kv_slots + 1, max_length, spec.kv_heads, spec.head_dim)
+        self.caches = [
+            tf.Variable(
+                tf.zeros(
+                    (2 * (kv_slots + 1) * max_length, spec.kv_heads, spec.head_dim),
+                    dtype=self.dtype,
+                ),
+                trainable=False,
+                name=f"kv_cache_{first + i}",
+            )
+            for i in range(last - first)
+        ]
+        self._steps: dict[tuple[int, int, int], Any] = {}
 
     @property
     def params(self) -> int:
@@ -116,12 +131,17 @@ class StageModel:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return int(self.cache.shape.num_elements()) * self.cache.dtype.size
+        return sum(int(c.shape.num_elements()) * c.dtype.size for c in self.caches)
+
+    def cache_array(self) -> np.ndarray:
+        """The KV cache as ``[blocks, key/value, slots + scratch, positions, kv heads, head dim]``
+        (a copy, for tests and inspection)."""
+        return np.stack([c.numpy().reshape(self._cache_shape) for c in self.caches])
 
     # --- the compiled step, one per shape bucket ---
 
-    def _step_fn(self, rows: int, new: int) -> Any:
-        key = (rows, new)
+    def _step_fn(self, rows: int, new: int, context: int) -> Any:
+        key = (rows, new, context)
         fn = self._steps.get(key)
         if fn is not None:
             return fn
@@ -133,18 +153,27 @@ class StageModel:
             else tf.TensorSpec((rows, new, self.hidden_dim), self.dtype)
         )
         ints = tf.TensorSpec((rows,), tf.int32)
+        # Traced once here and called as a concrete function: one graph per bucket, and no
+        # "frequent retracing" warning for buckets that are new shapes by design.
         fn = tf.function(
             lambda x, slots, positions, lengths: self._forward(
-                x, slots, positions, lengths, rows, new
+                x, slots, positions, lengths, rows, new, context
             ),
             input_signature=[x_spec, ints, ints, ints],
             reduce_retracing=False,
-        )
+        ).get_concrete_function()
         self._steps[key] = fn
         return fn
 
     def _forward(
-        self, x: Any, slots: Any, positions: Any, lengths: Any, rows: int, new: int
+        self,
+        x: Any,
+        slots: Any,
+        positions: Any,
+        lengths: Any,
+        rows: int,
+        new: int,
+        context: int,
     ) -> Any:
         import tensorflow as tf
         from keras_hub.src.vllm.context import vllm_context_scope
@@ -160,13 +189,15 @@ class StageModel:
         # is thrown away, and its write went to the scratch slot.
         clipped = tf.minimum(token_pos, self.max_length - 1)
         attention = _Attention(
-            self.cache,
+            self.caches,
             rows,
             new,
             tf.reshape(write_slot, (tokens,)),
             tf.reshape(write_pos, (tokens,)),
             tf.where(lengths > 0, slots, scratch),
             clipped,
+            context,
+            self.kv_slots + 1,
             self.max_length,
         )
         flat_pos = tf.reshape(clipped, (tokens, 1))
@@ -193,51 +224,71 @@ class StageModel:
         return tf.cast(logits, tf.float32)
 
     def run(
-        self, x: np.ndarray, slots: np.ndarray, positions: np.ndarray, lengths: np.ndarray
+        self,
+        x: np.ndarray,
+        slots: np.ndarray,
+        positions: np.ndarray,
+        lengths: np.ndarray,
+        context: int | None = None,
     ) -> np.ndarray:
         """One step: hidden states ``[R, N, hidden]`` for the next stage, or logits ``[R, vocab]``
-        from the last (which samples from them; they never leave its process)."""
+        from the last (which samples from them; they never leave its process). ``context``: how
+        many positions of each slot attention reads (at least every row's position + its new
+        tokens; the slot length by default), a bucket so that a short sequence reads a short
+        prefix of its slot."""
         rows, new = int(x.shape[0]), int(x.shape[1])
-        fn = self._step_fn(rows, new)
+        context = self.max_length if context is None else int(context)
+        if not 1 <= context <= self.max_length:
+            raise ValueError(f"context {context} is outside 1..{self.max_length}")
+        fn = self._step_fn(rows, new, context)
         out = fn(x, slots.astype(np.int32), positions.astype(np.int32), lengths.astype(np.int32))
         return np.asarray(out.numpy())
 
-    def warm_up(self, rows: int, new: int) -> None:
-        """Trace the bucket ``(rows, new)`` on padded rows: they write only the scratch slot."""
+    def warm_up(self, rows: int, new: int, context: int | None = None) -> None:
+        """Trace the bucket ``(rows, new, context)`` on padded rows: they write only the scratch
+        slot."""
         if self.is_first:
             x = np.zeros((rows, new), np.int32)
         else:
             x = np.zeros((rows, new, self.hidden_dim), np.dtype(self.dtype))
         zeros = np.zeros((rows,), np.int32)
-        self.run(x, np.full((rows,), self.kv_slots, np.int32), zeros, zeros)
+        self.run(x, np.full((rows,), self.kv_slots, np.int32), zeros, zeros, context)
 
 
 class _Attention:
     """The paged-attention function the keras_hub hook calls once per decoder block.
 
-    ``cache_index`` is what we published as that block's cache (its index in ``self.cache``); the
+    ``cache_index`` is what we published as that block's cache (its index in ``caches``); the
     updated "cache" handed back is the same index, the variable having been written in place.
     """
 
     def __init__(
         self,
-        cache: Any,
+        caches: list[Any],
         rows: int,
         new: int,
         write_slot: Any,
         write_pos: Any,
         read_slot: Any,
         token_pos: Any,
+        context: int,
+        slots: int,
         max_length: int,
     ) -> None:
-        self.cache = cache
+        self.caches = caches
         self.rows = rows
         self.new = new
         self.write_slot = write_slot
         self.write_pos = write_pos
         self.read_slot = read_slot
         self.token_pos = token_pos
+        self.context = context
+        self.slots = slots  # kv slots + the scratch one
         self.max_length = max_length
+
+    def _row(self, kind: int, slot: Any, position: Any) -> Any:
+        """The cache row of (key or value, slot, position), broadcast."""
+        return (kind * self.slots + slot) * self.max_length + position
 
     def __call__(
         self,
@@ -261,18 +312,18 @@ class _Attention:
         groups = num_heads // kv_heads
         key = tf.reshape(key, (tokens, kv_heads, head_dim))
         value = tf.reshape(value, (tokens, kv_heads, head_dim))
-        block = tf.fill((tokens,), tf.constant(cache_index, tf.int32))
+        cache = self.caches[cache_index]
         for kind, update in ((0, key), (1, value)):
-            index = tf.stack(
-                [block, tf.fill((tokens,), kind), self.write_slot, self.write_pos], axis=1
-            )
-            self.cache.scatter_nd_update(index, tf.cast(update, self.cache.dtype))
-        keys = tf.gather(self.cache[cache_index, 0], self.read_slot)  # [R, L, kv, D]
-        values = tf.gather(self.cache[cache_index, 1], self.read_slot)
+            index = self._row(kind, self.write_slot, self.write_pos)
+            cache.scatter_update(tf.IndexedSlices(tf.cast(update, cache.dtype), index))
+        # Only the first `context` positions of each row's slot: no row reads past them.
+        position = tf.range(self.context, dtype=tf.int32)[None, :]
+        keys = cache.sparse_read(self._row(0, self.read_slot[:, None], position))  # [R, C, kv, D]
+        values = cache.sparse_read(self._row(1, self.read_slot[:, None], position))
         q = tf.reshape(query, (rows, new, kv_heads, groups, head_dim))
         scores = tf.einsum("rnkgd,rlkd->rkgnl", q, tf.cast(keys, q.dtype))
         scores = tf.cast(scores, tf.float32) * scale
-        allowed = tf.range(self.max_length)[None, None, :] <= self.token_pos[:, :, None]
+        allowed = tf.range(self.context)[None, None, :] <= self.token_pos[:, :, None]
         scores = tf.where(allowed[:, None, None, :, :], scores, tf.float32.min)
         probs = tf.cast(tf.nn.softmax(scores, axis=-1), q.dtype)
         out = tf.einsum("rkgnl,rlkd->rnkgd", probs, tf.cast(values, q.dtype))

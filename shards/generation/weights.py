@@ -24,7 +24,13 @@ import numpy as np
 from shards.generation.partition import StageCut
 from shards.generation.preset import PresetSpec, read_preset
 
-__all__ = ["build_stage_backbone", "stage_files_key", "write_stage_weights"]
+__all__ = [
+    "build_stage_backbone",
+    "load_whole_backbone",
+    "stage_files",
+    "stage_files_key",
+    "write_stage_weights",
+]
 
 # Bumped when the file layout changes: older files are then written again, not misread.
 FORMAT = 1
@@ -57,10 +63,8 @@ def write_stage_weights(model_path: str, cuts: Sequence[StageCut], out: Path) ->
     files = [out / f"stage-{c.index}.npz" for c in cuts]
     if (out / "done.json").is_file() and all(f.is_file() for f in files):
         return [str(f) for f in files]
-    import keras_hub
-
     spec = read_preset(model_path)
-    backbone = keras_hub.models.Backbone.from_preset(model_path)
+    backbone = load_whole_backbone(spec)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=out.parent))
     for cut in cuts:
@@ -87,6 +91,20 @@ def write_stage_weights(model_path: str, cuts: Sequence[StageCut], out: Path) ->
     return [str(f) for f in files]
 
 
+def load_whole_backbone(spec: PresetSpec) -> Any:
+    """The preset's (or ``.keras`` file's) whole backbone, with its weights."""
+    import keras
+    import keras_hub  # noqa: F401  (registers the backbone classes)
+
+    if spec.archive:
+        return keras.saving.load_model(spec.path, compile=False).backbone
+    # As Backbone.from_preset loads it, but from the config read_preset made complete (a tied
+    # Llama's tie_word_embeddings, which keras_hub 0.32 does not save).
+    backbone = keras.saving.deserialize_keras_object(dict(spec.backbone, config=spec.config))
+    backbone.load_weights(str(Path(spec.path) / "model.weights.h5"))
+    return backbone
+
+
 def build_stage_backbone(spec: PresetSpec, first: int, last: int, weights_file: str) -> Any:
     """A backbone of the preset's class holding blocks ``[first, last)`` (as its blocks 0..),
     with its weights, and the embeddings/head where the stage holds them, from the stage file."""
@@ -97,8 +115,7 @@ def build_stage_backbone(spec: PresetSpec, first: int, last: int, weights_file: 
     config = dict(spec.config, num_layers=last - first)
     if not holds_vocab:
         config["vocabulary_size"] = 1
-    raw = json.loads((Path(spec.path) / "config.json").read_text())
-    backbone = keras.saving.deserialize_keras_object(dict(raw, config=config))
+    backbone = keras.saving.deserialize_keras_object(dict(spec.backbone, config=config))
     with np.load(weights_file) as data:
         roles = _roles(
             backbone, spec.family, range(last - first), first == 0, last == spec.num_layers

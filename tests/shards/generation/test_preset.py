@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,9 +79,23 @@ def test_what_the_presets_say(gpt2_preset: Path, llama_preset: Path) -> None:
     assert (llama.family, llama.kv_heads, llama.head_dim) == ("llama", 2, 8)
     # RoPE has no position bound of its own: the slot length defaults to 2,048.
     assert llama.max_length_bound is None and llama.default_max_length == DEFAULT_MAX_LENGTH
-    # Saved with preprocessor=None: token ids only.
-    assert llama.tokenizer_dir is None and llama.tokenizer_kind is None
-    assert special_tokens(llama) == ((), None)
+    assert llama.tokenizer_kind == "sentencepiece" and llama.add_start_token
+    assert llama.tokenizer_dir is not None
+    assert (Path(llama.tokenizer_dir) / "vocabulary.spm").is_file()
+    assert special_tokens(llama) == ((3,), 2)  # </s>, <s> as the tokenizer was trained
+
+
+def test_a_preset_saved_without_preprocessor_serves_token_ids_only(
+    llama_preset: Path, tmp_path: Path
+) -> None:
+    bare = tmp_path / "bare"
+    shutil.copytree(llama_preset, bare, ignore=shutil.ignore_patterns("assets", "*.weights.h5"))
+    task = json.loads((bare / "task.json").read_text())
+    task["config"]["preprocessor"] = None
+    (bare / "task.json").write_text(json.dumps(task))
+    spec = read_preset(str(bare))
+    assert spec.tokenizer_dir is None and spec.tokenizer_kind is None and not spec.add_start_token
+    assert special_tokens(spec) == ((), None)
 
 
 def test_max_sequence_length_is_held_to_the_position_rows(gpt2_preset: Path) -> None:

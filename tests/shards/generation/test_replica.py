@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 import ray
 
+from shards.errors import InsufficientResourcesError
 from shards.generation import (
     ReplicaLost,
     RowStep,
@@ -21,7 +23,7 @@ from shards.generation import (
 from shards.generation.partition import cut_blocks, kv_cache_bytes, stage_params
 from shards.generation.preset import read_preset
 from shards.generation.replica import Replica
-from tests.generation_models import TOTAL_LENGTH, Greedy
+from tests.generation_models import GPT2_VOCABULARY, TOTAL_LENGTH, Greedy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SLOTS = 4
@@ -210,3 +212,37 @@ async def test_a_step_past_its_timeout_restarts_the_stages_and_is_lost(
     seq = _Seq(greedy.prompts[0], max_tokens=3, arrives=0)
     await _run(replica, [seq])
     assert tuple(seq.generated) == greedy.generated[0][:3]
+
+
+async def test_a_keras_file_generates_as_its_preset_does(
+    ray_address: str,
+    gpt2_keras: Path,
+    gpt2_greedy: Greedy,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    (replica,) = await start_generation_replicas(
+        str(gpt2_keras),
+        stages=1,
+        kv_slots=2,
+        num_cpus_per_stage=0.5,
+        ready_timeout_s=120.0,
+        stage_cache_dir=str(tmp_path_factory.mktemp("keras-stage-files")),
+    )
+    try:
+        info = replica.info
+        assert (info.model_family, info.stages, info.max_length) == ("gpt2", 1, 32)
+        assert info.tokenizer_kind == "byte_bpe" and info.tokenizer_dir is not None
+        assert (Path(info.tokenizer_dir) / "vocabulary.json").is_file()
+        assert info.end_token_ids == (GPT2_VOCABULARY["<|endoftext|>"],)
+        seq = _Seq(gpt2_greedy.prompts[1], max_tokens=5, arrives=0)
+        await _run(replica, [seq])
+        assert tuple(seq.generated) == gpt2_greedy.generated[1][:5]
+    finally:
+        await replica.close()
+
+
+async def test_stages_the_cluster_cannot_hold_are_refused_at_once(
+    ray_address: str, gpt2_preset: Path
+) -> None:
+    with pytest.raises(InsufficientResourcesError, match="GPU"):
+        await start_generation_replicas(str(gpt2_preset), stages=2, num_gpus_per_stage=1.0)
