@@ -90,11 +90,13 @@ RunnerFactory = Callable[[Settings], Awaitable["ModelRunner | Generator"]]
 
 async def build_runner(settings: Settings) -> ModelRunner | Generator:
     """Connect to (or start) Ray, resolve the model to a bundle, start and warm the pipelines;
-    for a generating model (a keras_hub CausalLM preset), its generation replicas and their
-    scheduler (``build_generator``)."""
+    for a generating model (a keras_hub CausalLM preset directory), its generation replicas and
+    their scheduler (``build_generator``)."""
     from shards.generation import is_generating_model
 
-    if is_generating_model(settings.model):
+    # A preset directory generates; a .keras file of a CausalLM keeps serving :predict (its
+    # generating alongside is not wired yet).
+    if Path(settings.model).is_dir() and is_generating_model(settings.model):
         return await build_generator(settings)
     # Importing Ray, starting it and asking the cluster block for seconds (a private Ray takes
     # ~5 s to start on 2 cores): on a thread, so that /healthz and /readyz answer meanwhile.
