@@ -22,6 +22,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from serving.settings.elastic import ScalingSettings
+from serving.settings.generation import GenerationSettings
 from serving.settings.lengths import MAX_LENGTH_LIMIT, LengthSettings
 from serving.settings.repository import RepositorySettings
 from serving.settings.sources import ConfigError, TomlSource, format_validation_error, split_csv
@@ -39,7 +40,9 @@ _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 
 
 # The length-padding fields: LengthSettings; the model repository's: RepositorySettings.
-class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings):
+class Settings(
+    BaseSettings, LengthSettings, RepositorySettings, ScalingSettings, GenerationSettings
+):
     model_config = SettingsConfigDict(
         env_prefix="SHARDSERVE_", extra="forbid", validate_default=True
     )
@@ -298,46 +301,6 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
     slo_p99_ms: float | None = Field(
         None, gt=0, description="Latency target the auto timeout keeps the p99 under."
     )
-    # A generating model (a keras_hub CausalLM preset): its KV cache and its scheduler.
-    kv_slots: int = Field(
-        8,
-        ge=1,
-        le=4096,
-        description="Slots of a generating model's KV cache in each replica, fixed at load: "
-        "the most sequences it generates at once; the memory plan counts them.",
-    )
-    max_running_sequences: int | None = Field(
-        None,
-        ge=1,
-        description="Most sequences a generating model runs at once per replica (at most "
-        "kv_slots); the others wait for a slot. Unset = kv_slots.",
-    )
-    max_waiting_prompts: int = Field(
-        128,
-        ge=1,
-        description="Most prompts of a generating model waiting for a slot; past it 503 with "
-        "Retry-After.",
-    )
-    prefill_timeout_ms: float | Literal["auto"] = Field(
-        "auto",
-        description="Longest wait of a generating model's oldest waiting prompt for others to "
-        "join its prefill (0 = at once); auto = at once into an idle group, else at the next "
-        "step, beside the running sequences.",
-    )
-    generation_groups: int | None = Field(
-        None,
-        ge=1,
-        le=64,
-        description="Groups of sequences a generating model keeps in flight per replica, each a "
-        "step behind the one ahead, so that every stage works. Unset = its stages + 1.",
-    )
-    generation_timeout_ms: float = Field(
-        300000.0,
-        gt=0,
-        le=3_600_000,
-        description="Deadline of a generate request (X-Request-Timeout-Ms may shorten): past "
-        "it, 504. request_timeout_ms does not apply to it.",
-    )
 
     @classmethod
     def settings_customise_sources(
@@ -385,7 +348,7 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
     def _json_resources(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
 
-    @field_validator("batch_timeout_ms", "prefill_timeout_ms", mode="before")
+    @field_validator("batch_timeout_ms", mode="before")
     @classmethod
     def _timeout(cls, value: Any) -> float | str:
         if isinstance(value, str) and value.strip().lower() == "auto":
@@ -429,11 +392,6 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
                     f"allowed_batch_sizes must be sizes between 1 and max_batch_size "
                     f"({self.max_batch_size}), got {self.allowed_batch_sizes}"
                 )
-        if self.max_running_sequences is not None and self.max_running_sequences > self.kv_slots:
-            raise ValueError(
-                f"max_running_sequences ({self.max_running_sequences}) must be at most kv_slots "
-                f"({self.kv_slots}): a running sequence holds a slot"
-            )
         if self.max_queue_rows is not None and self.max_queue_rows < self.max_batch_size:
             raise ValueError(
                 f"max_queue_rows ({self.max_queue_rows}) must be >= max_batch_size "
