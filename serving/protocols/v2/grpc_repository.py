@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from serving.http.model import RepositoryControl
 
-__all__ = ["Metadata", "RepositoryRpcs", "RepositorySource"]
+__all__ = ["ADMIN_METHODS", "ADMIN_WHAT", "Metadata", "RepositoryRpcs", "RepositorySource"]
 
 # The server's repository control, looked up per call: ``None`` until the lifespan has made
 # it (and in a server that has none).
@@ -41,6 +41,12 @@ Metadata: TypeAlias = "Sequence[tuple[str, str | bytes]]"
 
 NO_REPOSITORY = "the model repository is not running (the server is starting or stopping); retry"
 ADMIN_WHAT = "repository load and unload"
+# The calls that take the admin token (the gRPC port refuses it in clear text from another
+# machine: serving.protocols.grpc_limits).
+ADMIN_METHODS = frozenset(
+    f"/inference.GRPCInferenceService/{rpc}"
+    for rpc in ("RepositoryModelLoad", "RepositoryModelUnload")
+)
 # tritonclient's unload_model always sends it; no model here depends on another, so either
 # value unloads exactly the model named.
 UNLOAD_DEPENDENTS = "unload_dependents"

@@ -22,7 +22,7 @@ import orjson
 from fastapi import FastAPI, Request
 
 from serving.errors import InvalidInputError, NotReadyError
-from serving.http.admin_token import check_admin_token
+from serving.http.admin_token import Transport, check_admin_token, check_admin_transport
 from serving.http.admission import check_length
 from serving.http.model import RepositoryControl
 from serving.http.replies import read_body
@@ -95,10 +95,17 @@ def install_repository_routes(
     docs: Mapping[str, Mapping[str, Any]],
     *,
     body_timeout_s: float,
+    allow_plaintext_admin: bool = False,
 ) -> None:
     """The routes above, each documented with ``docs[kind]`` (a kind of ``REPOSITORY_KINDS``);
     load and unload are listed in the document only where the admin token turns them on; a
-    body must arrive within ``body_timeout_s`` (``body_read_timeout_s``)."""
+    body must arrive within ``body_timeout_s`` (``body_read_timeout_s``); the token over clear
+    text from another machine only with ``allow_plaintext_admin``."""
+
+    def _check_token(request: Request) -> None:
+        transport = Transport.of(request.scope)
+        check_admin_transport(admin_token, transport, allow_plaintext_admin, _WHAT)
+        check_admin_token(request.headers.get("authorization"), admin_token, _WHAT)
 
     async def _body(request: Request) -> bytes | bytearray:
         check_length(request.headers.get("content-length"), _BODY_LIMIT)
@@ -112,13 +119,13 @@ def install_repository_routes(
 
     # Done: an empty object (Triton's body is empty; its clients read only the status).
     async def load(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(request.headers.get("authorization"), admin_token, _WHAT)
+        _check_token(request)
         _parameters(parse_body(await _body(request), _PARAMETERS), {}, "load")
         await _repository(request).load(name)
         return {}
 
     async def unload(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(request.headers.get("authorization"), admin_token, _WHAT)
+        _check_token(request)
         body = parse_body(await _body(request), _PARAMETERS)
         _parameters(body, _UNLOAD_PARAMETERS, "unload")
         await _repository(request).unload(name)
