@@ -18,6 +18,9 @@ from collections.abc import Mapping
 
 __all__ = ["CanarySplit", "RandomSplit", "WeightedSplit"]
 
+# Where a split draws unless given a generator: the tests of a whole server seed it here.
+_system_random = random.SystemRandom
+
 
 class WeightedSplit:
     def __init__(self, weights: Mapping[str, int]) -> None:
@@ -63,7 +66,7 @@ class RandomSplit:
         (first, w_first), (second, w_second) = self._pair(weights)
         self._first, self._second = first, second
         self._threshold = w_first / (w_first + w_second)
-        self._draw = (rng or random.SystemRandom()).random
+        self._draw = (rng or _system_random()).random
 
     @staticmethod
     def _pair(weights: Mapping[str, int]) -> list[tuple[str, int]]:

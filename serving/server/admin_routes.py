@@ -39,6 +39,7 @@ from serving.openapi.bodies import (
     errors,
 )
 from serving.openapi.document import ADMIN_SECURITY
+from serving.quoting import quote
 from serving.settings.config import Settings, default_queue_rows
 from serving.version.runner import ModelRunner, pipeline_depth
 
@@ -148,7 +149,7 @@ def change_model(settings: Settings) -> type[BaseModel]:
 def _refusal(exc: ValidationError, allowed: dict[str, str]) -> InvalidInputError:
     def reason(field: str, error: ErrorDetails) -> str:
         if error["type"] == "extra_forbidden":
-            return f"unknown field {field!r}; expected some of {list(ADMIN_FIELDS)}"
+            return f"unknown field {quote(field)}; expected some of {list(ADMIN_FIELDS)}"
         return f"{field} must be {allowed[field]}, got {error['input']!r:.80}"
 
     shape = f"a JSON object with some of {list(ADMIN_FIELDS)}"

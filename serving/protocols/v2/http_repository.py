@@ -26,6 +26,7 @@ from serving.http.admin_token import Transport, check_admin_token, check_admin_t
 from serving.http.admission import check_length
 from serving.http.model import RepositoryControl
 from serving.http.replies import read_body
+from serving.quoting import quote
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
@@ -56,7 +57,7 @@ def parse_body(raw: bytes | bytearray, fields: Mapping[str, tuple[type, ...]]) -
         )
     for key, value in body.items():
         if key not in fields:
-            raise InvalidInputError(f"unknown field {key!r}; expected some of {list(fields)}")
+            raise InvalidInputError(f"unknown field {quote(key)}; expected some of {list(fields)}")
         types = fields[key]
         # JSON's true is not a number here, nor 1 a boolean.
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
@@ -75,11 +76,13 @@ def _parameters(body: dict[str, Any], taken: Mapping[str, type], action: str) ->
         if kind is None:
             offered = f"it takes {list(taken)}" if taken else "it takes none"
             raise InvalidInputError(
-                f"{action} parameter {key!r} is not taken ({offered}); a model's settings come "
-                "from its config.toml in the repository"
+                f"{action} parameter {quote(key)} is not taken ({offered}); a model's settings "
+                "come from its config.toml in the repository"
             )
         if not isinstance(value, kind):
-            raise InvalidInputError(f"{action} parameter {key!r} must be a boolean, got {value!r}")
+            raise InvalidInputError(
+                f"{action} parameter {quote(key)} must be a boolean, got {quote(value)}"
+            )
 
 
 def _repository(request: Request) -> RepositoryControl:

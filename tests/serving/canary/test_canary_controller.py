@@ -6,6 +6,7 @@ admin API turns into 409s."""
 from __future__ import annotations
 
 import logging
+import random
 from itertools import pairwise
 
 import pytest
@@ -123,7 +124,8 @@ def test_the_tick_promotes_a_canary_with_no_new_answer() -> None:
     assert r.stable == "2"
 
 
-def test_what_cannot_be_done_is_a_conflict_naming_why() -> None:
+def test_what_cannot_be_done_is_a_conflict_naming_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("serving.canary.split._system_random", lambda: random.Random(5))
     r, _, _, metrics = rollout()
     r.rollback("manual", "through the admin API")
     assert rollbacks(metrics, "manual") == 1.0
@@ -132,7 +134,8 @@ def test_what_cannot_be_done_is_a_conflict_naming_why() -> None:
     # Given a share again, the canary is judged afresh.
     r.set_weights(50, 50)
     assert (r.state, r.reason, r.weights) == ("canary", None, (50, 50))
-    assert sorted(r.pick() for _ in range(4)) == ["1", "1", "2", "2"]
+    picks = [r.pick() for _ in range(400)]  # drawn: about half each
+    assert 150 < picks.count("2") < 250 and set(picks) == {"1", "2"}
     r.promote()
     with pytest.raises(ConflictError, match="model 'm' has no canary to promote; its stable"):
         r.promote()

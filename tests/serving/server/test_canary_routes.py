@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,13 @@ from tests.serving.repository.test_manager import _until
 from tests.serving.repository.test_repository_switch import PREDICT, Load, TaggedRunner, add_version
 from tests.serving.served_app import row
 from tests.serving.served_repository import serve_repository
+
+
+@pytest.fixture(autouse=True)
+def seeded_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The canary's draws seeded: each test's requests meet the same sides on every run."""
+    monkeypatch.setattr("serving.canary.split._system_random", lambda: random.Random(11))
+
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -168,7 +176,8 @@ async def test_a_flood_of_short_deadlines_at_the_canary_does_not_roll_it_back(
 async def test_a_flood_at_the_stable_does_not_save_a_canary_failing_a_fifth_of_its_share(
     tmp_path: Path,
 ) -> None:
-    add_version(tmp_path, 1, TRAFFIC + "promote = 'auto'\n")
+    # Judged on its failures alone: a p99 over a loaded machine's scheduling noise is not this test's.
+    add_version(tmp_path, 1, TRAFFIC + "promote = 'auto'\nlatency_factor = 1000.0\n")
     async with serve_repository(tmp_path, Versions(poisoned={2})) as client:  # type: ignore[arg-type]
         state: ServerState = client.shardserve  # type: ignore[attr-defined]
         await canary_of(client, tmp_path, 2)
