@@ -21,6 +21,7 @@ import orjson
 from serving.errors import InvalidInputError
 from serving.generation.sequence import Completion, GenerationParams
 from serving.generation.tokenizer import TextTokenizer
+from serving.quoting import quote
 from shards.generation.contract import GenerationInfo, Sampling
 
 __all__ = ["GenerateCall", "encode_generate", "parse_generate"]
@@ -49,7 +50,7 @@ def parse_generate(
     unknown = sorted(set(request) - {"text_input", "input_ids", "parameters", "id"})
     if unknown:
         raise InvalidInputError(
-            f"unknown field {_cut(unknown[0])!r}; a generate body holds text_input or "
+            f"unknown field {quote(unknown[0])}; a generate body holds text_input or "
             "input_ids, and parameters"
         )
     parameters = request.get("parameters", {})
@@ -104,11 +105,12 @@ def _ids(value: object, field: str, info: GenerationInfo) -> tuple[int, ...]:
     for index, token in enumerate(value):
         if not isinstance(token, int) or isinstance(token, bool):
             raise InvalidInputError(
-                f"{field}[{index}] must be an integer token id, got {_cut(token)!r}"
+                f"{field}[{index}] must be an integer token id, got {quote(token)}"
             )
         if not 0 <= token < vocabulary:
             raise InvalidInputError(
-                f"{field}[{index}] is {token}, outside the vocabulary (0 to {vocabulary - 1})"
+                f"{field}[{index}] is {quote(token)}, outside the vocabulary (0 to "
+                f"{vocabulary - 1})"
             )
     return tuple(value)
 
@@ -117,7 +119,7 @@ def _params(parameters: dict[str, Any], prompt: int, info: GenerationInfo) -> Ge
     unknown = sorted(set(parameters) - _PARAMETERS)
     if unknown:
         raise InvalidInputError(
-            f"unknown parameter {_cut(unknown[0])!r}; known: {', '.join(sorted(_PARAMETERS))}"
+            f"unknown parameter {quote(unknown[0])}; known: {', '.join(sorted(_PARAMETERS))}"
         )
     room = info.max_length - prompt
     max_tokens = _int(parameters, "max_tokens", DEFAULT_MAX_TOKENS, low=1)
@@ -140,7 +142,7 @@ def _params(parameters: dict[str, Any], prompt: int, info: GenerationInfo) -> Ge
         not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < _SEED_LIMIT
     ):
         raise InvalidInputError(
-            f"parameters.seed must be an integer from 0 to 2**63-1, got {_cut(seed)!r}"
+            f"parameters.seed must be an integer from 0 to 2**63-1, got {quote(seed)}"
         )
     stops = parameters.get("stop_token_ids")
     stop_ids = (
@@ -156,7 +158,7 @@ def _int(parameters: dict[str, Any], name: str, default: int, *, low: int) -> in
     value = parameters.get(name, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise InvalidInputError(
-            f"parameters.{name} must be an integer of at least {low}, got {_cut(value)!r}"
+            f"parameters.{name} must be an integer of at least {low}, got {quote(value)}"
         )
     return value
 
@@ -164,7 +166,7 @@ def _int(parameters: dict[str, Any], name: str, default: int, *, low: int) -> in
 def _number(parameters: dict[str, Any], name: str, default: float) -> float:
     value = parameters.get(name, default)
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise InvalidInputError(f"parameters.{name} must be a finite number, got {_cut(value)!r}")
+        raise InvalidInputError(f"parameters.{name} must be a finite number, got {quote(value)}")
     return float(value)
 
 
@@ -183,9 +185,3 @@ def encode_generate(
     answer["output_ids"] = list(done.output_ids)
     answer["finish_reason"] = done.finish_reason
     return orjson.dumps(answer)
-
-
-def _cut(value: object, limit: int = 40) -> str:
-    """A client's value quoted short in an error."""
-    text = str(value)
-    return text if len(text) <= limit else text[:limit] + "..."

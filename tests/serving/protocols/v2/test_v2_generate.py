@@ -347,3 +347,12 @@ async def test_the_openapi_document_lists_the_generate_routes_of_generating_mode
     async with serve_runner(FakeRunner()) as client:
         paths = (await client.get("/openapi.json")).json()["paths"]
         assert not [path for path in paths if "/generat" in path]
+
+
+async def test_client_data_in_a_refusal_is_quoted_short() -> None:
+    async with serve(FakeGenerationReplica()) as client:
+        body = {"input_ids": [1], "parameters": {"k" * 100_000: 1}}
+        answer = await client.post(URL, json=body)
+        assert answer.status_code == 400
+        message = assert_clean_error(answer)
+        assert "unknown parameter 'kkkk" in message and len(message) < 300
