@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
+    from serving.generation.engine import Generator
     from serving.http.admission import Admitted
     from serving.settings.config import Settings
     from serving.version.condition import Condition
@@ -95,6 +96,12 @@ class ModelHandle(Protocol):
     def admitted(self) -> Admitted: ...
 
     def require_batcher(self) -> Batcher: ...
+
+    def require_generator(self) -> Generator:
+        """Its generator (a generating version's scheduler and tokenizer) if it takes a
+        generate request now; else ``NotReadyError`` saying why, or ``NotFoundError`` for a
+        version that does not generate (it has no generate route)."""
+        ...
 
     def not_ready_reason(self) -> str | None: ...
 

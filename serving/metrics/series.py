@@ -23,7 +23,14 @@ from serving.metrics.scraped import (
 )
 from shards.pipeline.health import Health
 
-__all__ = ["BACKGROUND_TASKS", "MODEL_LABELS", "Metrics", "ModelMetrics", "memory_figures"]
+__all__ = [
+    "BACKGROUND_TASKS",
+    "MODEL_LABELS",
+    "GenerationMetrics",
+    "Metrics",
+    "ModelMetrics",
+    "memory_figures",
+]
 
 # The background tasks (``serving.supervisor``), by the label their failures are counted in.
 BACKGROUND_TASKS = (
@@ -136,6 +143,53 @@ class _Families:
             "shardserve_scale_events_total",
             "Replicas added (direction up) or removed (down) by the autoscaler, by reason",
             [*labels, "direction", "reason"],
+            registry=r,
+        )
+
+        # A generating version's (serving.generation): its scheduler's steps and tokens.
+        self.first_token = Histogram(
+            "shardserve_time_to_first_token_seconds",
+            "Time from a prompt's arrival to its first generated token",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.token_gap = Histogram(
+            "shardserve_time_per_output_token_seconds",
+            "Time between a sequence's generated tokens after its first",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.generated = Counter(
+            "shardserve_generated_tokens",
+            "Tokens generated (answered or not)",
+            labels,
+            registry=r,
+        )
+        self.running_sequences = Gauge(
+            "shardserve_running_sequences",
+            "Sequences generating now (each holds a KV slot)",
+            labels,
+            registry=r,
+        )
+        self.free_kv_slots = Gauge(
+            "shardserve_free_kv_slots",
+            "KV cache slots free, over every replica",
+            labels,
+            registry=r,
+        )
+        self.step_rows = Histogram(
+            "shardserve_generation_step_rows",
+            "Rows (sequences) per generation step",
+            labels,
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.steps = Counter(
+            "shardserve_generation_steps",
+            "Generation steps by kind: prefill (it held a prompt) or decode",
+            [*labels, "kind"],
             registry=r,
         )
 
@@ -256,6 +310,17 @@ class ModelMetrics:
         if held_rows is not None:
             self._held_rows.set_function(held_rows)
 
+    def generation(self) -> GenerationMetrics:
+        """What a generating version's scheduler observes (``GenerationObserver``)."""
+        return GenerationMetrics(self, self._f, self.key)
+
+    def bind_generation(
+        self, running: Callable[[], float], free_slots: Callable[[], float]
+    ) -> None:
+        if not self.removed:
+            self._f.running_sequences.labels(*self.key).set_function(running)
+            self._f.free_kv_slots.labels(*self.key).set_function(free_slots)
+
     def scale_event(self, direction: str, reason: str) -> None:
         if not self.removed:
             self._f.scale_events.labels(*self.key, direction, reason).inc()
@@ -272,6 +337,35 @@ class ModelMetrics:
     def set_stage_stats(self, rows: Iterable[dict[str, Any]]) -> None:
         if not self.removed:
             self._stages.snapshots[self.key] = list(rows)
+
+
+class GenerationMetrics:
+    """A generating version's scheduler's series (``serving.generation.GenerationObserver``)."""
+
+    def __init__(self, model: ModelMetrics, families: _Families, key: ModelKey) -> None:
+        self._model = model
+        self._first = families.first_token.labels(*key)
+        self._gap = families.token_gap.labels(*key)
+        self._tokens = families.generated.labels(*key)
+        self._rows = families.step_rows.labels(*key)
+        self._steps = {kind: families.steps.labels(*key, kind) for kind in ("prefill", "decode")}
+
+    def observe_step(self, kind: str, rows: int) -> None:
+        if not self._model.removed:
+            self._steps[kind].inc()
+            self._rows.observe(rows)
+
+    def observe_first_token(self, seconds: float) -> None:
+        if not self._model.removed:
+            self._first.observe(seconds)
+
+    def observe_token_gap(self, seconds: float) -> None:
+        if not self._model.removed:
+            self._gap.observe(seconds)
+
+    def observe_tokens(self, count: int) -> None:
+        if not self._model.removed:
+            self._tokens.inc(count)
 
 
 class Metrics:

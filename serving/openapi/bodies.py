@@ -16,6 +16,8 @@ __all__ = [
     "BatchingView",
     "Body",
     "Error",
+    "GenerationChange",
+    "GenerationView",
     "ModelMetadata",
     "ModelStatus",
     "Readiness",
@@ -163,6 +165,22 @@ class ReplicasView(Body):
     detail: str
     # What a replica the cluster has not placed yet waits for ("" when none waits).
     pending: str = ""
+
+
+class GenerationView(Body):
+    """A generating version's scheduler: its slots and what it runs now."""
+
+    kv_slots: int  # per replica, fixed at load
+    max_running_sequences: int  # per replica, at most kv_slots (PUT changes it)
+    replicas: int
+    running_sequences: int
+    waiting_prompts: int
+    free_kv_slots: int
+
+
+class GenerationChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_running_sequences: int
 
 
 class BatchingView(Body):

@@ -30,6 +30,8 @@ _REQUEST_ID_DOC = {
 }
 ADMIN_SECURITY: dict[str, Any] = {"security": [{"adminToken": []}]}
 _ROLLOUT = "/rollout"  # the canary's admin paths: only for the models with one
+# A generating model's paths (the generate route, its admin route): only for the models that do.
+_GENERATION = ("/generate", "/generation")
 
 
 def _is_v2_infer(path: str) -> bool:
@@ -59,6 +61,7 @@ class Served:
     signature: ModelSignature | None
     max_rows: int | None
     rollouts: tuple[str, ...] = ()  # the models with a canary's rollout ([traffic])
+    generating: tuple[str, ...] = ()  # the models that generate text (a CausalLM preset)
 
     def enums(self) -> dict[str, list[str]]:
         """The values of each path parameter (none where nothing is served)."""
@@ -86,14 +89,15 @@ def document(base: Schema, served: Served) -> Schema:
         paths = doc.get("paths", {})
         for path in [path for path in paths if "{label}" in path]:
             del paths[path]
-    for path in [path for path in doc.get("paths", {}) if _ROLLOUT in path]:
-        if served.rollouts:  # a model without one could only answer 404
-            for operation in doc["paths"][path].values():
-                for parameter in operation.get("parameters", ()):
-                    if parameter.get("name") == "name" and parameter.get("in") == "path":
-                        parameter["schema"] = {"type": "string", "enum": list(served.rollouts)}
-        else:
-            del doc["paths"][path]
+    for marks, names in (((_ROLLOUT,), served.rollouts), (_GENERATION, served.generating)):
+        for path in [path for path in doc.get("paths", {}) if any(m in path for m in marks)]:
+            if names:  # a model without a rollout (or that does not generate): only 404
+                for operation in doc["paths"][path].values():
+                    for parameter in operation.get("parameters", ()):
+                        if parameter.get("name") == "name" and parameter.get("in") == "path":
+                            parameter["schema"] = {"type": "string", "enum": list(names)}
+            else:
+                del doc["paths"][path]
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.update(predict_schemas(signature, max_rows))
@@ -113,7 +117,11 @@ def document(base: Schema, served: Served) -> Schema:
                 json_body["example"] = predict_example(signature)
             for parameter in operation.get("parameters", ()):
                 listed = enums.get(parameter.get("name", ""))
-                if parameter.get("in") == "path" and listed and _ROLLOUT not in path:
+                # A rollout's and a generating model's names are enumerated above.
+                own = _ROLLOUT in path or (
+                    parameter.get("name") == "name" and any(m in path for m in _GENERATION)
+                )
+                if parameter.get("in") == "path" and listed and not own:
                     parameter["schema"] = {"type": "string", "enum": listed}
             for response in operation.get("responses", {}).values():
                 response.setdefault("headers", {})["X-Request-Id"] = {"$ref": _REQUEST_ID_REF}

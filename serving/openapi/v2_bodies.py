@@ -136,6 +136,34 @@ class V2InferenceResponse(BaseModel):
     outputs: list[V2ResponseOutput]
 
 
+class V2GenerateParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+
+
+class V2GenerateRequest(BaseModel):
+    """Exactly one of ``text_input`` (a model with a tokenizer) and ``input_ids``."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = None
+    text_input: str | None = None
+    input_ids: list[int] | None = None
+    parameters: V2GenerateParameters | None = None
+
+
+class V2GenerateResponse(BaseModel):
+    model_name: str
+    model_version: str
+    text_output: str | None = None
+    output_ids: list[int]
+    finish_reason: Literal["stop", "length"]
+
+
 def _inline(schema: Any, defs: dict[str, Any]) -> Any:
     """``schema`` with its ``#/$defs/...`` references replaced by the definitions themselves."""
     if isinstance(schema, dict):
@@ -194,6 +222,16 @@ INFER: Responses = {
     },
     **{code: _ERROR for code in (400, 404, 413, 422, 500, 503, 504)},
 }
+GENERATE_REQUEST: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _schema(V2GenerateRequest)}},
+    }
+}
+GENERATE: Responses = {
+    200: {"model": V2GenerateResponse, "description": "The completion (not the prompt)"},
+    **{code: _ERROR for code in (400, 404, 413, 422, 500, 503, 504)},
+}
 # Each kind of V2 route (``serving.protocols.v2.http.ROUTE_KINDS``): the GET routes' 200 body
 # (the route's response_model) and their other answers; the infer routes' bodies.
 ROUTE_DOCS: dict[str, dict[str, Any]] = {
@@ -210,6 +248,7 @@ ROUTE_DOCS: dict[str, dict[str, Any]] = {
     },
     "model_config": {"response_model": V2ModelConfig, "responses": {404: _ERROR, 503: _ERROR}},
     "infer": {"responses": INFER, "openapi_extra": INFER_REQUEST},
+    "generate": {"responses": GENERATE, "openapi_extra": GENERATE_REQUEST},
 }
 
 

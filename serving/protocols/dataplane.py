@@ -23,8 +23,8 @@ and a success goes to the transport as the work's own answer.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from serving.canary.blame import CLIENT_GONE, version_failed
 from serving.errors import (
@@ -46,15 +46,18 @@ if TYPE_CHECKING:
     import numpy as np
 
     from serving.batching.batcher import Batcher
+    from serving.generation.engine import Generator
     from serving.settings.config import Settings
 
 __all__ = [
     "Failure",
+    "GenerateWork",
     "Transport",
     "Work",
     "check_sequence_length",
     "count_refused",
     "count_routed",
+    "generate",
     "infer",
 ]
 
@@ -71,6 +74,8 @@ _GONE_MESSAGE = "the client went away before its answer was ready"
 
 # (request, model, its batcher, deadline as time.monotonic()) -> the answer
 Work = Callable[[R, ModelHandle, "Batcher", float], Awaitable[A]]
+# (request, model, its generator, deadline) -> the answer: a generate request's work
+GenerateWork = Callable[[R, ModelHandle, "Generator", float], Awaitable[A]]
 
 
 class Failure:
@@ -132,12 +137,15 @@ async def infer(
     body_length: str | None,
     work: Work[R, A],
     transport: Transport[R, A, T],
+    generates: bool = False,
 ) -> T:
     """Serve one inference request for the version (or label) ``name`` names (``version`` and
     ``label`` ``None``: the server's choice, a turn of a canary's split) with ``work``.
 
     ``body_length``: the size the client declared (HTTP's ``Content-Length``), refused from it
-    past ``max_body_bytes``; ``None`` where the transport bounds the message itself (gRPC)."""
+    past ``max_body_bytes``; ``None`` where the transport bounds the message itself (gRPC).
+    ``generates``: a generate request (``generate``): the work is handed the version's
+    generator, its iteration-level scheduler, in place of its batcher."""
     started = time.perf_counter()
     stamp = Stamp(started)
     CURRENT.set(stamp)  # the request's own task: its batcher's submit stamps it
@@ -157,15 +165,25 @@ async def infer(
         # deadline the client shortened, not the version's failure (``count_routed``).
         own_deadline = time.monotonic() + model.settings.request_timeout_ms / 1000.0
         try:
-            batcher = model.require_batcher()
             settings = model.settings
-            # Admission from the headers alone: a refused request costs no body read, no decode.
-            check_length(body_length, settings.max_body_bytes)
-            try:
-                check_headroom(batcher)
-            except QueueFullError:
-                metrics.reject("queue_full")
-                raise
+            if not generates:
+                batcher: Any = model.require_batcher()
+                # Admission from the headers alone: a refused request costs no body read, no
+                # decode.
+                check_length(body_length, settings.max_body_bytes)
+                try:
+                    check_headroom(batcher)
+                except QueueFullError:
+                    metrics.reject("queue_full")
+                    raise
+            else:  # its work gets the version's generator (its scheduler) instead
+                batcher = model.require_generator()
+                check_length(body_length, settings.max_body_bytes)
+                try:
+                    batcher.check_headroom()
+                except QueueFullError:
+                    metrics.reject("queue_full")
+                    raise
             deadline = transport.deadline(request, settings)
             with model.admitted.hold():  # the model's drain waits for it (``Admitted``)
                 outcome = await work(request, model, batcher, deadline)
@@ -198,6 +216,24 @@ async def infer(
         return await transport.answer(request, outcome, stamp)
     finally:
         _finish(stamp, model, error, transport, request)
+
+
+def generate(
+    models: ModelDirectory,
+    name: str | None,
+    version: str | None,
+    label: str | None,
+    request: R,
+    body_length: str | None,
+    work: GenerateWork[R, A],
+    transport: Transport[R, A, T],
+) -> Coroutine[Any, Any, T]:
+    """Serve one generate request: ``infer``, its work handed the version's generator (a
+    version that does not generate is refused there, 400). Returns ``infer``'s coroutine: no
+    frame of its own."""
+    return infer(
+        models, name, version, label, request, body_length, cast(Work[R, A], work), transport, True
+    )
 
 
 def _finish(

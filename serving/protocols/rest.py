@@ -18,17 +18,19 @@ from serving.http.admission import declared_length, request_deadline
 from serving.http.fast import FastRequest, ModelRef
 from serving.http.model import ModelDirectory
 from serving.http.replies import Reply, error_reply, send_reply, unexpected_reply
-from serving.protocols.dataplane import Failure, Work, infer
+from serving.protocols.dataplane import Failure, GenerateWork, Work, generate, infer
 from serving.telemetry.headers import SERVER_TIMING, client_address, trace_headers
 from serving.telemetry.stamp import Stamp
 
 if TYPE_CHECKING:
     from serving.settings.config import Settings
 
-__all__ = ["HttpWork", "serve_prediction"]
+__all__ = ["HttpGenerateWork", "HttpWork", "serve_generation", "serve_prediction"]
 
 # A protocol's work over HTTP: (request, model, its batcher, deadline) -> the reply
 HttpWork = Work[FastRequest, Reply]
+# A generate request's work over HTTP: (request, model, its generator, deadline) -> the reply
+HttpGenerateWork = GenerateWork[FastRequest, Reply]
 
 
 class _Rest:
@@ -81,5 +83,15 @@ def serve_prediction(
     """Answer one predict-like request for the model (version, or label) ``ref`` names with
     ``work``: the data plane's coroutine itself, so that the route awaits no frame more."""
     return infer(
+        models, ref.name, ref.version, ref.label, request, request.content_length, work, _REST
+    )
+
+
+def serve_generation(
+    request: FastRequest, models: ModelDirectory, ref: ModelRef, work: HttpGenerateWork
+) -> Coroutine[Any, Any, None]:
+    """Answer one generate request for the model ``ref`` names with ``work`` (handed the
+    version's generator): the data plane's coroutine itself."""
+    return generate(
         models, ref.name, ref.version, ref.label, request, request.content_length, work, _REST
     )

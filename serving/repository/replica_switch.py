@@ -37,6 +37,7 @@ from serving.version.life import VersionState
 from serving.version.runner import ElasticRunner, ModelRunner, RunnerFactory
 
 if TYPE_CHECKING:
+    from serving.generation.engine import Generator
     from serving.repository.registry import Registry
     from serving.repository.source import ModelPlan
     from serving.version.served import ServedModel
@@ -111,7 +112,7 @@ class Rolling:
         if old is None:
             return factory
 
-        async def build(settings: Settings) -> ModelRunner:
+        async def build(settings: Settings) -> ModelRunner | Generator:
             return await factory(await self._begin(old, model, settings))
 
         return build

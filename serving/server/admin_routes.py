@@ -1,4 +1,5 @@
-"""Admin routes: read and change the batch settings of a served version.
+"""Admin routes: read and change the batch settings of a served version (and a generating
+version's running sequences: ``/admin/models/{name}[/versions/{version}]/generation``).
 
 ``GET /admin/models/{name}[/versions/{version}]/batching`` shows the settings of a model's default
 version (or of the version named), ``PUT`` changes some of ``max_batch_size``,
@@ -15,6 +16,7 @@ naming the field, the value and the bounds) and changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from annotated_types import Le
@@ -28,7 +30,14 @@ from serving.http.admin_token import Transport, check_admin_token, check_admin_t
 from serving.http.admission import check_length
 from serving.http.json_body import refusal, whole
 from serving.http.replies import read_body
-from serving.openapi.bodies import BatchingView, ReplicasView, RunTimeView, errors
+from serving.openapi.bodies import (
+    BatchingView,
+    GenerationChange,
+    GenerationView,
+    ReplicasView,
+    RunTimeView,
+    errors,
+)
 from serving.openapi.document import ADMIN_SECURITY
 from serving.quoting import quote
 from serving.settings.config import Settings, default_queue_rows
@@ -235,6 +244,8 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
     async def put_version(name: str, version: str, request: Request) -> BatchingView:
         return await put_batching(request, name, version)
 
+    _install_generation_routes(app, model_of, listed=settings.admin_token is not None)
+
     # Documented only where they are on; 404 (not listed) where they are off. The document
     # holds the PUT body to the server's settings: a version whose config.toml sets a smaller
     # max_batch_size or request_timeout_ms refuses more, naming its own bound.
@@ -262,5 +273,88 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
             include_in_schema=listed,
             response_model=BatchingView,
             responses=errors(400, 401, 403, *found, 413, 503),
+            openapi_extra={"requestBody": body_doc, **ADMIN_SECURITY},
+        )
+
+
+def _install_generation_routes(
+    app: FastAPI,
+    model_of: Callable[[Request, str | None, str | None], ServedModel],
+    *,
+    listed: bool,
+) -> None:
+    """``/admin/models/{name}[/versions/{version}]/generation``: a generating version's slots;
+    ``PUT {"max_running_sequences": n}`` changes how many sequences each replica runs at once
+    (1 to its ``kv_slots``) from the next step on; the others wait for a slot."""
+
+    def view(model: ServedModel) -> GenerationView:
+        generator = model.require_generator()
+        scheduler = generator.scheduler
+        return GenerationView(
+            kv_slots=generator.info.kv_slots,
+            max_running_sequences=scheduler.max_running_sequences,
+            replicas=generator.replicas,
+            running_sequences=scheduler.running,
+            waiting_prompts=scheduler.waiting,
+            free_kv_slots=scheduler.free_slots,
+        )
+
+    async def get(request: Request, name: str, version: str | None) -> GenerationView:
+        return view(model_of(request, name, version))
+
+    async def put(request: Request, name: str, version: str | None) -> GenerationView:
+        model = model_of(request, name, version)
+        scheduler = model.require_generator().scheduler
+        check_length(request.headers.get("content-length"), _BODY_LIMIT)
+        raw = await read_body(request.receive, _BODY_LIMIT, model.settings.body_read_timeout_s)
+        try:
+            change = GenerationChange.model_validate_json(raw)
+        except ValidationError as exc:
+            raise InvalidInputError(
+                'body must be {"max_running_sequences": <integer>}: '
+                + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            ) from None
+        try:
+            scheduler.max_running_sequences = change.max_running_sequences
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        return view(model)
+
+    async def get_named(name: str, request: Request) -> GenerationView:
+        return await get(request, name, None)
+
+    async def put_named(name: str, request: Request) -> GenerationView:
+        return await put(request, name, None)
+
+    async def get_version(name: str, version: str, request: Request) -> GenerationView:
+        return await get(request, name, version)
+
+    async def put_version(name: str, version: str, request: Request) -> GenerationView:
+        return await put(request, name, version)
+
+    body_doc = {
+        "required": True,
+        "content": {"application/json": {"schema": GenerationChange.model_json_schema()}},
+    }
+    for path, get_route, put_route in (
+        ("/admin/models/{name}/generation", get_named, put_named),
+        ("/admin/models/{name}/versions/{version}/generation", get_version, put_version),
+    ):
+        app.add_api_route(
+            path,
+            get_route,
+            methods=["GET"],
+            include_in_schema=listed,
+            response_model=GenerationView,
+            responses=errors(400, 401, 403, 404, 503),
+            openapi_extra=ADMIN_SECURITY,
+        )
+        app.add_api_route(
+            path,
+            put_route,
+            methods=["PUT"],
+            include_in_schema=listed,
+            response_model=GenerationView,
+            responses=errors(400, 401, 403, 404, 413, 503),
             openapi_extra={"requestBody": body_doc, **ADMIN_SECURITY},
         )

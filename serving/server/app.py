@@ -21,6 +21,7 @@ from serving.openapi.document import Served, document
 from serving.openapi.v2_bodies import REPOSITORY_DOCS
 from serving.openapi.v2_bodies import ROUTE_DOCS as V2_ROUTE_DOCS
 from serving.protocols.tfserving.predict import predict as predict_model
+from serving.protocols.v2.generate import v2_generate
 from serving.protocols.v2.http import install_v2_routes, v2_infer
 from serving.protocols.v2.http_repository import install_repository_routes
 from serving.repository.manager import Repository
@@ -86,6 +87,8 @@ def _install_fast_routes(routes: FastRoutes) -> None:
     routes.add_raw("/v1/models/{name}/labels/{label}:predict", predict_model)
     routes.add_raw("/v2/models/{name}/infer", v2_infer)
     routes.add_raw("/v2/models/{name}/versions/{version}/infer", v2_infer)
+    routes.add_raw("/v2/models/{name}/generate", v2_generate)
+    routes.add_raw("/v2/models/{name}/versions/{version}/generate", v2_generate)
 
 
 class ShardServeApp(FastAPI):
@@ -181,9 +184,12 @@ def _served(state: ServerState) -> Served:
     """What the document follows: the names, versions and labels served, and the one signature
     (and the rows a request may hold) every served version shares, else none."""
     versions = []
+    generating = set()
     shapes: set[tuple[ModelSignature | None, int | None]] = set()
     for model in state.served():
         versions.append((model.name, model.version))
+        if model.generator is not None:
+            generating.add(model.name)
         runner = model.runner
         if runner is None:  # loading: its signature is not known yet
             shapes.add((None, None))
@@ -192,7 +198,9 @@ def _served(state: ServerState) -> Served:
         shapes.add((runner.signature, rows))
     labels = {name: tuple(sorted(by_label)) for name, by_label in state.labels.items()}
     signature, max_rows = shapes.pop() if len(shapes) == 1 else (None, None)
-    return Served(tuple(versions), labels, signature, max_rows, _canaries(state))
+    return Served(
+        tuple(versions), labels, signature, max_rows, _canaries(state), tuple(sorted(generating))
+    )
 
 
 def _canaries(state: ServerState) -> tuple[str, ...]:

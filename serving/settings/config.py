@@ -22,6 +22,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from serving.settings.elastic import ScalingSettings
+from serving.settings.generation import GenerationSettings
 from serving.settings.grpc_limits import GrpcSettings
 from serving.settings.lengths import MAX_LENGTH_LIMIT, LengthSettings
 from serving.settings.repository import RepositorySettings
@@ -41,9 +42,15 @@ _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 
 
 # The length-padding fields: LengthSettings; the model repository's: RepositorySettings; the
-# gRPC calls' limits: GrpcSettings; TLS's: TlsSettings.
+# gRPC calls' limits: GrpcSettings; TLS's: TlsSettings; a generating model's: GenerationSettings.
 class Settings(
-    BaseSettings, LengthSettings, RepositorySettings, ScalingSettings, GrpcSettings, TlsSettings
+    BaseSettings,
+    LengthSettings,
+    RepositorySettings,
+    ScalingSettings,
+    GrpcSettings,
+    TlsSettings,
+    GenerationSettings,
 ):
     model_config = SettingsConfigDict(
         env_prefix="SHARDSERVE_", extra="forbid", validate_default=True

@@ -30,6 +30,7 @@ from shards.pipeline.health import Health
 from shards.signature import ModelSignature
 
 if TYPE_CHECKING:
+    from serving.generation.engine import Generator
     from shards.pipeline.options import PipelineOptions
 
 log = logging.getLogger("shardserve")
@@ -92,12 +93,21 @@ class ElasticRunner(Protocol):
     def health(self) -> Health: ...
 
 
-# Builds a model's runner from the settings (``build_runner``; tests pass their fakes').
-RunnerFactory = Callable[[Settings], Awaitable[ModelRunner]]
+# Builds a model's runner from the settings (``build_runner``; tests pass their fakes'): a
+# generating model's is a ``Generator`` (its scheduler over its replicas) instead.
+RunnerFactory = Callable[[Settings], Awaitable["ModelRunner | Generator"]]
 
 
-async def build_runner(settings: Settings) -> ModelRunner:
-    """Connect to (or start) Ray, resolve the model to a bundle, start and warm the pipelines."""
+async def build_runner(settings: Settings) -> ModelRunner | Generator:
+    """Connect to (or start) Ray, resolve the model to a bundle, start and warm the pipelines;
+    for a generating model (a keras_hub CausalLM preset directory), its generation replicas and
+    their scheduler (``build_generator``)."""
+    from shards.generation import is_generating_model
+
+    # A preset directory generates; a .keras file of a CausalLM keeps serving :predict (its
+    # generating alongside is not wired yet).
+    if Path(settings.model).is_dir() and is_generating_model(settings.model):
+        return await build_generator(settings)
     # Importing Ray, starting it and asking the cluster block for seconds (a private Ray takes
     # ~5 s to start on 2 cores): on a thread, so that /healthz and /readyz answer meanwhile.
     saved = _signal_handlers()
@@ -363,3 +373,39 @@ async def release_cluster(timeout_s: float) -> None:
         await asyncio.wait_for(asyncio.to_thread(cluster.stop_private), max(timeout_s, 0.1))
     except TimeoutError:
         log.warning("the private Ray did not stop within the stop budget; exiting without it")
+
+
+async def build_generator(settings: Settings) -> Generator:
+    """A generating model: its replicas' stage actors (``shards.generation``), each holding its
+    decoder blocks and KV cache, and the scheduler over them (``serving.generation``)."""
+    from serving.generation.engine import Generator, scheduler_settings
+    from serving.settings.config import ConfigError
+    from shards.generation import start_generation_replicas
+
+    if settings.compiled_graph:
+        raise ConfigError(
+            f"--compiled-graph is not served for a generating model ({settings.model}): its "
+            "steps run on plain stage actors; leave the flag out"
+        )
+    saved = _signal_handlers()
+    try:
+        await asyncio.to_thread(_start_ray, settings)
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    replicas = await start_generation_replicas(
+        settings.model,
+        stages=settings.stages,
+        kv_slots=settings.kv_slots,
+        max_sequence_length=settings.max_sequence_length,
+        replicas=settings.replica_bounds()[0],
+        num_gpus_per_stage=settings.gpus_per_shard or 0.0,
+        num_cpus_per_stage=settings.cpus_per_shard or 1.0,
+        max_restarts=settings.shard_max_restarts,
+        ready_timeout_s=settings.load_timeout_s,
+        stage_cache_dir=str(settings.cache_dir),
+        step_timeout_s=None
+        if settings.batch_hard_timeout_ms is None
+        else settings.batch_hard_timeout_ms / 1000.0,
+    )
+    return Generator(replicas, scheduler_settings(settings))

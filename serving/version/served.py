@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from serving.batching.batcher import Batcher, BatchSettings
-from serving.errors import NotReadyError
+from serving.errors import InvalidInputError, NotFoundError, NotReadyError
+from serving.generation.engine import Generator
 from serving.http.admission import Admitted
 from serving.metrics.series import Metrics, ModelMetrics
 from serving.settings.config import ConfigError, Settings
@@ -54,6 +55,9 @@ class ServedModel:
     version: str = "1"  # as the protocols' paths and messages carry it
     runner: ModelRunner | None = None
     batcher: Batcher | None = None  # set once the model is warm: from then on it is ready
+    # A generating model's (a keras_hub CausalLM preset) in place of a batcher: its scheduler
+    # over its replicas and its tokenizer, set once warm.
+    generator: Generator | None = None
     length_plan: LengthPlan | None = None  # the length padding in force, or why none (warm-up)
     scaling: ScaleStatus | None = None  # its replica bounds, target and why (once READY)
     # Its queue rows before and while another version of its model loads (widened then by
@@ -135,6 +139,8 @@ class ServedModel:
 
     @property
     def signature(self) -> ModelSignature:
+        if self.generator is not None:
+            return self.generator.signature
         if self.runner is None:
             raise NotReadyError("model is still loading; its signature is not known yet")
         return self.runner.signature
@@ -167,6 +173,12 @@ class ServedModel:
         state = self._life.state
         if state is VersionState.FAILED:
             raise NotReadyError(f"model failed to load: {self._life.reason}")
+        if self.generator is not None:
+            raise InvalidInputError(
+                f"model {self.name!r} version {self.version} generates text: POST "
+                f"/v2/models/{self.name}/generate; predict and infer are not served for a "
+                "keras_hub CausalLM preset"
+            )
         if self.batcher is None or not self._life.served:
             waiting = f" ({self._load_waits})" if self._load_waits else ""
             raise NotReadyError(
@@ -177,6 +189,26 @@ class ServedModel:
         if self.batcher.failure is not None:
             raise NotReadyError(self.batcher.failure)
         return self.batcher
+
+    def require_generator(self) -> Generator:
+        """The generator, or why this version takes no generate request now: 503 while it
+        loads or stops, 404 for a version that does not generate."""
+        state = self._life.state
+        if state is VersionState.FAILED:
+            raise NotReadyError(f"model failed to load: {self._life.reason}")
+        if self.generator is None:
+            if self.batcher is not None:  # no generate route for it: 404, as a route
+                raise NotFoundError(
+                    f"model {self.name!r} version {self.version} does not generate text (it "
+                    "is not a keras_hub CausalLM preset): no generate route; use predict or "
+                    "infer"
+                )
+            raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
+        if not self._life.served:
+            raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
+        if state is not VersionState.READY:
+            raise NotReadyError(self._life.reason or f"model is {state.lower()}")
+        return self.generator
 
     # ---- life: start (load, warm up, ready) ... drain, close
 
@@ -239,7 +271,11 @@ class ServedModel:
                     await batcher.stop(drain=False)
 
     async def _load(self, factory: RunnerFactory, started: list[Batcher]) -> None:
-        runner = await factory(self.settings)
+        made = await factory(self.settings)
+        if isinstance(made, Generator):
+            await self._load_generator(made)
+            return
+        runner = made
         self.runner = runner
         # A replica set's own background tasks (a replica's recovery) count here too.
         task_errors = getattr(runner, "task_errors", None)
@@ -277,6 +313,30 @@ class ServedModel:
         log.info(
             "ready: serving %r version %s (%d stage(s))", self.name, self.version, runner.num_stages
         )
+
+    async def _load_generator(self, generator: Generator) -> None:
+        """A generating version: its scheduler starts and generates one token, then READY."""
+        self._life.advance(VersionState.WARMING)
+        try:
+            generator.set_observer(self.metrics.generation())
+            self.metrics.bind_generation(
+                lambda: generator.scheduler.running, lambda: generator.scheduler.free_slots
+            )
+            generator.start()
+            await generator.warm_up()
+        except BaseException:
+            await generator.close("the model failed to load")
+            raise
+        self.generator = generator
+        self._life.advance(VersionState.READY)
+        info = generator.info
+        log.info(
+            "ready: generating with %r version %s (%s, %d stage(s) x %d replica(s), %d KV slots "
+            "of %d positions each, %s)",
+            self.name, self.version, info.model_family, info.stages, generator.replicas,
+            info.kv_slots, info.max_length,
+            "text and token ids" if generator.tokenizer is not None else "token ids only",
+        )  # fmt: skip
 
     @staticmethod
     async def warm_up(runner: ModelRunner, length: int = 1) -> None:
@@ -363,6 +423,11 @@ class ServedModel:
     async def close(self, timeout_s: float) -> None:
         """Release the runner (its actors) within ``timeout_s``, and the mark that kept its
         cached bundle from a prune."""
+        if self.generator is not None:
+            try:
+                await asyncio.wait_for(self.generator.close(), timeout_s)
+            except Exception:
+                log.warning("closing the generator failed", exc_info=True)
         if self.runner is None:
             return
         try:

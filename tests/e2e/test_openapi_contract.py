@@ -76,6 +76,8 @@ def test_schemathesis_finds_no_contract_failure(server: Server, tmp_path: Path) 
     assert {"/v2/repository/index", "/v2/repository/models/{name}/unload"} <= set(paths)
     puts, gets = operations(doc, method="put"), operations(doc, method="get")
     assert puts == 3  # PUT /admin/batching, /admin/models/{name}[/versions/{version}]/batching
+    # No generate route, nor its admin route, for a model that does not generate (only 404).
+    assert not any("/generat" in path for path in paths)
 
     # A PUT may set a batch wait of up to the request timeout (30 s), which every later predict
     # of a few rows would wait out: the predicts run before the PUTs. An unload would take the

@@ -6,6 +6,8 @@
     GET  /v2/models/{m}[/versions/{v}]/ready        200 or 503
     GET  /v2/models/{m}[/versions/{v}]/config       the part of Triton's model config clients read
     POST /v2/models/{m}[/versions/{v}]/infer        JSON, or JSON + binary tensors
+    POST /v2/models/{m}[/versions/{v}]/generate     a generating model's completion
+                                                    (``serving.protocols.v2.generate``)
 
 The infer body's layout is ``serving.protocols.v2.infer_body``'s; the routes' OpenAPI
 documentation and response models are ``serving.openapi.v2_bodies``', handed in by the server.
@@ -28,6 +30,7 @@ from serving.http.replies import Reply
 from serving.protocols.dataplane import check_sequence_length
 from serving.protocols.limits import request_limits
 from serving.protocols.rest import serve_prediction
+from serving.protocols.v2.generate import v2_generate
 from serving.protocols.v2.infer_body import encode_infer, parse_infer
 from serving.protocols.v2.metadata import model_config, model_metadata, server_metadata
 from serving.quoting import quote
@@ -49,6 +52,7 @@ ROUTE_KINDS = (
     "model_ready",
     "model_config",
     "infer",
+    "generate",
 )
 
 
@@ -110,6 +114,10 @@ async def _infer_route(name: str, request: Request) -> Response:
     return RawAnswer(v2_infer, ModelRef(name))
 
 
+async def _generate_route(name: str, request: Request) -> Response:
+    return RawAnswer(v2_generate, ModelRef(name))
+
+
 # The same handlers under /versions/{version}: FastAPI reads path parameters off the signature.
 async def _metadata_v(name: str, version: str, request: Request) -> dict[str, Any]:
     return await _metadata(name, request, version)
@@ -127,6 +135,10 @@ async def _config_v(name: str, version: str, request: Request) -> dict[str, Any]
 
 async def _infer_route_v(name: str, version: str, request: Request) -> Response:
     return RawAnswer(v2_infer, ModelRef(name, version))
+
+
+async def _generate_route_v(name: str, version: str, request: Request) -> Response:
+    return RawAnswer(v2_generate, ModelRef(name, version))
 
 
 async def _server_metadata() -> dict[str, Any]:
@@ -160,14 +172,17 @@ def install_v2_routes(app: FastAPI, docs: RouteDocs) -> None:
     get("/v2/health/live", _live, "live")
     get("/v2/health/ready", _server_ready, "server_ready")
     for prefix, handlers in (
-        ("/v2/models/{name}", (_metadata, _model_ready, _config, _infer_route)),
+        ("/v2/models/{name}", (_metadata, _model_ready, _config, _infer_route, _generate_route)),
         (
             "/v2/models/{name}/versions/{version}",
-            (_metadata_v, _model_ready_v, _config_v, _infer_route_v),
+            (_metadata_v, _model_ready_v, _config_v, _infer_route_v, _generate_route_v),
         ),
     ):
-        metadata, ready, config, infer = handlers
+        metadata, ready, config, infer, generate = handlers
         get(prefix, metadata, "model_metadata")
         get(f"{prefix}/ready", ready, "model_ready")
         get(f"{prefix}/config", config, "model_config")
         app.add_api_route(f"{prefix}/infer", infer, methods=["POST"], tags=["v2"], **docs["infer"])
+        app.add_api_route(
+            f"{prefix}/generate", generate, methods=["POST"], tags=["v2"], **docs["generate"]
+        )

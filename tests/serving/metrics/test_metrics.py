@@ -52,6 +52,12 @@ def fill(model: ModelMetrics, *, calls: int = 7) -> None:
     model.bind_state(lambda: "READY", ("LOADING", "READY"))
     model.scale_event("up", "queue_wait")
     model.rollback("errors")
+    generation = model.generation()
+    generation.observe_step("prefill", 2)
+    generation.observe_first_token(0.2)
+    generation.observe_token_gap(0.05)
+    generation.observe_tokens(2)
+    model.bind_generation(lambda: 2.0, lambda: 6.0)
     model.set_stage_stats(
         [
             {

@@ -1,0 +1,424 @@
+"""The iteration-level scheduler: the model runs one step at a time over the running sequences,
+each at its own position (Orca, OSDI'22; vLLM's v1 scheduler).
+
+Mechanism only; who joins a step is ``serving.generation.policy``'s. Pure asyncio: the replicas
+are ``shards.generation.contract.GenerationReplica`` objects (a fake in the tests).
+
+- New prompts wait in one queue (``max_waiting`` of them, then 503 with Retry-After).
+- Each replica runs ``groups`` groups of sequences (K stages: K + 1 by default), each its own
+  loop of one ``step()`` in flight: while stage 2 computes group n's step, stage 1 computes
+  group n+1's (vLLM's pipeline-parallel "virtual engines"). A group takes waiting prompts at its
+  step boundary when the policy says so; their prefill rows share the step with its decode rows.
+  A prompt goes to a replica with a free slot: whichever group has room takes it.
+- A sequence owns one slot of its replica from its prefill to its end; it leaves between steps
+  (a stop id among its generated ids, ``max_tokens``, the slot's end) and its slot is free at
+  once. A client that hangs up (its awaiting task cancelled) or whose deadline passes leaves
+  at the end of the step in flight; a queued prompt whose client left never starts.
+- ``ReplicaLost``: after ``wait_ready()`` every sequence of that replica is prefilled again from
+  its prompt and what it generated so far (the draw of token t is keyed by (seed, t): the
+  client gets the same tokens). ``StepFailed``: those rows fail alone (422); the others run
+  their step again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from serving.errors import (
+    BatchFailedError,
+    DeadlineExceededError,
+    ModelInputError,
+    NotReadyError,
+    QueueFullError,
+    ShardServeError,
+)
+from serving.generation.policy import admit_count, prefill_wait
+from serving.generation.sequence import Completion, GenerationParams, SeqState, Sequence
+from shards.errors import one_line
+from shards.generation.contract import (
+    GenerationInfo,
+    GenerationReplica,
+    ReplicaLost,
+    RowResult,
+    StepFailed,
+)
+
+__all__ = ["GenerationObserver", "Scheduler", "SchedulerSettings"]
+
+log = logging.getLogger("shardserve")
+
+
+class GenerationObserver(Protocol):
+    """What the scheduler tells the metrics (``serving.metrics``)."""
+
+    def observe_step(self, kind: str, rows: int) -> None:
+        """A step of ``rows`` rows ran; ``kind``: ``"prefill"`` (it held a prefill row) or
+        ``"decode"``."""
+
+    def observe_first_token(self, seconds: float) -> None:
+        """A sequence's first token came ``seconds`` after its prompt arrived."""
+
+    def observe_token_gap(self, seconds: float) -> None:
+        """A sequence's later token came ``seconds`` after its previous one."""
+
+    def observe_tokens(self, count: int) -> None:
+        """``count`` tokens were generated (answered or not)."""
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """``max_running_sequences``: the most sequences one replica generates at once (at most its
+    ``kv_slots``; ``None``: all of them). ``prefill_timeout_ms``: how long the oldest prompt may
+    wait for others to join its prefill (``None``: auto, ``serving.generation.policy``).
+    ``max_waiting``: the most prompts queued. ``groups``: the groups in flight per replica
+    (``None``: its stages + 1)."""
+
+    max_running_sequences: int | None = None
+    prefill_timeout_ms: float | None = None
+    max_waiting: int = 128
+    groups: int | None = None
+
+
+@dataclass(eq=False)
+class _Group:
+    seqs: list[Sequence] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Replica:
+    index: int
+    replica: GenerationReplica
+    free_slots: list[int]
+    groups: list[_Group]
+    running: int = 0
+    recovery: asyncio.Future[None] | None = None
+
+
+class Scheduler:
+    def __init__(
+        self,
+        replicas: Seq[GenerationReplica],
+        settings: SchedulerSettings = SchedulerSettings(),
+        observer: GenerationObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not replicas:
+            raise ValueError("a scheduler needs at least one replica")
+        self.info: GenerationInfo = replicas[0].info
+        self._clock = clock
+        self.observer = observer
+        self._wait = prefill_wait(settings.prefill_timeout_ms)
+        self._max_waiting = settings.max_waiting
+        groups = settings.groups or self.info.stages + 1
+        self._replicas = [
+            _Replica(
+                i,
+                r,
+                list(reversed(range(r.info.kv_slots))),  # pop() hands out slot 0 first
+                [_Group() for _ in range(groups)],
+            )
+            for i, r in enumerate(replicas)
+        ]
+        self._waiting: deque[Sequence] = deque()
+        self._wake = asyncio.Event()
+        self._limit = self.info.kv_slots
+        self.max_running_sequences = settings.max_running_sequences or self.info.kv_slots
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing: str | None = None
+
+    # ---- the run-time limit and what the metrics read
+
+    @property
+    def max_running_sequences(self) -> int:
+        return self._limit
+
+    @max_running_sequences.setter
+    def max_running_sequences(self, value: int) -> None:
+        slots = self.info.kv_slots
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= slots:
+            raise ValueError(
+                f"max_running_sequences must be an integer from 1 to kv_slots={slots}, "
+                f"got {value!r}"
+            )
+        self._limit = value
+        self._notify()
+
+    @property
+    def running(self) -> int:
+        return sum(r.running for r in self._replicas)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def free_slots(self) -> int:
+        return sum(len(r.free_slots) for r in self._replicas)
+
+    # ---- life
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._run_group(rep, group), name=f"generation group {rep.index}.{i}")
+            for rep in self._replicas
+            for i, group in enumerate(rep.groups)
+        ]
+
+    async def close(self, reason: str = "the model is stopping") -> None:
+        """Refuse new prompts, fail those not answered yet (503 with ``reason``), stop the
+        groups and close the replicas. Whoever drains waits for what it admitted first."""
+        self._closing = reason
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        error = NotReadyError(reason)
+        for seq in self._waiting:
+            _fail(seq, error)
+        self._waiting.clear()
+        for rep in self._replicas:
+            for group in rep.groups:
+                for seq in list(group.seqs):
+                    self._release(rep, group, seq)
+                    _fail(seq, error)
+        for rep in self._replicas:
+            try:
+                await rep.replica.close()
+            except Exception:
+                log.warning("closing generation replica %d failed", rep.index, exc_info=True)
+
+    # ---- a request
+
+    def check_headroom(self) -> None:
+        """``QueueFullError`` (503, Retry-After) when ``max_waiting`` prompts wait already."""
+        if len(self._waiting) >= self._max_waiting:
+            raise QueueFullError(
+                f"{len(self._waiting)} prompts are waiting for a slot (max_waiting_prompts="
+                f"{self._max_waiting}); retry later",
+                retry_after_s=1.0,
+            )
+
+    async def generate(
+        self, prompt: Seq[int], params: GenerationParams, deadline: float | None = None
+    ) -> Completion:
+        """Generate for ``prompt`` (checked by the caller: ids in the vocabulary, room in a
+        slot) until it stops; ``deadline`` (``time.monotonic()``): past it, 504. Cancelling the
+        caller (a hang-up) drops the sequence: queued, it never starts; running, its slot is
+        free at the end of the step in flight."""
+        if self._closing is not None:
+            raise NotReadyError(self._closing)
+        self.check_headroom()
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        seq = Sequence(tuple(prompt), params, self._clock(), future)
+        self._waiting.append(seq)
+        future.add_done_callback(lambda _: self._left(seq))
+        self._notify()
+        if deadline is None:
+            return await future
+        try:
+            return await asyncio.wait_for(future, max(0.0, deadline - self._clock()))
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"the generation did not end within its deadline ({len(seq.generated)} "
+                "tokens generated); ask for fewer max_tokens or raise generation_timeout_ms"
+            ) from None
+
+    def _left(self, seq: Sequence) -> None:
+        """Its future is done (answered, failed, or its client gone): a queued one leaves the
+        queue now; a running one leaves its group at the end of its step."""
+        if seq.state is SeqState.WAITING:
+            seq.state = SeqState.FINISHED
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(seq)
+
+    # ---- the groups
+
+    def _notify(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    async def _sleep(self, seconds: float | None) -> None:
+        """Until something changes (a prompt arrives, a slot frees) or ``seconds`` pass."""
+        wake = self._wake
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), seconds)
+
+    async def _run_group(self, rep: _Replica, group: _Group) -> None:
+        while True:
+            try:
+                await self._fill(rep, group)
+                await self._step(rep, group)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # no sequence may hang on a loop that went wrong
+                log.exception("generation group of replica %d failed a step", rep.index)
+                error = BatchFailedError(f"the generation step failed: {one_line(exc)}")
+                for seq in list(group.seqs):
+                    self._release(rep, group, seq)
+                    _fail(seq, error)
+
+    async def _fill(self, rep: _Replica, group: _Group) -> None:
+        """Drop the group's sequences whose clients left, take the prompts the policy lets in;
+        return once the group has rows to step (waits while it has none)."""
+        while True:
+            for seq in [s for s in group.seqs if s.gone]:
+                self._release(rep, group, seq)
+            if rep.recovery is not None:  # its caches are lost, this group's too
+                await _settled(rep.recovery)
+                for seq in group.seqs:
+                    seq.needs_prefill = True
+                continue
+            room = admit_count(
+                limit=self._limit,
+                groups=len(rep.groups),
+                in_group=len(group.seqs),
+                on_replica=rep.running,
+                slots_free=len(rep.free_slots),
+            )
+            if room and self._waiting:
+                waited = self._clock() - self._waiting[0].arrived
+                wait_s = self._wait.wait_s(
+                    waited_s=waited, waiting=len(self._waiting), room=room, busy=bool(group.seqs)
+                )
+                if wait_s <= 0:
+                    self._admit(rep, group, room)
+                    if group.seqs:  # else every prompt it took had left: look again
+                        return
+                    continue
+                if group.seqs:
+                    return
+                await self._sleep(wait_s)
+                continue
+            if group.seqs:
+                return
+            await self._sleep(None)
+
+    def _admit(self, rep: _Replica, group: _Group, count: int) -> None:
+        while count and self._waiting:
+            seq = self._waiting.popleft()
+            if seq.gone:
+                continue
+            seq.state = SeqState.RUNNING
+            seq.replica, seq.slot = rep.index, rep.free_slots.pop()
+            rep.running += 1
+            group.seqs.append(seq)
+            count -= 1
+
+    def _release(self, rep: _Replica, group: _Group, seq: Sequence) -> None:
+        if seq.state is SeqState.RUNNING:
+            seq.state = SeqState.FINISHED
+            assert seq.slot is not None
+            rep.free_slots.append(seq.slot)
+            rep.running -= 1
+            group.seqs.remove(seq)
+            self._notify()
+
+    async def _step(self, rep: _Replica, group: _Group) -> None:
+        seqs = list(group.seqs)
+        assert seqs, "a step needs rows"
+        rows = [seq.next_row() for seq in seqs]
+        prefill = any(seq.needs_prefill for seq in seqs)
+        try:
+            results = await rep.replica.step(rows)
+        except StepFailed as exc:
+            self._step_failed(rep, group, seqs, exc)
+            return
+        except ReplicaLost:
+            log.warning(
+                "generation replica %d was lost; its %d sequence(s) of this group are "
+                "prefilled again once it is back",
+                rep.index, len(seqs),
+            )  # fmt: skip
+            await self._recover(rep, group)
+            return
+        if len(results) != len(rows):
+            raise RuntimeError(f"a step of {len(rows)} rows answered {len(results)}")
+        if self.observer is not None:
+            self.observer.observe_step("prefill" if prefill else "decode", len(rows))
+        self._record(rep, group, seqs, results)
+
+    def _record(
+        self, rep: _Replica, group: _Group, seqs: list[Sequence], results: list[RowResult]
+    ) -> None:
+        now = self._clock()
+        observer = self.observer
+        for seq, result in zip(seqs, results, strict=True):
+            if seq.state is not SeqState.RUNNING:
+                continue
+            if seq.gone:
+                self._release(rep, group, seq)
+                continue
+            reason = seq.add_token(result.token_id, self.info.max_length)
+            if observer is not None:
+                if seq.first_token_at is None:
+                    observer.observe_first_token(now - seq.arrived)
+                else:
+                    assert seq.last_token_at is not None
+                    observer.observe_token_gap(now - seq.last_token_at)
+                observer.observe_tokens(1)
+            if seq.first_token_at is None:
+                seq.first_token_at = now
+            seq.last_token_at = now
+            if reason is not None:
+                self._release(rep, group, seq)
+                seq.future.set_result(seq.completion(reason))
+
+    def _step_failed(
+        self, rep: _Replica, group: _Group, seqs: list[Sequence], exc: StepFailed
+    ) -> None:
+        slots: set[int | None] = {seq.slot for seq in seqs}
+        blamed = slots & set(exc.slots)
+        if not blamed:  # the rows it names are not this step's: none can be trusted
+            blamed = slots
+        error = ModelInputError(f"the model failed on this prompt: {exc.message}")
+        for seq in seqs:
+            if seq.slot in blamed and seq.state is SeqState.RUNNING:
+                self._release(rep, group, seq)
+                _fail(seq, error)
+        # The others run their step again: the same rows, their caches written at the same
+        # positions once more.
+
+    async def _recover(self, rep: _Replica, group: _Group) -> None:
+        """Wait for the replica to be back (one ``wait_ready()`` for all its groups), then
+        prefill this group's sequences again; if it cannot come back, they fail (503)."""
+        recovery = rep.recovery
+        if recovery is None:
+            recovery = asyncio.ensure_future(rep.replica.wait_ready())
+
+            def back(done: asyncio.Future[None]) -> None:
+                # Registered first: runs before any waiter wakes, so none sees it still set.
+                if rep.recovery is done:
+                    rep.recovery = None
+                self._notify()
+
+            recovery.add_done_callback(back)
+            rep.recovery = recovery
+        try:
+            await asyncio.shield(recovery)
+        except Exception as exc:
+            error = NotReadyError(f"the model's replica could not be brought back: {one_line(exc)}")
+            for seq in list(group.seqs):
+                self._release(rep, group, seq)
+                _fail(seq, error)
+        for seq in group.seqs:
+            seq.needs_prefill = True
+
+
+async def _settled(future: asyncio.Future[None]) -> None:
+    with contextlib.suppress(Exception):  # its waiter that started it reports a failure
+        await asyncio.shield(future)
+
+
+def _fail(seq: Sequence, error: ShardServeError) -> None:
+    seq.state = SeqState.FINISHED
+    if not seq.future.done():
+        seq.future.set_exception(error)

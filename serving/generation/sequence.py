@@ -1,0 +1,94 @@
+"""One generating sequence as the scheduler sees it: a plain record (vLLM's ``Request``).
+
+Its tokens so far (the prompt and what it generated), its slot on its replica, its state, and
+the future its client awaits. The scheduler (``serving.generation.scheduler``) moves it between
+states; nothing here awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+
+from shards.generation.contract import RowStep, Sampling
+
+__all__ = ["Completion", "GenerationParams", "SeqState", "Sequence"]
+
+
+class SeqState(enum.Enum):
+    WAITING = "waiting"  # queued: no slot yet
+    RUNNING = "running"  # owns a slot on its replica; takes one token per step
+    FINISHED = "finished"  # done, cancelled or failed: its slot is free
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What a request asks of its generation: ``max_tokens`` new tokens at most, sampled with
+    ``sampling``; it stops at the first generated id in ``stop_ids``."""
+
+    max_tokens: int
+    sampling: Sampling = field(default_factory=Sampling)
+    stop_ids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a finished sequence answers: the generated ids (a stop id not among them) and why it
+    ended: ``"stop"`` (a stop id), ``"length"`` (``max_tokens`` or the slot's end)."""
+
+    output_ids: tuple[int, ...]
+    finish_reason: str
+    prompt_tokens: int
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt: tuple[int, ...]
+    params: GenerationParams
+    arrived: float  # time.monotonic() at submit
+    future: asyncio.Future[Completion]
+    generated: list[int] = field(default_factory=list)
+    state: SeqState = SeqState.WAITING
+    replica: int | None = None  # index of the replica whose stages hold its slot
+    slot: int | None = None
+    # Its next row is a prefill: at its start, and again after its replica was lost (from the
+    # prompt and what it generated so far: the cache is rebuilt, nothing is lost).
+    needs_prefill: bool = True
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def gone(self) -> bool:
+        """Its client no longer waits (it hung up, or its deadline passed)."""
+        return self.future.done()
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.generated)
+
+    def next_row(self) -> RowStep:
+        """Its row of the next step: the whole sequence at a prefill, else its last token."""
+        assert self.slot is not None
+        index = len(self.generated)
+        if self.needs_prefill:
+            return RowStep(
+                self.slot, (*self.prompt, *self.generated), 0, self.params.sampling, index
+            )
+        return RowStep(
+            self.slot, (self.generated[-1],), self.length - 1, self.params.sampling, index
+        )
+
+    def add_token(self, token_id: int, max_length: int) -> str | None:
+        """Record a sampled token; why the sequence ends with it (``"stop"``, ``"length"``),
+        else ``None``. A stop id ends it and is not part of the answer."""
+        self.needs_prefill = False
+        if token_id in self.params.stop_ids:
+            return "stop"
+        self.generated.append(token_id)
+        if len(self.generated) >= self.params.max_tokens or self.length >= max_length:
+            return "length"
+        return None
+
+    def completion(self, reason: str) -> Completion:
+        return Completion(tuple(self.generated), reason, len(self.prompt))

@@ -1,0 +1,76 @@
+"""A generating model's settings (a keras_hub CausalLM preset, issue 39): its KV cache's slots,
+its scheduler's limits and waits, its deadline. A base of ``serving.settings.config.Settings``,
+so they come from the same flags, env vars and TOML keys as every other setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+__all__ = ["GenerationSettings"]
+
+
+class GenerationSettings(BaseModel):
+    kv_slots: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="Slots of a generating model's KV cache in each replica, fixed at load: "
+        "the most sequences it generates at once; the memory plan counts them.",
+    )
+    max_running_sequences: int | None = Field(
+        None,
+        ge=1,
+        description="Most sequences a generating model runs at once per replica (at most "
+        "kv_slots); the others wait for a slot. Unset = kv_slots.",
+    )
+    max_waiting_prompts: int = Field(
+        128,
+        ge=1,
+        description="Most prompts of a generating model waiting for a slot; past it 503 with "
+        "Retry-After.",
+    )
+    prefill_timeout_ms: float | Literal["auto"] = Field(
+        "auto",
+        description="Longest wait of a generating model's oldest waiting prompt for others to "
+        "join its prefill (0 = at once); auto = at once into an idle group, else at the next "
+        "step, beside the running sequences.",
+    )
+    generation_groups: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Groups of sequences a generating model keeps in flight per replica, each a "
+        "step behind the one ahead, so that every stage works. Unset = its stages + 1.",
+    )
+    generation_timeout_ms: float = Field(
+        300000.0,
+        gt=0,
+        le=3_600_000,
+        description="Deadline of a generate request (X-Request-Timeout-Ms may shorten): past "
+        "it, 504. request_timeout_ms does not apply to it.",
+    )
+
+    @field_validator("prefill_timeout_ms", mode="before")
+    @classmethod
+    def _prefill_timeout(cls, value: Any) -> float | str:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            ms = float(value)
+        except (TypeError, ValueError):
+            ms = float("nan")
+        if not 0 <= ms <= 60_000:
+            raise ValueError("must be a number of ms between 0 and 60000, or 'auto'")
+        return ms
+
+    @model_validator(mode="after")
+    def _running_within_slots(self) -> GenerationSettings:
+        if self.max_running_sequences is not None and self.max_running_sequences > self.kv_slots:
+            raise ValueError(
+                f"max_running_sequences ({self.max_running_sequences}) must be at most kv_slots "
+                f"({self.kv_slots}): a running sequence holds a slot"
+            )
+        return self

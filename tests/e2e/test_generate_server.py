@@ -1,0 +1,187 @@
+"""A real ``shardserve serve --model <GPT-2 preset>`` in 2 stages on Ray (issue 39): 8 concurrent
+prompts of different lengths and max_tokens answer keras_hub's own greedy ids, through the
+generate route; text in, text out; a client that hangs up frees its slot; a stage killed
+(SIGKILL) mid-generation costs no client a token."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+import httpx
+import orjson
+import pytest
+
+from tests.generation_models import Greedy
+from tests.metrics_text import metric
+from tests.serverproc import Server, running_server
+
+KV_SLOTS = 8
+LABELS = {"model": "gpt", "version": "1"}
+
+
+@pytest.fixture(scope="module")
+def gpt2_server(
+    tmp_path_factory: pytest.TempPathFactory, ray_address: str, gpt2_greedy: Greedy
+) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("gpt2-server")
+    args = [
+        "--model", str(gpt2_greedy.preset),
+        "--model-name", "gpt",
+        "--stages", "2",
+        "--kv-slots", str(KV_SLOTS),
+        "--ray-address", ray_address,
+        "--cache-dir", str(workdir / "cache"),
+    ]  # fmt: skip
+    with running_server(args, workdir) as server:
+        yield server
+
+
+def _metrics(server: Server) -> str:
+    return httpx.get(f"{server.url}/metrics").text
+
+
+def test_concurrent_prompts_get_keras_hubs_greedy_ids(
+    gpt2_server: Server, gpt2_greedy: Greedy
+) -> None:
+    # 8 prompts: the fixture's 5, and 3 of them again, each with its own max_tokens.
+    cases = [
+        (prompt, max(1, len(ids) - k))
+        for k, (prompt, ids) in enumerate(
+            zip(gpt2_greedy.prompts, gpt2_greedy.generated, strict=True)
+        )
+    ]
+    cases += [(gpt2_greedy.prompts[i], n) for i, n in ((0, 3), (2, 9), (4, 1))]
+    assert len(cases) == 8
+    before = metric(_metrics(gpt2_server), "shardserve_generation_step_rows_sum", **LABELS)
+    steps_before = metric(_metrics(gpt2_server), "shardserve_generation_step_rows_count", **LABELS)
+
+    async def ask_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gpt2_server.url, timeout=120) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        "/v2/models/gpt/generate",
+                        json={
+                            "input_ids": list(prompt),
+                            "parameters": {"max_tokens": n, "stop_token_ids": []},
+                        },
+                    )
+                    for prompt, n in cases
+                )
+            )
+
+    answers = asyncio.run(ask_all())
+    for (prompt, n), answer in zip(cases, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        want = list(gpt2_greedy.generated[gpt2_greedy.prompts.index(prompt)][:n])
+        assert answer.json()["output_ids"] == want, (prompt, n)
+        assert answer.json()["finish_reason"] == "length"
+    text = _metrics(gpt2_server)
+    rows = metric(text, "shardserve_generation_step_rows_sum", **LABELS) - before
+    steps = metric(text, "shardserve_generation_step_rows_count", **LABELS) - steps_before
+    assert rows / steps > 1  # sequences at different positions shared steps
+    assert metric(text, "shardserve_free_kv_slots", **LABELS) == KV_SLOTS
+
+
+def test_text_in_text_out(gpt2_server: Server) -> None:
+    answer = httpx.post(
+        f"{gpt2_server.url}/v2/models/gpt/generate",
+        json={"text_input": "the cat", "parameters": {"max_tokens": 4, "stop_token_ids": []}},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert len(body["output_ids"]) == 4 and isinstance(body["text_output"], str)
+    assert set(body) == {
+        "model_name",
+        "model_version",
+        "text_output",
+        "output_ids",
+        "finish_reason",
+    }
+
+
+def test_a_client_that_hangs_up_frees_its_slot(gpt2_server: Server) -> None:
+    url = urlparse(gpt2_server.url)
+    tokens_before = metric(_metrics(gpt2_server), "shardserve_generated_tokens_total", **LABELS)
+    max_tokens = 30
+    body = orjson.dumps(
+        {"input_ids": [5], "parameters": {"max_tokens": max_tokens, "stop_token_ids": []}}
+    )
+    head = (
+        f"POST /v2/models/gpt/generate HTTP/1.1\r\nHost: {url.hostname}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall(head + body)
+        deadline = time.monotonic() + 30
+        while metric(_metrics(gpt2_server), "shardserve_running_sequences", **LABELS) < 1:
+            assert time.monotonic() < deadline, "the sequence never ran"
+    # Hung up while it ran: its slot is free again, short of its max_tokens.
+    deadline = time.monotonic() + 30
+    while True:
+        text = _metrics(gpt2_server)
+        if metric(text, "shardserve_free_kv_slots", **LABELS) == KV_SLOTS:
+            break
+        assert time.monotonic() < deadline, "the slot was not freed"
+        time.sleep(0.05)
+    assert metric(text, "shardserve_running_sequences", **LABELS) == 0
+    generated = metric(text, "shardserve_generated_tokens_total", **LABELS) - tokens_before
+    assert generated < max_tokens
+
+
+def test_a_stage_killed_mid_generation_costs_no_client_a_token(
+    gpt2_server: Server, gpt2_greedy: Greedy
+) -> None:
+    import psutil
+    import ray
+
+    # The session's raylet (tests/conftest.py's one local Ray) runs the server's stage actors:
+    # its children whose title names the stage class.
+    raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
+    started = psutil.Process(gpt2_server.process.pid).create_time()
+    stages = [
+        p
+        for p in psutil.Process(raylet).children(recursive=True)
+        if "GenerationStage" in " ".join(p.cmdline()) and p.create_time() >= started
+    ]
+    assert len(stages) == 2, stages
+    cases = [
+        (p, len(ids)) for p, ids in zip(gpt2_greedy.prompts, gpt2_greedy.generated, strict=True)
+    ]
+
+    async def ask_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gpt2_server.url, timeout=120) as client:
+            calls = [
+                asyncio.ensure_future(
+                    client.post(
+                        "/v2/models/gpt/generate",
+                        json={
+                            "input_ids": list(p),
+                            "parameters": {"max_tokens": n, "stop_token_ids": []},
+                        },
+                    )
+                )
+                for p, n in cases
+            ]
+            while (
+                metric(
+                    (await client.get("/metrics")).text, "shardserve_running_sequences", **LABELS
+                )
+                < 1
+            ):
+                pass
+            os.kill(stages[0].pid, signal.SIGKILL)  # kill -9
+            return await asyncio.gather(*calls)
+
+    answers = asyncio.run(ask_all())
+    for (prompt, n), answer, ids in zip(cases, answers, gpt2_greedy.generated, strict=True):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["output_ids"] == list(ids[:n]), prompt
+    assert "was lost" in gpt2_server.output()
