@@ -85,6 +85,7 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             super().__init__(*args, **kwargs)
             self.limit_concurrency = None  # the cap is applied below, in the server's words
             self.lingering = False
+            self._heads = heads(self.loop)  # a connection lives on one loop: looked up once
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -92,17 +93,17 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            if self not in heads(self.loop):  # a connection's first head is timed from its start
+            if self not in self._heads:  # a connection's first head is timed from its start
                 self._wait_for_head()
 
         def on_headers_complete(self) -> None:
-            heads(self.loop).end(self)
+            self._heads.end(self)
             super().on_headers_complete()
 
         def _wait_for_head(self) -> None:
             timeout_s = refuser.read_timeout_s()
             if timeout_s is not None:
-                heads(self.loop).start(self, timeout_s)
+                self._heads.start(self, timeout_s)
 
         def head_timed_out(self) -> None:
             """A request's head (or a connection's first byte) did not come within
@@ -177,7 +178,7 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            heads(self.loop).end(self)
+            self._heads.end(self)
             cycle: Any = self.cycle
             super().connection_lost(exc)
             if cycle is not None and not cycle.response_complete:
