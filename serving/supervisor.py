@@ -16,6 +16,13 @@ A task that raises has its traceback logged once, ``on_error(task)`` called, and
   marks what the task belongs to unhealthy with it.
 
 A cancelled task (a stop, an unload) ends quietly: that is how its owner ends it.
+
+``RepeatedFailures`` is the same rule for a step that a controller takes again and again (the
+reconciler's step of a model, an operation of it, a canary's judge): the first failure is logged
+with its traceback; the same failure again is counted, and said in one WARNING line with the
+count at most every ``SUMMARY_S``; the step is taken again after a pause that doubles from
+``RESTART_S[0]`` to ``RESTART_S[1]``; its first success after failures is said once. A step that
+failed for ever logged a traceback every second per model.
 """
 
 from __future__ import annotations
@@ -23,10 +30,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Hashable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["RESTART_S", "ErrorCounter", "Job", "run_supervised", "start_supervised", "supervise"]
+__all__ = [
+    "RESTART_S",
+    "SUMMARY_S",
+    "ErrorCounter",
+    "Job",
+    "RepeatedFailures",
+    "run_supervised",
+    "start_supervised",
+    "supervise",
+]
 
 log = logging.getLogger("shardserve")
 
@@ -107,6 +124,72 @@ def _first_line(exc: BaseException) -> str:
 # The pause before a failed loop of the server starts again, doubling up to the second figure; a
 # loop that ran longer than that before failing starts from the first again.
 RESTART_S = (1.0, 60.0)
+
+
+# A step that keeps failing the same way is said at most this often (with its count).
+SUMMARY_S = 60.0
+
+
+@dataclass
+class _Failing:
+    error: str  # the type and first line: a different error is logged with its traceback
+    count: int  # failures since the first, or since the last line that said them
+    total: int
+    since: float
+    said: float  # when a line last said it
+    pause: float
+    next_try: float
+
+
+class RepeatedFailures:
+    """The failures of steps taken again and again, by key (see the module's docstring)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._failing: dict[Hashable, _Failing] = {}
+
+    def wait_s(self, key: Hashable) -> float:
+        """Seconds before the step of ``key`` may be taken again (0: now)."""
+        failing = self._failing.get(key)
+        return 0.0 if failing is None else max(0.0, failing.next_try - self._clock())
+
+    def failed(self, key: Hashable, what: str, exc: BaseException) -> None:
+        now = self._clock()
+        error = f"{type(exc).__name__}: {_first_line(exc)}"
+        failing = self._failing.get(key)
+        if failing is None or failing.error != error:
+            log.error("%s failed (%s)", what, error, exc_info=exc)
+            pause = RESTART_S[0]
+            self._failing[key] = _Failing(error, 0, 1, now, now, pause, now + pause)
+            return
+        failing.count += 1
+        failing.total += 1
+        failing.pause = min(failing.pause * 2, RESTART_S[1])
+        failing.next_try = now + failing.pause
+        if now - failing.said >= SUMMARY_S:
+            log.warning(
+                "%s failed again (%s): %d more times in the last %.0f s, %d since it began "
+                "%.0f s ago; taken again every %g s",
+                what,
+                error,
+                failing.count,
+                now - failing.said,
+                failing.total,
+                now - failing.since,
+                failing.pause,
+            )
+            failing.count, failing.said = 0, now
+
+    def succeeded(self, key: Hashable, what: str) -> None:
+        failing = self._failing.pop(key, None)
+        if failing is not None:
+            log.info(
+                "%s succeeded after %d failure%s in %.0f s",
+                what,
+                failing.total,
+                "" if failing.total == 1 else "s",
+                self._clock() - failing.since,
+            )
 
 
 class ErrorCounter(Protocol):

@@ -5,7 +5,9 @@ The driver (the server) and every stage actor build their provider the same way,
 standard variables alone (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``..._TRACES_ENDPOINT``,
 ``..._PROTOCOL``, ``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``, ``..._ARG``,
 ``OTEL_RESOURCE_ATTRIBUTES``; ``OTEL_SDK_DISABLED=true`` wins), which the server sets before
-Ray starts and passes to the workers in ``runtime_env`` (``otel_env``). The context crosses as
+Ray starts and passes to the workers in ``runtime_env`` (``otel_env``: those the exporter reads,
+never its headers, which hold credentials: a ``runtime_env`` is readable by whoever reaches Ray's
+GCS or dashboard). The context crosses as
 a plain W3C ``traceparent`` string, an argument of the stage call itself: Ray's own tracing
 hook is alpha and skips generators, and it would put Ray's spans between ours.
 
@@ -19,6 +21,7 @@ into the same record, which the batch span takes as attributes and events when i
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -29,6 +32,7 @@ __all__ = [
     "BATCH",
     "ROLLBACK",
     "BatchTrace",
+    "missing_package",
     "note",
     "note_event",
     "otel_env",
@@ -86,10 +90,59 @@ def wanted(environ: Mapping[str, str] | None = None) -> bool:
     )
 
 
+# What a stage actor's provider reads (``_build``, the exporters, the batch span processor).
+_WORKER_OTEL = frozenset(
+    {
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_SERVICE_NAME",
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+    }
+)
+_WORKER_OTEL_PREFIXES = ("OTEL_BSP_", "OTEL_SPAN_", "OTEL_ATTRIBUTE_")
+_EXPORTER_KEYS = (
+    "ENDPOINT",
+    "PROTOCOL",
+    "TIMEOUT",
+    "COMPRESSION",
+    "INSECURE",
+    "CERTIFICATE",
+    "CLIENT_CERTIFICATE",
+    "CLIENT_KEY",
+)
+_WORKER_OTEL_EXPORTER = frozenset(
+    f"OTEL_EXPORTER_OTLP_{part}{key}" for part in ("", "TRACES_") for key in _EXPORTER_KEYS
+)
+
+
 def otel_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The OpenTelemetry variables of this process, for the workers' ``runtime_env``."""
+    """The OpenTelemetry variables a stage actor needs, for the workers' ``runtime_env``:
+    where and how to export, the sampler, the resource. Not ``OTEL_EXPORTER_OTLP_HEADERS``
+    (credentials): a private local Ray's workers inherit this process's environment anyway,
+    and a cluster's nodes get them from their own (``ray start``'s environment)."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k.startswith("OTEL_")}
+    return {
+        k: v
+        for k, v in env.items()
+        if k in _WORKER_OTEL or k in _WORKER_OTEL_EXPORTER or k.startswith(_WORKER_OTEL_PREFIXES)
+    }
+
+
+def missing_package(environ: Mapping[str, str] | None = None) -> str | None:
+    """The OpenTelemetry module that tracing would need and is not installed, else ``None``
+    (``pip install 'shardserve[tracing]'`` brings them)."""
+    protocol, _ = export_target(environ)
+    exporter = "grpc" if protocol == "grpc" else "http"
+    for module in ("opentelemetry.sdk", f"opentelemetry.exporter.otlp.proto.{exporter}"):
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):  # a parent package missing, or blocked
+            found = None
+        if found is None:
+            return module
+    return None
 
 
 def export_target(environ: Mapping[str, str] | None = None) -> tuple[str, str]:

@@ -85,3 +85,12 @@ def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One bundle cache for the servers of the built-in demo models that do not look into their
     cache: each demo model and stage count is partitioned once per session (~4.5 s a server)."""
     return tmp_path_factory.mktemp("demo-cache")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_failure_lines() -> None:
+    """Each test starts a new interval of failure log lines (``serving.http.replies``): the
+    400s of the tests before would otherwise leave its own lines summarised."""
+    from serving.http.replies import failure_lines
+
+    failure_lines.reset()

@@ -1,17 +1,29 @@
 """Whether an answer counts for or against the version that gave it, in a canary's window.
 
 Only what the version did counts: an answer, or a failure it caused (the model raising on the
-input, a stage failing, a batch that hung, a deadline of the server's own that passed). What a
-client chose does not: a 4xx, a full queue's 503, leaving before the answer, or a deadline it
-shortened itself (``X-Request-Timeout-Ms``, V2's ``timeout``, a gRPC deadline) that passed.
-Counted, those would let anyone roll a canary back, or fail the stable until a bad canary is
-promoted, with requests of a 1 us deadline. The caller counts only the requests whose version
-the server chose (a canary's split), never one that named its version or a label.
+input, a stage failing, a batch that hung, a dead replica, a deadline of the server's own that
+passed). What a client chose does not: a 4xx, a full queue's 503, leaving before the answer, or
+a deadline it shortened itself (``X-Request-Timeout-Ms``, V2's ``timeout``, a gRPC deadline)
+that passed. Counted, those would let anyone roll a canary back, or fail the stable until a bad
+canary is promoted, with requests of a 1 us deadline. Nor does a 5xx that is not the version's
+(an error outside the model runner: a header or a body the front end failed to read is the same
+code for both versions). The caller counts only the requests whose version the server chose (a
+canary's split), never one that named its version or a label.
+
+The model raising on an input (422) counts, on both sides: a client that can make the model
+raise (an out-of-vocabulary id) moves the stable's rate and the canary's alike, since the split
+is a draw it cannot steer, and the judge's test sees only a difference; a canary that raises on
+inputs the stable answers is that difference.
 """
 
 from __future__ import annotations
 
-from serving.errors import BatchAbandonedError, DeadlineExceededError, QueueFullError
+from serving.errors import (
+    BatchAbandonedError,
+    DeadlineExceededError,
+    QueueFullError,
+    ShardServeError,
+)
 
 __all__ = ["CLIENT_GONE", "version_failed"]
 
@@ -32,7 +44,9 @@ def version_failed(
     if isinstance(error, DeadlineExceededError):
         return True if past_own_deadline else None
     if status >= 500 or status == _MODEL_RAISED:
-        return True
+        # The version's errors are the tree's (``serving.errors.from_runner`` names whatever a
+        # runner raised); anything else failed in the front end, before or after the version.
+        return isinstance(error, ShardServeError) or None
     if status >= 400:
         return None
     return False

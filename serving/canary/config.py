@@ -8,6 +8,7 @@
     window_s = 60          # the sliding window both versions are judged over
     min_requests = 100     # no decision on fewer canary requests in the window
     error_margin = 0.02    # canary failure rate may exceed stable's by at most this
+    alpha = 0.01           # chance a canary within the margin is ever rolled back on errors
     latency_factor = 2.0   # canary p99 <= max(latency_factor x stable p99, stable p99 + 50 ms)
     promote = "manual"     # or "auto": a canary that held for a whole window becomes stable
 
@@ -45,6 +46,7 @@ class CanaryConfig:
     window_s: float = 60.0
     min_requests: int = 100
     error_margin: float = 0.02
+    alpha: float = 0.01
     latency_factor: float = 2.0
     promote: PromoteMode = "manual"
 
@@ -62,6 +64,11 @@ class CanaryConfig:
             raise ValueError(
                 "error_margin must be a number from 0 to 1 (a failure rate, 0.02 = 2 points), "
                 f"got {self.error_margin!r}"
+            )
+        if not _number(self.alpha) or not 0 < self.alpha < 1:
+            raise ValueError(
+                "alpha must be a number between 0 and 1 (the chance that a canary no worse than "
+                f"stable + error_margin is rolled back on errors), got {self.alpha!r}"
             )
         if not _number(self.latency_factor) or self.latency_factor < 1:
             raise ValueError(

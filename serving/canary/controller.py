@@ -23,14 +23,16 @@ and what the index shows for a rolled-back canary.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from serving.canary.judge import judge
-from serving.canary.split import CanarySplit, WeightedSplit
+from serving.canary.split import CanarySplit, RandomSplit
 from serving.canary.window import OutcomeWindow
 from serving.errors import ConflictError, NotFoundError
+from serving.supervisor import RepeatedFailures
 from serving.telemetry import active
 
 if TYPE_CHECKING:
@@ -61,8 +63,10 @@ class Rollout:
         metrics: Metrics,
         on_change: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         self.name = name
+        self._rng = rng  # the split's draws: the system's generator unless a test seeds one
         self.split = CanarySplit(stable)
         self.traffic = traffic
         self.state: RolloutState = "stable"
@@ -152,8 +156,10 @@ class Rollout:
         self.state = "canary"
         self.reason = None
         self.canary_since = self._clock()
-        self.windows = {self.stable: self.windows.get(self.stable) or self._window()}
-        self.windows[version] = self._window()
+        # Both windows start together: a stable window of answers from before the canary would
+        # compare the canary with another time (a client could fail nothing before it and half
+        # after, and the canary alone would look worse).
+        self.windows = {self.stable: self._window(), version: self._window()}
         self._set_split(self.traffic.stable, self.traffic.canary)
         log.info(
             "model %r version %s: canary beside stable version %s at weights %d/%d",
@@ -219,7 +225,7 @@ class Rollout:
     def _set_split(self, stable: int, canary: int) -> None:
         self.split.weights = (stable, canary)
         if canary > 0 and self.canary is not None and self.state == "canary":
-            self.split.split = WeightedSplit({self.stable: stable, self.canary: canary})
+            self.split.split = RandomSplit({self.stable: stable, self.canary: canary}, self._rng)
         else:
             self.split.split = None
 
@@ -251,6 +257,7 @@ class Rollouts:
         self._metrics = metrics
         self._on_change = on_change
         self._rollouts: dict[str, Rollout] = {}
+        self._failures = RepeatedFailures()
 
     def __getitem__(self, name: str) -> Rollout:
         return self._rollouts[name]
@@ -365,10 +372,15 @@ class Rollouts:
     def check(self) -> None:
         """Judge every canary (the reconciler's tick: auto promotion needs no request)."""
         for rollout in list(self._rollouts.values()):
+            if self._failures.wait_s(rollout.name) > 0:
+                continue
+            what = f"model {rollout.name!r}: judging its canary"
             try:
                 rollout.check()
-            except Exception:  # one model's judge must not end the others'
-                log.exception("model %r: judging its canary failed", rollout.name)
+            except Exception as exc:  # one model's judge must not end the others'
+                self._failures.failed(rollout.name, what, exc)
+            else:
+                self._failures.succeeded(rollout.name, what)
 
 
 def _ready(model: ServedModel) -> bool:

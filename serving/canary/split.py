@@ -1,14 +1,25 @@
-"""Which version an unversioned request goes to: smooth weighted round robin (nginx's upstream
-balancer). Each pick adds every key's weight to its running score, takes the highest, and takes
-the total off the winner: over any ``sum(weights)`` picks each key is picked exactly its weight
-times, spread out (90/10 is nine stable, one canary, not ninety then ten), with no random draw
-for a test to fight."""
+"""Which version an unversioned request goes to.
+
+``WeightedSplit``: smooth weighted round robin (nginx's upstream balancer), for a replica
+switch's versions. Each pick adds every key's weight to its running score, takes the highest,
+and takes the total off the winner: over any ``sum(weights)`` picks each key is picked exactly
+its weight times, spread out (90/10 is nine stable, one canary, not ninety then ten).
+
+``RandomSplit``: a draw per request, for a canary. A round robin is predictable: a client that
+sends every tenth request, or that sees which version answered its last one, chooses the side
+its next request lands on, and can fail the canary's share alone (a rollback) or the stable's
+(a broken canary promoted). A draw from the operating system's generator gives a client's
+request the same chance of either side, whatever it sends or has seen."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 
-__all__ = ["CanarySplit", "WeightedSplit"]
+__all__ = ["CanarySplit", "RandomSplit", "WeightedSplit"]
+
+# Where a split draws unless given a generator: the tests of a whole server seed it here.
+_system_random = random.SystemRandom
 
 
 class WeightedSplit:
@@ -45,6 +56,33 @@ class WeightedSplit:
         return best
 
 
+class RandomSplit:
+    """Two keys and their weights; each pick a draw. ``rng``: a seeded ``random.Random`` in
+    tests and simulations; by default the system's generator (0.5 us a draw), whose next draw
+    no client can compute from the ones it saw."""
+
+    def __init__(self, weights: Mapping[str, int], rng: random.Random | None = None) -> None:
+        self._checked = WeightedSplit(weights)  # the same refusals of bad weights
+        (first, w_first), (second, w_second) = self._pair(weights)
+        self._first, self._second = first, second
+        self._threshold = w_first / (w_first + w_second)
+        self._draw = (rng or _system_random()).random
+
+    @staticmethod
+    def _pair(weights: Mapping[str, int]) -> list[tuple[str, int]]:
+        pairs = list(weights.items())
+        if len(pairs) != 2:
+            raise ValueError(f"a random split takes two keys, got {sorted(weights)!r}")
+        return pairs
+
+    @property
+    def weights(self) -> dict[str, int]:
+        return self._checked.weights
+
+    def pick(self) -> str:
+        return self._first if self._draw() < self._threshold else self._second
+
+
 class CanarySplit:
     """One model's stable version, its canary and their weights: the data the routing pick
     (``serving.repository.routing``) reads for a request that names no version. The canary's
@@ -55,7 +93,7 @@ class CanarySplit:
         self.stable = stable
         self.canary: str | None = None
         self.weights = (100, 0)
-        self.split: WeightedSplit | None = None
+        self.split: RandomSplit | None = None
 
     def pick(self) -> str:
         """The version the next unversioned request goes to (takes a turn of the split)."""

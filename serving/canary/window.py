@@ -53,6 +53,11 @@ class OutcomeWindow:
         self._prune(now)
         return self._end - self._start
 
+    def failures(self, now: float) -> int:
+        """Failed answers in the window."""
+        self._prune(now)
+        return self._failures
+
     def failure_rate(self, now: float) -> float:
         """Failed / answered in the window; 0.0 when it is empty."""
         n = self.count(now)

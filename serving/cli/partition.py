@@ -180,7 +180,7 @@ def partition(
         )
     from serving.cli.plan_table import plan_table
 
-    _stdout().print(plan_table(manifest.stages, manifest.signature))
+    _stdout().print(plan_table(manifest.stages, manifest.signature, combines=manifest.combines))
     err.print(f"wrote {len(manifest.stages)} stage(s) to {out}")
 
 
@@ -208,22 +208,23 @@ def plan(
                 )
             manifest = read_manifest(model)
             specs, signature = list(manifest.stages), manifest.signature
+            combines = manifest.combines
         else:
             _import_tensorflow_quietly(flags.log_level)
             with err.status("planning..."):
-                specs, signature = _plan_model(model, flags, budgets, overhead)
+                specs, signature, combines = _plan_model(model, flags, budgets, overhead)
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
     budgeted = budgets is not None or any(s.memory and s.memory.budget_bytes for s in specs)
-    _stdout().print(plan_table(specs, signature, budgeted=budgeted))
+    _stdout().print(plan_table(specs, signature, budgeted=budgeted, combines=combines))
 
 
 def _plan_model(
     model: str, flags: PlanFlags, budgets: tuple[int, ...] | None, overhead: int | None
-) -> tuple[list[Any], Any]:
+) -> tuple[list[Any], Any, Any]:
     from shards.bundle.format import import_modules, load_keras
     from shards.errors import PartitionError
-    from shards.partition.cut import plan_stages
+    from shards.partition.cut import plan_bundle
     from shards.partition.demo_models import DEMO_MODELS, build_demo
     from shards.partition.graph import analyse
 
@@ -245,7 +246,7 @@ def _plan_model(
             "whole, as one stage"
         )
     graph = analyse(keras_model, flags.max_sequence_length)
-    planned = plan_stages(
+    planned = plan_bundle(
         graph,
         stages=flags.stages,
         max_stage_bytes=budgets,
@@ -253,4 +254,4 @@ def _plan_model(
         device_overhead_bytes=overhead,
         weight_dtype=flags.weight_dtype,
     )
-    return [spec for _, spec in planned], graph.signature
+    return [spec for _, spec in planned.stages], graph.signature, planned.combines

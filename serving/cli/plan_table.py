@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
+from shards.bundle.driver_combine import DriverCombine, join_row_bytes
 from shards.bundle.format import StageSpec
 from shards.partition.memory_plan import format_size
 from shards.signature import ModelSignature
@@ -121,8 +122,10 @@ def plan_table(
     signature: ModelSignature | None = None,
     *,
     budgeted: bool = True,
+    combines: Sequence[DriverCombine] = (),
 ) -> Table:
-    """``budgeted=False``: planned without a budget, which the caption says splits nothing."""
+    """``budgeted=False``: planned without a budget, which the caption says splits nothing.
+    ``combines``: the outputs the front end joins, whose memory the caption counts."""
     batch = next((s.memory.max_batch_size for s in stages if s.memory), None)
     title = "memory plan" + (f" at max_batch_size={batch}" if batch else "")
     table = Table(title=title, title_justify="left")
@@ -134,10 +137,29 @@ def plan_table(
         length_line(stages),
         None if signature is None else bound_line(signature),
         *split_lines(stages),
+        None if signature is None else join_line(stages, signature, combines),
         None if budgeted else NO_BUDGET_LINE,
     ]
     table.caption = "\n".join(line for line in lines if line) or None
     return table
+
+
+def join_line(
+    stages: Sequence[StageSpec], signature: ModelSignature, combines: Sequence[DriverCombine]
+) -> str | None:
+    """What the front end's joins of a split output take at the plan's batch and length."""
+    if not combines:
+        return None
+    mem = next((s.memory for s in stages if s.memory), None)
+    batch = mem.max_batch_size if mem else 1
+    length = mem.sequence_length if mem else 1
+    per_row = join_row_bytes(tuple(combines), signature, length)
+    outputs = ", ".join(c.output for c in combines)
+    return (
+        f"the front end joins {outputs} from the parts: {format_size(per_row)} a row, "
+        f"{format_size(per_row * batch)} at batch {batch} (within driver_join_max_bytes, or "
+        "the server refuses the batch size at load)"
+    )
 
 
 def bound_line(signature: ModelSignature) -> str | None:

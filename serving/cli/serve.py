@@ -12,8 +12,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from serving.settings.config import ConfigError, Settings, load_settings
+from serving.settings.tls import uvicorn_tls
+from serving.telemetry import setup as telemetry
 from serving.version.life import VersionState
 
 err = Console(stderr=True)
@@ -88,9 +91,19 @@ def serve(
     """Serve a model over HTTP: POST /predict, batched and pipelined over Ray shard actors."""
     try:
         settings = load_settings(config, **flags)
+        telemetry.check(settings)  # tracing on without its extra: one line, not a traceback
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        # Escaped: a message's own brackets ('shardserve[tracing]') are not markup.
+        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
         raise typer.Exit(2) from None
+    if flags.get("admin_token") is not None:
+        err.print(
+            "[yellow]warning:[/yellow] --admin-token on the command line is visible to every "
+            "user of this machine (ps, /proc/<pid>/cmdline) and kept in the shell's history; "
+            "give --admin-token-file (a file of mode 600) or SHARDSERVE_ADMIN_TOKEN instead",
+            markup=True,
+            highlight=False,
+        )
     run_server(settings)
 
 
@@ -108,6 +121,7 @@ def run_server(settings: Settings) -> None:
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     import uvicorn
 
+    from serving.http.admin_token import is_loopback
     from serving.http.protocol import http_protocol
     from serving.server.app import create_app
     from serving.server.graceful import GracefulServer
@@ -118,6 +132,18 @@ def run_server(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if (
+        settings.admin_token is not None
+        and not settings.tls
+        and not settings.allow_plaintext_admin
+        and not (settings.host == "localhost" or is_loopback(settings.host))
+    ):
+        logging.getLogger("shardserve").warning(
+            "the admin routes take the admin token only from this machine: %s has no TLS "
+            "(--tls-cert-file, --tls-key-file); behind a proxy that ends TLS, give "
+            "--allow-plaintext-admin",
+            settings.host,
+        )
     server: GracefulServer | None = None
 
     def stop_serving(_: str) -> None:
@@ -142,6 +168,8 @@ def run_server(settings: Settings) -> None:
             # applies the same rule itself. uvicorn counts the connection it refuses among the
             # open ones: N + 1 serves N.
             limit_concurrency=settings.max_connections + 1,
+            # HTTPS (and mutual TLS) where a certificate is given.
+            **uvicorn_tls(settings),
         ),
         state_of=lambda: getattr(api.state, "shardserve", None),
         stop_timeout_s=settings.stop_timeout_s,
@@ -153,5 +181,5 @@ def run_server(settings: Settings) -> None:
     served = state.served() if state and single else []
     failed = [m.reason for m in served if m.state is VersionState.FAILED]
     if failed:
-        err.print(f"[red]error:[/red] the model failed to load: {failed[0]}")
+        err.print(f"[red]error:[/red] the model failed to load: {escape(failed[0])}")
         raise typer.Exit(1)

@@ -37,7 +37,7 @@ from serving.elastic.demand import DEMAND_WINDOW_S, Offered
 from serving.elastic.limits import BatchLimits
 from serving.elastic.policy import Autoscaler, ScaleDecision, ScalePolicy, replica_rows
 from serving.supervisor import supervise
-from serving.version.runner import ElasticRunner
+from serving.version.runner import ElasticRunner, pipeline_depth
 from serving.version.scale_state import ScaleState, ScaleStatus
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ class Scaler:
                 settings.downscale_delay_s,
             )
         )
-        self.limits = BatchLimits(model, batcher, getattr(runner, "num_stages", 1))
+        self.limits = BatchLimits(model, batcher, pipeline_depth(runner))
         self.adds: list[_Under] = []  # oldest first
         self.removing: _Under | None = None
         # The count the last scale-up asked for: its replicas are placed one after another

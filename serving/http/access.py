@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import Message, Scope, Send
 
+from serving.http.admission import declared_length
 from serving.http.replies import REQUEST_ID_KEY
 from serving.telemetry.access_log import status_reason
 from serving.telemetry.headers import client_address
@@ -78,5 +79,5 @@ class RouteLine:
 def _content_length(scope: Scope) -> int:
     for name, value in scope["headers"]:
         if name == b"content-length":
-            return int(value) if value.isdigit() else 0
+            return max(declared_length(value) or 0, 0)
     return 0

@@ -18,20 +18,45 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from serving.errors import InvalidInputError, PayloadTooLargeError, QueueFullError
+from serving.quoting import clip, quote
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
     from serving.settings.config import Settings
 
-__all__ = ["check_headroom", "check_length", "queue_full_message", "request_deadline"]
+__all__ = [
+    "check_headroom",
+    "check_length",
+    "declared_length",
+    "queue_full_message",
+    "request_deadline",
+]
+
+
+# A length of more digits is over any limit: int() is never asked to read it (past 4,300
+# digits it raises).
+_LENGTH_DIGITS = 18
+
+
+def declared_length(length: str | bytes | None) -> int | None:
+    """A ``Content-Length`` header's value: ``None`` unless it is digits, ``-1`` for more
+    digits than any length this server takes (over every limit)."""
+    if length is None or not length.isdigit():
+        return None
+    return int(length) if len(length) <= _LENGTH_DIGITS else -1
 
 
 def check_length(length: str | bytes | None, limit: int) -> None:
     """413 for a ``Content-Length`` header over ``limit`` (a malformed one is left to the
     body's own limit)."""
-    if length is not None and length.isdigit() and int(length) > limit:
-        shown = length.decode("latin-1") if isinstance(length, bytes) else length
-        raise PayloadTooLargeError(f"body of {shown} bytes is over the limit of {limit} bytes")
+    if length is not None and length.isdigit():
+        declared = declared_length(length)
+        if declared == -1 or (declared is not None and declared > limit):
+            shown = length.decode("latin-1") if isinstance(length, bytes) else length
+            raise PayloadTooLargeError(
+                f"body of {clip(shown, _LENGTH_DIGITS + 2)} bytes is over the limit of "
+                f"{limit} bytes"
+            )
 
 
 def queue_full_message(queued: int, limit: int) -> str:
@@ -60,7 +85,7 @@ def request_deadline(header: str | None, settings: Settings) -> float:
         if not 0 < asked < math.inf:  # NaN too
             raise InvalidInputError(
                 f"header X-Request-Timeout-Ms must be a positive, finite number of ms, got "
-                f"{header!r}; leave it out for the server's deadline (request_timeout_ms="
+                f"{quote(header)}; leave it out for the server's deadline (request_timeout_ms="
                 f"{timeout_ms:g})"
             )
         timeout_ms = min(timeout_ms, asked)

@@ -37,6 +37,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving.errors import ShardServeError
+from serving.http.admission import declared_length
 from serving.http.replies import (
     REQUEST_ID_HEADER,
     REQUEST_ID_KEY,
@@ -254,7 +255,7 @@ class FastRequest:
         """The whole body, at most ``limit`` bytes (413 past it) within ``timeout_s`` (408
         past it); ``ClientGone`` on a hang-up."""
         length = self.content_length
-        declared = int(length) if length is not None and length.isdigit() else None
+        declared = declared_length(length)
         return await read_body(self.receive, limit, timeout_s, declared)
 
     async def until_disconnect(self, work: Awaitable[T]) -> T:

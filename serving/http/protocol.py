@@ -8,13 +8,16 @@ a byte at a time, would hold one of the ``max_connections`` for good: a head not
 ``body_read_timeout_s`` of its first byte (of the connection's start, for the first) gets a 408
 and the connection is closed; one timer watches every connection (``Deadlines``).
 
-**The cap.** A request on a connection past ``max_connections`` (or while as many requests are
-in progress) gets a 503 with ``Retry-After`` and its connection is closed: a flood of idle or
-slow connections cannot take the server's memory and file descriptors. It is uvicorn's
-``limit_concurrency`` rule (counted when a request's headers are complete, the connection being
-refused among those open), answered in the server's words (a JSON error, not uvicorn's text) and
-without uvicorn's log line per refusal; uvicorn's own protocol (without httptools) applies its
-own with the same cap (``serving.cli.serve``).
+**The cap.** The sockets are counted, not the requests: a connection made while
+``max_connections`` are open is answered a 503 with ``Retry-After`` at once, before it sends
+anything, and closed (after ``_LINGER_S``, reading and dropping what it sends meanwhile), so that
+a flood of idle or slow connections holds neither memory nor file descriptors beyond the cap
+(uvicorn's ``limit_concurrency`` counts when a request's headers are complete: sockets that never
+send one were bounded only by the head's timer and the fd limit). A request while as many
+requests are in progress (a connection gone, its request still running) gets the same 503. The
+count costs a connection two additions; a request, nothing more. Answered in the server's words
+(a JSON error, not uvicorn's text) and without uvicorn's log line per refusal; uvicorn's own
+protocol (without httptools) applies uvicorn's rule with the same cap (``serving.cli.serve``).
 
 **Refusals.** Under overload most requests are refused (issue 10: 3x the capacity offered, two
 of three get 503). Through the ASGI app each refusal still cost an ASGI task, a scope, a chain
@@ -86,11 +89,27 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             super().__init__(*args, **kwargs)
             self.limit_concurrency = None  # the cap is applied below, in the server's words
             self.lingering = False
+            self.counted = False  # one of the max_connections
             self._heads = heads(self.loop)  # a connection lives on one loop: looked up once
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            cap = refuser.max_connections()
+            if cap is not None:
+                if refuser.open_connections >= cap:
+                    self._refuse_connection(cap)
+                    return
+                refuser.open_connections += 1
+                self.counted = True
             self._wait_for_head()
+
+        def _refuse_connection(self, cap: int) -> None:
+            head = [_STATUS]
+            for name, value in self.server_state.default_headers:
+                head += [name, b": ", value, b"\r\n"]
+            answer = refuser.over_cap(self.client, request_id_from(()), "", "", cap)
+            self.transport.write(b"".join([*head, b"connection: close\r\n", answer]))
+            self._linger()  # the client may be sending its first request
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -127,9 +146,13 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
         def _start_asgi_task(self, cycle: Any, asgi: Any) -> None:
             cap = refuser.max_connections()
             answer: bytes | None
-            if cap is not None and (len(self.connections) > cap or len(self.tasks) >= cap):
+            if cap is not None and len(self.tasks) >= cap:
                 cycle.keep_alive = False
-                answer = refuser.over_cap(cycle.scope, len(self.connections), cap)
+                scope = cycle.scope
+                answer = refuser.over_cap(
+                    scope.get("client"), request_id_from(scope["headers"]), scope.get("path", ""),
+                    f"{len(self.tasks)} requests in progress", cap,
+                )  # fmt: skip
             else:
                 answer = refuser.answer(cycle.scope)
             if answer is None:
@@ -179,6 +202,9 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            if self.counted:
+                self.counted = False
+                refuser.open_connections -= 1
             self._heads.end(self)
             cycle: Any = self.cycle
             super().connection_lost(exc)
@@ -228,6 +254,7 @@ class _Refuser:
         self.app = app
         self._bodies: dict[tuple[int, int], bytes] = {}
         self._cap: int | None = None
+        self.open_connections = 0  # those counted against the cap (the refused are not)
         self._read_timeout_s: float | None = None
         self._over_cap = 0  # refused since the last log line
         self._warn_at = 0.0
@@ -291,25 +318,22 @@ class _Refuser:
             bytes_out=0, reject=reject,
         )  # fmt: skip
 
-    def over_cap(self, scope: dict[str, Any], connections: int, cap: int) -> bytes:
-        """A 503 for a request past the cap on open connections (the headers after the status
-        line, and the body)."""
-        rid = request_id_from(scope["headers"])
-        self.log_refusal(scope.get("client"), rid.decode(), 503, "max_connections", 0.0,
-                         scope.get("path", ""))  # fmt: skip
+    def over_cap(self, client: Any, rid: bytes, path: str, held: str, cap: int) -> bytes:
+        """A 503 for a connection (``path`` empty) or a request past the cap (the headers after
+        the status line, and the body); ``held``: what is open, in words (a connection's: the
+        open connections, itself included)."""
+        held = held or f"{self.open_connections + 1} open"
+        self.log_refusal(client, rid.decode(), 503, "max_connections", 0.0, path)
         body = orjson.dumps(
-            {
-                "error": f"too many open connections: {connections} open, "
-                f"max_connections={cap}; retry later"
-            }
+            {"error": f"too many open connections: {held}, max_connections={cap}; retry later"}
         )
         self._over_cap += 1
         now = time.monotonic()
         if now >= self._warn_at:
             log.warning(
-                "%d request(s) refused with 503: %d connections open, max_connections=%d",
+                "%d connection(s) or request(s) refused with 503: %s, max_connections=%d",
                 self._over_cap,
-                connections,
+                held,
                 cap,
             )
             self._over_cap, self._warn_at = 0, now + _WARN_EVERY_S

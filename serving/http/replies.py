@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +29,7 @@ from serving.errors import (
     ShardServeError,
 )
 from serving.http.body_deadline import body_deadlines
+from serving.quoting import clip
 
 __all__ = [
     "JSON",
@@ -36,9 +38,11 @@ __all__ = [
     "REQUEST_ID_KEY",
     "Body",
     "ClientGone",
+    "FailureLines",
     "Reply",
     "as_response",
     "error_reply",
+    "failure_lines",
     "json_response",
     "log_failure",
     "read_body",
@@ -106,15 +110,83 @@ def send_with_request_id(send: Send, rid: bytes) -> Send:
 # ---- answers
 
 
+# A flood of failures (a client sending the same bad request in a loop) is summarised: per
+# status, the first _LINES_PER_INTERVAL lines of each interval are written, the rest counted
+# and said in one line when the interval ends.
+_INTERVAL_S = 10.0
+_LINES_PER_INTERVAL = 20
+_LOGGED_CHARACTERS = 1000  # of an error's message: its client data is cut already (quoting)
+
+
+class FailureLines:
+    """How many failure lines each status wrote this interval, and how many it left out."""
+
+    def __init__(self) -> None:
+        self.ends = 0.0
+        self.written: dict[int, int] = {}
+        self.left_out: dict[int, int] = {}
+
+    def reset(self) -> None:
+        """A new interval, with nothing counted (what each test starts from)."""
+        self.ends = 0.0
+        self.written.clear()
+        self.left_out.clear()
+
+    def admit(self, status: int) -> bool:
+        now = time.monotonic()
+        if now >= self.ends:
+            self.flush()
+            self.ends = now + _INTERVAL_S
+        written = self.written.get(status, 0)
+        if written < _LINES_PER_INTERVAL:
+            self.written[status] = written + 1
+            return True
+        if not self.left_out:
+            self._flush_later()
+        self.left_out[status] = self.left_out.get(status, 0) + 1
+        return False
+
+    def flush(self) -> None:
+        for status, count in sorted(self.left_out.items()):
+            level = logging.WARNING if status >= 500 else logging.INFO
+            log.log(
+                level,
+                "%d more requests ended %d in the last %g s (each line past %d left out)",
+                count,
+                status,
+                _INTERVAL_S,
+                _LINES_PER_INTERVAL,
+            )
+        self.written.clear()
+        self.left_out.clear()
+
+    def _flush_later(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop: the next failure after the interval says it
+            return
+        loop.call_at(loop.time() + max(0.0, self.ends - time.monotonic()), self._end)
+
+    def _end(self) -> None:
+        if self.left_out and time.monotonic() >= self.ends:
+            self.flush()
+
+
+failure_lines = FailureLines()
+
+
 def log_failure(rid: str, status: int, message: str) -> None:
-    """The one log line of a request that ended in an error, named by its request id.
+    """The one log line of a request that ended in an error, named by its request id; under a
+    flood, per status at most ``_LINES_PER_INTERVAL`` an interval, then a count.
 
     503s are load shedding (counted in ``shardserve_rejects_total``): under overload they come
     by the thousand per second, and a line each would spend the core the shedding saves."""
     level = logging.WARNING if status >= 500 else logging.INFO
     if status == 503:
         level = logging.DEBUG
-    log.log(level, "request %s: %d %s", rid, status, message)
+    if not log.isEnabledFor(level) or not failure_lines.admit(status):
+        return
+    log.log(level, "request %s: %d %s", rid, status, clip(message, _LOGGED_CHARACTERS))
 
 
 def retry_after_seconds(exc: ShardServeError) -> int | None:
@@ -144,7 +216,7 @@ def unexpected_reply(scope: Scope, exc: Exception) -> Reply:
         "request %s: 500 unexpected error on %s %s",
         request_id(scope).decode(),
         scope.get("method"),
-        scope.get("path"),
+        clip(scope.get("path") or "", _LOGGED_CHARACTERS),
         exc_info=exc,
     )
     body = orjson.dumps({"error": "internal server error; see the server log"})

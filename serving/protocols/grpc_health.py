@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.errors import ShardServeError
 from serving.http.model import ModelDirectory
+from serving.quoting import quote
 
 __all__ = ["HEALTH_SERVICE", "WATCH_INTERVAL_S", "ServedHealth"]
 
@@ -58,7 +59,7 @@ class ServedHealth(health_pb2_grpc.HealthServicer):
         if status is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"unknown service {request.service!r}: ask for '' (the server), a service on "
+                f"unknown service {quote(request.service)}: ask for '' (the server), a service on "
                 "this port, a model's name, or '<model>/<version>'",
             )
         return _Status(status=status)

@@ -11,7 +11,8 @@ lifespan starts and stops it), several services on it.
   in the default pool), so reflection reads a pool of its own that holds a copy of every file.
 
 Every service shares the server's limits: ``max_body_bytes`` for a message (RESOURCE_EXHAUSTED
-before it is decoded) and ``grpc_max_concurrent_rpcs`` calls at once.
+before it is decoded), and what a call may hold and for how long (``grpc_limits``: the calls
+served, the streams, the message's read, the connections' keepalive, idle time and age).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from serving.http.model import ModelDirectory
 from serving.protocols.grpc_health import HEALTH_SERVICE, ServedHealth
+from serving.protocols.grpc_limits import CallLimits, server_options
 from serving.protocols.tfserving.grpc_service import add_tfserving_services
 from serving.protocols.tfserving.proto import model_service_pb2, prediction_service_pb2
-from serving.protocols.v2.grpc_repository import RepositorySource
+from serving.protocols.v2.grpc_repository import ADMIN_METHODS, ADMIN_WHAT, RepositorySource
 from serving.protocols.v2.grpc_server import add_v2_service
 from serving.protocols.v2.proto import grpc_service_pb2
 
@@ -47,21 +49,28 @@ def _no_repository() -> None:
 
 
 async def start_grpc_server(
-    models: ModelDirectory, settings: Settings, repository: RepositorySource = _no_repository
+    models: ModelDirectory,
+    settings: Settings,
+    repository: RepositorySource = _no_repository,
+    limits: CallLimits | None = None,
 ) -> grpc.aio.Server | None:
     """Serve gRPC on ``settings.grpc_port`` in the running event loop (``None`` when it is 0);
-    ``repository`` gives the repository control V2's repository calls use, once there is one."""
+    ``repository`` gives the repository control V2's repository calls use, once there is one;
+    ``limits``: the calls' counts and caps (made from ``settings`` by default)."""
     if not settings.grpc_port:
         return None
     server = grpc.aio.server(
-        # One more call is refused at once (RESOURCE_EXHAUSTED), before its message is read.
-        maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
+        # What each call holds, counted and capped (grpc_limits); past all of them together
+        # one more call is refused at once (RESOURCE_EXHAUSTED), before its message is read.
+        interceptors=[limits or CallLimits(settings, ADMIN_METHODS, ADMIN_WHAT)],
+        maximum_concurrent_rpcs=settings.grpc_max_open_calls,
         options=[
             # The body cap of HTTP: a bigger message is refused before it is decoded.
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", -1),
             # gRPC shares a busy port by default (SO_REUSEPORT): make it an error instead.
             ("grpc.so_reuseport", 0),
+            *server_options(settings),
         ],
     )
     services = [
@@ -75,15 +84,31 @@ async def start_grpc_server(
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.grpc_port}"
     try:
-        server.add_insecure_port(address)
+        if settings.tls:
+            server.add_secure_port(address, _credentials(settings))
+        else:
+            server.add_insecure_port(address)
     except RuntimeError:
         raise RuntimeError(
             f"cannot serve gRPC on {address}: the port is in use or not allowed; "
             "choose another with --grpc-port, or 0 to turn gRPC off"
         ) from None
     await server.start()
-    log.info("gRPC (Open Inference Protocol, TensorFlow Serving) on %s", address)
+    tls = "" if not settings.tls else " (mutual TLS)" if settings.tls_ca_file else " (TLS)"
+    log.info("gRPC (Open Inference Protocol, TensorFlow Serving) on %s%s", address, tls)
     return server
+
+
+def _credentials(settings: Settings) -> grpc.ServerCredentials:
+    """The server's certificate and key, and with ``tls_ca_file`` the CA its clients'
+    certificates must be signed by (checked when the settings were read)."""
+    assert settings.tls_cert_file is not None and settings.tls_key_file is not None
+    ca = settings.tls_ca_file
+    return grpc.ssl_server_credentials(
+        [(settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())],
+        root_certificates=None if ca is None else ca.read_bytes(),
+        require_client_auth=ca is not None,
+    )
 
 
 async def stop_grpc_server(server: grpc.aio.Server | None, *, grace_s: float) -> None:

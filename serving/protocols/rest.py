@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from serving.http.admission import request_deadline
+from serving.http.admission import declared_length, request_deadline
 from serving.http.fast import FastRequest, ModelRef
 from serving.http.model import ModelDirectory
 from serving.http.replies import Reply, error_reply, send_reply, unexpected_reply
@@ -68,7 +68,7 @@ class _Rest:
             request.scope.get("path", ""),
             "http",
             client_address(request.scope),
-            int(length) if length is not None and length.isdigit() else 0,
+            max(declared_length(length) or 0, 0),
         )
 
 

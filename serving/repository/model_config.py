@@ -35,6 +35,7 @@ from serving.canary.config import TrafficConfig, read_traffic
 from serving.repository.version_policy import VersionPolicy
 from serving.settings.config import ConfigError, Settings
 from serving.settings.repository import MODEL_NAME_PATTERN, RepositorySettings
+from serving.settings.tls import TlsSettings
 
 if TYPE_CHECKING:
     from serving.repository.layout import VersionDir
@@ -68,6 +69,12 @@ SERVER_WIDE: dict[str, str] = {
     "made for the server",
     "cache_dir": "the server keeps one bundle cache",
     "cache_max_bytes": "the server keeps one bundle cache",
+    "grpc_max_streams": "the gRPC server's limits are one for every model",
+    "grpc_max_open_calls": "the gRPC server's limits are one for every model",
+    "grpc_max_connection_idle_s": "the gRPC server's limits are one for every model",
+    "grpc_max_connection_age_s": "the gRPC server's limits are one for every model",
+    **{key: "one TLS identity serves every model" for key in TlsSettings.model_fields},
+    "allow_plaintext_admin": "one admin token guards the server's admin routes",
     **{key: _REPOSITORY for key in RepositorySettings.model_fields},
 }
 _TABLES = ("versions", "labels", "traffic", "canary")

@@ -25,10 +25,12 @@ admitted, end the actors), then the version leaves the registry
 
 Long operations (a load and its settle, a switch step, a retire) are started by a step and run as
 tasks tracked per (model, version, kind), at most one of each in flight; the next tick sees
-their end. A step or operation that raises is logged with its traceback and counted
-(``shardserve_background_errors_total{task}``), and the next tick takes the step again: a
-retire that failed is started again, a hand-over done again; nothing is left undone in a task
-nobody awaits.
+their end. A step or operation that raises is counted
+(``shardserve_background_errors_total{task}``) and taken again: a retire that failed is started
+again, a hand-over done again; nothing is left undone in a task nobody awaits. One that keeps
+failing is taken again after a pause that doubles up to a minute, and logged as
+``serving.supervisor.RepeatedFailures`` says: its traceback once, then a line with the count at
+most every minute, not a traceback a second per model.
 
 The scale step, per READY version, at most every ``SCALE_PERIOD_S``: the version is observed
 (``serving.elastic.steps.observe``: the batcher sampled, the pure policy asked for its desired
@@ -45,7 +47,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -64,7 +66,7 @@ from serving.repository.switch_queue import (
     widen_queue,
     widen_queues,
 )
-from serving.supervisor import start_supervised
+from serving.supervisor import RepeatedFailures, start_supervised
 from serving.version.life import VersionState
 from serving.version.readiness import version_state
 from serving.version.runner import RunnerFactory
@@ -121,6 +123,7 @@ class Reconciler:
         self.rolling = Rolling(state, self.hand_over_now, self._drain)
         self._wake = asyncio.Event()
         self._observed: dict[ServedModel, float] = {}  # a version's last scale sample
+        self._failures = RepeatedFailures()
 
     # ---- the loop
 
@@ -164,8 +167,11 @@ class Reconciler:
         step."""
         self.rollouts.check()
         for name in sorted(set(self.plans) | set(self.state.models)):
+            key = ("reconcile", name)
+            if self._failures.wait_s(key) > 0:
+                continue  # it failed: taken again after its pause
             what = f"model {name!r}'s reconcile step"
-            await self._guarded("reconcile", what, partial(self.step, name))
+            await self._guarded("reconcile", what, partial(self.step, name), key=key)
         self.scale(time.monotonic())
 
     def scale(self, now: float) -> None:
@@ -179,21 +185,19 @@ class Reconciler:
                 last = self._observed.get(model)
                 if last is not None and now - last < SCALE_PERIOD_S:
                     continue
+                key = ("scaling", model.name, model.version)
+                if self._failures.wait_s(key) > 0:
+                    continue
                 self._observed[model] = now
+                what = f"model {model.name!r} version {model.version}'s scale step"
                 try:
                     observe(model, now)
                     step = scale_step(model)
                 except Exception as exc:
                     self.state.metrics.background_error("scaling")
-                    log.exception(
-                        "model %r version %s's scale step failed (%s: %s); sampled again on "
-                        "the next tick",
-                        model.name,
-                        model.version,
-                        type(exc).__name__,
-                        _first_line(exc),
-                    )
+                    self._failures.failed(key, what, exc)
                     continue
+                self._failures.succeeded(key, what)
                 if step is not None:
                     run_step(model, step)
 
@@ -438,7 +442,14 @@ class Reconciler:
         running = self._ops.get(key)
         if running is not None:
             return running
-        task = asyncio.create_task(self._guarded(key[2], what, job, reraise=True))
+        pause = self._failures.wait_s(key)  # it failed before: in flight, after its pause
+
+        async def run() -> None:
+            if pause > 0:
+                await asyncio.sleep(pause)
+            await self._guarded(key[2], what, job, reraise=True, key=key)
+
+        task = asyncio.create_task(run())
         task.set_name(f"shardserve-{key[2]}")
         self._ops[key] = task
 
@@ -460,20 +471,19 @@ class Reconciler:
         job: Callable[[], Coroutine[Any, Any, object]],
         *,
         reraise: bool = False,
+        key: Hashable | None = None,
     ) -> None:
+        key = (kind, what) if key is None else key
         try:
             await job()
         except Exception as exc:
             self.state.metrics.background_error(kind)
-            log.exception("%s failed (%s: %s)", what, type(exc).__name__, _first_line(exc))
+            self._failures.failed(key, what, exc)
             if reraise:
                 raise
+        else:
+            self._failures.succeeded(key, what)
 
 
 def _refusal(model: ServedModel, reason: str) -> str:
     return f"model {model.name!r} version {model.version} is being unloaded ({reason})"
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else "no message"

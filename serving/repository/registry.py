@@ -18,6 +18,7 @@ from serving.batching.dispatch import SHUTTING_DOWN
 from serving.elastic.start_count import inherit_count
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.metrics.series import Metrics
+from serving.quoting import quote
 from serving.repository.routing import Traffic, route, version_key
 from serving.settings.config import Settings
 
@@ -107,7 +108,8 @@ class Registry:
         split (a look before the request's own)."""
         if version is not None and label is not None:
             raise InvalidInputError(
-                f"name a version ({version!r}) or a label ({label!r}) of the model, not both"
+                f"name a version ({quote(version)}) or a label ({quote(label)}) of the model, "
+                "not both"
             )
         found_name = self._name(name)
         versions = self.models.get(found_name)
@@ -120,7 +122,7 @@ class Registry:
             if found is None:
                 listed = sorted(versions, key=version_key)
                 raise NotFoundError(
-                    f"model {found_name!r} has no version {version!r}; its versions: {listed}"
+                    f"model {found_name!r} has no version {quote(version)}; its versions: {listed}"
                 )
             return found
         return route(versions, self.traffic.get(found_name), turn=split)
@@ -143,7 +145,7 @@ class Registry:
         )
 
     def _no_model(self, name: str, *, default: bool) -> str:
-        what = f"the default model {name!r}" if default else f"model {name!r}"
+        what = f"the default model {quote(name)}" if default else f"model {quote(name)}"
         why = self.unserved.get(name)
         served = f"this server serves {_names(self.models)}" if self.models else "none is served"
         if why is not None:
@@ -170,7 +172,7 @@ class Registry:
         version = labels.get(label)
         if version is None:
             known = f"its labels: {sorted(labels)}" if labels else "it has no label set"
-            raise NotFoundError(f"model {name!r} has no label {label!r}; {known}")
+            raise NotFoundError(f"model {quote(name)} has no label {quote(label)}; {known}")
         return version
 
 

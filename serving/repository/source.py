@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from serving.canary.config import TrafficConfig
+from serving.quoting import quote
 from serving.repository.layout import Incomplete, VersionDir, scan_all
 from serving.repository.model_config import model_settings, read_model_config
 from serving.settings.config import ConfigError, Settings
@@ -179,7 +180,7 @@ def selected_settings(plans: dict[str, ModelPlan]) -> list[Settings]:
 
 def not_in_repository(name: str, plans: dict[str, ModelPlan]) -> str:
     held = ", ".join(repr(n) for n in sorted(plans)) or "no model"
-    return f"model {name!r} is not in the model repository; it holds {held}"
+    return f"model {quote(name)} is not in the model repository; it holds {held}"
 
 
 def why_retired(plan: ModelPlan, version: str) -> str:

@@ -24,14 +24,15 @@ from pydantic_core import ErrorDetails
 
 from serving.batching.batcher import Batcher
 from serving.errors import InvalidInputError, NotReadyError
-from serving.http.admin_token import check_admin_token
+from serving.http.admin_token import Transport, check_admin_token, check_admin_transport
 from serving.http.admission import check_length
 from serving.http.json_body import refusal, whole
 from serving.http.replies import read_body
 from serving.openapi.bodies import BatchingView, ReplicasView, RunTimeView, errors
 from serving.openapi.document import ADMIN_SECURITY
+from serving.quoting import quote
 from serving.settings.config import Settings, default_queue_rows
-from serving.version.runner import ModelRunner
+from serving.version.runner import ModelRunner, pipeline_depth
 
 if TYPE_CHECKING:
     from serving.server.state import ServerState
@@ -51,7 +52,9 @@ _MAX_WAIT_MS = 60_000  # Settings' own ceiling of batch_timeout_ms
 
 
 def check_token(request: Request, settings: Settings) -> None:
-    check_admin_token(request.headers.get("authorization"), settings.admin_token, "admin routes")
+    token, what = settings.admin_token, "admin routes"
+    check_admin_transport(token, Transport.of(request.scope), settings.allow_plaintext_admin, what)
+    check_admin_token(request.headers.get("authorization"), token, what)
 
 
 def batching_view(batcher: Batcher, replicas: dict[str, Any] | None = None) -> BatchingView:
@@ -137,7 +140,7 @@ def change_model(settings: Settings) -> type[BaseModel]:
 def _refusal(exc: ValidationError, allowed: dict[str, str]) -> InvalidInputError:
     def reason(field: str, error: ErrorDetails) -> str:
         if error["type"] == "extra_forbidden":
-            return f"unknown field {field!r}; expected some of {list(ADMIN_FIELDS)}"
+            return f"unknown field {quote(field)}; expected some of {list(ADMIN_FIELDS)}"
         return f"{field} must be {allowed[field]}, got {error['input']!r:.80}"
 
     shape = f"a JSON object with some of {list(ADMIN_FIELDS)}"
@@ -158,7 +161,7 @@ def policy_changes(
     # queue never shrinks below its start-up rows: a request that size was served (and the
     # OpenAPI document says so), and a batching change must not make it a 400.
     if settings.max_queue_rows is None:
-        start_up = settings.queue_rows(runner.num_stages, runner.replicas)
+        start_up = settings.queue_rows(pipeline_depth(runner), runner.replicas)
         changes["max_queue_rows"] = max(default_queue_rows(size, inflight), start_up)
     if settings.allowed_batch_sizes is None:
         changes["allowed_batch_sizes"] = ()

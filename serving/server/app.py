@@ -33,7 +33,7 @@ from serving.server.state import ServerState
 from serving.server.tfserving_routes import install_tfserving_routes
 from serving.settings.config import Settings
 from serving.telemetry import active
-from serving.version.runner import RunnerFactory, build_runner
+from serving.version.runner import RunnerFactory, build_runner, pipeline_depth
 
 if TYPE_CHECKING:
     from shards.signature import ModelSignature
@@ -68,7 +68,11 @@ def create_app(
     install_rollout_routes(app, settings)
     install_v2_routes(app, V2_ROUTE_DOCS)
     install_repository_routes(
-        app, settings.admin_token, REPOSITORY_DOCS, body_timeout_s=settings.body_read_timeout_s
+        app,
+        settings.admin_token,
+        REPOSITORY_DOCS,
+        body_timeout_s=settings.body_read_timeout_s,
+        allow_plaintext_admin=settings.allow_plaintext_admin,
     )
     return app
 
@@ -184,7 +188,7 @@ def _served(state: ServerState) -> Served:
         if runner is None:  # loading: its signature is not known yet
             shapes.add((None, None))
             continue
-        rows = model.settings.queue_rows(runner.num_stages, runner.replicas)
+        rows = model.settings.queue_rows(pipeline_depth(runner), runner.replicas)
         shapes.add((runner.signature, rows))
     labels = {name: tuple(sorted(by_label)) for name, by_label in state.labels.items()}
     signature, max_rows = shapes.pop() if len(shapes) == 1 else (None, None)

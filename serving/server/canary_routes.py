@@ -29,6 +29,7 @@ from serving.http.json_body import refusal, whole
 from serving.http.replies import read_body
 from serving.openapi.bodies import Body, errors
 from serving.openapi.document import ADMIN_SECURITY
+from serving.quoting import quote
 from serving.server.admin_routes import check_token
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def _weights(raw: bytes | bytearray) -> WeightsChange:
 def _refusal(exc: ValidationError) -> str:
     def reason(field: str, error: ErrorDetails) -> str:
         if error["type"] == "extra_forbidden":
-            return f"unknown field {field!r}; expected 'stable' and 'canary'"
+            return f"unknown field {quote(field)}; expected 'stable' and 'canary'"
         if error["type"] == "missing":
             return f"{field} is missing: give both 'stable' and 'canary'"
         return (

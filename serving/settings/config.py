@@ -22,9 +22,11 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from serving.settings.elastic import ScalingSettings
+from serving.settings.grpc_limits import GrpcSettings
 from serving.settings.lengths import MAX_LENGTH_LIMIT, LengthSettings
 from serving.settings.repository import RepositorySettings
 from serving.settings.sources import ConfigError, TomlSource, format_validation_error, split_csv
+from serving.settings.tls import TlsSettings
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets, parse_bytes
 
 __all__ = ["ConfigError", "Settings", "default_queue_rows", "load_settings", "padded_batch_sizes"]
@@ -38,8 +40,11 @@ _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 )
 
 
-# The length-padding fields: LengthSettings; the model repository's: RepositorySettings.
-class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings):
+# The length-padding fields: LengthSettings; the model repository's: RepositorySettings; the
+# gRPC calls' limits: GrpcSettings; TLS's: TlsSettings.
+class Settings(
+    BaseSettings, LengthSettings, RepositorySettings, ScalingSettings, GrpcSettings, TlsSettings
+):
     model_config = SettingsConfigDict(
         env_prefix="SHARDSERVE_", extra="forbid", validate_default=True
     )
@@ -61,20 +66,15 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="Longest a request's head may take to arrive (from its first byte, or from "
         "the connection's start), and its body (from when its handler starts reading it); past "
         "it 408 and the connection is closed (a slow client holds no connection, queue room, "
-        "buffer or drain for longer).",
+        "buffer or drain for longer); a gRPC call's message, from the call's start "
+        "(DEADLINE_EXCEEDED).",
     )
     max_connections: int = Field(
         1024,
         ge=1,
         le=1_000_000,
-        description="Open HTTP connections served at once; a request on one more gets 503 "
-        "(Retry-After) and its connection is closed.",
-    )
-    grpc_max_concurrent_rpcs: int = Field(
-        256,
-        ge=1,
-        le=1_000_000,
-        description="gRPC calls served at once; one more is refused with RESOURCE_EXHAUSTED.",
+        description="Open HTTP connections (sockets, idle ones included) at once; one more is "
+        "answered 503 (Retry-After) as it connects, and closed.",
     )
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for /admin routes; unset = admin routes off."
@@ -108,6 +108,15 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         description="Where traces go (an OTLP/HTTP URL such as http://collector:4318, or "
         "with OTEL_EXPORTER_OTLP_PROTOCOL=grpc a gRPC one, http://collector:4317); turns "
         "tracing on; unset = the OTEL_EXPORTER_OTLP_* variables'.",
+    )
+    trace_client_sampled_per_s: float = Field(
+        10.0,
+        ge=0,
+        le=1_000_000,
+        description="A client's traceparent with the sampled flag is honoured this many times "
+        "a second at most (a trace recorded in the client's trace); past it, and at 0, such a "
+        "request starts a trace of the server's own, linked to the client's, that the server's "
+        "sampler (OTEL_TRACES_SAMPLER) decides: a client cannot force full tracing's cost.",
     )
     access_log: Literal["json", "text", "off"] = Field(
         "off",
@@ -173,7 +182,8 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         20 * 1024 * MiB,
         ge=0,
         description="Size the bundle cache is pruned to after each load (e.g. 20GiB), least "
-        "recently used bundles first; a bundle being served is never removed.",
+        "recently used bundles first; a bundle being served is never removed. The stage cache "
+        "of every node that gets shipped stages is pruned to it too, as each actor loads.",
     )
 
     # --- Ray and placement
@@ -268,6 +278,15 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
         "700), set with gc_freeze; a server allocates per request (docs/tuning.md).",
     )
 
+    driver_join_max_bytes: int = Field(
+        2 * 1024 * MiB,
+        ge=0,
+        description="The most the front end may allocate to join a batch's output from the "
+        "parts of a layer split across devices (e.g. 2GiB; shardserve plan shows it): a "
+        "max_batch_size whose join is larger is refused at load, saying the batch size that "
+        "fits.",
+    )
+
     # --- batching
     max_batch_size: int = Field(32, ge=1, le=4096, description="Rows in a full batch.")
     batch_timeout_ms: float | Literal["auto"] = Field(
@@ -332,7 +351,7 @@ class Settings(BaseSettings, LengthSettings, RepositorySettings, ScalingSettings
             return None if value is None else 0
         return parse_bytes(value)
 
-    @field_validator("cache_max_bytes", mode="before")
+    @field_validator("cache_max_bytes", "driver_join_max_bytes", mode="before")
     @classmethod
     def _cache_bytes(cls, value: Any) -> Any:
         # 0 keeps only the bundles in use; parse_bytes refuses it as a budget.

@@ -26,6 +26,7 @@ The routes outside the data plane (probes, ``/metrics``, admin, 404s) get their 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from typing import Any, Literal
@@ -156,8 +157,30 @@ class AccessLog:
         self._log.info(line)
 
 
+# What a text value may not hold bare: a space or a quote (it would split or end the pair), a
+# backslash (an escape), a control character (a newline writes a line of the client's making:
+# uvicorn's path is percent-decoded, so "%0A" in a URL is one), and the characters that
+# other tools read as a line break (NEL, U+2028, U+2029).
+_UNSAFE = re.compile(r'[\x00-\x20"\\\x7f-\x9f\u2028\u2029]')
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", '"': '\\"', "\\": "\\\\", " ": " "}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    escaped = _ESCAPES.get(char)
+    if escaped is not None:
+        return escaped
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def _text(value: object) -> str:
+    """``value`` bare where it is safe, else quoted, its unsafe characters escaped as in a JSON
+    string (a newline as backslash-n; other controls as backslash-xNN): one line per request,
+    whatever a client put in its path or headers."""
     text = str(value)
     if not text:
         return "-"
-    return f'"{text}"' if (" " in text or '"' in text) else text
+    if _UNSAFE.search(text) is None:
+        return text
+    return f'"{_UNSAFE.sub(_escape, text)}"'

@@ -9,6 +9,12 @@ span is made only where a member request is sampled, and is then always recorded
 ``traceparent`` (a new trace without one) and gets, when it ends, a child for its time in the
 queue (with why its batch closed), timed from the batcher's stamps (``serving.telemetry.stamp``).
 
+A client's sampled flag is honoured ``client_sampled_per_s`` times a second at most (a token
+bucket): past that, a request that asks starts a trace of the server's own, *linked* to the
+client's span, and the server's sampler decides it as any root (a ratio over a trace id the
+server drew, not the client's). Honoured always, any client could force full tracing's cost
+(1.76x the front end's CPU per request, docs/benchmarks.md) at any configured ratio.
+
 A canary's rollback is a short span of its own (``canary.rollback``, a root, always recorded
 like a batch span): the judge's verdict comes from many requests' outcomes, and an admin's from
 none, so no request's trace owns it; its attributes say which version left, for what reason.
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -52,19 +58,60 @@ def _perf_ns(perf_s: float) -> int:
     return time.time_ns() - int((time.perf_counter() - perf_s) * 1e9)
 
 
-class Tracer:
-    """Makes the server's spans with this process's provider (``shards.tracing``)."""
+class _Bucket:
+    """``per_s`` tokens a second, as many (at least one) held at most."""
 
-    def __init__(self, provider: Any | None = None) -> None:
+    __slots__ = ("_at", "_clock", "_held", "_most", "_per_s")
+
+    def __init__(self, per_s: float, clock: Callable[[], float]) -> None:
+        self._per_s = per_s
+        self._most = max(1.0, per_s)
+        self._held = self._most if per_s > 0 else 0.0
+        self._clock = clock
+        self._at = clock()
+
+    def take(self) -> bool:
+        if self._per_s <= 0:
+            return False
+        now = self._clock()
+        self._held = min(self._most, self._held + (now - self._at) * self._per_s)
+        self._at = now
+        if self._held < 1.0:
+            return False
+        self._held -= 1.0
+        return True
+
+
+class Tracer:
+    """Makes the server's spans with this process's provider (``shards.tracing``);
+    ``client_sampled_per_s``: a client's sampled flag honoured at most this often (see the
+    module's docstring)."""
+
+    def __init__(
+        self,
+        provider: Any | None = None,
+        client_sampled_per_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._tracer = (provider or tracer_provider()).get_tracer("shardserve")
+        self._client_sampled = _Bucket(client_sampled_per_s, clock)
 
     # --- requests
 
     def request(self, stamp: Stamp, traceparent: str | None, tracestate: str | None) -> None:
         """Start ``stamp``'s request span, under the client's trace where it sent one."""
         parent = context_from(traceparent, tracestate) if traceparent else None
+        links: list[Link] = []
+        if parent is not None:
+            asked = trace.get_current_span(parent).get_span_context()
+            if asked.is_valid and asked.trace_flags.sampled and not self._client_sampled.take():
+                parent, links = Context(), [Link(asked, {"shardserve.client_sampled": True})]
         span = self._tracer.start_span(
-            "infer", context=parent, kind=SpanKind.SERVER, start_time=_perf_ns(stamp.started)
+            "infer",
+            context=parent,
+            kind=SpanKind.SERVER,
+            start_time=_perf_ns(stamp.started),
+            links=links,
         )
         stamp.span = span
         ctx = span.get_span_context()

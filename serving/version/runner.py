@@ -24,6 +24,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from serving.settings.config import Settings
+from serving.settings.lengths import served_max_length
 from shards.cpu_plan import Pipeline, cpus_per_stage, machine_cores, scheduling_cpus
 from shards.pipeline.health import Health
 from shards.signature import ModelSignature
@@ -61,6 +62,15 @@ class ModelRunner(Protocol):
     async def stats(self) -> list[dict[str, Any]]: ...
 
     async def close(self) -> None: ...
+
+
+def pipeline_depth(runner: object) -> int:
+    """Stages one after the other in one replica: a split layer's parts run the same batch side by
+    side and hold one batch between them (the manifest's ``depth``); a runner without parts: its
+    stages. Every limit sized by the pipeline (in-flight batches, queue rows, the auto wait's
+    depth) reads this, at start-up, after a scale step, in the OpenAPI document and on the admin
+    route alike."""
+    return int(getattr(runner, "pipeline_depth", getattr(runner, "num_stages", 1)))
 
 
 @runtime_checkable
@@ -117,6 +127,11 @@ async def build_runner(settings: Settings) -> ModelRunner:
     )
     bundle = await resolve_bundle_remote(settings.model, resolve)
     log.info("model %r -> bundle %s", settings.model, bundle)
+    try:
+        await asyncio.to_thread(check_driver_join, settings, bundle)
+    except BaseException:
+        _release(bundle)
+        raise
     options = pipeline_options(settings)
     copies = await asyncio.to_thread(stage_replicas, settings, bundle)
     if copies > 1:
@@ -133,6 +148,25 @@ async def build_runner(settings: Settings) -> ModelRunner:
         raise
     _bundles[group] = bundle
     return group  # type: ignore[no-any-return]
+
+
+def check_driver_join(settings: Settings, bundle: Path) -> None:
+    """Refuse (``shards.errors.PlanError``) a bundle whose outputs joined in the front end
+    (``shards.bundle.driver_combine``) would be over ``driver_join_max_bytes`` at the largest
+    batch this version sends, at its served sequence length."""
+    from shards.bundle.driver_combine import check_join_budget
+    from shards.bundle.format import read_manifest
+
+    manifest = read_manifest(bundle)
+    if not manifest.combines:
+        return
+    check_join_budget(
+        manifest.combines,
+        manifest.signature,
+        max(settings.batch_sizes()),
+        served_max_length(settings.max_sequence_length, manifest.signature),
+        settings.driver_join_max_bytes,
+    )
 
 
 def release_bundle(runner: object) -> None:
@@ -303,6 +337,7 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         imports=tuple(settings.imports),
         simulate_device_ms=settings.simulate_device_ms,
         ship_stages=settings.ship_stages,
+        stage_cache_max_bytes=settings.cache_max_bytes,
         compiled_graph=settings.compiled_graph,
         activation_dtype=settings.activation_dtype,
         weight_dtype=settings.weight_dtype,

@@ -31,7 +31,7 @@ from serving.version.collector import freeze_heap
 from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
 from serving.version.life import LOADING_STATES, Life, VersionState
-from serving.version.runner import ModelRunner, RunnerFactory, release_bundle
+from serving.version.runner import ModelRunner, RunnerFactory, pipeline_depth, release_bundle
 from serving.version.scale_state import ScaleState, ScaleStatus
 from serving.version.shape_log import ShapeLog
 from serving.version.stage_stats import log_memory, poll_stats
@@ -390,9 +390,7 @@ def served_length(settings: Settings, signature: ModelSignature) -> int:
 
 def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
     """The batcher's start-up settings: the server's, fitted to the runner's stages."""
-    # Stages one after the other: a split layer's parts run the same batch side by side, so
-    # they hold one batch between them (the manifest's depth; a runner without parts: its stages).
-    stages = int(getattr(runner, "pipeline_depth", runner.num_stages))
+    stages = pipeline_depth(runner)
     replicas = runner.replicas
     return BatchSettings(
         max_batch_size=settings.max_batch_size,

@@ -22,6 +22,7 @@ from shards.actor.heap_trim import release_free_heap, weights_read_in_place
 from shards.actor.measured_memory import MemoryMarks
 from shards.actor.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.actor.tflog import import_tensorflow
+from shards.bundle.cache import DEFAULT_MAX_BYTES
 from shards.bundle.format import Manifest, allowed_imports, load_stage, read_manifest
 from shards.bundle.shipping import ShippedStage, default_cache_dir, stage_dir_for
 from shards.cpu_plan import intra_op_threads
@@ -51,6 +52,7 @@ class ShardActor:
         simulate_device_ms: float | None = None,
         shipped: ShippedStage | None = None,
         stage_cache_dir: str | None = None,
+        stage_cache_max_bytes: int = DEFAULT_MAX_BYTES,
         activation_dtype: str | None = None,
         weight_dtype: str | None = None,
         unsafe_deserialization: bool = False,
@@ -82,7 +84,9 @@ class ShardActor:
         self._device = _configure_tensorflow()
         self._memory.mark("tensorflow")
         cache = Path(stage_cache_dir) if stage_cache_dir else default_cache_dir()
-        stage_dir, self._source = stage_dir_for(bundle_dir, stage_index, shipped, cache)
+        stage_dir, self._source = stage_dir_for(
+            bundle_dir, stage_index, shipped, cache, stage_cache_max_bytes
+        )
         self._stage_dir = str(stage_dir)
         with weights_read_in_place():
             self._model = load_stage(

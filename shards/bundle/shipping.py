@@ -7,6 +7,12 @@ the actor starts, even on a node whose own copy of the file is good. The actor l
 copy when it has the driver's size and sha256, otherwise it fetches the bytes into a
 content-addressed cache directory laid out as a one-stage bundle (the manifest plus that stage's
 file), so ``bundle.load_stage`` reads it unchanged. Only plain file reads here: no TensorFlow.
+
+The stage cache is kept the way the bundle cache is (``shards.bundle.cache``): an actor holds
+its entry (a shared ``flock`` for as long as its process lives) and then prunes the cache to
+``max_bytes``, least recently used entries first; an entry an actor holds, on this node or any
+sharing the directory, is never removed. Without it every new version shipped to a node stayed
+on its disk for good.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import tarfile
@@ -25,11 +32,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shards.bundle.cache import ensure_private
+from shards.bundle.cache import DEFAULT_MAX_BYTES, ensure_private, hold, prune
 from shards.bundle.format import MANIFEST_NAME, BundleError, Manifest, sha256_file
 
 StageSource = Literal["local", "shipped"]
 _CHUNK = 1 << 20
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,16 +95,50 @@ def ship_stage(bundle_dir: Path, manifest: Manifest, index: int, *, put: bool) -
 
 
 def stage_dir_for(
-    bundle_dir: str, index: int, shipped: ShippedStage | None, cache_dir: Path
+    bundle_dir: str,
+    index: int,
+    shipped: ShippedStage | None,
+    cache_dir: Path,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> tuple[Path, StageSource]:
-    """The bundle directory to load stage ``index`` from on this node, and where it came from."""
+    """The bundle directory to load stage ``index`` from on this node, and where it came from.
+    A shipped stage's entry is held by this process from here on, and the cache pruned to
+    ``max_bytes`` around it."""
     local = Path(bundle_dir)
     if shipped is None or _local_copy_matches(local, shipped):
         return local, "local"
     # An entry found there is loaded without hashing it again: nobody else may write there.
-    target = ensure_private(cache_dir) / _cache_key(index, shipped)
-    if (target / MANIFEST_NAME).is_file():
-        return target, "shipped"
+    cache_dir = ensure_private(cache_dir)
+    target = cache_dir / _cache_key(index, shipped)
+    # Twice: another actor's prune may remove the entry between its write and the hold.
+    for _ in range(2):
+        if not (target / MANIFEST_NAME).is_file():
+            _fetch_entry(target, index, local, shipped)
+        if hold(target):
+            break
+    else:
+        raise BundleError(
+            f"stage {index}'s entry in the stage cache {str(cache_dir)!r} was removed twice "
+            "while it was being loaded; raise the cache's size (cache_max_bytes)"
+        )
+    try:
+        removed = prune(cache_dir, max_bytes, keep=(target.name,))
+    except OSError as exc:  # a full or read-only disk: the stage still loads
+        log.warning("pruning the stage cache %s failed: %s", cache_dir, exc)
+    else:
+        if removed:
+            log.info(
+                "stage cache %s: removed %d least recently used entries (%d bytes) to stay "
+                "under %d bytes",
+                cache_dir,
+                len(removed),
+                sum(e.size_bytes for e in removed),
+                max_bytes,
+            )
+    return target, "shipped"
+
+
+def _fetch_entry(target: Path, index: int, local: Path, shipped: ShippedStage) -> None:
     if not shipped.payload:
         raise BundleError(
             f"stage {index} file {str(local / shipped.file)!r} is missing on this node or differs "
@@ -108,7 +150,6 @@ def stage_dir_for(
 
     data = ray.get(shipped.payload[0])
     _write_cache_entry(target, shipped, np.asarray(data, dtype=np.uint8))
-    return target, "shipped"
 
 
 def _local_copy_matches(bundle_dir: Path, shipped: ShippedStage) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shards.actor.precision import check_reduced
+from shards.bundle.cache import DEFAULT_MAX_BYTES
 from shards.cluster import PLACEMENT_STRATEGIES
 
 
@@ -30,6 +31,8 @@ class PipelineOptions:
     # stage (an actor still loads its node's copy when it matches); False: never ship.
     ship_stages: bool | None = None
     stage_cache_dir: str | None = None
+    # The stage cache on each node is pruned to this after an actor takes its entry.
+    stage_cache_max_bytes: int = DEFAULT_MAX_BYTES
     # Run each replica as a Ray compiled graph (shards.pipeline.compiled): less latency per batch, a
     # spinning core per stage actor; a dead actor means rebuilding its replica.
     compiled_graph: bool = False
@@ -71,6 +74,10 @@ class PipelineOptions:
             )
         check_reduced(self.activation_dtype, "activation_dtype")
         check_reduced(self.weight_dtype, "weight_dtype")
+        if self.stage_cache_max_bytes < 0:
+            raise ValueError(
+                f"stage_cache_max_bytes must be >= 0, got {self.stage_cache_max_bytes}"
+            )
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.batch_hard_timeout_s is not None and self.batch_hard_timeout_s <= 0:

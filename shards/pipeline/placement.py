@@ -22,6 +22,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from shards.actor.stage_actor import ShardActor
+from shards.bundle.cache import DEFAULT_MAX_BYTES
 from shards.bundle.driver_combine import DriverCombine
 from shards.bundle.format import Manifest
 from shards.bundle.shipping import ShippedStage, ship_bundle, stages_off_node
@@ -54,6 +55,7 @@ class ActorSpec:
     activation_dtype: str | None = None
     weight_dtype: str | None = None
     unsafe_deserialization: bool = False
+    stage_cache_max_bytes: int = DEFAULT_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ def spawn_actors(
             # A dataclass, not a bare ObjectRef: Ray would fetch a top-level ref eagerly.
             shipped=spec.shipped[index] if spec.shipped else None,
             stage_cache_dir=spec.stage_cache_dir,
+            stage_cache_max_bytes=spec.stage_cache_max_bytes,
             activation_dtype=spec.activation_dtype,
             weight_dtype=spec.weight_dtype,
             unsafe_deserialization=spec.unsafe_deserialization,
@@ -219,6 +222,7 @@ async def start_replicas(
             imports=options.imports,
             simulate_device_ms=options.simulate_device_ms,
             stage_cache_dir=options.stage_cache_dir,
+            stage_cache_max_bytes=options.stage_cache_max_bytes,
             max_restarts=options.max_restarts,
             activation_dtype=options.activation_dtype,
             weight_dtype=options.weight_dtype,

@@ -1,7 +1,7 @@
 """Canaries on real Ray actors (the session's Ray), the app in process: a model repository with
 ``[traffic]`` 50/50 and auto promotion. Version 2 is the token model cut down to an embedding of
 20 ids: TensorFlow raises on any larger id, so the requests the stable version answers fail on
-the canary (422). It is rolled back on errors after ``min_requests`` answers, kept loaded, the
+the canary (422). It is rolled back on errors once its failures are significant, kept loaded, the
 index and the metric say so; version 3 (the stable's model again) replaces it, holds for its
 window and is promoted on its own, and the old stable's actors end; no request to a good
 version fails throughout."""
@@ -70,8 +70,11 @@ async def test_a_failing_canary_rolls_back_and_a_good_one_is_promoted_on_its_own
         add_version(repository, "m", 2, narrow_tokens())
         await state.repository.poll_once()
         await until(lambda: state.repository.rollouts["m"].canary == "2", "version 2 the canary")
-        during = await send(20)
         rolled = state.repository.rollouts["m"]
+        during: list[httpx.Response] = []
+        while rolled.state == "canary" and len(during) < 400:  # the split draws each side
+            during += await send(1)
+        after = await send(8)
         rolled_back = (rolled.state, rolled.weights, rolled.reason)
         after_rollback = await index()
         metrics = (await client.get("/metrics")).text
@@ -91,14 +94,16 @@ async def test_a_failing_canary_rolls_back_and_a_good_one_is_promoted_on_its_own
         labels = dict(state.labels["m"])
 
     codes = [r.status_code for r in during]
-    assert codes[:12] == [200, 422] * 6 and codes[12:] == [200] * 8, codes
+    assert set(codes) == {200, 422} and codes[-1] == 422 and codes.count(422) >= 6, codes
+    assert [r.status_code for r in after] == [200] * 8
     assert rolled_back[:2] == ("rolled_back", (50, 0))
-    why = "rolled back: canary failure rate 1.00 > stable 0.00 + 0.02 over 6 requests"
-    assert rolled_back[2] == why
+    why = rolled_back[2]
+    assert why is not None
+    assert why.startswith("rolled back: canary failure rate 1.00 > stable 0.00 + 0.02 over ")
     assert after_rollback == {"1": ("READY", ""), "2": ("READY", why)}
     assert 'shardserve_rollbacks_total{model="m",reason="errors",version="2"} 1.0' in metrics
-    assert "the model failed on this input" in during[1].json()["error"]
-    for answer in [r for r in during if r.status_code == 200] + promoted:
+    assert "the model failed on this input" in during[-1].json()["error"]
+    for answer in [r for r in during if r.status_code == 200] + after + promoted:
         assert answer.status_code == 200, answer.text
         np.testing.assert_allclose(answer.json()["predictions"], want, rtol=1e-5, atol=1e-6)
     assert v1_actors and v2_actors

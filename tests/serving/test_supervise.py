@@ -84,7 +84,7 @@ async def test_a_scale_sample_that_raises_is_logged_counted_and_taken_again_on_t
         assert len(errors) == 1 and errors[0].exc_info is not None  # once, with its traceback
         assert errors[0].getMessage() == (
             "model 'm' version 1's scale step failed (RuntimeError: the replica table changed "
-            "while it was read); sampled again on the next tick"
+            "while it was read)"
         )
         assert model.not_ready_reason() is None  # the version serves on
     finally:

@@ -24,7 +24,9 @@ import numpy as np
 import orjson
 
 from serving.errors import InvalidInputError
+from serving.protocols.json_strings import holds_string
 from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
+from serving.quoting import quote, quote_all
 from shards.signature import ModelSignature, TensorSpec
 
 Form = Literal["instances", "inputs"]
@@ -62,10 +64,11 @@ def decode_predict(
         raise InvalidInputError(
             f'body must be a JSON object with "instances" or "inputs", got {type(payload).__name__}'
         )
-    unknown = sorted(set(payload) - _ALLOWED_KEYS)
+    unknown = [key for key in payload if key not in _ALLOWED_KEYS]
     if unknown:
         raise InvalidInputError(
-            f'unknown key(s) {unknown} in body; expected "instances" (rows) or "inputs" (columns)'
+            f"unknown key(s) {quote_all(unknown, sort=True)} in body; expected "
+            '"instances" (rows) or "inputs" (columns)'
         )
     if ("instances" in payload) == ("inputs" in payload):
         raise InvalidInputError(
@@ -80,6 +83,8 @@ def decode_predict(
             if isinstance(column, list):
                 limits.check_rows(len(column))
         form = "inputs"
+    if body.count(b'"') > _structure_quotes(payload, signature):
+        _refuse_strings(columns, signature)
     # numpy reads [0.5, true] as [0.5, 1.0]; a body without true/false needs no scan for them.
     maybe_bool = b"true" in body or b"false" in body
     try:
@@ -96,6 +101,30 @@ def decode_predict(
     if len(set(rows.values())) != 1:
         raise InvalidInputError(f"inputs have different row counts {rows}; all must be equal")
     return Decoded(inputs=arrays, rows=next(iter(rows.values())), form=form)
+
+
+def _structure_quotes(payload: dict[str, Any], signature: ModelSignature) -> int:
+    """The ``"`` the body's keys and ``signature_name`` take at least (the rows' keys checked
+    already: each keyed row has one per input): a body with more may hold a string in its
+    data (``serving.protocols.json_strings``)."""
+    names = len(signature.inputs)
+    quotes = 2 * len(payload) + (2 if isinstance(payload.get("signature_name"), str) else 0)
+    instances = payload.get("instances")
+    if isinstance(instances, list) and instances and isinstance(instances[0], dict):
+        quotes += 2 * names * len(instances)
+    elif isinstance(payload.get("inputs"), dict):
+        quotes += 2 * names
+    return quotes
+
+
+def _refuse_strings(columns: dict[str, Any], signature: ModelSignature) -> None:
+    """400 for an input whose data holds a string, before numpy makes an array of it (as wide
+    as its longest string for every element)."""
+    for spec in signature.inputs:
+        if holds_string(columns[spec.name]):
+            raise InvalidInputError(
+                f"input {quote(spec.name)} holds strings; expected numbers {spec.describe()}"
+            )
 
 
 def encode_predict(outputs: dict[str, np.ndarray], signature: ModelSignature, form: Form) -> bytes:
@@ -235,8 +264,8 @@ def _columns_from_inputs(inputs: Any, signature: ModelSignature) -> dict[str, An
 
 def _check_keys(obj: dict[str, Any], names: list[str], where: str) -> None:
     missing = [n for n in names if n not in obj]
-    extra = sorted(set(obj) - set(names))
-    if extra:
+    if len(obj) + len(missing) > len(names):
+        extra = quote_all([key for key in obj if key not in names], sort=True)
         raise InvalidInputError(f"{where} has unknown input(s) {extra}; expected {names}")
     if missing:
         raise InvalidInputError(f"{where} is missing input(s) {missing}; expected {names}")

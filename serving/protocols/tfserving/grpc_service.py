@@ -20,26 +20,33 @@ An empty ``model_spec.name`` means the default model (``/predict``'s). Errors ar
 status (``serving.protocols.grpc_call``'s table), as TF Serving's: INVALID_ARGUMENT for a bad
 tensor, NOT_FOUND for an unknown model, version or label, UNAVAILABLE (with ``retry-after``)
 for a full queue or a version not ready, DEADLINE_EXCEEDED, and RESOURCE_EXHAUSTED for a message
-over ``max_body_bytes`` (gRPC refuses it before it is decoded).
+over ``max_body_bytes`` (gRPC refuses it before it is decoded). A ``Predict`` message with more
+than its model's queue can take is INVALID_ARGUMENT before protobuf parses it (``grpc_bounds``).
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from serving.errors import InvalidInputError, ShardServeError
 from serving.http.model import ModelDirectory, ModelHandle
-from serving.protocols.dataplane import check_sequence_length, infer
+from serving.protocols.dataplane import check_sequence_length, count_refused, infer
 from serving.protocols.grpc_call import (
     Context,
     GrpcCall,
     GrpcTransport,
+    Handlers,
+    Refused,
     abort,
+    refuse,
     request_id,
 )
 from serving.protocols.limits import request_limits
+from serving.protocols.tfserving.grpc_bounds import Selector, scan_predict_request
 from serving.protocols.tfserving.proto import (
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -50,6 +57,8 @@ from serving.protocols.tfserving.proto import (
 )
 from serving.protocols.tfserving.status import tfserving_status
 from serving.protocols.tfserving.tensors import decode_tensor, encode_tensor, signature_def
+from serving.protocols.wire import InferBounds
+from serving.quoting import quote, quote_all
 
 if TYPE_CHECKING:
     import numpy as np
@@ -81,7 +90,7 @@ def _answer_spec(spec: model_pb2.ModelSpec, model: ModelHandle) -> None:
 def _check_signature(name: str) -> None:
     if name not in ("", SIGNATURE):
         raise InvalidInputError(
-            f"signature {name!r} is not served; the model's one signature is {SIGNATURE!r} "
+            f"signature {quote(name)} is not served; the model's one signature is {SIGNATURE!r} "
             "(or leave signature_name empty)"
         )
 
@@ -90,7 +99,35 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, models: ModelDirectory) -> None:
         self._models = models
 
-    async def Predict(self, request: predict_pb2.PredictRequest, context: Context) -> Any:
+    def read_predict(self, data: bytes) -> predict_pb2.PredictRequest | Refused:
+        """``Predict``'s deserializer: the message, or its refusal where it holds more than a
+        request to the model it names could (``grpc_bounds``), before protobuf parses it."""
+        named: list[ModelHandle] = []
+
+        def bounds_of(selector: Selector) -> InferBounds:
+            name, version, label = selector
+            model = self._models.model(name, version, label, split=False)
+            named.append(model)
+            limits = request_limits(model, model.require_batcher())
+            return InferBounds.of(model.name, model.signature, limits)
+
+        try:
+            scan_predict_request(data, bounds_of)
+            return predict_pb2.PredictRequest.FromString(data)
+        except ShardServeError as exc:
+            return Refused(exc, named[-1] if named else None)
+        except DecodeError:  # a string that is not UTF-8: gRPC would say UNKNOWN
+            invalid = InvalidInputError(
+                "the message is not a valid PredictRequest (protobuf could not parse it); send "
+                "one your client's TensorFlow Serving stubs serialize"
+            )
+            return Refused(invalid, named[-1] if named else None)
+
+    async def Predict(self, request: predict_pb2.PredictRequest | Refused, context: Context) -> Any:
+        if isinstance(request, Refused):
+            started = time.perf_counter()
+            count_refused(request.model, request.error, started)
+            await refuse(context, request, request_id(context), started, "Predict")
         name, version, label = _selector(request.model_spec)
         call: _Call = GrpcCall(request, context, request_id(context))
         return await infer(self._models, name, version, label, call, None, _predict, _PREDICT)
@@ -103,7 +140,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             fields = list(request.metadata_field)
             if fields != ["signature_def"]:
                 raise InvalidInputError(
-                    f"metadata_field is {fields}; this server answers ['signature_def']"
+                    f"metadata_field is {quote_all(fields)}; this server answers ['signature_def']"
                 )
             _check_signature(request.model_spec.signature_name)
             signatures = get_model_metadata_pb2.SignatureDefMap()
@@ -188,9 +225,11 @@ async def _predict(
     limits = request_limits(model, batcher)
     names = signature.input_names
     given = request.inputs
-    unknown = sorted(set(given) - set(names))
+    unknown = [key for key in given if key not in names]
     if unknown:
-        raise InvalidInputError(f"unknown input(s) {unknown}; the model's inputs are {names}")
+        raise InvalidInputError(
+            f"unknown input(s) {quote_all(unknown, sort=True)}; the model's inputs are {names}"
+        )
     missing = [name for name in names if name not in given]
     if missing:
         raise InvalidInputError(f"missing input(s) {missing}; the model's inputs are {names}")
@@ -218,19 +257,33 @@ def _output_names(request: predict_pb2.PredictRequest, names: list[str]) -> list
     for i, name in enumerate(asked):
         if name not in names:
             raise InvalidInputError(
-                f"output_filter names {name!r}; the model's outputs are {names}"
+                f"output_filter names {quote(name)}; the model's outputs are {names}"
             )
         if name in asked[:i]:
-            raise InvalidInputError(f"output_filter names {name!r} twice")
+            raise InvalidInputError(f"output_filter names {quote(name)} twice")
     return asked
 
 
 def add_tfserving_services(server: grpc.aio.Server, models: ModelDirectory) -> list[str]:
     """Serve ``PredictionService`` and ``ModelService`` on ``server``; their full names."""
+    servicer = PredictionServicer(models)
+    generated = Handlers()
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        PredictionServicer(models), server
+        servicer, generated
     )
+    # Predict's message is checked against its model's limits before it is parsed; the other
+    # calls' messages are small.
+    generated.bound_small()
+    generated.handlers["Predict"] = grpc.unary_unary_rpc_method_handler(
+        servicer.Predict,
+        request_deserializer=servicer.read_predict,
+        response_serializer=predict_pb2.PredictResponse.SerializeToString,
+    )
+    generated.install(server)
+    model_service = Handlers()
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        ModelServicer(models), server
+        ModelServicer(models), model_service
     )
+    model_service.bound_small()
+    model_service.install(server)
     return ["tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"]

@@ -150,6 +150,17 @@ def _typed(
         )
     if field == "half_val":  # 16-bit patterns in int32s, as TensorFlow packs them
         array = np.array(values, dtype=np.int32).astype(np.uint16).view(sent)
+    elif field == "int_val" and sent.itemsize < 4:
+        # int_val carries int8 to uint16 in int32s: numpy raises OverflowError on a value
+        # outside the narrower dtype, so the range is checked in the wire's width first.
+        wide = np.array(values, dtype=np.int32)
+        info = np.iinfo(sent)
+        if wide.size and (wide.min() < info.min or wide.max() > info.max):
+            raise InvalidInputError(
+                f"{where} holds values outside the range of {dtype_name(tensor.dtype)} "
+                f"({info.min} to {info.max})"
+            )
+        array = wide.astype(sent)
     else:
         array = np.array(values, dtype=sent)
     return np.broadcast_to(array, (count,)) if len(values) == 1 else array

@@ -21,13 +21,11 @@ the message is refused and told to send it first.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from serving.errors import InvalidInputError
-from serving.protocols.limits import RequestLimits
-from shards.signature import ModelSignature
+from serving.protocols.wire import DELIMITED as _DELIMITED
+from serving.protocols.wire import InferBounds, Malformed, WireReader
 
 __all__ = ["InferBounds", "scan_infer_request"]
 
@@ -35,8 +33,6 @@ __all__ = ["InferBounds", "scan_infer_request"]
 # parameters (Triton's are a handful), and fields a newer client sends that we do not know.
 _PARAMETER_SLACK = 64
 _FIELDS_BEFORE_NAME = 256
-_COUNT_CHUNK = 1 << 20
-_CONTINUATION = bytes(range(0x80, 0x100))  # deleted, a packed varint run leaves one byte a value
 
 # ModelInferRequest's fields (serving/protocols/v2/proto/grpc_service.proto).
 _MODEL_NAME, _MODEL_VERSION, _INPUTS, _OUTPUTS = 1, 2, 5, 6
@@ -46,37 +42,6 @@ _SHAPE, _CONTENTS = 3, 5
 _VARINT_CONTENTS = frozenset({1, 2, 3, 4, 5})
 _FP32_CONTENTS, _FP64_CONTENTS = 6, 7
 
-_VARINT, _FIXED64, _DELIMITED, _FIXED32 = 0, 1, 2, 5
-
-
-@dataclass(frozen=True)
-class InferBounds:
-    """What the largest request to a model holds, from its signature and ``RequestLimits``."""
-
-    model: str
-    inputs: int
-    outputs: int
-    rank: int
-    values: int
-
-    @classmethod
-    def of(cls, model: str, signature: ModelSignature, limits: RequestLimits) -> InferBounds:
-        per_row = sum(
-            math.prod(limits.max_length if d is None else d for d in spec.shape)
-            for spec in signature.inputs
-        )
-        return cls(
-            model=model,
-            inputs=len(signature.inputs),
-            outputs=len(signature.outputs),
-            rank=1 + max((len(spec.shape) for spec in signature.inputs), default=0),
-            values=limits.max_rows * per_row,
-        )
-
-
-class _Malformed(Exception):
-    """Bytes that are not a protobuf message: protobuf refuses them too."""
-
 
 def scan_infer_request(data: bytes, bounds_of: Callable[[str, str], InferBounds]) -> None:
     """``InvalidInputError`` for a serialized ``ModelInferRequest`` that holds more than
@@ -84,17 +49,16 @@ def scan_infer_request(data: bytes, bounds_of: Callable[[str, str], InferBounds]
     ``bounds_of`` raises what a lookup of the model raises (not found, still loading)."""
     try:
         _Scan(data, bounds_of).run()
-    except _Malformed as exc:
+    except Malformed as exc:
         raise InvalidInputError(
             f"the message is not a valid ModelInferRequest ({exc}); send one your client's "
             "V2 (KServe, Triton) stubs serialize"
         ) from None
 
 
-class _Scan:
+class _Scan(WireReader):
     def __init__(self, data: bytes, bounds_of: Callable[[str, str], InferBounds]) -> None:
-        self.data = data
-        self.view = memoryview(data)
+        super().__init__(data)
         self.bounds_of = bounds_of
         self.values = 0
 
@@ -177,18 +141,21 @@ class _Scan:
                 )
 
     def contents(self, bounds: InferBounds, pos: int, end: int) -> None:
+        """Every field counts one value at least: a message of empty packed runs would walk
+        a step each, unbounded."""
         while pos < end:
             field, wire, pos, start = self.field(pos, end)
             if wire != _DELIMITED:
-                self.values += 1  # one value (or an unknown field) sent on its own
+                count = 1  # one value (or an unknown field) sent on its own
             elif field in _VARINT_CONTENTS:
-                self.values += self.varints(start, pos, bounds.values - self.values)
+                count = self.varints(start, pos, bounds.values - self.values)
             elif field == _FP32_CONTENTS:
-                self.values += (pos - start) // 4
+                count = (pos - start) // 4
             elif field == _FP64_CONTENTS:
-                self.values += (pos - start) // 8
+                count = (pos - start) // 8
             else:
-                self.values += 1  # an element of bytes_contents, or an unknown field
+                count = 1  # an element of bytes_contents, or an unknown field
+            self.values += max(count, 1)
             if self.values > bounds.values:
                 raise InvalidInputError(
                     f"the message has {self.values}+ typed values in contents; a request to "
@@ -206,50 +173,3 @@ class _Scan:
                     f"{where} has {fields}+ fields; an output has at most {most} (its name and "
                     f"{_PARAMETER_SLACK} parameters)"
                 )
-
-    def field(self, pos: int, end: int) -> tuple[int, int, int, int]:
-        """(field number, wire type, where the next field starts, where this one's value
-        starts) of the field at ``pos``."""
-        tag, pos = self.varint(pos, end)
-        wire = tag & 7
-        start = pos
-        if wire == _VARINT:
-            _, pos = self.varint(pos, end)
-        elif wire == _FIXED64:
-            pos += 8
-        elif wire == _FIXED32:
-            pos += 4
-        elif wire == _DELIMITED:
-            size, start = self.varint(pos, end)
-            pos = start + size
-        else:
-            raise _Malformed(f"wire type {wire}, which no field of it has")
-        if pos > end or tag >> 3 == 0:
-            raise _Malformed("a field runs past the end of its message")
-        return tag >> 3, wire, pos, start
-
-    def varint(self, pos: int, end: int) -> tuple[int, int]:
-        data = self.data
-        value = shift = 0
-        while pos < end and shift < 70:
-            byte = data[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value, pos
-            shift += 7
-        raise _Malformed("a varint runs past the end of its message")
-
-    def varints(self, start: int, stop: int, most: int) -> int:
-        """The varints packed in ``data[start:stop]`` (its bytes that end one), counted a chunk
-        at a time so that a run over ``most`` stops after its first chunk over it."""
-        count = 0
-        for chunk in range(start, stop, _COUNT_CHUNK):
-            piece = self.view[chunk : min(chunk + _COUNT_CHUNK, stop)].tobytes()
-            count += len(piece.translate(None, _CONTINUATION))
-            if count > most:
-                break
-        return count
-
-    def text(self, start: int, stop: int) -> str:
-        return self.view[start:stop].tobytes().decode("utf-8", "replace")

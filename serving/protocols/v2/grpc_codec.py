@@ -15,6 +15,7 @@ from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from serving.protocols.v2.parameters import timeout_s
 from serving.protocols.v2.proto import grpc_service_pb2 as pb
 from serving.protocols.v2.tensors import check_datatype, check_shape, decode_tensor, encode_tensor
+from serving.quoting import quote
 from shards.signature import ModelSignature, TensorSpec
 
 __all__ = ["decode_inputs", "encode_outputs", "request_timeout_s", "requested_outputs"]
@@ -53,21 +54,21 @@ def decode_inputs(
         name = tensor.name
         spec = specs.get(name)
         if spec is None:
-            raise InvalidInputError(f"unknown input {name!r}; the model's inputs are {names}")
+            raise InvalidInputError(f"unknown input {quote(name)}; the model's inputs are {names}")
         if name in arrays:
-            raise InvalidInputError(f"input {name!r} is given twice")
+            raise InvalidInputError(f"input {quote(name)} is given twice")
         if any(key.startswith("shared_memory") for key in tensor.parameters):
             raise InvalidInputError(
-                f"input {name!r} uses shared memory, which this server does not serve"
+                f"input {quote(name)} uses shared memory, which this server does not serve"
             )
-        where = f"input {name!r}"
+        where = f"input {quote(name)}"
         check_datatype(where, tensor.datatype, spec)
         dims = check_shape(where, list(tensor.shape), spec, limits)
         data: Any
         if raw:
             if tensor.HasField("contents"):
                 raise InvalidInputError(
-                    f"input {name!r} has contents while raw_input_contents is given; "
+                    f"input {quote(name)} has contents while raw_input_contents is given; "
                     "send every input one way"
                 )
             data = raw[i]
@@ -85,7 +86,7 @@ def decode_inputs(
 def _typed_contents(
     tensor: pb.ModelInferRequest.InferInputTensor, spec: TensorSpec, count: int
 ) -> Any:
-    where = f"input {tensor.name!r}"
+    where = f"input {quote(tensor.name)}"
     field = _CONTENTS_FIELD.get(tensor.datatype)
     if field is None:  # the model's own datatype (checked first), with no typed field
         raise InvalidInputError(
@@ -114,14 +115,14 @@ def requested_outputs(request: pb.ModelInferRequest, signature: ModelSignature) 
     for output in request.outputs:
         if output.name not in names:
             raise InvalidInputError(
-                f"unknown output {output.name!r}; the model's outputs are {names}"
+                f"unknown output {quote(output.name)}; the model's outputs are {names}"
             )
         if output.name in asked:
-            raise InvalidInputError(f"output {output.name!r} is asked for twice")
+            raise InvalidInputError(f"output {quote(output.name)} is asked for twice")
         params = output.parameters
         if "classification" in params or any(k.startswith("shared_memory") for k in params):
             raise InvalidInputError(
-                f"output {output.name!r}: classification and shared memory are not served"
+                f"output {quote(output.name)}: classification and shared memory are not served"
             )
         asked.append(output.name)
     return asked

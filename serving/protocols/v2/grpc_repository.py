@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.http.admin_token import check_admin_token
 from serving.protocols.v2.proto import grpc_service_pb2 as pb
+from serving.quoting import quote
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
     from serving.http.model import RepositoryControl
 
-__all__ = ["Metadata", "RepositoryRpcs", "RepositorySource"]
+__all__ = ["ADMIN_METHODS", "ADMIN_WHAT", "Metadata", "RepositoryRpcs", "RepositorySource"]
 
 # The server's repository control, looked up per call: ``None`` until the lifespan has made
 # it (and in a server that has none).
@@ -41,6 +42,12 @@ Metadata: TypeAlias = "Sequence[tuple[str, str | bytes]]"
 
 NO_REPOSITORY = "the model repository is not running (the server is starting or stopping); retry"
 ADMIN_WHAT = "repository load and unload"
+# The calls that take the admin token (the gRPC port refuses it in clear text from another
+# machine: serving.protocols.grpc_limits).
+ADMIN_METHODS = frozenset(
+    f"/inference.GRPCInferenceService/{rpc}"
+    for rpc in ("RepositoryModelLoad", "RepositoryModelUnload")
+)
 # tritonclient's unload_model always sends it; no model here depends on another, so either
 # value unloads exactly the model named.
 UNLOAD_DEPENDENTS = "unload_dependents"
@@ -55,7 +62,7 @@ def _check_token(metadata: Metadata, admin_token: SecretStr | None) -> None:
 def _check_repository_name(name: str) -> None:
     if name:
         raise NotFoundError(
-            f"repository {name!r} not found; this server has one model repository: "
+            f"repository {quote(name)} not found; this server has one model repository: "
             "leave repository_name empty"
         )
 
@@ -74,7 +81,7 @@ def _check_load_parameters(parameters: Mapping[str, pb.ModelRepositoryParameter]
     # on disk, which polling and the index describe.
     if parameters:
         raise InvalidInputError(
-            f"RepositoryModelLoad parameter {min(parameters)!r} is not supported: a model is "
+            f"RepositoryModelLoad parameter {quote(min(parameters))} is not supported: a model is "
             "loaded from its directory in the repository (its settings in <model>/config.toml, "
             "its files in <model>/<version>/); send no parameters"
         )
@@ -84,11 +91,13 @@ def _check_unload_parameters(parameters: Mapping[str, pb.ModelRepositoryParamete
     for key in sorted(parameters):
         if key != UNLOAD_DEPENDENTS:
             raise InvalidInputError(
-                f"RepositoryModelUnload parameter {key!r} is not supported; the one taken is "
+                f"RepositoryModelUnload parameter {quote(key)} is not supported; the one taken is "
                 f"{UNLOAD_DEPENDENTS!r} (a bool)"
             )
         if parameters[key].WhichOneof("parameter_choice") != "bool_param":
-            raise InvalidInputError(f"RepositoryModelUnload parameter {key!r} must be a bool_param")
+            raise InvalidInputError(
+                f"RepositoryModelUnload parameter {quote(key)} must be a bool_param"
+            )
 
 
 class RepositoryRpcs:

@@ -225,6 +225,7 @@ def add_v2_service(
     servicer = InferenceServicer(models, RepositoryRpcs(repository, settings.admin_token))
     generated = Handlers()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, generated)  # type: ignore[arg-type]
+    generated.bound_small(skip={"ModelInfer"})  # a look or a repository call is small
     # ModelInfer's message is checked against its model's limits before it is parsed.
     generated.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer,

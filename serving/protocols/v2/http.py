@@ -30,6 +30,7 @@ from serving.protocols.limits import request_limits
 from serving.protocols.rest import serve_prediction
 from serving.protocols.v2.infer_body import encode_infer, parse_infer
 from serving.protocols.v2.metadata import model_config, model_metadata, server_metadata
+from serving.quoting import quote
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
@@ -64,7 +65,7 @@ async def _infer(
     encoding = request.content_encoding
     if encoding is not None and encoding.strip().lower() != "identity":
         raise InvalidInputError(
-            f"Content-Encoding {encoding.strip().lower()!r} is not served; send the body "
+            f"Content-Encoding {quote(encoding.strip().lower())} is not served; send the body "
             "uncompressed"
         )
     settings = model.settings

@@ -22,10 +22,11 @@ import orjson
 from fastapi import FastAPI, Request
 
 from serving.errors import InvalidInputError, NotReadyError
-from serving.http.admin_token import check_admin_token
+from serving.http.admin_token import Transport, check_admin_token, check_admin_transport
 from serving.http.admission import check_length
 from serving.http.model import RepositoryControl
 from serving.http.replies import read_body
+from serving.quoting import quote
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
@@ -56,7 +57,7 @@ def parse_body(raw: bytes | bytearray, fields: Mapping[str, tuple[type, ...]]) -
         )
     for key, value in body.items():
         if key not in fields:
-            raise InvalidInputError(f"unknown field {key!r}; expected some of {list(fields)}")
+            raise InvalidInputError(f"unknown field {quote(key)}; expected some of {list(fields)}")
         types = fields[key]
         # JSON's true is not a number here, nor 1 a boolean.
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
@@ -75,11 +76,13 @@ def _parameters(body: dict[str, Any], taken: Mapping[str, type], action: str) ->
         if kind is None:
             offered = f"it takes {list(taken)}" if taken else "it takes none"
             raise InvalidInputError(
-                f"{action} parameter {key!r} is not taken ({offered}); a model's settings come "
-                "from its config.toml in the repository"
+                f"{action} parameter {quote(key)} is not taken ({offered}); a model's settings "
+                "come from its config.toml in the repository"
             )
         if not isinstance(value, kind):
-            raise InvalidInputError(f"{action} parameter {key!r} must be a boolean, got {value!r}")
+            raise InvalidInputError(
+                f"{action} parameter {quote(key)} must be a boolean, got {quote(value)}"
+            )
 
 
 def _repository(request: Request) -> RepositoryControl:
@@ -95,10 +98,17 @@ def install_repository_routes(
     docs: Mapping[str, Mapping[str, Any]],
     *,
     body_timeout_s: float,
+    allow_plaintext_admin: bool = False,
 ) -> None:
     """The routes above, each documented with ``docs[kind]`` (a kind of ``REPOSITORY_KINDS``);
     load and unload are listed in the document only where the admin token turns them on; a
-    body must arrive within ``body_timeout_s`` (``body_read_timeout_s``)."""
+    body must arrive within ``body_timeout_s`` (``body_read_timeout_s``); the token over clear
+    text from another machine only with ``allow_plaintext_admin``."""
+
+    def _check_token(request: Request) -> None:
+        transport = Transport.of(request.scope)
+        check_admin_transport(admin_token, transport, allow_plaintext_admin, _WHAT)
+        check_admin_token(request.headers.get("authorization"), admin_token, _WHAT)
 
     async def _body(request: Request) -> bytes | bytearray:
         check_length(request.headers.get("content-length"), _BODY_LIMIT)
@@ -112,13 +122,13 @@ def install_repository_routes(
 
     # Done: an empty object (Triton's body is empty; its clients read only the status).
     async def load(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(request.headers.get("authorization"), admin_token, _WHAT)
+        _check_token(request)
         _parameters(parse_body(await _body(request), _PARAMETERS), {}, "load")
         await _repository(request).load(name)
         return {}
 
     async def unload(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(request.headers.get("authorization"), admin_token, _WHAT)
+        _check_token(request)
         body = parse_body(await _body(request), _PARAMETERS)
         _parameters(body, _UNLOAD_PARAMETERS, "unload")
         await _repository(request).unload(name)

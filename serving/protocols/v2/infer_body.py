@@ -17,10 +17,12 @@ import orjson
 
 from serving.errors import InvalidInputError
 from serving.http.replies import JSON, OCTET_STREAM, Reply
+from serving.protocols.json_strings import string_quotes
 from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from serving.protocols.v2.datatypes import BINARY_ONLY
 from serving.protocols.v2.parameters import timeout_s
 from serving.protocols.v2.tensors import decode_tensor, encode_tensor, spec_datatype
+from serving.quoting import MAX_QUOTED, clip, quote
 from shards.signature import ModelSignature, TensorSpec
 
 __all__ = ["HEADER_LENGTH", "InferCall", "encode_infer", "parse_infer"]
@@ -162,13 +164,16 @@ def _parse(
     timeout = params.get("timeout")
     if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)):
         raise InvalidInputError(
-            f'parameter "timeout" is in microseconds (an integer), got {timeout!r}'
+            f'parameter "timeout" is in microseconds (an integer), got {quote(timeout)}'
         )
     seconds = None if timeout is None else timeout_s(timeout)
     # Only a JSON header that holds true or false somewhere needs its data scanned for booleans.
     end = len(header)
     maybe_bool = body.find(b"true", 0, end) >= 0 or body.find(b"false", 0, end) >= 0
-    inputs = _inputs(payload.get("inputs"), binary, signature, maybe_bool, limits)
+    # Only one with more '"' than its keys and strings outside "data" take may hold a string
+    # in its data (serving.protocols.json_strings).
+    maybe_str = body.count(b'"', 0, end) > string_quotes(payload)
+    inputs = _inputs(payload.get("inputs"), binary, signature, maybe_bool, limits, maybe_str)
     outputs = _outputs(payload.get("outputs"), binary_default, signature)
     return InferCall(inputs, outputs, rid, seconds)
 
@@ -182,13 +187,14 @@ def _split_body(
     if not (header_length.isascii() and header_length.isdigit()):
         raise InvalidInputError(
             f"header Inference-Header-Content-Length must be the JSON header's length in bytes, "
-            f"got {header_length!r}"
+            f"got {quote(header_length)}"
         )
-    length = int(header_length)
+    # More digits than the body's length has is too long before int() (past 4,300 it raises).
+    length = int(header_length) if len(header_length) <= len(str(len(body))) else len(body) + 1
     if length > len(body):
         raise InvalidInputError(
-            f"header Inference-Header-Content-Length is {length} but the body has only "
-            f"{len(body)} bytes"
+            f"header Inference-Header-Content-Length is {clip(header_length, MAX_QUOTED)} but "
+            f"the body has only {len(body)} bytes"
         )
     return view[:length], view[length:]
 
@@ -204,7 +210,7 @@ def _object(value: Any, where: str) -> dict[str, Any]:
 def _flag(params: dict[str, Any], key: str, where: str) -> bool:
     value = params.get(key, False)
     if not isinstance(value, bool):
-        raise InvalidInputError(f'{where}: "{key}" must be true or false, got {value!r}')
+        raise InvalidInputError(f'{where}: "{key}" must be true or false, got {quote(value)}')
     return value
 
 
@@ -214,6 +220,7 @@ def _inputs(
     signature: ModelSignature,
     maybe_bool: bool,
     limits: RequestLimits,
+    maybe_str: bool,
 ) -> dict[str, np.ndarray]:
     parts = _parts(signature)
     names, specs = parts.input_names, parts.inputs
@@ -227,10 +234,10 @@ def _inputs(
         name = entry["name"]
         spec = specs.get(name)
         if spec is None:
-            raise InvalidInputError(f"unknown input {name!r}; the model's inputs are {names}")
+            raise InvalidInputError(f"unknown input {quote(name)}; the model's inputs are {names}")
         if name in arrays:
-            raise InvalidInputError(f"input {name!r} is given twice")
-        where = f"input {name!r}"
+            raise InvalidInputError(f"input {quote(name)} is given twice")
+        where = f"input {quote(name)}"
         params = _object(entry.get("parameters"), f"{where}: parameters")
         if any(key.startswith("shared_memory") for key in params):
             raise InvalidInputError(f"{where} uses shared memory, which this server does not serve")
@@ -253,7 +260,14 @@ def _inputs(
         else:
             raise InvalidInputError(f'{where} has neither "data" nor binary_data_size')
         arrays[name] = decode_tensor(
-            name, entry.get("datatype"), entry.get("shape"), data, spec, maybe_bool, limits
+            name,
+            entry.get("datatype"),
+            entry.get("shape"),
+            data,
+            spec,
+            maybe_bool,
+            limits,
+            maybe_str,
         )
     if offset != len(binary):
         raise InvalidInputError(
@@ -287,23 +301,25 @@ def _outputs(
                 raise InvalidInputError(f'"outputs"[{i}] must be an object with a "name" string')
             name = entry["name"]
             if name not in names:
-                raise InvalidInputError(f"unknown output {name!r}; the model's outputs are {names}")
+                raise InvalidInputError(
+                    f"unknown output {quote(name)}; the model's outputs are {names}"
+                )
             if any(name == seen for seen, _ in asked):
-                raise InvalidInputError(f"output {name!r} is asked for twice")
-            params = _object(entry.get("parameters"), f"output {name!r}: parameters")
+                raise InvalidInputError(f"output {quote(name)} is asked for twice")
+            params = _object(entry.get("parameters"), f"output {quote(name)}: parameters")
             if params.get("classification") or any(k.startswith("shared_memory") for k in params):
                 raise InvalidInputError(
-                    f"output {name!r}: classification and shared memory are not served"
+                    f"output {quote(name)}: classification and shared memory are not served"
                 )
-            binary = _flag(params, "binary_data", f"output {name!r}: parameters")
+            binary = _flag(params, "binary_data", f"output {quote(name)}: parameters")
             asked.append((name, binary if "binary_data" in params else binary_default))
     specs = parts.outputs
     for name, binary in asked:
         datatype = spec_datatype(specs[name])
         if not binary and datatype in BINARY_ONLY:
             raise InvalidInputError(
-                f"output {name!r} is {datatype}, which JSON cannot carry; ask for it as binary "
-                'data (output parameter "binary_data": true)'
+                f"output {quote(name)} is {datatype}, which JSON cannot carry; ask for it as "
+                'binary data (output parameter "binary_data": true)'
             )
     return asked
 

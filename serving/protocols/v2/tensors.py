@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from serving.errors import InvalidInputError
+from serving.protocols.json_strings import holds_string
 from serving.protocols.limits import DEFAULT_LIMITS, RequestLimits
 from serving.protocols.v2.datatypes import BINARY_ONLY, DATATYPES, TO_NUMPY, datatype_of
+from serving.quoting import quote
 from shards.signature import TensorSpec
 
 Raw = bytes | bytearray | memoryview
@@ -72,14 +74,16 @@ def decode_tensor(
     spec: TensorSpec,
     maybe_bool: bool = False,
     limits: RequestLimits = DEFAULT_LIMITS,
+    maybe_str: bool = False,
 ) -> np.ndarray:
     """The array of one request input; ``shape``'s first dimension is its rows.
 
     ``data`` is the tensor's raw little-endian bytes, or its elements as a (flat or nested) list;
-    ``maybe_bool``: the list came from JSON that holds true or false somewhere. The shape is
-    held to ``limits`` before anything is shaped by it.
+    ``maybe_bool``: the list came from JSON that holds true or false somewhere; ``maybe_str``:
+    from JSON that may hold a string in its data (``serving.protocols.json_strings``). The
+    shape is held to ``limits`` before anything is shaped by it.
     """
-    where = f"input {name!r}"
+    where = f"input {quote(name)}"
     check_datatype(where, datatype, spec)
     dims = check_shape(where, shape, spec, limits)
     count = math.prod(dims)
@@ -90,6 +94,9 @@ def decode_tensor(
             f"{where} is {datatype}, which JSON cannot carry; send it as binary data "
             '(parameters "binary_data_size" and the Inference-Header-Content-Length header)'
         )
+    if maybe_str and holds_string(data):
+        # before np.asarray: N strings are an array of N times the longest
+        raise InvalidInputError(f"{where} holds strings; expected {datatype} values")
     return _from_list(where, datatype, dims, count, data, spec, maybe_bool)
 
 
@@ -97,7 +104,7 @@ def check_datatype(where: str, datatype: Any, spec: TensorSpec) -> None:
     expected = spec_datatype(spec)
     if datatype not in DATATYPES:
         raise InvalidInputError(
-            f"{where} has datatype {datatype!r}, which is not a datatype of the protocol; "
+            f"{where} has datatype {quote(datatype)}, which is not a datatype of the protocol; "
             f"the model expects {expected}"
         )
     if datatype != expected:
@@ -111,14 +118,14 @@ def check_shape(
     within ``limits`` (so that their product, the element count, is bounded too)."""
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInputError(
-            f"{where} has shape {shape!r}; a shape is a list of integers >= 0, expected "
+            f"{where} has shape {quote(shape)}; a shape is a list of integers >= 0, expected "
             f"{wire_shape(spec)}"
         )
     dims = tuple(shape)
     # A fixed row shape (the usual case) is one tuple comparison.
     if not dims or (dims[1:] != spec.shape and not spec.matches_row_shape(dims[1:])):
         raise InvalidInputError(
-            f"{where} has shape {shape}; the model expects {wire_shape(spec)} (the first "
+            f"{where} has shape {quote(shape)}; the model expects {wire_shape(spec)} (the first "
             "dimension is rows)"
         )
     if shape[0] < 1:

@@ -6,6 +6,8 @@ admin API turns into 409s."""
 from __future__ import annotations
 
 import logging
+import random
+from itertools import pairwise
 
 import pytest
 
@@ -49,13 +51,16 @@ def rollbacks(metrics: Metrics, reason: str) -> float | None:
     )
 
 
-def test_the_split_gives_each_version_exactly_its_weight_spread_out() -> None:
+def test_the_split_draws_each_request_at_its_weight_with_no_pattern_to_time() -> None:
     r, _, _, _ = rollout(90, 10)
-    peeked = r.peek()
-    picks = [r.pick() for _ in range(200)]
-    assert picks.count("1") == 180 and picks.count("2") == 20
-    assert "2" in picks[:10] and "2" in picks[-10:]  # spread, not 180 then 20
-    assert peeked == "1"  # a look takes no turn: the first 200 picks are still exact
+    assert r.peek() == "1"
+    picks = [r.pick() for _ in range(20_000)]
+    assert 0.09 < picks.count("2") / len(picks) < 0.11
+    # A round robin sent every 10th request to the canary: a client could time its requests
+    # to land there. Drawn, the gaps between canary picks vary as a geometric law's do.
+    at = [i for i, pick in enumerate(picks) if pick == "2"]
+    gaps = {b - a for a, b in pairwise(at)}
+    assert 1 in gaps and max(gaps) > 40
     r.set_weights(0, 5)
     assert {r.pick() for _ in range(10)} == {"2"}
 
@@ -72,7 +77,10 @@ def test_a_canary_failing_over_the_margin_is_rolled_back_at_once(
         answer(r, clock, "2", 1, OK, 0.01)
     assert r.state == "rolled_back" and r.canary == "2"
     assert r.weights == (90, 0) and {r.pick() for _ in range(50)} == {"1"}
-    assert r.reason == "rolled back: canary failure rate 0.95 > stable 0.00 + 0.02 over 20 requests"
+    assert r.reason.startswith(
+        "rolled back: canary failure rate 0.95 > stable 0.00 + 0.02 over 20 requests "
+        "(likelihood ratio "
+    )
     assert rollbacks(metrics, "errors") == 1.0
     assert changes == ["m"]  # the manager moves the labels
     (line,) = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
@@ -116,7 +124,8 @@ def test_the_tick_promotes_a_canary_with_no_new_answer() -> None:
     assert r.stable == "2"
 
 
-def test_what_cannot_be_done_is_a_conflict_naming_why() -> None:
+def test_what_cannot_be_done_is_a_conflict_naming_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("serving.canary.split._system_random", lambda: random.Random(5))
     r, _, _, metrics = rollout()
     r.rollback("manual", "through the admin API")
     assert rollbacks(metrics, "manual") == 1.0
@@ -125,7 +134,8 @@ def test_what_cannot_be_done_is_a_conflict_naming_why() -> None:
     # Given a share again, the canary is judged afresh.
     r.set_weights(50, 50)
     assert (r.state, r.reason, r.weights) == ("canary", None, (50, 50))
-    assert sorted(r.pick() for _ in range(4)) == ["1", "1", "2", "2"]
+    picks = [r.pick() for _ in range(400)]  # drawn: about half each
+    assert 150 < picks.count("2") < 250 and set(picks) == {"1", "2"}
     r.promote()
     with pytest.raises(ConflictError, match="model 'm' has no canary to promote; its stable"):
         r.promote()
@@ -133,3 +143,20 @@ def test_what_cannot_be_done_is_a_conflict_naming_why() -> None:
         r.rollback("manual", "x")
     with pytest.raises(ConflictError, match="has no canary: weights split"):
         r.set_weights(50, 50)
+
+
+def test_the_stable_is_judged_over_the_same_time_as_its_canary() -> None:
+    # A client that failed nothing before the canary began and half of everything after: with
+    # the stable's earlier answers kept, the canary alone would look worse.
+    clock, metrics = Clock(), Metrics()
+    traffic = TrafficConfig(90, 10, CanaryConfig(min_requests=20, window_s=1000.0))
+    r = Rollout("m", "1", traffic, metrics, lambda _: None, clock=clock)
+    answer(r, clock, "1", 2000, OK, 0.01)
+    r.start_canary("2")
+    for _ in range(40):
+        answer(r, clock, "1", 9, OK, 0.01)
+        answer(r, clock, "1", 9, FAILED, 0.01)
+        answer(r, clock, "2", 1, OK, 0.01)
+        answer(r, clock, "2", 1, FAILED, 0.01)
+    assert r.state == "canary"
+    assert r.windows["1"].count(clock.now) == 720

@@ -1,5 +1,5 @@
 """judge: a canary's window against the stable's, on a fake clock. No decision below
-min_requests; rollback on errors, then on latency (with the 50 ms slack, and only with a stable
+min_requests; rollback on errors (significantly over the margin, not noise), then on latency (with the 50 ms slack, and only with a stable
 request to compare with); auto promotion after a whole window; manual never promotes."""
 
 from __future__ import annotations
@@ -48,18 +48,52 @@ def test_a_canary_failing_more_than_stable_plus_the_margin_is_rolled_back_on_err
     fill(canary, 130, failed=81)  # 0.62
     verdict = judge(stable, canary, CanaryConfig(min_requests=100), NOW, SINCE)
     assert verdict == Verdict(
-        "rollback", "errors", "canary failure rate 0.62 > stable 0.01 + 0.02 over 130 requests"
+        "rollback",
+        "errors",
+        "canary failure rate 0.62 > stable 0.01 + 0.02 over 130 requests "
+        "(likelihood ratio 1.3e+35 >= 1/alpha 100)",
     )
 
 
-def test_a_canary_within_the_error_margin_holds() -> None:
+def test_a_canary_within_the_error_margin_holds_and_one_clearly_over_it_does_not() -> None:
     stable, canary = windows()
     fill(stable, 1000, failed=10)  # 0.01
     fill(canary, 100, failed=3)  # 0.03 = 0.01 + 0.02: at the bound, not over it
     verdict = judge(stable, canary, CanaryConfig(min_requests=100), NOW, SINCE)
     assert verdict.action == "hold"
-    fill(canary, 1, failed=1)  # 4 / 101 = 0.0396
+    fill(canary, 1, failed=1)  # 4 / 101 = 0.0396: over, but one failure is no evidence
+    assert judge(stable, canary, CanaryConfig(min_requests=100), NOW, SINCE).action == "hold"
+    fill(canary, 99, failed=19)  # 23 / 200 = 0.115
     assert judge(stable, canary, CanaryConfig(min_requests=100), NOW, SINCE).reason == "errors"
+
+
+def test_noise_over_the_margin_is_not_a_rollback_when_both_versions_fail_alike() -> None:
+    # A client fails half of all requests (an out-of-vocabulary id): the canary's 100 show
+    # 0.58 against the stable's 0.50, 1.6 standard deviations; raw rates rolled it back.
+    stable, canary = windows()
+    fill(stable, 900, failed=450)
+    fill(canary, 100, failed=58)
+    verdict = judge(stable, canary, CanaryConfig(min_requests=100), NOW, SINCE)
+    assert verdict.action == "hold"
+    assert verdict.detail.startswith("canary failure rate 0.58 (stable 0.50)")
+
+
+def test_alpha_sets_how_much_evidence_a_rollback_needs() -> None:
+    stable, canary = windows()
+    fill(stable, 900, failed=450)
+    fill(canary, 300, failed=200)  # 0.67 against 0.50: a likelihood ratio of 4,391
+    assert judge(stable, canary, CanaryConfig(alpha=0.01), NOW, SINCE).action == "rollback"
+    assert judge(stable, canary, CanaryConfig(alpha=1e-4), NOW, SINCE).action == "hold"
+
+
+def test_with_no_stable_answer_the_canary_is_judged_against_the_margin_alone() -> None:
+    stable, canary = windows()
+    fill(canary, 100, failed=40)
+    verdict = judge(stable, canary, CanaryConfig(min_requests=100), NOW, SINCE)
+    assert (verdict.action, verdict.reason) == ("rollback", "errors")
+    canary.clear()
+    fill(canary, 100, failed=2)
+    assert judge(stable, canary, CanaryConfig(min_requests=100), NOW, SINCE).action == "hold"
 
 
 def test_errors_are_judged_before_latency() -> None:
@@ -131,7 +165,7 @@ def test_auto_does_not_promote_a_canary_with_too_few_requests_or_over_a_bound() 
     fill(stable, 900)
     fill(canary, 99)
     assert judge(stable, canary, rules, NOW, NOW - 600.0).action == "hold"
-    fill(canary, 10, failed=10)
+    fill(canary, 30, failed=30)
     assert judge(stable, canary, rules, NOW, NOW - 600.0).action == "rollback"
 
 

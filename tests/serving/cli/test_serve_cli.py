@@ -63,3 +63,19 @@ def test_a_model_and_a_repository_together_are_refused(
     assert result.exit_code == 2
     assert "give either model ('demo-tiny') or model_repository" in result.output
     assert not served
+
+
+def test_an_admin_token_on_the_command_line_is_warned_about(
+    served: list[Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flag is in ps and /proc for every user of the machine (issue 37, item 10)."""
+    result = CliRunner().invoke(app, ["serve", "--admin-token", "s3cret"])
+    assert result.exit_code == 0, result.output
+    assert "--admin-token on the command line is visible to every user of this machine" in (
+        " ".join(result.output.split())
+    )
+    monkeypatch.setenv("SHARDSERVE_ADMIN_TOKEN", "s3cret")
+    quiet = CliRunner().invoke(app, ["serve"])
+    assert quiet.exit_code == 0, quiet.output
+    assert "warning" not in quiet.output
+    assert [s.admin_token.get_secret_value() for s in served if s.admin_token] == ["s3cret"] * 2

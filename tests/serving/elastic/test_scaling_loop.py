@@ -258,3 +258,35 @@ def test_a_private_ray_reserves_cpus_for_the_most_replicas() -> None:
     cpus = pipeline_options(elastic).cpus_per_shard
     assert cpus is not None and cpus >= 1  # each stage actor's share among 8, in threads
     assert pipeline_options(one).cpus_per_shard is None  # a fixed count: as before
+
+
+class SplitFake(ElasticFake):
+    """A split model's runner: stages "0.0", "0.1" (one layer's parts, side by side) and "1"."""
+
+    num_stages = 3
+    pipeline_depth = 2
+
+
+async def test_a_split_models_limits_are_the_same_at_start_after_a_scale_step_and_where_shown() -> (
+    None
+):
+    from serving.server.admin_routes import change_model, policy_changes
+    from serving.server.app import _served
+
+    runner = SplitFake()
+    state = ServerState(elastic_settings())
+    model = await served(elastic_settings(upscale_delay_s=60, downscale_delay_s=60), runner)
+    state.add_model(model)
+    stop_scaling(model)
+    await model.stop_jobs(WAIT_S)
+    batcher = model.require_batcher()
+    start = batcher.settings
+    # Two stages one after the other: 1 x (2 + 1) batches in flight, the parts counted once.
+    assert (start.max_inflight_batches, start.pipeline_depth) == (3, 2)
+    Scaler(model, runner, batcher).tick(0.0)  # the first observation, one healthy replica
+    assert batcher.settings == start
+    # The admin route's derived queue and the OpenAPI document's bound are the live queue's.
+    same = change_model(model.settings)(max_batch_size=start.max_batch_size)
+    changes = policy_changes(same, batcher, model.settings, runner)
+    assert changes["max_queue_rows"] == start.max_queue_rows
+    assert _served(state).max_rows == start.max_queue_rows

@@ -305,6 +305,41 @@ async def test_a_request_past_max_connections_gets_503_and_its_connection_closed
     assert served[0] == 200
 
 
+async def test_sockets_past_max_connections_are_refused_before_they_send_anything() -> None:
+    """The cap counts sockets, not requests (issue 37, item 9): a connection made while
+    max_connections are open, idle ones included, is answered a 503 at once and closed, where it
+    would once be held until its head's timer (and idle sockets bounded only by the fd limit)."""
+    async with running(max_connections=2) as s:
+        port = s.client.base_url.port
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # sends nothing
+            async with asyncio.timeout(10):
+                status, headers, body = await read_answer(reader)
+                after = await reader.read()  # the server ends it
+            writer.close()
+            # The two idle ones were counted, not refused: each is served.
+            idle_reader, idle_writer = idle[0]
+            idle_writer.write(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n")
+            async with asyncio.timeout(10):
+                served_idle = await read_answer(idle_reader)
+            for _, w in idle:
+                w.close()
+            # Once the server saw them go, a new connection is served again.
+            async with asyncio.timeout(10):
+                while (served := await raw_get(port))[0] == 503:
+                    await asyncio.sleep(0.01)
+        finally:
+            for _, w in idle:
+                w.close()
+    assert (status, after) == (503, b"")
+    assert (headers[b"connection"], headers[b"retry-after"]) == (b"close", b"1")
+    assert orjson.loads(body) == {
+        "error": "too many open connections: 3 open, max_connections=2; retry later"
+    }
+    assert (served_idle[0], served[0]) == (200, 200)
+
+
 def test_the_slow_client_settings() -> None:
     settings = load_settings()
     assert (

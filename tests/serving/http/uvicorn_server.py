@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from serving.http.protocol import http_protocol
 from serving.server.app import create_app
 from serving.settings.config import Settings
+from serving.settings.tls import uvicorn_tls
 from tests.fakes import FakeRunner
 from tests.serverproc import free_ports
 from tests.serving.http.test_fast_routes import Recorder
@@ -89,9 +91,12 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running(seen: list[str] | None = None, **overrides: Any) -> AsyncIterator[Running]:
+async def running(
+    seen: list[str] | None = None, *, client_tls: ssl.SSLContext | None = None, **overrides: Any
+) -> AsyncIterator[Running]:
     """A server on a free port, a queue of 2 rows and one batch in flight; ``seen``: with a
-    user's middleware (``Recorder``) noting each request in it; ``overrides``: more settings."""
+    user's middleware (``Recorder``) noting each request in it; ``client_tls``: how the clients
+    talk TLS to a server given a certificate; ``overrides``: more settings."""
     runner = FakeRunner()
     settings = Settings(
         model="fake", **{"batch_timeout_ms": 0, "max_batch_size": 2, "max_queue_rows": 2,
@@ -115,6 +120,7 @@ async def running(seen: list[str] | None = None, **overrides: Any) -> AsyncItera
         # uvicorn's own logging config binds its handlers to the sys.stderr of the moment: under a
         # test's capsys, a stream closed once that test ends, which a later test's log then hits.
         log_config=None,
+        **uvicorn_tls(settings),
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -124,10 +130,11 @@ async def running(seen: list[str] | None = None, **overrides: Any) -> AsyncItera
                 await asyncio.sleep(0.01)
             await app.state.shardserve.model().until_ready()
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        base = f"http://127.0.0.1:{port}"
+        base = f"{'https' if settings.tls else 'http'}://127.0.0.1:{port}"
+        verify: Any = client_tls or True
         async with (
-            httpx.AsyncClient(base_url=base, limits=limits, timeout=10) as client,
-            httpx.AsyncClient(base_url=base, timeout=10) as others,
+            httpx.AsyncClient(base_url=base, limits=limits, timeout=10, verify=verify) as client,
+            httpx.AsyncClient(base_url=base, timeout=10, verify=verify) as others,
         ):
             yield Running(client, others, counting, runner, app)
     finally:

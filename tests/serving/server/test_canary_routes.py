@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,13 @@ from tests.serving.repository.test_manager import _until
 from tests.serving.repository.test_repository_switch import PREDICT, Load, TaggedRunner, add_version
 from tests.serving.served_app import row
 from tests.serving.served_repository import serve_repository
+
+
+@pytest.fixture(autouse=True)
+def seeded_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The canary's draws seeded: each test's requests meet the same sides on every run."""
+    monkeypatch.setattr("serving.canary.split._system_random", lambda: random.Random(11))
+
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -82,16 +90,20 @@ async def test_a_canary_the_model_raises_on_is_rolled_back_kept_and_replaced(
         assert state.repository.rollouts["m"].stable == "1" and state.labels["m"] == {"stable": "1"}
         await canary_of(client, tmp_path, 2)
         assert state.labels["m"] == {"stable": "1", "canary": "2"}  # the role wins
-        assert await tags(client, 6) == [1.0, 2.0] * 3  # 50/50, no version named
+        first = await tags(client, 40)  # 50/50 drawn, no version named
+        assert set(first) == {1.0, 2.0}
         assert index(state) == {"m/1": ("READY", ""), "m/2": ("READY", "")}
 
-        with caplog.at_level(logging.WARNING, logger="shardserve"):
-            bad = await tags(client, 20, first=-1.0)  # version 2 raises on these
         rolled = state.repository.rollouts["m"]
+        bad: list[object] = []
+        with caplog.at_level(logging.WARNING, logger="shardserve"):
+            while rolled.state == "canary" and len(bad) < 400:
+                bad += await tags(client, 1, first=-1.0)  # version 2 raises on these
         assert (rolled.state, rolled.weights) == ("rolled_back", (50, 0))
-        # At once: its 10th answer (3 above, 7 failed here) is its last.
-        assert bad == [1.0, 422] * 7 + [1.0] * 6
-        why = "rolled back: canary failure rate 0.70 > stable 0.00 + 0.02 over 10 requests"
+        assert set(bad) == {1.0, 422} and bad[-1] == 422  # at once: that answer was its last
+        assert await tags(client, 10, first=-1.0) == [1.0] * 10
+        why = rolled.reason
+        assert why is not None and why.startswith("rolled back: canary failure rate ")
         assert index(state) == {"m/1": ("READY", ""), "m/2": ("READY", why)}
         assert state.labels["m"] == {"stable": "1", "canary": "2"}
         assert any("version 2 rolled back (errors)" in r.message for r in caplog.records)
@@ -101,7 +113,8 @@ async def test_a_canary_the_model_raises_on_is_rolled_back_kept_and_replaced(
         assert (kept.status_code, kept.json()["predictions"][0][0]) == (200, 2.0)
         view = (await client.get(ROLLOUT, headers=AUTH)).json()
         assert view["state"] == "rolled_back" and view["reason"] == why
-        assert view["versions"]["2"]["requests"] == 10  # not the named one: the split did not
+        # Not the named one: only what the split sent it.
+        assert view["versions"]["2"]["requests"] == first.count(2.0) + bad.count(422)
 
         await canary_of(client, tmp_path, 3)  # a newer version replaces the rolled-back one
         await _until(lambda: versions.made[2].closed)
@@ -110,7 +123,7 @@ async def test_a_canary_the_model_raises_on_is_rolled_back_kept_and_replaced(
             (50, 50),
         )
         assert index(state)["m/2"][0] == "UNAVAILABLE"
-        assert sorted(await tags(client, 4)) == [1.0, 1.0, 3.0, 3.0]  # type: ignore[type-var]
+        assert set(await tags(client, 40)) == {1.0, 3.0}
 
 
 async def flood(client: httpx.AsyncClient, version: str, n: int) -> list[int]:
@@ -152,7 +165,7 @@ async def test_a_flood_of_short_deadlines_at_the_canary_does_not_roll_it_back(
         )
         rollout = state.repository.rollouts["m"]
         counted = {v: w.count(rollout.now()) for v, w in rollout.windows.items()}
-        assert await tags(client, 20) == [1.0, 2.0] * 10  # the split, still 50/50
+        assert set(await tags(client, 40)) == {1.0, 2.0}  # the split, still 50/50
     assert codes == [504] * 80
     assert negative.status_code == 400
     assert "must be a positive number of microseconds, got -1" in negative.json()["error"]
@@ -163,22 +176,24 @@ async def test_a_flood_of_short_deadlines_at_the_canary_does_not_roll_it_back(
 async def test_a_flood_at_the_stable_does_not_save_a_canary_failing_a_fifth_of_its_share(
     tmp_path: Path,
 ) -> None:
-    add_version(tmp_path, 1, TRAFFIC + "promote = 'auto'\n")
+    # Judged on its failures alone: a p99 over a loaded machine's scheduling noise is not this test's.
+    add_version(tmp_path, 1, TRAFFIC + "promote = 'auto'\nlatency_factor = 1000.0\n")
     async with serve_repository(tmp_path, Versions(poisoned={2})) as client:  # type: ignore[arg-type]
         state: ServerState = client.shardserve  # type: ignore[attr-defined]
         await canary_of(client, tmp_path, 2)
         codes = await flood(client, "1", 20)  # 60 failures of the stable, were they counted
         answered: list[object] = []
-        for pair in range(10):  # stable, canary in turn (50/50): every 5th canary row fails
-            answered += await tags(client, 1)
-            answered += await tags(client, 1, first=-1.0 if pair % 5 == 4 else 1.0)
         rollout = state.repository.rollouts["m"]
+        # Every 5th request has a row version 2 raises on: the split draws which version gets
+        # it, so the canary fails about a fifth of its share, the stable none of its.
+        while rollout.state == "canary" and len(answered) < 1000:
+            answered += await tags(client, 1, first=-1.0 if len(answered) % 5 == 4 else 1.0)
     assert codes == [504] * 60
-    assert answered == [1.0, 2.0] * 4 + [1.0, 422] + [1.0, 2.0] * 4 + [1.0, 422]
+    assert set(answered) == {1.0, 2.0, 422}
     assert (rollout.stable, rollout.state, rollout.weights) == ("1", "rolled_back", (50, 0))
-    assert rollout.reason == (
-        "rolled back: canary failure rate 0.20 > stable 0.00 + 0.02 over 10 requests"
-    )
+    assert rollout.reason is not None
+    assert rollout.reason.startswith("rolled back: canary failure rate 0.")
+    assert " > stable 0.00 + 0.02 over " in rollout.reason
 
 
 async def test_an_auto_canary_that_holds_its_window_becomes_stable_and_the_old_retires(

@@ -117,6 +117,38 @@ async def test_the_text_form_is_one_line_of_key_value_pairs(
     assert (pairs["request_id"], pairs["status"], pairs["trace_id"]) == ("t", "200", "-")
 
 
+async def test_a_text_line_cannot_be_forged_from_the_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """uvicorn percent-decodes the path: ``%0A`` is a newline, which the text form once wrote
+    as is, so that a client wrote a second line of its own making (issue 37, item 6)."""
+    async with running(access_log="text") as s:
+        forged = "/no%0Atime=0%20status=200%20reject=%1b[2J%22%5C"
+        missing = await s.client.get(forged, headers={"x-request-id": "f"})
+    assert missing.status_code == 404
+    out = capsys.readouterr().out.splitlines()
+    (line,) = [x for x in out if "request_id=f " in x]
+    assert [x for x in out if x.startswith("time=0")] == []
+    assert ' route="/no\\ntime=0 status=200 reject=\\x1b[2J\\"\\\\" ' in line
+    assert "\x1b" not in "\n".join(out)
+
+
+def test_text_values_are_escaped_as_json_strings() -> None:
+    stream = io.StringIO()
+    log = AccessLog("text", stream)
+    try:
+        log.write(
+            request_id="a\r\nb", trace_id=None, client="c", route="/p\u2028q", protocol="http",
+            model="m\x85", version="1", status=200, rows=1, batch_rows=1, queue_ms=0.0,
+            compute_ms=0.0, total_ms=0.0, bytes_in=0, bytes_out=0, reject="",
+        )  # fmt: skip
+    finally:
+        log.close()
+    (line,) = stream.getvalue().splitlines()
+    assert 'request_id="a\\r\\nb" ' in line
+    assert ' route="/p\\u2028q" ' in line and ' model="m\\x85" ' in line
+
+
 async def test_no_log_line_with_the_access_log_off(capsys: pytest.CaptureFixture[str]) -> None:
     async with running() as s:
         ok = await s.client.post("/predict", json={"instances": [row(1)]})

@@ -369,6 +369,29 @@ async def test_bad_predict_has_its_code(
     assert trailing["x-request-id"]
 
 
+@pytest.mark.parametrize(
+    ("dtype", "value"),
+    [
+        (tf_types_pb2.DT_UINT8, 300),
+        (tf_types_pb2.DT_UINT8, -1),
+        (tf_types_pb2.DT_INT8, 200),
+        (tf_types_pb2.DT_INT16, 40_000),
+        (tf_types_pb2.DT_UINT16, 70_000),
+    ],
+)
+async def test_a_typed_value_outside_its_dtype_is_invalid_not_internal(
+    dtype: int, value: int
+) -> None:
+    # int_val carries these dtypes in int32s: numpy's OverflowError was an INTERNAL
+    tensor = tf_tensor_pb2.TensorProto(dtype=dtype, int_val=[value, 1, 2, 3])  # type: ignore[arg-type]
+    tensor.tensor_shape.dim.add(size=1)
+    tensor.tensor_shape.dim.add(size=4)
+    async with serve(FakeRunner()) as s:
+        code, message, _ = await failure(s.predict.Predict(predict_request({"x": tensor})))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert message.startswith("input 'x' holds values outside the range of DT_"), message
+
+
 async def test_output_filter_naming_no_output_is_invalid() -> None:
     request = predict_request({"x": _ROWS})
     request.output_filter.append("logits")
