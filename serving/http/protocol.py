@@ -217,7 +217,7 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             # of the parser. Left to the collector, a churn of connections (a client past
             # max_connections reconnects at once) piled up between collections: at 3x overload
             # the front end's RSS grew for as long as the load lasted.
-            self.cycle = None
+            self.cycle = None  # type: ignore[assignment]  # as uvicorn drops its parser
             self.pipeline.clear()
 
     return ShardServeProtocol
