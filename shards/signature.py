@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,7 @@ class ModelSignature:
     def output_names(self) -> list[str]:
         return [t.name for t in self.outputs]
 
-    @property
+    @cached_property  # asked twice per request (serving.settings.lengths.served_max_length)
     def max_length(self) -> int | None:
         """The longest length the model takes along its unknown dimensions: the shortest of
         its inputs' bounds (a request's inputs share one length); ``None`` where none has one."""

@@ -89,9 +89,11 @@ class BodyDeadlines(Deadlines[asyncio.Task[Any]]):
         self._cut: set[asyncio.Task[Any]] = set()
 
     def end(self, key: asyncio.Task[Any]) -> None:
-        super().end(key)
-        self._expired.discard(key)
-        self._cut.discard(key)
+        self._waiting.pop(key, None)  # Deadlines.end, inlined: once per request
+        if self._expired:
+            self._expired.discard(key)
+        if self._cut:
+            self._cut.discard(key)
 
     def cut_all(self) -> int:
         """Cancel every read in progress (the server is stopping); how many there were."""

@@ -23,6 +23,7 @@ have to keep the work proportional to what the queue can take, not to the body's
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,6 +45,10 @@ __all__ = ["DEFAULT_LIMITS", "RequestLimits", "request_limits"]
 _FIXED_SLACK = 64
 _PER_TENSOR_SLACK = 16
 _COUNT_CHUNK = 1 << 20
+# json_bounds per (max_rows, max_length, the signature's identity), with the signature held so
+# that its identity is not reused: every request asks, for the same few signatures.
+_BOUNDS: dict[tuple[int, int, int], tuple[ModelSignature, tuple[int, int]]] = {}
+_BOUNDS_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,10 @@ class RequestLimits:
         """(arrays and objects, values) that the JSON of the largest request may hold: each
         input of each row nested as its shape (a list per dimension but the last), an object
         per row (keyed rows), and every element followed by a comma (an upper bound)."""
+        key = (self.max_rows, self.max_length, id(signature))
+        held = _BOUNDS.get(key)
+        if held is not None and held[0] is signature:
+            return held[1]
         scalars = containers = 0
         for spec in signature.inputs:
             dims = [self.max_length if d is None else d for d in spec.shape]
@@ -125,7 +134,11 @@ class RequestLimits:
         tensors = len(signature.inputs) + len(signature.outputs)
         slack = _FIXED_SLACK + _PER_TENSOR_SLACK * tensors
         per_row_values = scalars + containers + len(signature.inputs)  # + the keys of a row
-        return self.max_rows * containers + slack, self.max_rows * per_row_values + slack
+        bounds = self.max_rows * containers + slack, self.max_rows * per_row_values + slack
+        if len(_BOUNDS) >= _BOUNDS_KEPT:
+            _BOUNDS.clear()
+        _BOUNDS[key] = (signature, bounds)
+        return bounds
 
 
 DEFAULT_LIMITS = RequestLimits(default_queue_rows(32, 2), DEFAULT_MAX_SEQUENCE_LENGTH)
@@ -136,7 +149,13 @@ def request_limits(model: ModelHandle, batcher: Batcher) -> RequestLimits:
     """The limits of a request to ``model`` now: ``max_queue_rows`` as a reconfigure left it,
     the length ``serving.protocols.dataplane.check_sequence_length`` holds decoded arrays to."""
     length = served_max_length(model.settings.max_sequence_length, model.signature)
-    return RequestLimits(batcher.settings.max_queue_rows, length)
+    return _limits(batcher.settings.max_queue_rows, length)
+
+
+@functools.lru_cache(maxsize=64)
+def _limits(max_rows: int, max_length: int) -> RequestLimits:
+    # One per (rows, length): a request's limits cost a look up, not a dataclass of their own.
+    return RequestLimits(max_rows, max_length)
 
 
 def _rows_of(signature: ModelSignature) -> str:

@@ -51,6 +51,11 @@ def route(
     """The version of one model (``versions``, not empty) that a request naming no version goes
     to; ``turn=False`` looks without taking a turn of the split (a look before the request's
     own)."""
+    if traffic is None and len(versions) == 1:
+        # The only version, serving or not (it then says why it cannot answer), as below; without
+        # asking its replicas' health twice per request (the protocol's look, the data plane's).
+        for only in versions.values():
+            return only
     if traffic is not None:
         if isinstance(traffic, SwitchSplit):
             wanted = traffic.pick(versions) if turn else traffic.peek()

@@ -483,16 +483,19 @@ class ReplicaSet:
 
     def health(self) -> Health:
         states = tuple(p.state.value for p in self._replicas.values())
+        healthy = states.count(ReplicaState.HEALTHY.value)
+        # With a replica healthy nothing is being waited for: no refusal to word (the version's
+        # condition reads only ``ok`` then, on every request's look up).
         return Health(
             replicas=self.replicas,
-            healthy=states.count(ReplicaState.HEALTHY.value),
+            healthy=healthy,
             states=states,
             rebuilds=self._rebuilds,
             recoveries=self._recoveries,
             reason=self._last_fault,
-            pending_reason=self.pending_reason(),
-            recovering=self._recovering(),
-            back_in_s=self._unavailable().retry_after_s,
+            pending_reason=self.pending_reason() if self._waits_for else "",
+            recovering=not healthy and self._recovering(),
+            back_in_s=0.0 if healthy else self._unavailable().retry_after_s,
         )
 
     @property
