@@ -1,15 +1,19 @@
-"""The repository on disk: ``<root>/<name>/<version>/`` holding a ``.keras`` file, a SavedModel
-or a partitioned bundle, and which of those version directories are complete.
+"""The repository on disk: ``<root>/<name>/<version>/`` holding a ``.keras`` file, a SavedModel,
+a partitioned bundle or a keras_hub preset (a causal LM that generates), and which of those
+version directories are complete.
 
 A version is read only once it is complete, so a half-copied one is never loaded: a ``.keras``
 file whose zip central directory (written last) opens and names ``config.json``; a SavedModel
 with ``saved_model.pb`` and ``variables/variables.index``; a bundle with its ``manifest.json``
-(the partitioner writes it last, atomically). Every check reads directory entries and at most a
-zip's central directory, never a model's weights. Anything else (hidden entries, names that are
-not a model name or a positive integer, files) is ignored with a debug log line; users copy a
-new version into a hidden directory and rename it, so it appears whole. A version directory that
-holds a model's files but is not complete is reported (``scan_all``): the server lists one that
-stops changing as unavailable, with why (``serving.repository.source``).
+(the partitioner writes it last, atomically); a keras_hub preset (``save_to_preset``) with its
+``metadata.json``, ``config.json``, ``task.json`` and a ``model.weights.h5`` whose HDF5
+superblock's end-of-file address is within the file (a copy cut short is not). Every check reads
+directory entries and at most a zip's central directory or an HDF5 superblock, never a model's
+weights. Anything else (hidden entries, names that are not a model name or a positive integer,
+files) is ignored with a debug log line; users copy a new version into a hidden directory and
+rename it, so it appears whole. A version directory that holds a model's files but is not
+complete is reported (``scan_all``): the server lists one that stops changing as unavailable,
+with why (``serving.repository.source``).
 
 Reasons and log lines name entries relative to the repository (``resnet/3``), never the
 server's own paths: the index shows them to clients.
@@ -44,7 +48,7 @@ __all__ = [
 
 log = logging.getLogger("shardserve.repository")
 
-ModelKind = Literal["keras", "savedmodel", "bundle"]
+ModelKind = Literal["keras", "savedmodel", "bundle", "preset"]
 # shards.bundle.format.MANIFEST_NAME; not imported, this package stays free of `shards`
 # (a test checks that they agree).
 MANIFEST_NAME = "manifest.json"
@@ -52,6 +56,11 @@ _MODEL_NAME = re.compile(MODEL_NAME_PATTERN)
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")  # a positive int64, without leading zeros
 # The stage files of a bundle (shards.partition: stage_000.keras, stage_000.savedmodel).
 _BUNDLE_STAGE = re.compile(r"stage_[0-9]+\.(keras|savedmodel)")
+# A keras_hub preset's JSON files (shards.generation.preset reads them) and its weights.
+_PRESET_FILES = ("metadata.json", "config.json", "task.json")
+_PRESET_WEIGHTS = "model.weights.h5"
+_PRESET_SHARDED_WEIGHTS = "model.weights.json"  # a preset saved in shards: its index
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,8 @@ def model_kind(version_dir: Path) -> ModelKind | None:
         return "bundle"
     if (version_dir / "saved_model.pb").exists():
         return "savedmodel"
+    if (version_dir / "metadata.json").exists():
+        return "preset"
     if _keras_files(version_dir):
         return "keras"
     return None
@@ -165,7 +176,10 @@ def incomplete(path: Path) -> str | None:
     try:
         kind = model_kind(path)
         if kind is None:
-            return "no .keras file, SavedModel (saved_model.pb) or bundle (manifest.json) in it yet"
+            return (
+                "no .keras file, SavedModel (saved_model.pb), bundle (manifest.json) or keras_hub "
+                "preset (metadata.json) in it yet"
+            )
         if kind == "bundle":
             if (path / MANIFEST_NAME).is_file():
                 return None
@@ -176,9 +190,45 @@ def incomplete(path: Path) -> str | None:
             if not (path / "variables" / "variables.index").is_file():
                 return "a SavedModel without variables/variables.index yet"
             return None
+        if kind == "preset":
+            return _preset_incomplete(path)
         return _keras_incomplete(_keras_files(path))
     except OSError as exc:
         return f"cannot be read: {exc.strerror or type(exc).__name__}"
+
+
+def _preset_incomplete(path: Path) -> str | None:
+    missing = [name for name in _PRESET_FILES if not (path / name).is_file()]
+    if missing:
+        return f"a keras_hub preset without its {', '.join(missing)} yet"
+    if (path / _PRESET_SHARDED_WEIGHTS).is_file():
+        return None
+    weights = path / _PRESET_WEIGHTS
+    if not weights.is_file():
+        return f"a keras_hub preset without its {_PRESET_WEIGHTS} yet"
+    return _hdf5_incomplete(weights)
+
+
+def _hdf5_incomplete(file: Path) -> str | None:
+    """Why an HDF5 file is not whole yet: its superblock (the first bytes) holds the file's
+    end-of-file address, which a copy cut short has not reached."""
+    with file.open("rb") as handle:
+        head = handle.read(64)
+        size = os.fstat(handle.fileno()).st_size
+    if len(head) < 48 or not head.startswith(_HDF5_SIGNATURE):
+        return f"{file.name} is not a complete HDF5 file yet"
+    version = head[8]
+    # Superblock 0/1: the addresses follow 16 (v1: 20) bytes of versions and sizes: base,
+    # free space, end of file; 2/3: base, extension, end of file after 4 bytes.
+    offset = {0: 40, 1: 44, 2: 28, 3: 28}.get(version)
+    if offset is None:
+        return f"{file.name} has an HDF5 superblock version {version} this server does not read"
+    base_at = {0: 24, 1: 28}.get(version, 12)
+    base = int.from_bytes(head[base_at : base_at + 8], "little")
+    end = int.from_bytes(head[offset : offset + 8], "little")
+    if size < base + end:
+        return f"{file.name} is not a complete HDF5 file yet ({size} of {base + end} bytes)"
+    return None
 
 
 def _keras_incomplete(files: list[Path]) -> str | None:

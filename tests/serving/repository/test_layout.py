@@ -32,6 +32,20 @@ def savedmodel(path: Path, variables: bool = True) -> Path:
     return path
 
 
+def preset(path: Path, weights: bool = True, libver: str = "earliest") -> Path:
+    """A stand-in keras_hub preset: its JSON files and a real HDF5 weights file."""
+    import h5py
+    import numpy as np
+
+    path.mkdir(parents=True)
+    for name in ("metadata.json", "config.json", "task.json"):
+        (path / name).write_text("{}")
+    if weights:
+        with h5py.File(path / "model.weights.h5", "w", libver=libver) as f:
+            f["w"] = np.zeros(4096, np.float32)
+    return path
+
+
 def bundle(path: Path, manifest: bool = True) -> Path:
     path.mkdir(parents=True)
     (path / "stage_000.keras").write_bytes(b"stage")
@@ -127,6 +141,7 @@ def test_completeness_reads_only_the_zip_directory(tmp_path: Path) -> None:
         # A one-stage bundle's stage file is a whole .keras zip: still a bundle being copied.
         (lambda p: keras_file(p / "stage_000.keras"), "a bundle without its manifest.json yet"),
         (lambda p: p.mkdir(parents=True), "no .keras file, SavedModel"),
+        (lambda p: preset(p, weights=False), "a keras_hub preset without its model.weights.h5"),
     ],
 )
 def test_incomplete_says_why(tmp_path: Path, make: object, reason: str) -> None:
@@ -142,7 +157,24 @@ def test_the_kind_follows_the_names_a_version_holds(tmp_path: Path) -> None:
     assert model_kind(bundle(tmp_path / "b")) == "bundle"  # its stage .keras files do not count
     assert model_kind(savedmodel(tmp_path / "s", variables=False)) == "savedmodel"
     assert model_kind(keras_file(tmp_path / "k" / "m.keras").parent) == "keras"
+    assert model_kind(preset(tmp_path / "p")) == "preset"
     assert model_kind(tmp_path) is None
+
+
+@pytest.mark.parametrize("libver", ["earliest", "latest"])  # HDF5 superblocks 0 and 3
+def test_a_preset_is_complete_once_its_weights_file_is_whole(tmp_path: Path, libver: str) -> None:
+    version = preset(tmp_path / "lm" / "1", libver=libver)
+    assert incomplete(version) is None
+    assert scan(tmp_path)["lm"][1].model_path == version  # served from its directory
+    weights = version / "model.weights.h5"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])  # a copy under way
+    found = incomplete(version)
+    assert found is not None and "model.weights.h5 is not a complete HDF5 file yet" in found
+    assert scan(tmp_path) == {"lm": {}}
+    weights.write_bytes(whole)
+    (version / "task.json").unlink()
+    assert incomplete(version) == "a keras_hub preset without its task.json yet"
 
 
 def test_the_fingerprint_changes_with_a_files_size_or_mtime_only(tmp_path: Path) -> None:
