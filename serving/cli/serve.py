@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from serving.settings.config import ConfigError, Settings, load_settings
+from serving.settings.flags import NEGATABLE, REPEATED, REPEATED_METAVARS, flag_name
 from serving.settings.tls import uvicorn_tls
 from serving.telemetry import setup as telemetry
 from serving.version.life import VersionState
@@ -33,30 +34,21 @@ def _metavar(annotation: Any) -> str:
     return "TEXT"
 
 
-# Settings whose flag is singular because it repeats: --import a --import b.
-_REPEATED = {"imports": "import", "pad_inputs": "pad-input"}
-_REPEATED_METAVARS = {"imports": "MODULE", "pad_inputs": "NAME=VALUE"}
-
-
-def flag_name(field: str) -> str:
-    return "--" + _REPEATED.get(field, field.replace("_", "-"))
-
-
 def _setting_parameters() -> list[inspect.Parameter]:
     params = []
     for name, info in Settings.model_fields.items():
         default = info.get_default(call_default_factory=True)
         shown = "unset" if default in (None, [], {}) else str(default)
         help_text = f"{info.description} (env SHARDSERVE_{name.upper()}, default {shown})"
-        if name in _REPEATED:
+        if name in REPEATED:
             option = typer.Option(
                 None,
                 flag_name(name),
                 help=help_text + ", repeatable",
-                metavar=_REPEATED_METAVARS[name],
+                metavar=REPEATED_METAVARS[name],
             )
             annotation: Any = Optional[list[str]]  # noqa: UP045 - typer reads the annotation
-        elif name in ("pad_lengths", "tracing"):
+        elif name in NEGATABLE:
             flag = flag_name(name)
             option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text)
             annotation = Optional[bool]  # noqa: UP045
