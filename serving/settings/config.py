@@ -128,7 +128,7 @@ class Settings(
     access_log: Literal["json", "text", "off"] = Field(
         "off",
         description="One line per request on stdout (logger shardserve.access): json for log "
-        "pipelines, text for people; its fields are in the README (Observability).",
+        "pipelines, text for people; its fields are in docs/observability.md (Access log).",
     )
     access_log_probes: bool = Field(
         False,

@@ -1,6 +1,6 @@
 """What /metrics exports: every series labelled with its model and version (two versions kept
 apart, an unloaded one's series gone), counters for what only grows (``rate()`` needs them), and
-the README's metrics table naming every family with its type and labels."""
+docs/observability.md's metrics table naming every family with its type and labels."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from serving.metrics.series import Metrics, ModelMetrics
 from shards.pipeline.health import Health
 from tests.metrics_text import metric
 
-README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+METRICS_DOC = (Path(__file__).resolve().parents[3] / "docs" / "observability.md").read_text()
 BATCH = {"size": 2, "padded_size": 2, "reason": "full", "queue_wait_s": 0.0, "run_s": 0.0}
 
 
@@ -134,8 +134,8 @@ def test_remove_model_drops_its_series_and_a_draining_request_does_not_bring_the
     assert value == 1.0
 
 
-def test_every_exported_metric_is_in_the_readme_table_with_its_type_and_labels() -> None:
-    rows = re.findall(r"^\| `(shardserve_\w+)` \| (\w+) \| ([^|]*) \|", README, re.MULTILINE)
+def test_every_exported_metric_is_in_the_docs_table_with_its_type_and_labels() -> None:
+    rows = re.findall(r"^\| `(shardserve_\w+)` \| (\w+) \| ([^|]*) \|", METRICS_DOC, re.MULTILINE)
     documented = {name: (kind, re.findall(r"`(\w+)`", labels)) for name, kind, labels in rows}
     exported_labels: dict[str, set[str]] = {}
     for name, labels, _ in samples(full_metrics()):
