@@ -57,3 +57,16 @@ def test_the_readme_is_a_front_page_and_the_reference_lives_in_docs() -> None:
         "move reference text to docs/ (README: one screen or three)"
     )
     assert "| `max_batch_size` |" not in README, "the settings table lives in docs/settings.md"
+
+
+def test_the_generator_writes_the_reference_and_check_finds_it_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = tmp_path / "settings.md"
+    monkeypatch.setattr(reference, "PATH", page)
+    assert reference.main(["--check"]) == 1  # not written yet
+    assert reference.main([]) == 0
+    assert page.read_text() == reference.render()
+    assert reference.main(["--check"]) == 0
+    page.write_text(page.read_text().replace("| `port` |", "| `prt` |"))
+    assert reference.main(["--check"]) == 1
