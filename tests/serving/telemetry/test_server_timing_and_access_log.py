@@ -71,7 +71,7 @@ async def test_grpc_answers_carry_server_timing_and_a_log_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # A message over max_body_bytes is refused by gRPC itself (RESOURCE_EXHAUSTED) before any
-    # handler: neither Server-Timing nor a log line can go with it (README, Observability).
+    # handler: neither Server-Timing nor a log line can go with it (docs/observability.md, Access log).
     gate = asyncio.Event()
     gate.set()
     runner = FakeRunner(gate=gate)
