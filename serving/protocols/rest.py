@@ -115,4 +115,3 @@ def serve_generation(
     return generate(
         models, ref.name, ref.version, ref.label, request, request.content_length, work, _REST
     )
-
