@@ -21,6 +21,7 @@ from serving.openapi.document import Served, document
 from serving.openapi.v2_bodies import REPOSITORY_DOCS
 from serving.openapi.v2_bodies import ROUTE_DOCS as V2_ROUTE_DOCS
 from serving.protocols.openai.completions import v1_completions
+from serving.protocols.openai.models import install_model_list
 from serving.protocols.tfserving.predict import predict as predict_model
 from serving.protocols.v2.generate import v2_generate, v2_generate_stream
 from serving.protocols.v2.http import install_v2_routes, v2_infer
@@ -69,6 +70,7 @@ def create_app(
     install_admin_routes(app, settings)
     install_rollout_routes(app, settings)
     install_v2_routes(app, V2_ROUTE_DOCS)
+    install_model_list(app)
     install_repository_routes(
         app,
         settings.admin_token,

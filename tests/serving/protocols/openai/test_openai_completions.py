@@ -330,3 +330,15 @@ async def test_a_model_without_a_tokenizer_says_where_ids_generate() -> None:
         answer = await client.post(URL, json={"prompt": [1, 2]})
         assert answer.status_code == 400
         assert "/v2/models/{name}/generate" in answer.json()["error"]["message"]
+
+
+async def test_the_model_list_holds_the_generating_models(tokenizer: ByteBPETokenizer) -> None:
+    from tests.fakes import FakeRunner
+    from tests.serving.served_app import serve as serve_runner
+
+    async with serve(FakeGenerationReplica(_info()), tokenizer) as client:
+        listed = (await client.get("/v1/models")).json()
+        assert listed["object"] == "list"
+        assert [(m["id"], m["object"]) for m in listed["data"]] == [("fake", "model")]
+    async with serve_runner(FakeRunner()) as client:
+        assert (await client.get("/v1/models")).json() == {"object": "list", "data": []}
