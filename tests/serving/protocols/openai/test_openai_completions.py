@@ -342,3 +342,22 @@ async def test_the_model_list_holds_the_generating_models(tokenizer: ByteBPEToke
         assert [(m["id"], m["object"]) for m in listed["data"]] == [("fake", "model")]
     async with serve_runner(FakeRunner()) as client:
         assert (await client.get("/v1/models")).json() == {"object": "list", "data": []}
+
+
+async def test_v2_generate_stream_sends_the_generate_objects_as_events(
+    tokenizer: ByteBPETokenizer,
+) -> None:
+    fake = ScriptedReplica([VOCABULARY["a"], E_FIRST, E_SECOND, VOCABULARY["b"]])
+    async with serve(fake, tokenizer) as client:
+        body = {"input_ids": [3], "parameters": {"max_tokens": 4}}
+        answer = await client.post("/v2/models/fake/generate_stream", json=body)
+        assert answer.headers["content-type"] == "text/event-stream"
+        events = [json.loads(e[6:]) for e in answer.text.split("\n\n") if e]
+        assert "".join(e["text_output"] for e in events) == "aéb"
+        assert [t for e in events for t in e["output_ids"]] == [
+            VOCABULARY["a"], E_FIRST, E_SECOND, VOCABULARY["b"]
+        ]  # fmt: skip
+        assert [e["finish_reason"] for e in events][-1] == "length"
+        assert all(e["model_name"] == "fake" for e in events)
+        refused = await client.post("/v2/models/fake/generate_stream", json={"input_ids": []})
+        assert refused.status_code == 400 and "input_ids is empty" in refused.json()["error"]
