@@ -20,6 +20,7 @@ from serving.http.replies import REQUEST_ID_KEY, request_id_from, send_with_requ
 from serving.openapi.document import Served, document
 from serving.openapi.v2_bodies import REPOSITORY_DOCS
 from serving.openapi.v2_bodies import ROUTE_DOCS as V2_ROUTE_DOCS
+from serving.protocols.openai.chat import v1_chat_completions
 from serving.protocols.openai.completions import v1_completions
 from serving.protocols.openai.models import install_model_list
 from serving.protocols.tfserving.predict import predict as predict_model
@@ -95,6 +96,7 @@ def _install_fast_routes(routes: FastRoutes) -> None:
     routes.add_raw("/v2/models/{name}/generate_stream", v2_generate_stream)
     routes.add_raw("/v2/models/{name}/versions/{version}/generate_stream", v2_generate_stream)
     routes.add_raw("/v1/completions", v1_completions)
+    routes.add_raw("/v1/chat/completions", v1_chat_completions)
 
 
 class ShardServeApp(FastAPI):
