@@ -65,7 +65,7 @@ class TextRun:
     ) -> None:
         self._scheduler = scheduler
         self._params = params
-        self._deadline = deadline
+        self.deadline = deadline  # time.monotonic(); None: none
         self._queue: asyncio.Queue[_Event] = asyncio.Queue()
         self._choices = [
             _Choice(i, prompt, IncrementalText(tokenizer), StopCut(stops))
@@ -93,7 +93,7 @@ class TextRun:
                 self._queue.put_nowait((index, token_id, logprob))
 
             task = asyncio.ensure_future(
-                self._scheduler.generate(choice.prompt, self._params, self._deadline, on_token)
+                self._scheduler.generate(choice.prompt, self._params, self.deadline, on_token)
             )
             task.add_done_callback(partial(self._ended, index))
             choice.task = task

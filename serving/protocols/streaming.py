@@ -9,10 +9,16 @@ model generates), a later failure an error event, and ``data: [DONE]`` last. The
 then handed ``STREAMED``: the transport sends nothing more. A client that hangs up mid-stream
 cancels the work (``FastRequest.until_disconnect``): its sequences leave at the end of the step
 in flight.
+
+Backpressure: a client that stops reading blocks only its own writes (the server's flow
+control), never a step: its tokens wait in its own queue, at most its ``max_tokens``. Its
+writes are bounded in time by the generation's deadline (and ``_LAST_WRITE_S`` more for the
+last event): past it the stream is cut off and its connection closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -24,7 +30,7 @@ import orjson
 from serving.errors import ShardServeError
 from serving.generation.text_run import ChoiceDelta, TextRun
 from serving.http.fast import FastRequest
-from serving.http.replies import REQUEST_ID_HEADER, Reply, log_failure
+from serving.http.replies import REQUEST_ID_HEADER, ClientGone, Reply, log_failure
 
 if TYPE_CHECKING:
     from serving.settings.config import Settings
@@ -44,6 +50,9 @@ STREAMED_KEY = "shardserve.streamed"
 # What a streaming work hands the data plane: its answer went out already.
 STREAMED: Reply = (200, b"", EVENT_STREAM, [])
 _DONE = b"data: [DONE]\n\n"
+# How long past the generation's deadline the stream's last event may take to be written (the
+# deadline's own error event is written after it).
+_LAST_WRITE_S = 1.0
 
 
 class EventSource:
@@ -69,8 +78,26 @@ def _events(objects: list[object]) -> bytes:
 
 async def stream_events(request: FastRequest, run: TextRun, source: EventSource) -> Reply:
     """Run ``run`` and stream its deltas to the client (this request's work, under
-    ``until_disconnect``); ``STREAMED`` once the stream has ended."""
-    send = request.send
+    ``until_disconnect``); ``STREAMED`` once the stream has ended. The run's deadline bounds
+    the client's reading too."""
+    write_by = None
+    if run.deadline is not None:
+        # The loop's clock for asyncio.timeout_at (no task per write, as wait_for would make).
+        left = run.deadline - time.monotonic()
+        write_by = asyncio.get_running_loop().time() + left + _LAST_WRITE_S
+
+    async def send(message: dict[str, object]) -> None:
+        try:
+            async with asyncio.timeout_at(write_by):
+                await request.send(message)
+        except TimeoutError:
+            log.info(
+                "request %s: its client read too slowly to take its stream by the deadline; "
+                "cut off",
+                request.request_id,
+            )
+            raise ClientGone from None
+
     try:
         run.start()
         deltas = await run.next()  # a failure before the first token: a plain error answer

@@ -361,3 +361,43 @@ async def test_v2_generate_stream_sends_the_generate_objects_as_events(
         assert all(e["model_name"] == "fake" for e in events)
         refused = await client.post("/v2/models/fake/generate_stream", json={"input_ids": []})
         assert refused.status_code == 400 and "input_ids is empty" in refused.json()["error"]
+
+
+async def test_a_client_that_stops_reading_is_cut_off_at_the_deadline(
+    tokenizer: ByteBPETokenizer,
+) -> None:
+    async with serve(ScriptedReplica(kv_slots=1), tokenizer, kv_slots=1) as client:
+        body = orjson.dumps({"prompt": [1], "max_tokens": 20, "stream": True})
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        never = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await never.wait()
+            return {"type": "http.disconnect"}
+
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            if message.get("body"):  # the client reads nothing: its writes never drain
+                await never.wait()
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": URL,
+            "query_string": b"",
+            "headers": [
+                (b"content-length", str(len(body)).encode()),
+                (b"x-request-timeout-ms", b"100"),
+            ],
+            "app": client.app,  # type: ignore[attr-defined]
+        }
+        call = v1_completions(ModelRef(None), scope, receive, send)
+        await asyncio.wait_for(call, WAIT_S)  # returns: cut off, its connection then closed
+        assert [m["type"] for m in sent] == ["http.response.start"]
+        scheduler = client.shardserve.model().generator.scheduler  # type: ignore[attr-defined]
+        while scheduler.free_slots != 1:
+            await asyncio.sleep(0.001)
