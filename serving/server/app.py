@@ -95,8 +95,11 @@ def _install_fast_routes(routes: FastRoutes) -> None:
     routes.add_raw("/v2/models/{name}/versions/{version}/generate", v2_generate)
     routes.add_raw("/v2/models/{name}/generate_stream", v2_generate_stream)
     routes.add_raw("/v2/models/{name}/versions/{version}/generate_stream", v2_generate_stream)
-    routes.add_raw("/v1/completions", v1_completions)
-    routes.add_raw("/v1/chat/completions", v1_chat_completions)
+    # The OpenAI routes' model is named in the body: "" (no model's name) leaves them to the app,
+    # never to the queue-full refusal from the headers (serving.http.protocol), which would look
+    # at the default model's queue.
+    routes.add_raw("/v1/completions", v1_completions, name="")
+    routes.add_raw("/v1/chat/completions", v1_chat_completions, name="")
 
 
 class ShardServeApp(FastAPI):

@@ -401,3 +401,15 @@ async def test_a_client_that_stops_reading_is_cut_off_at_the_deadline(
         scheduler = client.shardserve.model().generator.scheduler  # type: ignore[attr-defined]
         while scheduler.free_slots != 1:
             await asyncio.sleep(0.001)
+
+
+async def test_a_full_queue_of_the_default_model_leaves_the_openai_routes_to_the_app() -> None:
+    from tests.serving.http.uvicorn_server import running
+
+    async with running() as s:
+        async with s.held():  # the default model's (a batching one's) queue is full
+            seen = s.counting.http
+            answer = await s.client.post(URL, json={"model": "fake", "prompt": "a"})
+            assert s.counting.http == seen + 1  # the app answered, from the body's model
+        assert answer.status_code == 404
+        assert "does not generate text" in answer.json()["error"]["message"]
