@@ -237,6 +237,19 @@ def test_the_openai_client_completes_as_the_greedy_generate(
     assert done.choices[0].text == _v2_text(gpt2_server, "the cat", 4)["text_output"]
 
 
+def test_the_openai_client_reads_our_errors(gpt2_server: Server) -> None:
+    import openai
+
+    client = _openai(gpt2_server)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="gpt", prompt="the cat", n=2)
+    assert (bad.value.param, bad.value.type) == ("n", "invalid_request_error")
+    assert "one choice per prompt" in bad.value.message
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="nope", prompt="the cat")
+    assert missing.value.code == "model_not_found"
+
+
 def test_the_openai_client_chats_through_the_template(gpt2_server: Server) -> None:
     client = _openai(gpt2_server)
     messages = [{"role": "user", "content": "hi"}]
