@@ -24,7 +24,7 @@ from serving.generation.tokenizer import TextTokenizer
 from serving.quoting import quote
 from shards.generation.contract import GenerationInfo, Sampling
 
-__all__ = ["GenerateCall", "encode_generate", "parse_generate"]
+__all__ = ["GenerateCall", "check_ids", "encode_generate", "parse_generate", "tokenize_text"]
 
 DEFAULT_MAX_TOKENS = 16
 _PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids"})
@@ -61,9 +61,9 @@ def parse_generate(
         raise InvalidInputError("give exactly one of text_input and input_ids")
     limit = info.max_length
     if text:
-        prompt = _tokenize(request["text_input"], info, tokenizer)
+        prompt = tokenize_text(request["text_input"], info, tokenizer)
     else:
-        prompt = _ids(request["input_ids"], "input_ids", info)
+        prompt = check_ids(request["input_ids"], "input_ids", info)
         if not prompt:
             raise InvalidInputError("input_ids is empty; send at least one token id")
     if len(prompt) >= limit:
@@ -75,30 +75,37 @@ def parse_generate(
     return GenerateCall(prompt, _params(parameters, len(prompt), info), text)
 
 
-def _tokenize(
-    text: object, info: GenerationInfo, tokenizer: TextTokenizer | None
+def tokenize_text(
+    text: object,
+    info: GenerationInfo,
+    tokenizer: TextTokenizer | None,
+    field: str = "text_input",
+    ids_field: str = "input_ids",
 ) -> tuple[int, ...]:
+    """A text prompt's ids, refused (400 naming ``field``) by its size in bytes before it is
+    tokenized where it could not fit a slot."""
     if tokenizer is None:
         raise InvalidInputError(
-            "text_input: this model has no tokenizer (its preset was saved without one) and "
-            "serves token ids only; send input_ids"
+            f"{field}: this model has no tokenizer (its preset was saved without one) and "
+            f"serves token ids only; send {ids_field}"
         )
     if not isinstance(text, str):
-        raise InvalidInputError(f"text_input must be a string, got {type(text).__name__}")
+        raise InvalidInputError(f"{field} must be a string, got {type(text).__name__}")
     room = info.max_length * tokenizer.max_token_bytes
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > room:  # before tokenizing: its cost stays a small multiple of its size
         raise InvalidInputError(
-            f"text_input is {size} bytes; a slot of {info.max_length} tokens holds at most "
+            f"{field} is {size} bytes; a slot of {info.max_length} tokens holds at most "
             f"{room} bytes of text"
         )
     ids = tokenizer.encode(text)
     if not ids:
-        raise InvalidInputError("text_input is empty; send at least one character")
+        raise InvalidInputError(f"{field} is empty; send at least one character")
     return tuple(ids)
 
 
-def _ids(value: object, field: str, info: GenerationInfo) -> tuple[int, ...]:
+def check_ids(value: object, field: str, info: GenerationInfo) -> tuple[int, ...]:
+    """A list of token ids, each in the vocabulary (400 naming ``field`` and the index)."""
     if not isinstance(value, list):
         raise InvalidInputError(f"{field} must be a list of token ids")
     vocabulary = info.vocabulary_size
@@ -148,7 +155,7 @@ def _params(parameters: dict[str, Any], prompt: int, info: GenerationInfo) -> Ge
     stop_ids = (
         frozenset(info.end_token_ids)
         if stops is None
-        else frozenset(_ids(stops, "parameters.stop_token_ids", info))
+        else frozenset(check_ids(stops, "parameters.stop_token_ids", info))
     )
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     return GenerationParams(max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids)

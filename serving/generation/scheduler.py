@@ -41,7 +41,13 @@ from serving.errors import (
     ShardServeError,
 )
 from serving.generation.policy import admit_count, prefill_wait
-from serving.generation.sequence import Completion, GenerationParams, SeqState, Sequence
+from serving.generation.sequence import (
+    Completion,
+    GenerationParams,
+    SeqState,
+    Sequence,
+    TokenCallback,
+)
 from shards.errors import one_line
 from shards.generation.contract import (
     GenerationInfo,
@@ -208,17 +214,22 @@ class Scheduler:
             )
 
     async def generate(
-        self, prompt: Seq[int], params: GenerationParams, deadline: float | None = None
+        self,
+        prompt: Seq[int],
+        params: GenerationParams,
+        deadline: float | None = None,
+        on_token: TokenCallback | None = None,
     ) -> Completion:
         """Generate for ``prompt`` (checked by the caller: ids in the vocabulary, room in a
         slot) until it stops; ``deadline`` (``time.monotonic()``): past it, 504. Cancelling the
         caller (a hang-up) drops the sequence: queued, it never starts; running, its slot is
-        free at the end of the step in flight."""
+        free at the end of the step in flight. ``on_token``: told each generated id as its step
+        ends (a stream's; the policy is untouched: it only hears)."""
         if self._closing is not None:
             raise NotReadyError(self._closing)
         self.check_headroom()
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        seq = Sequence(tuple(prompt), params, self._clock(), future)
+        seq = Sequence(tuple(prompt), params, self._clock(), future, on_token=on_token)
         self._waiting.append(seq)
         future.add_done_callback(lambda _: self._left(seq))
         self._notify()
@@ -368,6 +379,8 @@ class Scheduler:
             if seq.first_token_at is None:
                 seq.first_token_at = now
             seq.last_token_at = now
+            if seq.on_token is not None and reason != "stop":  # a stop id is not handed out
+                seq.on_token(result.token_id, result.logprob)
             if reason is not None:
                 self._release(rep, group, seq)
                 seq.future.set_result(seq.completion(reason))

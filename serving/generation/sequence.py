@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shards.generation.contract import RowStep, Sampling
 
-__all__ = ["Completion", "GenerationParams", "SeqState", "Sequence"]
+__all__ = ["Completion", "GenerationParams", "SeqState", "Sequence", "TokenCallback"]
+
+# Called with each generated id (a stop id not among them) and its log-probability as the step
+# that sampled it ends: a stream hands tokens out as they come. It must not block or raise.
+TokenCallback = Callable[[int, float], None]
 
 
 class SeqState(enum.Enum):
@@ -57,6 +62,7 @@ class Sequence:
     needs_prefill: bool = True
     first_token_at: float | None = None
     last_token_at: float | None = None
+    on_token: TokenCallback | None = None
 
     @property
     def gone(self) -> bool:

@@ -19,13 +19,20 @@ from serving.http.fast import FastRequest, ModelRef
 from serving.http.model import ModelDirectory
 from serving.http.replies import Reply, error_reply, send_reply, unexpected_reply
 from serving.protocols.dataplane import Failure, GenerateWork, Work, generate, infer
+from serving.protocols.streaming import STREAMED, STREAMED_KEY
 from serving.telemetry.headers import SERVER_TIMING, client_address, trace_headers
 from serving.telemetry.stamp import Stamp
 
 if TYPE_CHECKING:
     from serving.settings.config import Settings
 
-__all__ = ["HttpGenerateWork", "HttpWork", "serve_generation", "serve_prediction"]
+__all__ = [
+    "HttpGenerateWork",
+    "HttpWork",
+    "RestTransport",
+    "serve_generation",
+    "serve_prediction",
+]
 
 # A protocol's work over HTTP: (request, model, its batcher, deadline) -> the reply
 HttpWork = Work[FastRequest, Reply]
@@ -33,7 +40,7 @@ HttpWork = Work[FastRequest, Reply]
 HttpGenerateWork = GenerateWork[FastRequest, Reply]
 
 
-class _Rest:
+class RestTransport:
     """The HTTP transport of the data plane (``dataplane.Transport``)."""
 
     __slots__ = ()
@@ -46,17 +53,26 @@ class _Rest:
     ) -> Awaitable[None]:
         # Returns ``send_reply``'s coroutine rather than awaiting it: no frame of its own.
         if isinstance(outcome, Failure):
-            if outcome.error is not None:
-                outcome = error_reply(outcome.error, request.rid)
-            elif outcome.unexpected is not None:
-                outcome = unexpected_reply(request.scope, outcome.unexpected)
-            else:  # the client went away: nobody reads it
-                outcome = (499, b"", b"text/plain", [])
+            if request.scope.get(STREAMED_KEY):  # a stream's answer has started: no other
+                if outcome.unexpected is not None:
+                    unexpected_reply(request.scope, outcome.unexpected)  # its log line
+                return _nothing()
+            outcome = self.failure_reply(request, outcome)
+        elif outcome is STREAMED:  # a stream's work sent its answer itself
+            return _nothing()
         status, body, content_type, headers = outcome
         stamp.bytes_out = len(body)
         timing = (SERVER_TIMING, stamp.server_timing().encode())
         headers = [*headers, timing] if headers else [timing]
         return send_reply(request.send, request.rid, status, body, content_type, headers)
+
+    def failure_reply(self, request: FastRequest, failure: Failure) -> Reply:
+        """A failure's answer (a protocol with errors of its own shape overrides it)."""
+        if failure.error is not None:
+            return error_reply(failure.error, request.rid)
+        if failure.unexpected is not None:
+            return unexpected_reply(request.scope, failure.unexpected)
+        return (499, b"", b"text/plain", [])  # the client went away: nobody reads it
 
     def request_id(self, request: FastRequest) -> str:
         return request.request_id
@@ -74,7 +90,11 @@ class _Rest:
         )
 
 
-_REST = _Rest()
+_REST = RestTransport()
+
+
+async def _nothing() -> None:
+    return None
 
 
 def serve_prediction(

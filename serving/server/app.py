@@ -20,8 +20,11 @@ from serving.http.replies import REQUEST_ID_KEY, request_id_from, send_with_requ
 from serving.openapi.document import Served, document
 from serving.openapi.v2_bodies import REPOSITORY_DOCS
 from serving.openapi.v2_bodies import ROUTE_DOCS as V2_ROUTE_DOCS
+from serving.protocols.openai.chat import v1_chat_completions
+from serving.protocols.openai.completions import v1_completions
+from serving.protocols.openai.models import install_model_list
 from serving.protocols.tfserving.predict import predict as predict_model
-from serving.protocols.v2.generate import v2_generate
+from serving.protocols.v2.generate import v2_generate, v2_generate_stream
 from serving.protocols.v2.http import install_v2_routes, v2_infer
 from serving.protocols.v2.http_repository import install_repository_routes
 from serving.repository.manager import Repository
@@ -68,6 +71,7 @@ def create_app(
     install_admin_routes(app, settings)
     install_rollout_routes(app, settings)
     install_v2_routes(app, V2_ROUTE_DOCS)
+    install_model_list(app)
     install_repository_routes(
         app,
         settings.admin_token,
@@ -89,6 +93,13 @@ def _install_fast_routes(routes: FastRoutes) -> None:
     routes.add_raw("/v2/models/{name}/versions/{version}/infer", v2_infer)
     routes.add_raw("/v2/models/{name}/generate", v2_generate)
     routes.add_raw("/v2/models/{name}/versions/{version}/generate", v2_generate)
+    routes.add_raw("/v2/models/{name}/generate_stream", v2_generate_stream)
+    routes.add_raw("/v2/models/{name}/versions/{version}/generate_stream", v2_generate_stream)
+    # The OpenAI routes' model is named in the body: "" (no model's name) leaves them to the app,
+    # never to the queue-full refusal from the headers (serving.http.protocol), which would look
+    # at the default model's queue.
+    routes.add_raw("/v1/completions", v1_completions, name="")
+    routes.add_raw("/v1/chat/completions", v1_chat_completions, name="")
 
 
 class ShardServeApp(FastAPI):

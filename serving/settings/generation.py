@@ -5,11 +5,17 @@ so they come from the same flags, env vars and TOML keys as every other setting.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-__all__ = ["GenerationSettings"]
+__all__ = ["GenerationSettings", "is_inline_template"]
+
+
+def is_inline_template(value: str) -> bool:
+    """A ``chat_template`` that is the template itself, not a file's path."""
+    return "{{" in value or "{%" in value
 
 
 class GenerationSettings(BaseModel):
@@ -52,6 +58,26 @@ class GenerationSettings(BaseModel):
         description="Deadline of a generate request (X-Request-Timeout-Ms may shorten): past "
         "it, 504. request_timeout_ms does not apply to it.",
     )
+
+    chat_template: str | None = Field(
+        None,
+        description="Jinja2 chat template of a generating model for POST /v1/chat/completions "
+        "(as Hugging Face's chat_template), run sandboxed: the template itself, or the path of "
+        "a file holding it. Unset = the chat route answers 400 saying how to give one.",
+    )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, value: str | None) -> str | None:
+        if value is None or is_inline_template(value):
+            return value
+        path = Path(value)
+        if not path.is_file():
+            raise ValueError(
+                f"{value[:200]!r} is neither a Jinja2 template (no '{{{{' or '{{%' in it) nor "
+                "a file"
+            )
+        return value
 
     @field_validator("prefill_timeout_ms", mode="before")
     @classmethod

@@ -1,7 +1,9 @@
 """A real ``shardserve serve --model <GPT-2 preset>`` in 2 stages on Ray (issue 39): 8 concurrent
 prompts of different lengths and max_tokens answer keras_hub's own greedy ids, through the
 generate route; text in, text out; a client that hangs up frees its slot; a stage killed
-(SIGKILL) mid-generation costs no client a token."""
+(SIGKILL) mid-generation costs no client a token. The ``openai`` client (issue 40): completions
+and chat, plain and streamed, equal to the greedy ids' text; a stream cut mid-way frees its
+slot."""
 
 from __future__ import annotations
 
@@ -11,18 +13,24 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
 import orjson
 import pytest
 
+from serving.generation.tokenizer import ByteBPETokenizer
 from tests.generation_models import Greedy
 from tests.metrics_text import metric
 from tests.serverproc import Server, running_server
 
 KV_SLOTS = 8
 LABELS = {"model": "gpt", "version": "1"}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +38,8 @@ def gpt2_server(
     tmp_path_factory: pytest.TempPathFactory, ray_address: str, gpt2_greedy: Greedy
 ) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("gpt2-server")
+    template = workdir / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
     args = [
         "--model", str(gpt2_greedy.preset),
         "--model-name", "gpt",
@@ -37,6 +47,7 @@ def gpt2_server(
         "--kv-slots", str(KV_SLOTS),
         "--ray-address", ray_address,
         "--cache-dir", str(workdir / "cache"),
+        "--chat-template", str(template),
     ]  # fmt: skip
     with running_server(args, workdir) as server:
         yield server
@@ -185,3 +196,103 @@ def test_a_stage_killed_mid_generation_costs_no_client_a_token(
         assert answer.status_code == 200, answer.text
         assert answer.json()["output_ids"] == list(ids[:n]), prompt
     assert "was lost" in gpt2_server.output()
+
+
+def _openai(server: Server) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _v2_text(server: Server, text: str, max_tokens: int) -> dict[str, Any]:
+    body = {"text_input": text, "parameters": {"max_tokens": max_tokens}}
+    answer = httpx.post(f"{server.url}/v2/models/gpt/generate", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def test_the_openai_client_completes_as_the_greedy_generate(
+    gpt2_server: Server, gpt2_greedy: Greedy
+) -> None:
+    tokenizer = ByteBPETokenizer(gpt2_greedy.preset / "assets" / "tokenizer")
+    end = 0  # <|endoftext|>: the preset's end token, a stop id of the OpenAI routes
+    # The prompt whose greedy ids run longest before an end token.
+    prompt, ids = max(
+        zip(gpt2_greedy.prompts, gpt2_greedy.generated, strict=True),
+        key=lambda p: list(p[1]).index(end) if end in p[1] else len(p[1]),
+    )
+    n = min(8, list(ids).index(end) if end in ids else len(ids))
+    want = tokenizer.decode(ids[:n])
+    client = _openai(gpt2_server)
+    done = client.completions.create(model="gpt", prompt=list(prompt), max_tokens=n, temperature=0)
+    assert done.choices[0].text == want
+    assert done.choices[0].finish_reason == "length"
+    assert done.usage is not None and done.usage.completion_tokens == n
+    chunks = client.completions.create(
+        model="gpt", prompt=list(prompt), max_tokens=n, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+    # A text prompt: the same text as the generate route's for it.
+    done = client.completions.create(model="gpt", prompt="the cat", max_tokens=4, temperature=0)
+    assert done.choices[0].text == _v2_text(gpt2_server, "the cat", 4)["text_output"]
+
+
+def test_the_openai_client_reads_our_errors(gpt2_server: Server) -> None:
+    import openai
+
+    client = _openai(gpt2_server)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="gpt", prompt="the cat", n=2)
+    assert (bad.value.param, bad.value.type) == ("n", "invalid_request_error")
+    assert "one choice per prompt" in bad.value.message
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="nope", prompt="the cat")
+    assert missing.value.code == "model_not_found"
+
+
+def test_the_openai_client_chats_through_the_template(gpt2_server: Server) -> None:
+    client = _openai(gpt2_server)
+    messages = [{"role": "user", "content": "hi"}]
+    want = _v2_text(gpt2_server, "u:hi\na:", 4)["text_output"]
+    done = client.chat.completions.create(
+        model="gpt",
+        messages=messages,
+        max_tokens=4,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert done.choices[0].message.content == want
+    chunks = client.chat.completions.create(
+        model="gpt",
+        messages=messages,
+        max_tokens=4,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+
+
+def test_a_stream_cut_mid_way_frees_its_slot(gpt2_server: Server) -> None:
+    url = urlparse(gpt2_server.url)
+    body = orjson.dumps({"model": "gpt", "prompt": [5], "max_tokens": 30, "stream": True})
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {url.hostname}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    tokens_before = metric(_metrics(gpt2_server), "shardserve_generated_tokens_total", **LABELS)
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall(head + body)
+        sock.settimeout(60)
+        seen = b""
+        while b"data: " not in seen:  # its first token has come
+            seen += sock.recv(4096)
+        assert b"text/event-stream" in seen
+    deadline = time.monotonic() + 30
+    while True:
+        text = _metrics(gpt2_server)
+        if metric(text, "shardserve_running_sequences", **LABELS) == 0:
+            break
+        assert time.monotonic() < deadline, "the slot was not freed"
+        time.sleep(0.05)
+    assert metric(text, "shardserve_free_kv_slots", **LABELS) == KV_SLOTS
+    generated = metric(text, "shardserve_generated_tokens_total", **LABELS) - tokens_before
+    assert generated < 30

@@ -30,7 +30,10 @@ canary = 50
 window_s = 3
 min_requests = 6
 promote = "auto"
+latency_factor = 1000.0
 """
+# Judged on errors and promotion: a p99 of a loaded machine (a new version's first batches on
+# shared cores) is not this test's subject; the latency rule's are tests/serving/canary's.
 
 
 def narrow_tokens() -> keras.Model:
@@ -86,7 +89,8 @@ async def test_a_failing_canary_rolls_back_and_a_good_one_is_promoted_on_its_own
         await until(lambda: state.repository.rollouts["m"].canary == "3", "version 3 the canary")
         promoted: list[httpx.Response] = []
         while state.repository.rollouts["m"].stable != "3":  # auto: after a whole window
-            assert len(promoted) < 2000, "version 3 was not promoted"
+            now = state.repository.rollouts["m"]
+            assert len(promoted) < 2000, f"version 3 was not promoted: {now.state} {now.reason}"
             promoted += await send(4)
         await until(lambda: list(state.models["m"]) == ["3"], "versions 1 and 2 unloaded")
         promoted += await send(4)

@@ -10,28 +10,36 @@ Through the one data plane (``serving.protocols.dataplane.generate``): the look-
 the work reads the body, checks it (``serving.generation.request``: a 400 naming the field),
 and awaits the version's scheduler until it answers, the client hangs up (its slot freed within
 one step) or ``generation_timeout_ms`` passes (504). ``text_output`` is there where the model
-has a tokenizer. Streaming and the OpenAI-compatible API are not served yet.
+has a tokenizer.
+
+    POST /v2/models/{m}[/versions/{v}]/generate_stream   (the same body)
+    ->  text/event-stream: data: {"model_name", "model_version", "text_output", "output_ids",
+        "finish_reason"} per batch of new tokens (``finish_reason`` null until the last),
+        data: {"error": message} for a failure after the first token
+
+streams the same objects as tokens come (``serving.protocols.streaming``), ``text_output`` each
+time the new tokens' text only (never half a UTF-8 character).
 """
 
 from __future__ import annotations
 
-import math
-import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 
+from serving.errors import InvalidInputError, ShardServeError
 from serving.generation.request import encode_generate, parse_generate
+from serving.generation.text_run import ChoiceDelta, TextRun
 from serving.http.fast import FastRequest, ModelRef
 from serving.http.model import ModelHandle, served_models
 from serving.http.replies import JSON, Reply
 from serving.protocols.rest import serve_generation
+from serving.protocols.streaming import EventSource, generation_deadline, stream_events
 
 if TYPE_CHECKING:
     from serving.generation.engine import Generator
-    from serving.settings.config import Settings
 
-__all__ = ["generation_deadline", "v2_generate"]
+__all__ = ["generation_deadline", "v2_generate", "v2_generate_stream"]
 
 
 async def v2_generate(ref: ModelRef, scope: Scope, receive: Receive, send: Send) -> None:
@@ -57,15 +65,45 @@ async def _generate(
     return 200, answer, JSON, []
 
 
-def generation_deadline(header: str | None, settings: Settings) -> float:
-    """A generation's deadline (``time.monotonic()``): ``generation_timeout_ms`` from now, or the
-    ``X-Request-Timeout-Ms`` header's if sooner (the transport has refused a malformed one)."""
-    timeout_ms = settings.generation_timeout_ms
-    if header is not None:
-        try:
-            asked = float(header)
-        except ValueError:
-            asked = math.inf
-        if 0 < asked < math.inf:
-            timeout_ms = min(timeout_ms, asked)
-    return time.monotonic() + timeout_ms / 1000.0
+async def v2_generate_stream(ref: ModelRef, scope: Scope, receive: Receive, send: Send) -> None:
+    """``POST /v2/models/{name}[/versions/{version}]/generate_stream`` (a fast route's
+    ``RawHandler``)."""
+    request = FastRequest(scope, receive, send)
+    await serve_generation(request, served_models(scope["app"]), ref, _generate_stream)
+
+
+async def _generate_stream(
+    request: FastRequest, model: ModelHandle, generator: Generator, deadline: float
+) -> Reply:
+    settings = model.settings
+    body = await request.body(settings.max_body_bytes, settings.body_read_timeout_s)
+    call = parse_generate(body, generator.info, generator.tokenizer)
+    if generator.tokenizer is None:
+        raise InvalidInputError(
+            "generate_stream streams text and this model has no tokenizer; use generate"
+        )
+    run = TextRun(
+        generator.scheduler,
+        [call.prompt],
+        call.params,
+        generator.tokenizer,
+        deadline=generation_deadline(request.timeout_ms, settings),
+    )
+    head = {"model_name": model.name, "model_version": model.version}
+
+    def chunks(deltas: list[ChoiceDelta]) -> list[object]:
+        return [
+            {
+                **head,
+                "text_output": d.text,
+                "output_ids": d.token_ids,
+                "finish_reason": d.finish_reason,
+            }
+            for d in deltas
+        ]
+
+    def error(exc: ShardServeError) -> dict[str, Any]:
+        return {"error": exc.message}
+
+    source = EventSource(chunks, error, done=False)
+    return await request.until_disconnect(stream_events(request, run, source))
