@@ -264,9 +264,12 @@ class Scheduler:
             reason = "stop" if stopped is not None and stopped() else "cancelled"
             raise
         finally:
-            tracer = active.tracer
-            if tracer is not None and seq.stamp is not None and seq.stamp.span is not None:
-                self._trace(tracer, seq, reason)
+            stamp = seq.stamp
+            if stamp is not None:
+                stamp.finish = _merged(stamp.finish, reason)
+                tracer = active.tracer
+                if tracer is not None and stamp.span is not None:
+                    self._trace(tracer, seq, reason)
 
     def _trace(self, tracer: Tracer, seq: Sequence, reason: str) -> None:
         """The sequence's span, under its request's: its time queued, its prefill, its decode
@@ -479,6 +482,19 @@ class Scheduler:
                 _fail(seq, error)
         for seq in group.seqs:
             seq.needs_prefill = True
+
+
+# How a request's sequences ended, one word for all (the access log's ``finish``): a failure
+# wins over a clean end (the others of a failed request are cancelled: the failure says why).
+_RANK = {"length": 0, "stop": 0, "done": 0, "cancelled": 1, "error": 2, "deadline": 3}
+
+
+def _merged(was: str, reason: str) -> str:
+    if not was or was == reason:
+        return reason
+    if _RANK[was] == _RANK[reason] == 0:
+        return "done"
+    return reason if _RANK[reason] > _RANK[was] else was
 
 
 async def _settled(future: asyncio.Future[None]) -> None:

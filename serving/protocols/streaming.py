@@ -170,6 +170,7 @@ def _ended(run: TextRun, how: str) -> None:
     stamp = CURRENT.get()
     if stamp is not None:
         stamp.tokens = run.completion_tokens
+        stamp.finish = how
     observer = run.observer
     if observer is not None:
         observer.observe_stream(how)
