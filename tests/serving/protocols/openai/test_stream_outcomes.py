@@ -1,21 +1,27 @@
 """Streams counted by how they ended (``shardserve_generation_streams_total{outcome}``), in
 process over the fake generation replica: the finish reason its choices share (length, stop),
-``done`` where they differ, a deadline, a failure after the first token, a hang-up."""
+``done`` where they differ, a deadline, a failure after the first token, a hang-up
+mid-stream."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from serving.errors import DeadlineExceededError, ModelInputError
 from serving.generation.tokenizer import ByteBPETokenizer
+from serving.http.fast import ModelRef
 from serving.http.replies import ClientGone
 from serving.metrics.series import STREAM_OUTCOMES
+from serving.protocols.openai.completions import v1_completions
 from serving.protocols.streaming import outcome
 from shards.generation.contract import RowResult, RowStep
+from tests.fakes import WAIT_S
 from tests.generation_fakes import FakeGenerationReplica
 from tests.metrics_text import metric
 from tests.serving.protocols.openai.test_openai_completions import (
@@ -115,3 +121,48 @@ async def test_a_stream_past_its_deadline_is_counted_as_deadline(
 def test_a_streams_outcome(failure: BaseException | None, reasons: set[str], want: str) -> None:
     assert outcome(failure, reasons) == want
     assert want in STREAM_OUTCOMES
+
+
+async def test_a_client_that_hangs_up_mid_stream_is_counted_as_cancelled(
+    tokenizer: ByteBPETokenizer,
+) -> None:
+    fake = FakeGenerationReplica(_info(kv_slots=1))
+    async with serve(fake, tokenizer, kv_slots=1) as client:
+        gate = asyncio.Event()
+        original = fake.step
+
+        async def held(rows: Sequence[RowStep]) -> list[RowResult]:
+            if rows[0].token_index >= 1:
+                await gate.wait()  # after its first token, nothing more till the hang-up
+            return await original(rows)
+
+        fake.step = held  # type: ignore[method-assign]
+        body = orjson.dumps({"prompt": [1], "max_tokens": 8, "stream": True})
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        gone, first = asyncio.Event(), asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if b"data: " in message.get("body", b""):
+                first.set()
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": URL,
+            "query_string": b"",
+            "headers": [(b"content-length", str(len(body)).encode())],
+            "app": client.app,  # type: ignore[attr-defined]
+        }
+        call = asyncio.ensure_future(v1_completions(ModelRef(None), scope, receive, send))
+        await asyncio.wait_for(first.wait(), WAIT_S)
+        gone.set()
+        await asyncio.wait_for(call, WAIT_S)
+        gate.set()
+        counts = await _counts(client)
+        assert counts["cancelled"] == 1.0 and sum(counts.values()) == 1.0
