@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from serving.errors import (
     BatchFailedError,
@@ -48,6 +48,8 @@ from serving.generation.sequence import (
     Sequence,
     TokenCallback,
 )
+from serving.telemetry import active
+from serving.telemetry.stamp import CURRENT
 from shards.errors import one_line
 from shards.generation.contract import (
     GenerationInfo,
@@ -56,6 +58,9 @@ from shards.generation.contract import (
     RowResult,
     StepFailed,
 )
+
+if TYPE_CHECKING:
+    from serving.telemetry.traces import Tracer
 
 __all__ = ["GenerationObserver", "Scheduler", "SchedulerSettings"]
 
@@ -77,6 +82,10 @@ class GenerationObserver(Protocol):
 
     def observe_tokens(self, count: int) -> None:
         """``count`` tokens were generated (answered or not)."""
+
+    def observe_stream(self, outcome: str) -> None:
+        """A stream ended: ``done``, ``length``, ``stop``, ``cancelled``, ``deadline`` or
+        ``error`` (``serving.protocols.streaming``)."""
 
 
 @dataclass(frozen=True)
@@ -219,29 +228,69 @@ class Scheduler:
         params: GenerationParams,
         deadline: float | None = None,
         on_token: TokenCallback | None = None,
+        stopped: Callable[[], bool] | None = None,
     ) -> Completion:
         """Generate for ``prompt`` (checked by the caller: ids in the vocabulary, room in a
         slot) until it stops; ``deadline`` (``time.monotonic()``): past it, 504. Cancelling the
         caller (a hang-up) drops the sequence: queued, it never starts; running, its slot is
         free at the end of the step in flight. ``on_token``: told each generated id as its step
-        ends (a stream's; the policy is untouched: it only hears)."""
+        ends (a stream's; the policy is untouched: it only hears). ``stopped``: whether a
+        cancel is its caller's stop (a stop string met), not a hang-up (its span's reason)."""
         if self._closing is not None:
             raise NotReadyError(self._closing)
         self.check_headroom()
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         seq = Sequence(tuple(prompt), params, self._clock(), future, on_token=on_token)
+        seq.stamp = CURRENT.get()
         self._waiting.append(seq)
         future.add_done_callback(lambda _: self._left(seq))
         self._notify()
-        if deadline is None:
-            return await future
+        reason = "error"
         try:
-            return await asyncio.wait_for(future, max(0.0, deadline - self._clock()))
+            if deadline is None:
+                done = await future
+            else:
+                done = await asyncio.wait_for(future, max(0.0, deadline - self._clock()))
+            reason = done.finish_reason
+            return done
         except TimeoutError:
+            reason = "deadline"
             raise DeadlineExceededError(
                 f"the generation did not end within its deadline ({len(seq.generated)} "
                 "tokens generated); ask for fewer max_tokens or raise generation_timeout_ms"
             ) from None
+        except asyncio.CancelledError:
+            # A stop string's cut (``TextRun``) cancels it too; else its client left.
+            reason = "stop" if stopped is not None and stopped() else "cancelled"
+            raise
+        finally:
+            stamp = seq.stamp
+            if stamp is not None:
+                stamp.finish = _merged(stamp.finish, reason)
+                tracer = active.tracer
+                if tracer is not None and stamp.span is not None:
+                    self._trace(tracer, seq, reason)
+
+    def _trace(self, tracer: Tracer, seq: Sequence, reason: str) -> None:
+        """The sequence's span, under its request's: its time queued, its prefill, its decode
+        steps, and why it ended."""
+        assert seq.stamp is not None
+        tracer.sequence(
+            seq.stamp,
+            arrived=seq.arrived,
+            admitted=seq.admitted_at,
+            first_token=seq.first_token_at,
+            ended=self._clock(),
+            attributes={
+                "shardserve.prompt_tokens": len(seq.prompt),
+                "shardserve.generated_tokens": len(seq.generated),
+                "shardserve.decode_steps": seq.decode_steps,
+                "shardserve.finish_reason": reason,
+                "shardserve.replica": -1 if seq.replica is None else seq.replica,
+                "shardserve.slot": -1 if seq.slot is None else seq.slot,
+            },
+            failed=reason in ("error", "deadline"),
+        )
 
     def _left(self, seq: Sequence) -> None:
         """Its future is done (answered, failed, or its client gone): a queued one leaves the
@@ -320,6 +369,7 @@ class Scheduler:
                 continue
             seq.state = SeqState.RUNNING
             seq.replica, seq.slot = rep.index, rep.free_slots.pop()
+            seq.admitted_at = self._clock()
             rep.running += 1
             group.seqs.append(seq)
             count -= 1
@@ -368,6 +418,8 @@ class Scheduler:
             if seq.gone:
                 self._release(rep, group, seq)
                 continue
+            if not seq.needs_prefill:
+                seq.decode_steps += 1
             reason = seq.add_token(result.token_id, self.info.max_length)
             if observer is not None:
                 if seq.first_token_at is None:
@@ -379,8 +431,14 @@ class Scheduler:
             if seq.first_token_at is None:
                 seq.first_token_at = now
             seq.last_token_at = now
-            if seq.on_token is not None and reason != "stop":  # a stop id is not handed out
-                seq.on_token(result.token_id, result.logprob)
+            if reason != "stop":  # a stop id is not handed out
+                stamp = seq.stamp
+                if stamp is not None:
+                    if not stamp.tokens:
+                        stamp.first_token_ms = (time.perf_counter() - stamp.started) * 1000.0
+                    stamp.tokens += 1
+                if seq.on_token is not None:
+                    seq.on_token(result.token_id, result.logprob)
             if reason is not None:
                 self._release(rep, group, seq)
                 seq.future.set_result(seq.completion(reason))
@@ -424,6 +482,19 @@ class Scheduler:
                 _fail(seq, error)
         for seq in group.seqs:
             seq.needs_prefill = True
+
+
+# How a request's sequences ended, one word for all (the access log's ``finish``): a failure
+# wins over a clean end (the others of a failed request are cancelled: the failure says why).
+_RANK = {"length": 0, "stop": 0, "done": 0, "cancelled": 1, "error": 2, "deadline": 3}
+
+
+def _merged(was: str, reason: str) -> str:
+    if not was or was == reason:
+        return reason
+    if _RANK[was] == _RANK[reason] == 0:
+        return "done"
+    return reason if _RANK[reason] > _RANK[was] else was
 
 
 async def _settled(future: asyncio.Future[None]) -> None:

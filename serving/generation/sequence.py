@@ -11,8 +11,12 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shards.generation.contract import RowStep, Sampling
+
+if TYPE_CHECKING:
+    from serving.telemetry.stamp import Stamp
 
 __all__ = ["Completion", "GenerationParams", "SeqState", "Sequence", "TokenCallback"]
 
@@ -63,6 +67,11 @@ class Sequence:
     first_token_at: float | None = None
     last_token_at: float | None = None
     on_token: TokenCallback | None = None
+    # Its request's stamp (the access log's tokens and TTFT, the span it goes under), where it
+    # came through the data plane.
+    stamp: Stamp | None = None
+    admitted_at: float | None = None  # when it took its slot
+    decode_steps: int = 0  # steps that took one of its tokens after a prefill
 
     @property
     def gone(self) -> bool:

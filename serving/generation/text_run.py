@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from serving.generation.detokenize import IncrementalText, StopCut
-from serving.generation.scheduler import Scheduler
+from serving.generation.scheduler import GenerationObserver, Scheduler
 from serving.generation.sequence import Completion, GenerationParams
 from serving.generation.tokenizer import TextTokenizer
 
@@ -81,6 +81,10 @@ class TextRun:
         return sum(c.tokens for c in self._choices)
 
     @property
+    def observer(self) -> GenerationObserver | None:
+        return self._scheduler.observer
+
+    @property
     def done(self) -> bool:
         return all(c.finished for c in self._choices)
 
@@ -92,8 +96,13 @@ class TextRun:
             def on_token(token_id: int, logprob: float, index: int = index) -> None:
                 self._queue.put_nowait((index, token_id, logprob))
 
+            def stopped(stop: StopCut = choice.stop) -> bool:
+                return stop.stopped
+
             task = asyncio.ensure_future(
-                self._scheduler.generate(choice.prompt, self._params, self.deadline, on_token)
+                self._scheduler.generate(
+                    choice.prompt, self._params, self.deadline, on_token, stopped
+                )
             )
             task.add_done_callback(partial(self._ended, index))
             choice.task = task

@@ -26,6 +26,7 @@ from shards.pipeline.health import Health
 __all__ = [
     "BACKGROUND_TASKS",
     "MODEL_LABELS",
+    "STREAM_OUTCOMES",
     "GenerationMetrics",
     "Metrics",
     "ModelMetrics",
@@ -47,6 +48,8 @@ BACKGROUND_TASKS = (
     "settle",
     "hand_over",
 )
+# How a streamed generation ended (``shardserve_generation_streams_total{outcome}``).
+STREAM_OUTCOMES = ("done", "length", "stop", "cancelled", "deadline", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -184,6 +187,14 @@ class _Families:
             "Rows (sequences) per generation step",
             labels,
             buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.streams = Counter(
+            "shardserve_generation_streams",
+            "Streamed generations by how they ended: length or stop (every choice's finish "
+            "reason), done (choices that ended for different ones), cancelled (the client "
+            "left), deadline, error",
+            [*labels, "outcome"],
             registry=r,
         )
         self.steps = Counter(
@@ -349,6 +360,7 @@ class GenerationMetrics:
         self._tokens = families.generated.labels(*key)
         self._rows = families.step_rows.labels(*key)
         self._steps = {kind: families.steps.labels(*key, kind) for kind in ("prefill", "decode")}
+        self._streams = {o: families.streams.labels(*key, o) for o in STREAM_OUTCOMES}
 
     def observe_step(self, kind: str, rows: int) -> None:
         if not self._model.removed:
@@ -366,6 +378,10 @@ class GenerationMetrics:
     def observe_tokens(self, count: int) -> None:
         if not self._model.removed:
             self._tokens.inc(count)
+
+    def observe_stream(self, outcome: str) -> None:
+        if not self._model.removed:
+            self._streams[outcome].inc()
 
 
 class Metrics:

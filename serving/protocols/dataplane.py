@@ -282,6 +282,9 @@ def _finish(
             bytes_in=bytes_in,
             bytes_out=stamp.bytes_out,
             reject=reject_reason(error, stamp.status),
+            tokens=stamp.tokens,
+            ttft_ms=stamp.first_token_ms,
+            finish=stamp.finish,
         )
 
 

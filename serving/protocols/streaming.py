@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from serving.errors import ShardServeError
+from serving.errors import DeadlineExceededError, ShardServeError
 from serving.generation.text_run import ChoiceDelta, TextRun
 from serving.http.fast import FastRequest
 from serving.http.replies import REQUEST_ID_HEADER, ClientGone, Reply, log_failure
+from serving.telemetry.stamp import CURRENT
 
 if TYPE_CHECKING:
     from serving.settings.config import Settings
@@ -40,6 +41,7 @@ __all__ = [
     "STREAMED_KEY",
     "EventSource",
     "generation_deadline",
+    "outcome",
     "stream_events",
 ]
 
@@ -86,7 +88,12 @@ async def stream_events(request: FastRequest, run: TextRun, source: EventSource)
         left = run.deadline - time.monotonic()
         write_by = asyncio.get_running_loop().time() + left + _LAST_WRITE_S
 
+    cut_off = False
+    reasons: set[str] = set()
+    failure: BaseException | None = None
+
     async def send(message: dict[str, object]) -> None:
+        nonlocal cut_off
         try:
             async with asyncio.timeout_at(write_by):
                 await request.send(message)
@@ -96,6 +103,7 @@ async def stream_events(request: FastRequest, run: TextRun, source: EventSource)
                 "cut off",
                 request.request_id,
             )
+            cut_off = True
             raise ClientGone from None
 
     try:
@@ -114,16 +122,19 @@ async def stream_events(request: FastRequest, run: TextRun, source: EventSource)
         )
         request.scope[STREAMED_KEY] = True
         while deltas is not None:
+            reasons.update(d.finish_reason for d in deltas if d.finish_reason is not None)
             body = _events(source.chunks(deltas))
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
             try:
                 deltas = await run.next()
             except ShardServeError as exc:
+                failure = exc
                 log_failure(request.request_id, exc.status_code, exc.message)
                 tail = _events([source.error(exc)])
                 break
             except Exception as exc:
+                failure = exc
                 log.error("request %s: a stream failed", request.request_id, exc_info=exc)
                 error = ShardServeError("internal server error; see the server log")
                 tail = _events([source.error(error)])
@@ -134,8 +145,35 @@ async def stream_events(request: FastRequest, run: TextRun, source: EventSource)
             tail += _DONE
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         return STREAMED
+    except BaseException as exc:
+        failure = failure or exc
+        raise
     finally:
         await run.close()
+        _ended(run, "deadline" if cut_off else outcome(failure, reasons))
+
+
+def outcome(failure: BaseException | None, reasons: set[str]) -> str:
+    """How a stream ended (``shardserve_generation_streams_total``): its choices' finish
+    reason where they share one, ``done`` where they differ; else what cut it short."""
+    if failure is None:
+        return reasons.pop() if len(reasons) == 1 else "done"
+    if isinstance(failure, DeadlineExceededError):
+        return "deadline"
+    if isinstance(failure, asyncio.CancelledError | ClientGone):
+        return "cancelled"
+    return "error"
+
+
+def _ended(run: TextRun, how: str) -> None:
+    """Count the stream, and put its tokens in its request's stamp (the access log's)."""
+    stamp = CURRENT.get()
+    if stamp is not None:
+        stamp.tokens = run.completion_tokens
+        stamp.finish = how
+    observer = run.observer
+    if observer is not None:
+        observer.observe_stream(how)
 
 
 def generation_deadline(header: str | None, settings: Settings) -> float:

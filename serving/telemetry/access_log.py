@@ -18,6 +18,11 @@ Never the body, never an error's detail beyond the one-line reason the client go
     queue_ms, compute_ms, total_ms    as in Server-Timing
     bytes_in, bytes_out               the bodies' (messages') sizes
     reject      why it was refused or failed (queue_full, too_large, invalid_input, ...), or ""
+    tokens      a generation's tokens answered (0: none, or not a generation)
+    ttft_ms     a generation's time to its first token (from the request's start; 0: none)
+    finish      how a generation ended: its finish reason (length, stop; done: its choices'
+                differ), or what cut it short (cancelled, deadline, error: a stream's failure
+                after its first token, its status 200 sent already); "" where not one
 
 The routes outside the data plane (probes, ``/metrics``, admin, 404s) get their lines from
 ``serving.http.access``.
@@ -38,7 +43,7 @@ __all__ = ["FIELDS", "AccessLog", "reject_reason", "status_reason"]
 FIELDS = (
     "time", "request_id", "trace_id", "client", "route", "protocol", "model", "version",
     "status", "rows", "batch_rows", "queue_ms", "compute_ms", "total_ms", "bytes_in",
-    "bytes_out", "reject",
+    "bytes_out", "reject", "tokens", "ttft_ms", "finish",
 )  # fmt: skip
 
 # An error's class (its name: no import of serving.errors here) -> the log's reject reason.
@@ -141,6 +146,9 @@ class AccessLog:
         bytes_in: int,
         bytes_out: int,
         reject: str,
+        tokens: int = 0,
+        ttft_ms: float = 0.0,
+        finish: str = "",
     ) -> None:
         now = time.time()
         when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
@@ -148,7 +156,7 @@ class AccessLog:
         values = (
             stamp, request_id, trace_id or "", client, route, protocol, model, version, status,
             rows, batch_rows, round(queue_ms, 3), round(compute_ms, 3), round(total_ms, 3),
-            bytes_in, bytes_out, reject,
+            bytes_in, bytes_out, reject, tokens, round(ttft_ms, 3), finish,
         )  # fmt: skip
         if self.form == "json":
             line = orjson.dumps(dict(zip(FIELDS, values, strict=True))).decode()

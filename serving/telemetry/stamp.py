@@ -34,12 +34,15 @@ class Stamp:
         "batch_rows",
         "bytes_out",
         "done",
+        "finish",
+        "first_token_ms",
         "reason",
         "rows",
         "sent",
         "span",
         "started",
         "status",
+        "tokens",
         "trace_id",
         "waited_s",
     )
@@ -55,6 +58,9 @@ class Stamp:
         self.reason = ""  # why its (first) batch closed
         self.status = 0
         self.bytes_out = 0
+        self.tokens = 0  # tokens it generated (a generation's: the access log's)
+        self.first_token_ms = 0.0  # from its start to its first generated token; 0: none
+        self.finish = ""  # how its generation ended (the access log's ``finish``)
         self.span: Any = None  # its request span, where tracing is on
         self.trace_id: str | None = None  # its trace id, where its span is sampled
 

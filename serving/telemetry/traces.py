@@ -8,6 +8,9 @@ span is made only where a member request is sampled, and is then always recorded
 (``shards.tracing.tracer_provider``). A request's span starts under the client's W3C
 ``traceparent`` (a new trace without one) and gets, when it ends, a child for its time in the
 queue (with why its batch closed), timed from the batcher's stamps (``serving.telemetry.stamp``).
+A generating request has no batch: each of its sequences gets a span under the request's
+(``sequence``: its time queued for a slot, its prefill, its decode steps, why it ended), made
+when it ends from the scheduler's instants.
 
 A client's sampled flag is honoured ``client_sampled_per_s`` times a second at most (a token
 bucket): past that, a request that asks starts a trace of the server's own, *linked* to the
@@ -149,6 +152,58 @@ class Tracer:
         if failed is not None:
             span.set_status(Status(StatusCode.ERROR, failed))
         span.end()
+
+    # --- generation
+
+    def sequence(
+        self,
+        stamp: Stamp,
+        *,
+        arrived: float,
+        admitted: float | None,
+        first_token: float | None,
+        ended: float,
+        attributes: dict[str, str | int | float | bool],
+        failed: bool,
+    ) -> None:
+        """A generated sequence's span under its request's (``time.monotonic()`` instants):
+        ``queued`` till it took a slot, ``prefill`` till its first token, ``decode`` till it
+        ended (``attributes`` say its steps and why it ended); only the phases it reached."""
+        if not stamp.span.is_recording():
+            return
+        # One offset for all its instants: converted one by one, their order could flip.
+        offset = time.time_ns() - int(time.monotonic() * 1e9)
+
+        def _ns(monotonic_s: float) -> int:
+            return offset + int(monotonic_s * 1e9)
+
+        span = self._tracer.start_span(
+            "sequence",
+            context=trace.set_span_in_context(stamp.span),
+            start_time=_ns(arrived),
+            attributes=attributes,
+        )
+        under = trace.set_span_in_context(span)
+        phases: tuple[tuple[str, float | None, float, dict[str, Any]], ...] = (
+            ("queued", arrived, admitted if admitted is not None else ended, {}),
+            ("prefill", admitted, first_token if first_token is not None else ended, {}),
+            (
+                "decode",
+                first_token,
+                ended,
+                {"shardserve.steps": attributes.get("shardserve.decode_steps", 0)},
+            ),
+        )
+        for name, start, end, extra in phases:
+            if start is None:
+                break
+            phase = self._tracer.start_span(
+                name, context=under, start_time=_ns(start), attributes=extra
+            )
+            phase.end(end_time=_ns(max(start, end)))
+        if failed:
+            span.set_status(Status(StatusCode.ERROR, str(attributes["shardserve.finish_reason"])))
+        span.end(end_time=_ns(ended))
 
     # --- batches
 

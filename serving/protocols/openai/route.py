@@ -26,6 +26,7 @@ from serving.protocols.openai.body import OpenAICall, load_object, model_ref
 from serving.protocols.openai.errors import openai_error_reply, openai_unexpected_reply
 from serving.protocols.rest import RestTransport
 from serving.protocols.streaming import generation_deadline
+from serving.telemetry.stamp import CURRENT
 
 if TYPE_CHECKING:
     from serving.generation.engine import Generator
@@ -130,6 +131,9 @@ async def collect(request: FastRequest, run: TextRun) -> list[Collected]:
                     _add(choices.setdefault(delta.index, Collected()), delta)
         finally:
             await run.close()
+            stamp = CURRENT.get()
+            if stamp is not None:  # what the client got (not what a stop string cut off)
+                stamp.tokens = run.completion_tokens
         return [choices[i] for i in sorted(choices)]
 
     return await request.until_disconnect(whole())

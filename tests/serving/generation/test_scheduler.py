@@ -34,6 +34,9 @@ class Observed:
     def observe_tokens(self, count: int) -> None:
         self.tokens += count
 
+    def observe_stream(self, outcome: str) -> None:
+        raise AssertionError("the scheduler counts no stream: the streaming route does")
+
 
 def params(max_tokens: int, **kw: object) -> GenerationParams:
     return GenerationParams(max_tokens=max_tokens, **kw)  # type: ignore[arg-type]
