@@ -19,7 +19,7 @@ are ``shards.generation.contract.GenerationReplica`` objects (a fake in the test
   client gets the same tokens). ``StepFailed``: those rows fail alone (422); the others run
   their step again.
 
-One idea past 500 lines: the queue, the groups' loops and the fault paths all move the same
+It stays one idea past 500 lines: the queue, the groups' loops and the fault paths all move the same
 sequence records between the same states and own the same slots; apart, each would reach into
 the others' records.
 """
