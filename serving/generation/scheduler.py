@@ -18,6 +18,10 @@ are ``shards.generation.contract.GenerationReplica`` objects (a fake in the test
   its prompt and what it generated so far (the draw of token t is keyed by (seed, t): the
   client gets the same tokens). ``StepFailed``: those rows fail alone (422); the others run
   their step again.
+
+It stays one idea past 500 lines: the queue, the groups' loops and the fault paths all move the same
+sequence records between the same states and own the same slots; apart, each would reach into
+the others' records.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from serving.openapi.bodies import (
 from serving.openapi.document import ADMIN_SECURITY
 from serving.quoting import quote
 from serving.settings.config import Settings, default_queue_rows
+from serving.settings.waits import MAX_WAIT_MS
 from serving.version.runner import ModelRunner, pipeline_depth
 
 if TYPE_CHECKING:
@@ -57,7 +58,6 @@ __all__ = [
 
 ADMIN_FIELDS = ("max_batch_size", "batch_timeout_ms", "max_inflight_batches", "slo_p99_ms")
 _BODY_LIMIT = 64 * 1024
-_MAX_WAIT_MS = 60_000  # Settings' own ceiling of batch_timeout_ms
 
 
 def check_token(request: Request, settings: Settings) -> None:
@@ -98,8 +98,8 @@ def _allowed(settings: Settings) -> dict[str, str]:
     request_ms = settings.request_timeout_ms
     wait = (
         f"below request_timeout_ms ({request_ms:g})"
-        if request_ms <= _MAX_WAIT_MS
-        else f"up to {_MAX_WAIT_MS}"
+        if request_ms <= MAX_WAIT_MS
+        else f"up to {MAX_WAIT_MS}"
     )
     return {
         "max_batch_size": f"an integer from 1 to {settings.max_batch_size}, the batch the "
@@ -116,7 +116,7 @@ def change_model(settings: Settings) -> type[BaseModel]:
     """The PUT body this server takes: every field optional, none unknown, each in bounds."""
     allowed = _allowed(settings)
     request_ms = settings.request_timeout_ms
-    wait_bound = {"lt": request_ms} if request_ms <= _MAX_WAIT_MS else {"le": _MAX_WAIT_MS}
+    wait_bound = {"lt": request_ms} if request_ms <= MAX_WAIT_MS else {"le": MAX_WAIT_MS}
 
     def documented(schema: dict[str, Any]) -> None:
         schema.pop("title", None)

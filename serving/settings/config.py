@@ -28,6 +28,7 @@ from serving.settings.lengths import MAX_LENGTH_LIMIT, LengthSettings
 from serving.settings.repository import RepositorySettings
 from serving.settings.sources import ConfigError, TomlSource, format_validation_error, split_csv
 from serving.settings.tls import TlsSettings
+from serving.settings.waits import parse_wait_ms
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets, parse_bytes
 
 __all__ = ["ConfigError", "Settings", "default_queue_rows", "load_settings", "padded_batch_sizes"]
@@ -374,15 +375,7 @@ class Settings(
     @field_validator("batch_timeout_ms", mode="before")
     @classmethod
     def _timeout(cls, value: Any) -> float | str:
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return "auto"
-        try:
-            ms = float(value)
-        except (TypeError, ValueError):
-            ms = float("nan")
-        if not 0 <= ms <= 60_000:
-            raise ValueError("must be a number of ms between 0 and 60000, or 'auto'")
-        return ms
+        return parse_wait_ms(value)
 
     @model_validator(mode="after")
     def _admin_token_from_file(self) -> Settings:

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from serving.settings.waits import parse_wait_ms
+
 __all__ = ["GenerationSettings", "is_inline_template"]
 
 
@@ -82,15 +84,7 @@ class GenerationSettings(BaseModel):
     @field_validator("prefill_timeout_ms", mode="before")
     @classmethod
     def _prefill_timeout(cls, value: Any) -> float | str:
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return "auto"
-        try:
-            ms = float(value)
-        except (TypeError, ValueError):
-            ms = float("nan")
-        if not 0 <= ms <= 60_000:
-            raise ValueError("must be a number of ms between 0 and 60000, or 'auto'")
-        return ms
+        return parse_wait_ms(value)
 
     @model_validator(mode="after")
     def _running_within_slots(self) -> GenerationSettings:
