@@ -97,7 +97,8 @@ class GeneratePlan:
             )
         unknown = sorted(set(self.systems) - set(SYSTEMS))
         if unknown or not self.systems:
-            raise ValueError(f"unknown system {unknown[0] if unknown else '(none)'}; of {SYSTEMS}")
+            named = repr(unknown[0]) if unknown else "(none)"
+            raise ValueError(f"unknown system {named}; of {', '.join(SYSTEMS)}")
 
     @property
     def shape(self) -> ModelShape:
@@ -159,6 +160,10 @@ def measure(
     after = scrape(base) if metrics else {}
     latency = load.latencies_s
     per_token = [lat / n for lat, n in zip(latency, load.tokens, strict=True) if n]
+    # What the arrivals asked for: a server that kept up answers it within the run.
+    offered = sum(
+        orjson.loads(bodies[i % len(bodies)])["parameters"]["max_tokens"] for i in range(load.sent)
+    )
     record: dict[str, Any] = {
         "system": system,
         "rate": rate,
@@ -169,6 +174,7 @@ def measure(
         "seconds": load.seconds,
         "tokens": sum(load.tokens),
         "tokens_per_s": sum(load.tokens) / load.seconds if load.seconds else 0.0,
+        "offered_tokens_per_s": offered / plan.duration_s,
         "latency_p50_s": percentile(latency, 50),
         "latency_p95_s": percentile(latency, 95),
         "cpu": cpu,

@@ -13,10 +13,12 @@ from bench.observe.scrape import Samples, delta
 TTFT = "shardserve_time_to_first_token_seconds"
 TPOT = "shardserve_time_per_output_token_seconds"
 STEP_ROWS = "shardserve_generation_step_rows"
+KEPT_UP = 0.9  # of the offered tokens/s: the rate was sustained
 
 # Figures of one measurement that the rounds' medians are taken of.
 FIGURES = (
     "tokens_per_s",
+    "offered_tokens_per_s",
     "ttft_p50_s",
     "ttft_p95_s",
     "tpot_p50_s",
@@ -96,6 +98,20 @@ def capacity(by_rate: dict[float, dict[str, Any]], limit_s: float) -> float | No
     return max(good) if good else None
 
 
+def kept_up(by_rate: dict[float, dict[str, Any]], share: float = KEPT_UP) -> float | None:
+    """The highest rate whose useful tokens/s reached ``share`` of what its arrivals asked for
+    (a server that falls behind answers later, past the run, and its tokens/s drops), none
+    failed; None when no rate is."""
+    good = [
+        rate
+        for rate, m in by_rate.items()
+        if m.get("offered_tokens_per_s")
+        and m["tokens_per_s"] >= share * m["offered_tokens_per_s"]
+        and not m.get("errors")
+    ]
+    return max(good) if good else None
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -115,6 +131,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         systems[name] = {
             "by_rate": by_rate,
             "capacity_rps": cap,
+            "kept_up_rps": kept_up(by_rate),
             "tokens_per_s_at_capacity": by_rate[cap]["tokens_per_s"] if cap else None,
             "best_tokens_per_s": best or None,
         }
@@ -123,6 +140,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     main, peer, one = (systems.get(k) for k in ("shardserve", "litserve", "shardserve-1group"))
     if main and peer:
         ratios["capacity_vs_litserve"] = ratio(main["capacity_rps"], peer["capacity_rps"])
+        ratios["kept_up_vs_litserve"] = ratio(main["kept_up_rps"], peer["kept_up_rps"])
         ratios["best_tokens_vs_litserve"] = ratio(
             main["best_tokens_per_s"], peer["best_tokens_per_s"]
         )
@@ -154,7 +172,7 @@ def render(results: dict[str, Any]) -> str:
         f"{plan['max_tokens']}, stop ids off, greedy; Poisson arrivals, {plan['duration_s']:g} s "
         f"per rate, medians of {plan['rounds']} round(s).",
         "",
-        "| system | req/s offered | tokens/s | TTFT p50 / p95 ms | TPOT p50 / p95 ms "
+        "| system | req/s offered | tokens/s (offered) | TTFT p50 / p95 ms | TPOT p50 / p95 ms "
         "| latency p50 / p95 ms | rows/step | failed |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -162,6 +180,7 @@ def render(results: dict[str, Any]) -> str:
         for rate, m in system["by_rate"].items():
             lines.append(
                 f"| {name} | {rate:g} | {_f(m['tokens_per_s'], 1)} "
+                f"({_f(m['offered_tokens_per_s'], 1)}) "
                 f"| {_ms(m['ttft_p50_s'])} / {_ms(m['ttft_p95_s'])} "
                 f"| {_ms(m['tpot_p50_s'])} / {_ms(m['tpot_p95_s'])} "
                 f"| {_ms(m['latency_p50_s'])} / {_ms(m['latency_p95_s'])} "
@@ -172,11 +191,13 @@ def render(results: dict[str, Any]) -> str:
         f"Capacity (highest rate with p95 TTFT <= {plan['ttft_limit_s']:g} s, none failed):",
     ]
     for name, system in summary["systems"].items():
-        cap = system["capacity_rps"]
+        cap, up = system["capacity_rps"], system["kept_up_rps"]
         lines.append(
             f"- {name}: {'below the lowest rate' if cap is None else f'{cap:g} req/s'}"
             f" ({_f(system['tokens_per_s_at_capacity'], 1)} tokens/s there; best "
-            f"{_f(system['best_tokens_per_s'], 1)} tokens/s)"
+            f"{_f(system['best_tokens_per_s'], 1)} tokens/s; highest rate kept up "
+            f"(tokens/s >= {KEPT_UP:g} x offered): "
+            f"{'none' if up is None else f'{up:g} req/s'})"
         )
     ceiling = results.get("ceiling")
     if ceiling:
@@ -187,6 +208,7 @@ def render(results: dict[str, Any]) -> str:
         )
     named = {
         "capacity_vs_litserve": "capacity, shardserve / LitServe",
+        "kept_up_vs_litserve": "highest rate kept up, shardserve / LitServe",
         "best_tokens_vs_litserve": "best tokens/s, shardserve / LitServe",
         "best_tokens_vs_one_group": "best tokens/s, K+1 groups / 1 group",
         "capacity_vs_one_group": "capacity, K+1 groups / 1 group",
