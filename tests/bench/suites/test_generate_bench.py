@@ -200,3 +200,24 @@ def test_the_table_shows_each_rate_the_capacities_and_what_ttft_means_for_each()
     assert "440.0 useful tokens/s" in table
     assert "its TTFT is its full latency" in table
     assert "shard_actors 1.50" in table
+
+
+def test_the_command_line_fills_the_plan_and_keeps_its_defaults() -> None:
+    import argparse
+
+    from bench.options import plan_from
+    from bench.suites import generate
+
+    parser = argparse.ArgumentParser()
+    generate.add_parsers(parser.add_subparsers(dest="command"))
+    argv = ["generate", "--blocks", "2", "--hidden", "64", "--rates", "1,4"]
+    args = parser.parse_args([*argv, "--duration", "5", "--rounds", "1", "--systems", "litserve"])
+    plan = plan_from(GeneratePlan, args)
+    assert (plan.blocks, plan.hidden, plan.rates, plan.duration_s, plan.rounds) == (
+        2,
+        64,
+        (1.0, 4.0),
+        5.0,
+        1,
+    )
+    assert plan.systems == ("litserve",) and plan.batch == GeneratePlan().batch
