@@ -99,6 +99,8 @@ class GeneratePlan:
             raise ValueError(
                 f"max_tokens needs 1 <= min <= max, got {self.min_tokens}..{self.max_tokens}"
             )
+        if self.stages > self.blocks:
+            raise ValueError(f"stages ({self.stages}) must be at most blocks ({self.blocks})")
         unknown = sorted(set(self.systems) - set(SYSTEMS))
         if unknown or not self.systems:
             named = repr(unknown[0]) if unknown else "(none)"
@@ -178,6 +180,7 @@ def measure(
         "statuses": load.statuses,
         "seconds": load.seconds,
         "tokens": sum(load.tokens),
+        "asked_tokens": offered,
         "tokens_per_s": sum(load.tokens) / load.seconds if load.seconds else 0.0,
         "offered_tokens_per_s": offered / plan.duration_s,
         "latency_p50_s": percentile(latency, 50),

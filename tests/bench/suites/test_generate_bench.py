@@ -25,6 +25,7 @@ from bench.suites.generate_report import (
     summarize,
 )
 from bench.systems.keras_generate import answers, pad_batch
+from tests.bench.suiterun import SuiteRun
 from tests.generation_models import TOTAL_LENGTH, Greedy
 
 
@@ -58,6 +59,8 @@ def test_a_plan_refuses_no_rates_unknown_systems_and_ranges_the_wrong_way_round(
         GeneratePlan(systems=("shardserve", "vllm"))
     with pytest.raises(ValueError, match=r"got 64\.\.16"):
         GeneratePlan(min_prompt=64, max_prompt=16)
+    with pytest.raises(ValueError, match=r"stages \(2\) must be at most blocks \(1\)"):
+        GeneratePlan(blocks=1, stages=2)
 
 
 def test_a_padded_batch_marks_exactly_the_positions_each_row_generates() -> None:
@@ -221,3 +224,19 @@ def test_the_command_line_fills_the_plan_and_keeps_its_defaults() -> None:
         1,
     )
     assert plan.systems == ("litserve",) and plan.batch == GeneratePlan().batch
+
+
+def test_generate_answers_every_request_its_max_tokens_on_each_system(
+    bench_on_session_ray: SuiteRun,
+) -> None:
+    args = ["--blocks", "2", "--hidden", "32", "--rates", "4", "--duration", "2", "--rounds", "1"]
+    args += ["--warmup", "1", "--ceiling-seconds", "1", "--max-prompt", "24", "--max-tokens", "16"]
+    results = bench_on_session_ray.run("generate", *args)
+    runs = {r["system"]: r for r in results["runs"]}
+    assert sorted(runs) == sorted(GeneratePlan().systems)
+    for run in runs.values():
+        assert run["sent"] > 0 and run["errors"] == 0, run
+        assert run["tokens"] == run["asked_tokens"]  # stop ids off: each answer is max_tokens long
+    assert runs["shardserve"]["rows_per_step"] >= 1 and runs["litserve"]["rows_per_step"] is None
+    assert results["ceiling"]["tokens_per_s"] > 0
+    assert "| shardserve-1group | 4 |" in bench_on_session_ray.table("generate")
