@@ -18,11 +18,12 @@ of ``--rates`` rising: Poisson arrivals for ``--duration`` s of prompts of ``--m
 off (the same seeded requests for every system). Reported: the medians over ``--rounds`` rounds
 of useful tokens/s (beside those the arrivals asked for), TTFT and TPOT p50/p95, the latency,
 shardserve's rows per step (``/metrics``) and the CPU per part; each system's capacity (the
-highest rate whose p95 TTFT <= ``--ttft-limit`` s) and the highest rate it kept up with; and
+highest rate whose p95 TTFT <= ``--ttft-limit`` s) and the highest rate it kept up with (no
+queueing: below); and
 keras_hub's ``generate`` alone at batch B in one process (``bench.systems.keras_generate``: the
 model's ceiling). Systems run one after the other, each on its own server.
-A round stops climbing for a system at the first rate it fell behind (useful tokens/s under
-``KEPT_UP`` of those asked for): a higher one would only take longer to drain.
+A round stops climbing for a system at the first rate it fell behind (its p95 latency past
+``QUEUEING`` x its own at the lowest rate): a higher one would only take longer to drain.
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ from bench.observe.quiet import other_benches
 from bench.observe.scrape import free_port, scrape
 from bench.options import Progress
 from bench.suites.generate_report import (
-    KEPT_UP,
     STEP_ROWS,
     TPOT,
     TTFT,
     histogram_mean,
     histogram_quantile,
     percentile,
+    queueing,
     render,
 )
 from bench.systems import ServerProcess, SystemConfig
@@ -236,12 +237,14 @@ def run_system(
         rate = max(plan.rates) * 2
         genload.run(srv.url, warm, rate, plan.warmup_s, plan.seed + 99, plan.workdir)
         for round_ in range(plan.rounds):
+            base: float | None = None  # the p95 latency at the lowest rate
             for i, rate in enumerate(sorted(plan.rates)):
                 seed = plan.seed * 1000 + round_ * 100 + i  # the same requests for every system
                 record = measure(plan, srv, system, rate, round_, seed)
                 _say(progress, record)
                 runs.append(record)
-                if record["tokens_per_s"] < KEPT_UP * record["offered_tokens_per_s"]:
+                base = base if i else record["latency_p95_s"]
+                if queueing(record["latency_p95_s"], base):
                     progress(
                         f"  [{system}] fell behind at {rate:g} req/s: no higher rate this round"
                     )

@@ -13,7 +13,7 @@ from bench.observe.scrape import Samples, delta
 TTFT = "shardserve_time_to_first_token_seconds"
 TPOT = "shardserve_time_per_output_token_seconds"
 STEP_ROWS = "shardserve_generation_step_rows"
-KEPT_UP = 0.9  # of the offered tokens/s: the rate was sustained
+QUEUEING = 3.0  # p95 latency over the lowest rate's: the system fell behind
 
 # Figures of one measurement that the rounds' medians are taken of.
 FIGURES = (
@@ -98,16 +98,25 @@ def capacity(by_rate: dict[float, dict[str, Any]], limit_s: float) -> float | No
     return max(good) if good else None
 
 
-def kept_up(by_rate: dict[float, dict[str, Any]], share: float = KEPT_UP) -> float | None:
-    """The highest rate whose useful tokens/s reached ``share`` of what its arrivals asked for
-    (a server that falls behind answers later, past the run, and its tokens/s drops), none
-    failed; None when no rate is."""
+def queueing(latency_p95_s: float | None, base_p95_s: float | None) -> bool:
+    """A system queues (falls behind) where its p95 latency passed ``QUEUEING`` x its own at the
+    lowest rate: the scale of each system's latency apart (LitServe's whole answers are slow
+    even alone), the growth is its backlog."""
+    if latency_p95_s is None or not base_p95_s:
+        return False
+    return latency_p95_s > QUEUEING * base_p95_s
+
+
+def kept_up(by_rate: dict[float, dict[str, Any]]) -> float | None:
+    """The highest rate not ``queueing`` against the lowest one, none failed; None when even
+    the lowest failed requests."""
+    if not by_rate:
+        return None
+    base = by_rate[min(by_rate)].get("latency_p95_s")
     good = [
         rate
         for rate, m in by_rate.items()
-        if m.get("offered_tokens_per_s")
-        and m["tokens_per_s"] >= share * m["offered_tokens_per_s"]
-        and not m.get("errors")
+        if not queueing(m.get("latency_p95_s"), base) and not m.get("errors")
     ]
     return max(good) if good else None
 
@@ -196,7 +205,7 @@ def render(results: dict[str, Any]) -> str:
             f"- {name}: {'below the lowest rate' if cap is None else f'{cap:g} req/s'}"
             f" ({_f(system['tokens_per_s_at_capacity'], 1)} tokens/s there; best "
             f"{_f(system['best_tokens_per_s'], 1)} tokens/s; highest rate kept up "
-            f"(tokens/s >= {KEPT_UP:g} x offered): "
+            f"(p95 latency <= {QUEUEING:g} x its own at the lowest rate): "
             f"{'none' if up is None else f'{up:g} req/s'})"
         )
     ceiling = results.get("ceiling")

@@ -21,6 +21,7 @@ from bench.suites.generate_report import (
     histogram_quantile,
     kept_up,
     percentile,
+    queueing,
     render,
     summarize,
 )
@@ -126,15 +127,16 @@ def test_the_capacity_is_the_highest_rate_within_the_ttft_bound_with_nothing_fai
     assert capacity(by_rate, 0.3) is None
 
 
-def test_a_rate_is_kept_up_where_the_tokens_answered_reach_a_share_of_those_asked() -> None:
+def test_a_rate_is_kept_up_until_the_p95_latency_triples_over_the_lowest_rates() -> None:
     by_rate = {
-        1.0: {"tokens_per_s": 95.0, "offered_tokens_per_s": 100.0, "errors": 0},
-        2.0: {"tokens_per_s": 185.0, "offered_tokens_per_s": 200.0, "errors": 0},
-        4.0: {"tokens_per_s": 250.0, "offered_tokens_per_s": 400.0, "errors": 0},  # behind
-        8.0: {"tokens_per_s": 790.0, "offered_tokens_per_s": 800.0, "errors": 2},
+        0.5: {"latency_p95_s": 6.0, "errors": 0},  # slow even alone: its own scale
+        1.0: {"latency_p95_s": 17.0, "errors": 0},
+        2.0: {"latency_p95_s": 19.0, "errors": 0},  # queueing
+        4.0: {"latency_p95_s": 5.0, "errors": 1},  # failed requests do not count
     }
-    assert kept_up(by_rate) == 2.0
-    assert kept_up(by_rate, share=0.99) is None
+    assert kept_up(by_rate) == 1.0
+    assert queueing(19.0, 6.0) and not queueing(17.0, 6.0) and not queueing(None, 6.0)
+    assert kept_up({}) is None
 
 
 def _record(system: str, rate: float, round_: int, tokens: float, p95: float) -> dict[str, Any]:
@@ -149,7 +151,7 @@ def _record(system: str, rate: float, round_: int, tokens: float, p95: float) ->
         "tpot_p50_s": 0.02,
         "tpot_p95_s": 0.05,
         "latency_p50_s": 1.0,
-        "latency_p95_s": 2.0,
+        "latency_p95_s": 2.0 if system == "shardserve" or rate < 2 else 7.0,
         "rows_per_step": None if system == "litserve" else 6.0,
         "errors": 0,
         "cpu": {"shard_actors": 1.5, "frontend": 0.2},
@@ -181,7 +183,7 @@ def test_the_summary_takes_medians_over_rounds_and_ratios_against_the_peer_and_c
     assert main["by_rate"][2.0]["ttft_p95_s"] == 2.0
     assert (main["capacity_rps"], peer["capacity_rps"]) == (2.0, 1.0)
     assert summary["ratios"]["capacity_vs_litserve"] == 2.0
-    assert (main["kept_up_rps"], peer["kept_up_rps"]) == (2.0, None)
+    assert (main["kept_up_rps"], peer["kept_up_rps"]) == (2.0, 1.0)
     assert summary["ratios"]["best_tokens_vs_litserve"] == pytest.approx(220 / 90)
     assert summary["ratios"]["shardserve_best_tokens_vs_ceiling"] == pytest.approx(0.5)
     assert "best_tokens_vs_one_group" not in summary["ratios"]  # that system was not run
@@ -197,8 +199,8 @@ def test_the_table_shows_each_rate_the_capacities_and_what_ttft_means_for_each()
     assert (
         "- shardserve: 2 req/s (220.0 tokens/s there; best 220.0 tokens/s; highest rate " in table
     )
-    assert "kept up (tokens/s >= 0.9 x offered): 2 req/s)" in table
-    assert "- litserve: 1 req/s" in table and "offered): none)" in table
+    assert "kept up (p95 latency <= 3 x its own at the lowest rate): 2 req/s)" in table
+    assert "- litserve: 1 req/s" in table and "lowest rate): 1 req/s)" in table
     assert "capacity, shardserve / LitServe: 2.00" in table
     assert "440.0 useful tokens/s" in table
     assert "its TTFT is its full latency" in table
