@@ -160,7 +160,22 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         ratios["capacity_vs_one_group"] = ratio(main["capacity_rps"], one["capacity_rps"])
     for name, system in systems.items():
         ratios[f"{name}_best_tokens_vs_ceiling"] = ratio(system["best_tokens_per_s"], ceiling)
-    return {"systems": systems, "ratios": ratios, "ceiling_tokens_per_s": ceiling}
+    at_rate: dict[float, dict[str, float | None]] = {}
+    if main and peer:  # where both ran: the same arrivals, the same requests
+        for rate in sorted(set(main["by_rate"]) & set(peer["by_rate"])):
+            m, p = main["by_rate"][rate], peer["by_rate"][rate]
+            at_rate[rate] = {
+                "ttft_p95_litserve_over_shardserve": ratio(p["ttft_p95_s"], m["ttft_p95_s"]),
+                "latency_p50_litserve_over_shardserve": ratio(
+                    p["latency_p50_s"], m["latency_p50_s"]
+                ),
+            }
+    return {
+        "systems": systems,
+        "ratios": ratios,
+        "at_rate": at_rate,
+        "ceiling_tokens_per_s": ceiling,
+    }
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -226,6 +241,12 @@ def render(results: dict[str, Any]) -> str:
     for key, value in summary["ratios"].items():
         label = named.get(key, key.replace("_", " "))
         lines.append(f"- {label}: {_f(value)}")
+    for rate, r in summary["at_rate"].items():
+        lines.append(
+            f"- at {rate:g} req/s, LitServe / shardserve: p95 TTFT "
+            f"{_f(r['ttft_p95_litserve_over_shardserve'], 1)}x, median latency "
+            f"{_f(r['latency_p50_litserve_over_shardserve'])}x"
+        )
     cpu = _cpu_lines(results)
     if cpu:
         lines += [

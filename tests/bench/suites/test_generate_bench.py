@@ -187,6 +187,7 @@ def test_the_summary_takes_medians_over_rounds_and_ratios_against_the_peer_and_c
     assert summary["ratios"]["best_tokens_vs_litserve"] == pytest.approx(220 / 90)
     assert summary["ratios"]["shardserve_best_tokens_vs_ceiling"] == pytest.approx(0.5)
     assert "best_tokens_vs_one_group" not in summary["ratios"]  # that system was not run
+    assert summary["at_rate"][2.0]["ttft_p95_litserve_over_shardserve"] == pytest.approx(1.5)
 
 
 def test_the_table_shows_each_rate_the_capacities_and_what_ttft_means_for_each() -> None:
@@ -204,6 +205,7 @@ def test_the_table_shows_each_rate_the_capacities_and_what_ttft_means_for_each()
     assert "capacity, shardserve / LitServe: 2.00" in table
     assert "440.0 useful tokens/s" in table
     assert "its TTFT is its full latency" in table
+    assert "- at 2 req/s, LitServe / shardserve: p95 TTFT 1.5x, median latency 1.00x" in table
     assert "shard_actors 1.50" in table
 
 
