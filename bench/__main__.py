@@ -19,6 +19,7 @@ Examples::
     python -m bench elastic --quick                          # replicas follow a load step
     python -m bench split                                    # tables split across devices
     python -m bench soak                                     # front-end RSS, 10 min of load
+    python -m bench generate --blocks 2 --hidden 64 --rounds 1 --duration 5   # generation, quick
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from bench.suites import (
     datapath,
     elastic,
     frontcpu,
+    generate,
     looplag,
     memory,
     overload,
@@ -64,6 +66,7 @@ SUITES = (
     elastic,
     split,
     soak,
+    generate,
 )
 
 

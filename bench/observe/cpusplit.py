@@ -105,10 +105,10 @@ def _cpu(proc: psutil.Process) -> float:
 
 
 def _part(cmdline: list[str]) -> str:
-    """The part a child of the server counts in: the model's workers (a shard actor, a Ray
-    Serve replica, or a process of no Ray: LitServe's workers), else the rest of Ray."""
+    """The part a child of the server counts in: the model's workers (a shard actor, a
+    generation stage, a Ray Serve replica, or a process of no Ray: LitServe's workers), else the rest of Ray."""
     first = cmdline[0] if cmdline else ""
-    if first.startswith(("ray::ShardActor", "ray::ServeReplica")):
+    if first.startswith(("ray::ShardActor", "ray::GenerationStage", "ray::ServeReplica")):
         return "shard_actors"
     if "ray" in " ".join(cmdline[:3]).lower():
         return "ray_other"

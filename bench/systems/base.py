@@ -61,11 +61,14 @@ class ServerStartError(RuntimeError):
 
 
 class ServerProcess:
-    """``with ServerProcess(spec, port, body) as server:`` -- ready once a real predict answers 200."""
+    """``with ServerProcess(spec, port, body) as server:`` -- ready once a real predict answers
+    200 (``path``: the route posted to, ``/predict`` unless given)."""
 
-    def __init__(self, spec: LaunchSpec, port: int, body: bytes, log_path: Path) -> None:
+    def __init__(
+        self, spec: LaunchSpec, port: int, body: bytes, log_path: Path, path: str = "/predict"
+    ) -> None:
         self.spec = spec
-        self.url = f"http://127.0.0.1:{port}/predict"
+        self.url = f"http://127.0.0.1:{port}{path}"
         self._body = body
         self._log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
