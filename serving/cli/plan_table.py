@@ -89,6 +89,14 @@ def split_lines(stages: Sequence[StageSpec]) -> list[str]:
         assert part is not None
         unit = "rows (vocabulary ranges)" if part.how == "rows" else "output units"
         where = ", ".join(s.name for s in specs)
+        if part.how == "pair":
+            lines.append(
+                f"{part.layer} ({part.kind}) and the Dense it feeds are larger than one device: "
+                f"paired, split by the hidden units into {part.parts} parts on stages {where}, "
+                "run side by side, each keeping its slice of the hidden activation; the next "
+                "stage sums their partial products (the driver, for a model output)"
+            )
+            continue
         if part.use is not None:
             lines.append(
                 f"{part.layer} ({part.kind}) {part.use}: the same rows held again, in "

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from shards.bundle.fingerprint import built_with
 from shards.errors import BundleError, ShardsError
 from shards.signature import ModelSignature, TensorSpec
-from shards.split import DriverCombine, StagePart, pipeline_depth
+from shards.split import DriverCombine, StagePart, pipeline_depth, places
 
 if TYPE_CHECKING:
     import keras
@@ -195,6 +195,11 @@ class Manifest:
         side and count once (``shards.split.pipeline_depth``). Every consumer reads this one
         count: the pipeline's in-flight window, the server's batcher limits and queue sizes."""
         return pipeline_depth([s.part for s in self.stages])
+
+    @property
+    def places(self) -> list[int]:
+        """Each stage's place in the pipeline (``shards.split.places``)."""
+        return places([s.part for s in self.stages])
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:

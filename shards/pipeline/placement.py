@@ -78,7 +78,7 @@ def per_stage_resources(
     """``--stage-resources`` per stage: given one per stage (each part of a split layer its
     own, to put the parts on different nodes), or one per place in the pipeline (a split
     layer's parts each asking their place's entry), as the user counts stages before a cut."""
-    places = [s.name.split(".")[0] for s in manifest.stages]
+    places = manifest.places
     order = list(dict.fromkeys(places))
     if not given or len(given) == len(manifest.stages):
         return given

@@ -50,7 +50,7 @@ from shards.split.combine import (
     join_bytes,
     join_row_bytes,
 )
-from shards.split.parts import StagePart, pipeline_depth, place_labels
+from shards.split.parts import StagePart, pipeline_depth, place_labels, places
 
 if TYPE_CHECKING:
     from shards.split.layers import KernelColumns, PairedSlices, SplitCombine, TableRows
@@ -125,6 +125,7 @@ __all__ = [
     "parts_needed",
     "pipeline_depth",
     "place_labels",
+    "places",
     "refuse",
     "register_layers",
     "split_model",

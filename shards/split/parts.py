@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StagePart", "pipeline_depth", "place_labels"]
+__all__ = ["StagePart", "pipeline_depth", "place_labels", "places"]
 
 
 @dataclass(frozen=True)
@@ -47,26 +47,33 @@ class StagePart:
         )
 
 
-def place_labels(parts: Sequence[StagePart | None]) -> list[str]:
+def places(parts: Sequence[StagePart | None]) -> list[int]:
     """Each stage's place in the pipeline, stages in order (``parts[i]``: the part stage i holds,
-    None for a stage that is no part): parts of one group side by side ("3.0", "3.1"), every
-    other stage a number of its own."""
-    labels: list[str] = []
+    None for a stage that is no part): the parts of one group share a place, every other stage
+    has one of its own."""
+    found: list[int] = []
     step = 0
     group: dict[str, int] = {}
     for part in parts:
         if part is None:
-            labels.append(str(step))
+            found.append(step)
             step += 1
             continue
         if part.group not in group:
             group[part.group] = step
             step += 1
-        labels.append(f"{group[part.group]}.{part.part}")
-    return labels
+        found.append(group[part.group])
+    return found
+
+
+def place_labels(parts: Sequence[StagePart | None]) -> list[str]:
+    """Each stage's label: its place, and for a part its index ("3.0", "3.1")."""
+    return [
+        str(at) if part is None else f"{at}.{part.part}"
+        for at, part in zip(places(parts), parts, strict=True)
+    ]
 
 
 def pipeline_depth(parts: Sequence[StagePart | None]) -> int:
-    """Places one after the other (``place_labels``): the parts of one group count once."""
-    groups = {part.group for part in parts if part is not None}
-    return sum(1 for part in parts if part is None) + len(groups)
+    """Places one after the other (``places``): the parts of one group count once."""
+    return len(set(places(parts)))

@@ -134,9 +134,9 @@ def _paired_parts(first: Any, second: Any, split: Split) -> list[keras.layers.La
         part.build(None)
         part.kernel_in.assign(kernel_in)
         part.kernel_out.assign(kernel_out)
-        if first.bias is not None:
+        if part.bias_in is not None:
             part.bias_in.assign(_slice(first.bias, 0, a, b))
-        if with_bias_out:
+        if part.bias_out is not None:
             part.bias_out.assign(keras.ops.convert_to_numpy(second.bias))
         layers.append(part)
     return layers

@@ -25,7 +25,10 @@ from shards.pipeline.replica_set import ReplicaSet
 from tests.shards.partition.test_layer_split import (
     BUDGET,
     gpt2_inputs,
+    mlp,
+    mlp_inputs,
     partition_gpt2,
+    partition_mlp,
     recommender_inputs,
     tiny_gpt2,
     whole,
@@ -69,6 +72,41 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
                 await asyncio.sleep(0.5)
         np.testing.assert_array_equal(out["scores"], want)
         (after,) = [i for i in await group.describe() if i["stage"] == "0.1"]
+        assert after["pid"] != part["pid"]
+    finally:
+        await group.close()
+
+
+@pytest.mark.asyncio
+async def test_a_paired_mlp_serves_in_two_places_and_a_killed_part_actor_recovers(
+    ray_address: str, tmp_path: Path
+) -> None:
+    # fc1 -> fc2, each too large for a device, paired (issue 42): three part actors side by
+    # side, each holding a third of both layers and sending only its partial sum, then the head.
+    model, inputs = mlp(), mlp_inputs()
+    manifest = partition_mlp(model, tmp_path / "b")
+    assert [s.name for s in manifest.stages] == ["0.0", "0.1", "0.2", "1"]
+    want = whole(model, inputs)
+    options = PipelineOptions(replicas=1, batch_sizes=(5,), cpus_per_shard=0.5)
+    group = await ReplicaSet.create(tmp_path / "b", options)
+    try:
+        assert (group.num_stages, group.pipeline_depth) == (4, 2)
+        outs = await asyncio.gather(*(group.run(inputs) for _ in range(3)))
+        for out in outs:
+            # The partial products' sum reorders fc2's additions: 1e-5 relative.
+            np.testing.assert_allclose(out["head"], want, rtol=1e-5, atol=1e-7)
+        (part,) = [i for i in await group.describe() if i["stage"] == "0.2"]
+        os.kill(part["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                out = await group.run(inputs)
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the paired replica never came back"
+                await asyncio.sleep(0.5)
+        np.testing.assert_allclose(out["head"], want, rtol=1e-5, atol=1e-7)
+        (after,) = [i for i in await group.describe() if i["stage"] == "0.2"]
         assert after["pid"] != part["pid"]
     finally:
         await group.close()
