@@ -51,7 +51,6 @@ from serving.errors import ShardServeError
 from serving.http.admission import queue_full_message
 from serving.http.body_deadline import Deadlines
 from serving.http.fast import DISCONNECT_KEY, FastRoutes
-from serving.http.model import ModelDirectory
 from serving.http.replies import request_id_from
 from serving.telemetry import active
 from serving.telemetry.headers import server_timing_of
@@ -345,7 +344,7 @@ class _Refuser:
         started = time.perf_counter()
         if scope["method"] != "POST":
             return None
-        models: ModelDirectory | None = getattr(self.app.state, "shardserve", None)
+        models = getattr(self.app.state, "shardserve", None)  # the routes' ModelDirectory
         if models is None or not self.app.answers_fast_routes:
             return None
         hit = self.app.fast_routes.match_scope(scope)

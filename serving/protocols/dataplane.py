@@ -35,8 +35,8 @@ from serving.errors import (
     ShardServeError,
 )
 from serving.http.admission import check_headroom, check_length
-from serving.http.model import ModelDirectory, ModelHandle, RequestMetrics
 from serving.http.replies import ClientGone, log_failure
+from serving.protocols.contract import ModelDirectory, ModelHandle, RequestMetrics
 from serving.settings.lengths import served_max_length
 from serving.telemetry import active
 from serving.telemetry.access_log import reject_reason

@@ -48,7 +48,7 @@ from serving.telemetry.headers import server_timing_of
 from serving.telemetry.stamp import Stamp
 
 if TYPE_CHECKING:
-    from serving.http.model import ModelHandle
+    from serving.protocols.contract import ModelHandle
     from serving.settings.config import Settings
 
 __all__ = [

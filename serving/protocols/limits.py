@@ -36,7 +36,7 @@ from shards.signature import ModelSignature, TensorSpec
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
-    from serving.http.model import ModelHandle
+    from serving.protocols.contract import ModelHandle
 
 __all__ = ["DEFAULT_LIMITS", "RequestLimits", "request_limits"]
 

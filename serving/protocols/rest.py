@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from serving.http.admission import declared_length, request_deadline
 from serving.http.fast import FastRequest, ModelRef
-from serving.http.model import ModelDirectory
 from serving.http.replies import Reply, error_reply, send_reply, unexpected_reply
+from serving.protocols.contract import ModelDirectory
 from serving.protocols.dataplane import Failure, GenerateWork, Work, generate, infer
 from serving.protocols.streaming import STREAMED, STREAMED_KEY
 from serving.telemetry.headers import SERVER_TIMING, client_address, trace_headers

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from starlette.types import Receive, Scope, Send
 
 from serving.http.fast import FastRequest, ModelRef
-from serving.http.model import ModelHandle, served_models
 from serving.http.replies import JSON, Reply
+from serving.protocols.contract import ModelHandle, served_models
 from serving.protocols.dataplane import check_sequence_length
 from serving.protocols.limits import request_limits
 from serving.protocols.ragged import submit_rows

@@ -33,7 +33,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from serving.errors import InvalidInputError, ShardServeError
-from serving.http.model import ModelDirectory, ModelHandle
+from serving.protocols.contract import ModelDirectory, ModelHandle
 from serving.protocols.dataplane import check_sequence_length, count_refused, infer
 from serving.protocols.grpc_call import (
     Context,

@@ -11,7 +11,7 @@
 
 The infer body's layout is ``serving.protocols.v2.infer_body``'s; the routes' OpenAPI
 documentation and response models are ``serving.openapi.v2_bodies``', handed in by the server.
-Every route finds its model by name (``serving.http.model``).
+Every route finds its model by name (``serving.protocols.contract``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from starlette.types import Receive, Scope, Send
 
 from serving.errors import InvalidInputError
 from serving.http.fast import FastRequest, ModelRef, RawAnswer
-from serving.http.model import ModelHandle, served_models
 from serving.http.replies import Reply
+from serving.protocols.contract import ModelHandle, served_models
 from serving.protocols.dataplane import check_sequence_length
 from serving.protocols.limits import request_limits
 from serving.protocols.rest import serve_prediction
