@@ -18,8 +18,7 @@ if TYPE_CHECKING:
     from serving.settings.config import Settings
     from serving.version.admitted import Admitted
     from serving.version.condition import Condition
-    from serving.version.life import VersionState
-    from serving.version.readiness import IndexState
+    from serving.version.life import IndexState, VersionState
     from shards.signature import ModelSignature
 
 __all__ = [

@@ -13,7 +13,7 @@ from serving.version.readiness import version_state
 if TYPE_CHECKING:
     from serving.protocols.contract import IndexEntry
     from serving.repository.registry import Registry
-    from serving.version.readiness import IndexState
+    from serving.version.life import IndexState
 
 __all__ = ["UNLOADED", "index_entries"]
 

@@ -16,13 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from serving.batching.dispatch import SHUTTING_DOWN
-from serving.version.life import LOADING_STATES, VersionState
+from serving.version.life import LOADING_STATES, IndexState, VersionState
 from serving.version.served import ServedModel
 
-__all__ = ["NO_VERSION", "IndexState", "Readiness", "readiness", "version_state"]
+__all__ = ["NO_VERSION", "Readiness", "readiness", "version_state"]
 
-# A version's state in the repository index (Triton's strings).
-IndexState = Literal["READY", "LOADING", "UNAVAILABLE"]
 Status = Literal["ready", "loading", "failed", "shutting down", "unavailable"]
 NO_VERSION = "no model version is served"
 

@@ -23,10 +23,13 @@ from starlette.convertors import Convertor, register_url_convertor
 
 from serving.errors import NotReadyError
 from serving.http.fast import ModelRef, RawAnswer, RawHandler
+from serving.protocols.contract import ModelHandle
 from serving.protocols.tfserving.status import tfserving_status
 
 if TYPE_CHECKING:
-    from serving.version.served import ServedModel
+    from serving.batching.settings import BatchSettings
+    from shards.pipeline.health import Health
+    from shards.signature import ModelSignature
 
 __all__ = ["ROUTE_KINDS", "RouteDocs", "install_tfserving_routes", "version_status"]
 
@@ -54,6 +57,32 @@ register_url_convertor("model_status", _Segment())
 
 # The three ways a path names a version: (path suffix, its ModelRef's fields).
 _SELECTORS = ("", "/versions/{version:model_status}", "/labels/{label:model_status}")
+
+
+class _Runner(Protocol):
+    """What the metadata route reads of a version's runner (``serving.version.runner``)."""
+
+    @property
+    def signature(self) -> ModelSignature: ...
+
+    @property
+    def num_stages(self) -> int: ...
+
+    @property
+    def replicas(self) -> int: ...
+
+
+class ServedModel(ModelHandle, Protocol):
+    """A served version as these routes read it (``serving.version.served.ServedModel``, a
+    Protocol: the protocols import nothing of a version's runner, Ray or TensorFlow)."""
+
+    @property
+    def runner(self) -> _Runner | None: ...
+
+    @property
+    def batch_settings(self) -> BatchSettings | None: ...
+
+    def health(self) -> Health | None: ...
 
 
 class _Served(Protocol):
