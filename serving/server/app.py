@@ -24,6 +24,7 @@ from serving.openapi.v2_bodies import ROUTE_DOCS as V2_ROUTE_DOCS
 from serving.protocols.openai.chat import v1_chat_completions
 from serving.protocols.openai.completions import v1_completions
 from serving.protocols.openai.models import install_model_list
+from serving.protocols.rest import refuse_from_headers
 from serving.protocols.tfserving.http import install_tfserving_routes
 from serving.protocols.tfserving.predict import predict as predict_model
 from serving.protocols.v2.generate import v2_generate, v2_generate_stream
@@ -101,6 +102,8 @@ def _install_fast_routes(routes: FastRoutes) -> None:
     # at the default model's queue.
     routes.add_raw("/v1/completions", v1_completions, name="")
     routes.add_raw("/v1/chat/completions", v1_chat_completions, name="")
+    # A full queue refused from the headers, inside uvicorn's protocol (serving.http.protocol).
+    routes.refuse_from_headers = refuse_from_headers
 
 
 class ShardServeApp(FastAPI):
