@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from serving.canary.judge import judge
 from serving.canary.split import CanarySplit, RandomSplit
@@ -37,8 +37,7 @@ from serving.telemetry import active
 
 if TYPE_CHECKING:
     from serving.canary.config import TrafficConfig
-    from serving.metrics.series import Metrics
-    from serving.version.served import ServedModel
+    from serving.metrics.series import Metrics, ModelMetrics
 
 __all__ = ["Rollout", "RolloutState", "Rollouts"]
 
@@ -243,13 +242,30 @@ class Rollout:
             self.windows = {v: self._window() for v in self.windows}
 
 
+class ServedVersion(Protocol):
+    """A served version as the rollouts read it (``serving.version.served.ServedModel``; a
+    Protocol, so that the canary imports nothing of a version's runner, Ray or TensorFlow)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def metrics(self) -> ModelMetrics: ...
+
+    @property
+    def serving(self) -> bool: ...
+
+
 class Rollouts:
     """A ``Rollout`` per model whose plan has ``traffic``, its roles kept in step with the
     versions served (``models``: the registry's versions by name, read only)."""
 
     def __init__(
         self,
-        models: Mapping[str, Mapping[str, ServedModel]],
+        models: Mapping[str, Mapping[str, ServedVersion]],
         metrics: Metrics,
         on_change: Callable[[str], None],
     ) -> None:
@@ -274,7 +290,7 @@ class Rollouts:
         rollout = self._rollouts.get(name)
         return None if rollout is None else rollout.split
 
-    def listen(self, model: ServedModel) -> None:
+    def listen(self, model: ServedVersion) -> None:
         """The answers the server chose it for reach the model's rollout, if it has one (now
         or later)."""
         rollouts, name, version = self._rollouts, model.name, model.version
@@ -383,5 +399,5 @@ class Rollouts:
                 self._failures.succeeded(rollout.name, what)
 
 
-def _ready(model: ServedModel) -> bool:
+def _ready(model: ServedVersion) -> bool:
     return model.serving

@@ -17,7 +17,7 @@ from serving.version.readiness import readiness
 from serving.version.stop_budget import StopBudget
 
 if TYPE_CHECKING:
-    from serving.http.model import RepositoryControl
+    from serving.protocols.contract import RepositoryControl
     from serving.version.served import ServedModel
 
 __all__ = ["NO_MODEL", "SHUTTING_DOWN", "ServerState"]
@@ -25,8 +25,8 @@ __all__ = ["NO_MODEL", "SHUTTING_DOWN", "ServerState"]
 
 @dataclass
 class ServerState(Registry):
-    # The repository API's control (``serving.http.model.RepositoryControl``), for the routes
-    # that look it up here: set by the lifespan.
+    # The repository API's control (``serving.protocols.contract.RepositoryControl``), for the
+    # routes that look it up here: set by the lifespan.
     repository: RepositoryControl | None = None
     # Set when the server starts stopping: every phase of the stop shares this one deadline.
     stop_budget: StopBudget | None = None
@@ -70,7 +70,7 @@ class ServerState(Registry):
 
 
 if TYPE_CHECKING:
-    from serving.http.model import ModelDirectory, ModelHandle
+    from serving.protocols.contract import ModelDirectory, ModelHandle
 
     def _what_the_routes_see(state: ServerState) -> tuple[ModelDirectory, ModelHandle]:
         # For mypy only: the state is the routes' directory, each of its models a handle.

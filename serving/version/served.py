@@ -23,11 +23,11 @@ import numpy as np
 from serving.batching.batcher import Batcher, BatchSettings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.generation.engine import Generator
-from serving.http.admission import Admitted
 from serving.metrics.series import Metrics, ModelMetrics
 from serving.settings.config import ConfigError, Settings
 from serving.settings.lengths import served_max_length
 from serving.supervisor import supervise
+from serving.version.admitted import Admitted
 from serving.version.collector import freeze_heap
 from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
