@@ -52,8 +52,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from serving.batching.dispatch import SHUTTING_DOWN
 from serving.canary.controller import Rollouts
 from serving.canary.split import CanarySplit
+from serving.elastic.count import inherited_settings
+from serving.elastic.limits import apply_limits
 from serving.elastic.steps import observe, run_step, scale_step, stop_scaling
 from serving.repository.index import UNLOADED
 from serving.repository.labels import Labels
@@ -72,7 +75,7 @@ from serving.version.readiness import version_state
 from serving.version.runner import RunnerFactory
 from serving.version.served import ServedModel
 
-__all__ = ["RETRIED", "THROUGH_API", "TICK_S", "Reconciler"]
+__all__ = ["RETRIED", "THROUGH_API", "TICK_S", "Reconciler", "refuse_all"]
 
 log = logging.getLogger("shardserve")
 
@@ -165,6 +168,8 @@ class Reconciler:
     async def tick(self) -> None:
         """Judge the canaries, take each model's next step, then each READY version's scale
         step."""
+        if not self.state.accepting:
+            refuse_all(self.state)
         self.rollouts.check()
         for name in sorted(set(self.plans) | set(self.state.models)):
             key = ("reconcile", name)
@@ -198,6 +203,7 @@ class Reconciler:
                     self._failures.failed(key, what, exc)
                     continue
                 self._failures.succeeded(key, what)
+                apply_limits(model)  # the replicas that serve now, a source of its limits
                 if step is not None:
                     run_step(model, step)
 
@@ -280,8 +286,12 @@ class Reconciler:
     def _load(self, name: str, version: int, plan: ModelPlan) -> None:
         found = plan.versions[version]
         assert found.settings is not None  # selected versions have their settings
-        model = ServedModel(name, found.settings, self.state.metrics, version=str(version))
+        # A version switch keeps the capacity: it starts at the count its model serves with.
+        settings = inherited_settings(found.settings, self.state.models.get(name, {}).values())
+        model = ServedModel(name, settings, self.state.metrics, version=str(version))
         self.state.add_model(model)
+        if not self.state.accepting:  # the server stops: it refuses from the start
+            model.stop_accepting(SHUTTING_DOWN)
         widen_queues(self.state.models[name].values(), model)  # while it loads
         # and its own from its first request until what it replaces has drained (its settle)
         model.before_ready = widen_queue
@@ -483,6 +493,14 @@ class Reconciler:
                 raise
         else:
             self._failures.succeeded(key, what)
+
+
+def refuse_all(state: Registry) -> None:
+    """The server stops: every version it serves refuses new requests from now on (503,
+    shutting down) and answers what it holds; the server's stop (``ServerState.begin_stop``)
+    takes this step at once, and each tick takes it again while the server stops."""
+    for model in state.served():
+        model.stop_accepting(SHUTTING_DOWN)
 
 
 def _refusal(model: ServedModel, reason: str) -> str:
