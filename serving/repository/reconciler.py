@@ -122,7 +122,9 @@ class Reconciler:
         self._ops: dict[Op, asyncio.Task[None]] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._labels = Labels(state)
-        self.rollouts = Rollouts(state.models, state.metrics, self._roles_changed)
+        self.rollouts = Rollouts(
+            state.models, state.metrics, self._roles_changed, self._canary_step
+        )
         self.rolling = Rolling(state, self.hand_over_now, self._drain)
         self._wake = asyncio.Event()
         self._observed: dict[ServedModel, float] = {}  # a version's last scale sample
@@ -393,6 +395,12 @@ class Reconciler:
         started = [self._start_retire(m, why_retired(plan, m.version)) for m in retiring]
         self._set_labels(name)
         return started
+
+    def _canary_step(self, name: str) -> None:
+        """A canary's answers made its judge due: the reconciler's canary step (judge; promote
+        or roll back; the labels follow, ``_roles_changed``), taken at once, so that a canary
+        that fails is rolled back on the answer that tipped it (not one request later)."""
+        self.rollouts.check_one(name)
 
     def _roles_changed(self, name: str) -> None:
         """A canary's verdict or an admin's move: the labels follow at once; the next tick
