@@ -34,10 +34,18 @@ most every minute, not a traceback a second per model.
 
 The scale step, per READY version, at most every ``SCALE_PERIOD_S``: the version is observed
 (``serving.elastic.steps.observe``: the batcher sampled, the pure policy asked for its desired
-count) and its next step taken, one replica added or removed
-(``serving.elastic.steps.scale_step``, run as a task of its own: an add may wait minutes for a
-node while the ticks go on; the elastic part keeps its own limits on what runs at once). A version
-that retires, and every version at the stop, has its steps under way cancelled.
+count), its batching limits applied (``serving.elastic.limits.apply_limits``: the operator's,
+the replicas that serve, a switch's widening, combined) and its next step taken, one replica
+added or removed (``serving.elastic.steps.scale_step``, run as a task of its own: an add may wait
+minutes for a node while the ticks go on; the elastic part keeps its own limits on what runs at
+once). A version that retires, and every version at the stop, has its steps under way cancelled.
+The canary step judges a model's canary, promotes or rolls it back and moves its labels, on each
+tick and at once when a canary's answers make its judge due. The stop step (``refuse_all``): once
+the server stops, every version refuses new requests.
+
+It is one idea over 500 lines: the desired state against what runs, and each step the loop takes
+toward it; the steps' own rules live in the modules they call (the switch, the elastic steps, the
+canary's controller).
 """
 
 from __future__ import annotations
