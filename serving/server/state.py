@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from serving.batching.dispatch import SHUTTING_DOWN
 from serving.http.body_deadline import body_deadlines
+from serving.repository.reconciler import refuse_all
 from serving.repository.registry import NO_MODEL, Registry
 from serving.version.readiness import readiness
 from serving.version.stop_budget import StopBudget
@@ -44,10 +45,9 @@ class ServerState(Registry):
     def begin_stop(self) -> StopBudget:
         """Refuse new requests from now on; the stop's budget (``stop_timeout_s``), started by
         the first caller and shared by the later ones."""
-        for model in self.served():
-            model.stop_accepting(SHUTTING_DOWN)
         if self.stop_budget is None:
             self.stop_budget = StopBudget.start(self.settings.stop_timeout_s)
+        refuse_all(self)  # the reconciler's stop step, at once
         return self.stop_budget
 
     async def drain(self, budget: StopBudget) -> None:
