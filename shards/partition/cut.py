@@ -54,7 +54,7 @@ def _sha256_model(model: keras.Model) -> str:
         step = max(1, _HASH_BLOCK // row)
         for start in range(0, shape[0], step):
             block = keras.ops.convert_to_numpy(value[start : start + step])
-            digest.update(memoryview(np.ascontiguousarray(block)).cast("B"))
+            digest.update(np.ascontiguousarray(block).tobytes())
     return digest.hexdigest()
 
 
