@@ -8,17 +8,28 @@ cannot be one stage; it is split instead, and this package is everything about t
   ``ReversibleEmbedding`` and the token table of its ``TokenAndPositionEmbedding`` split by
   *rows* (each part a vocabulary range); ``Dense`` and ``EinsumDense`` split by *columns*
   (output units); a tied table's logits (``ReversibleEmbedding(..., reverse=True)``) split at
-  the same rows as its lookups, each part its columns of the logits. Any other kind too large is
-  refused by name, with its size, the budget and the kinds that can be split.
+  the same rows as its lookups, each part its columns of the logits. Two ``Dense`` layers both
+  too large, the first feeding the second through elementwise layers only (an activation,
+  dropout), are a *pair* (``find_pairs``; Megatron's column- then row-parallel layers): part k
+  holds the first's output units and the second's input units ``[a, b)``, keeps its slice of the
+  hidden activation, and sends only its partial product of the second's output; the combine
+  sums them (the second bias held by part 0 alone, so added once) and applies the second's
+  activation. The sum reorders the second layer's additions: equal to 1e-5 relative. Any other
+  kind too large is refused by name, with its size, the budget and the kinds that can be split;
+  a quantized (int8) layer too large is refused at plan time by name (its scale is not split).
 - **The plan rule** (``choose_splits``, ``parts_needed``): the fewest parts whose slice of the
   weights plus the activations each part holds and writes, at the max batch, plus the device
   overhead, fit the largest budget. By rows every part writes the whole output (zeros outside
-  its rows); by columns its share. A tied table is split once and held twice: one set of parts
+  its rows); by columns its share. Each use is charged the matrix it reads
+  (``use_weight_bytes``: an untied table's logits its reverse table, its lookups its table).
+  A tied table is split once and held twice: one set of parts
   for its lookups at the start of the pipeline, one for its logits at the end (one actor
   serving both would sit at two places: Ray runs an actor's tasks in order, so batch n+1's
   lookup would wait for batch n's logits).
 - **The parts** (``shards.split.layers``): ``TableRows`` (a range of a table's rows, zeros for
-  ids outside it), ``KernelColumns`` (a slice of a kernel's output units, no activation).
+  ids outside it), ``KernelColumns`` (a slice of a kernel's output units, no activation),
+  ``PairedSlices`` (part k of a pair). Each part's weights are read out of the layer's slice by
+  slice (never a copy of the whole table per part).
 - **The combine**: the parts' outputs joined per call of the layer, a ``SplitCombine`` layer at
   the start of the stage that reads the layer's output (an add for rows: exact, every element
   is one part's value plus zeros; a concatenation then the activation for columns: 1e-6
