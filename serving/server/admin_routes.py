@@ -1,5 +1,5 @@
 """Admin routes: read and change the batch settings of a served version (and a generating
-version's running sequences: ``/admin/models/{name}[/versions/{version}]/generation``).
+version's run-time knobs: ``/admin/models/{name}[/versions/{version}]/generation``).
 
 ``GET /admin/models/{name}[/versions/{version}]/batching`` shows the settings of a model's default
 version (or of the version named), ``PUT`` changes some of ``max_batch_size``,
@@ -26,6 +26,7 @@ from pydantic_core import ErrorDetails
 
 from serving.batching.batcher import Batcher
 from serving.errors import InvalidInputError, NotReadyError
+from serving.generation.knobs import KNOBS
 from serving.http.admin_token import Transport, check_admin_token, check_admin_transport
 from serving.http.admission import check_length
 from serving.http.json_body import refusal, whole
@@ -283,16 +284,21 @@ def _install_generation_routes(
     *,
     listed: bool,
 ) -> None:
-    """``/admin/models/{name}[/versions/{version}]/generation``: a generating version's slots;
-    ``PUT {"max_running_sequences": n}`` changes how many sequences each replica runs at once
-    (1 to its ``kv_slots``) from the next step on; the others wait for a slot."""
+    """``/admin/models/{name}[/versions/{version}]/generation``: a generating version's slots
+    and run-time knobs; ``PUT`` changes some of ``max_running_sequences`` (1 to its
+    ``kv_slots``), ``prefill_timeout_ms`` and ``prefill_budget_tokens`` through their one owner
+    (``serving.generation.knobs``), from the next step on."""
 
     def view(model: ServedModel) -> GenerationView:
         generator = model.require_generator()
         scheduler = generator.scheduler
+        knobs = scheduler.knobs
+        timeout = knobs.prefill_timeout_ms
         return GenerationView(
             kv_slots=generator.info.kv_slots,
-            max_running_sequences=scheduler.max_running_sequences,
+            max_running_sequences=knobs.max_running_sequences,
+            prefill_timeout_ms="auto" if timeout is None else timeout,
+            prefill_budget_tokens=knobs.prefill_budget_tokens,
             replicas=generator.replicas,
             running_sequences=scheduler.running,
             waiting_prompts=scheduler.waiting,
@@ -304,18 +310,21 @@ def _install_generation_routes(
 
     async def put(request: Request, name: str, version: str | None) -> GenerationView:
         model = model_of(request, name, version)
-        scheduler = model.require_generator().scheduler
+        knobs = model.require_generator().scheduler.knobs
         check_length(request.headers.get("content-length"), _BODY_LIMIT)
         raw = await read_body(request.receive, _BODY_LIMIT, model.settings.body_read_timeout_s)
+        shape = f"body must be a JSON object with some of {list(KNOBS)}"
         try:
             change = GenerationChange.model_validate_json(raw)
         except ValidationError as exc:
             raise InvalidInputError(
-                'body must be {"max_running_sequences": <integer>}: '
+                f"{shape}: "
                 + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             ) from None
+        if not change.model_fields_set:
+            raise InvalidInputError(f"{shape}; it named none")
         try:
-            scheduler.max_running_sequences = change.max_running_sequences
+            knobs.change(**change.model_dump(exclude_unset=True))
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         return view(model)
