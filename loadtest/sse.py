@@ -4,25 +4,34 @@
 The stream's lines are read as they come (server-sent events: ``data:`` lines, an event ends at
 a blank line); each event's arrival is timed, and the stream's figures come out at its end:
 
-    ttft_ms          request sent -> its first event with text
+    ttft_ms          request sent -> its first event with text (or ids)
     tpot_ms          time per output token after the first: (last text - first text) / (tokens - 1)
     tokens_per_s     output tokens / (request sent -> the stream's end)
     error            what went wrong: an error event's message, a stream cut before its
                      ``[DONE]``, an event that is not JSON; ``None`` for a clean stream
 
 The tokens are the last chunk's ``usage.completion_tokens`` (ask for it with
-``stream_options.include_usage``); without it, one per event with text (an undercount where
-the server coalesced tokens for a slow reader).
+``stream_options.include_usage``); else the ``output_ids`` of V2's ``generate_stream`` events;
+else one per event with text (an undercount where the server coalesced tokens for a slow
+reader).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SSEParser", "StreamResult", "completion_body", "measure_stream", "stream_events"]
+__all__ = [
+    "SSEParser",
+    "StreamResult",
+    "completion_body",
+    "measure_stream",
+    "stream_events",
+    "stream_summary",
+]
 
 DONE = "[DONE]"
 
@@ -162,7 +171,12 @@ def measure_stream(
             message = failure.get("message") if isinstance(failure, dict) else failure
             error = f"error event: {str(message)[:200]}"
             continue  # its [DONE] follows
-        if _text_of(chunk):
+        ids = chunk.get("output_ids")
+        if isinstance(ids, list) and ids:  # V2's stream: the ids themselves
+            first = now if first is None else first
+            last = now
+            tokens += len(ids)
+        elif _text_of(chunk):
             first = now if first is None else first
             last = now
             tokens += 1
@@ -190,3 +204,33 @@ def completion_body(
     if model:
         body["model"] = model
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank; ``None`` for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def stream_summary(results: Sequence[StreamResult], seconds: float) -> dict[str, Any]:
+    """A window's streams (``seconds`` long) in figures: streams and failures, output tokens/s
+    (clean streams' tokens), TTFT and TPOT p50/p95 in ms (``None`` where no stream gave one)."""
+    clean = [r for r in results if r.error is None]
+    ttft = [r.ttft_ms for r in clean if r.ttft_ms is not None]
+    tpot = [r.tpot_ms for r in clean if r.tpot_ms is not None]
+    tokens = sum(r.tokens for r in clean)
+    return {
+        "streams": len(results),
+        "failures": len(results) - len(clean),
+        "seconds": seconds,
+        "streams_per_s": len(clean) / seconds if seconds > 0 else 0.0,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "ttft_p50_ms": _percentile(ttft, 0.5),
+        "ttft_p95_ms": _percentile(ttft, 0.95),
+        "tpot_p50_ms": _percentile(tpot, 0.5),
+        "tpot_p95_ms": _percentile(tpot, 0.95),
+    }
