@@ -198,10 +198,13 @@ def recommend(points: Sequence[GenPoint], targets: Targets) -> tuple[GenPoint, b
     _, measured = min(complete.items(), key=lambda i: (missed(i[1]), -kept(i[1])))
     first = next(iter(measured.values()))
     worst = missed(measured)
-    how = "a stream failed or measured nothing" if worst == float("inf") else f"{worst:.2f}x"
+    how = (
+        "failed streams or measured none at some level"
+        if worst == float("inf")
+        else f"its worst figure is {worst:.2f}x its target"
+    )
     why = (
         f"no setting meets {targets.describe()} at every load level; {first.label} misses it "
-        f"least (its worst figure is {how} its target) and keeps {kept(measured):.0%} of the "
-        "best tokens/s"
+        f"least ({how}) and keeps {kept(measured):.0%} of the best tokens/s"
     )
     return first, False, why

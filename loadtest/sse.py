@@ -146,7 +146,8 @@ def measure_stream(
     lines: Iterable[bytes | str], started: float, clock: Callable[[], float], done: bool = True
 ) -> StreamResult:
     """Read a stream to its end, timing its events with ``clock`` (``started``: when its request
-    was sent, on the same clock). ``done``: it must end with ``data: [DONE]`` (OpenAI's)."""
+    was sent, on the same clock). ``done``: it must end with ``data: [DONE]`` (OpenAI's) or, for
+    V2's ``generate_stream``, an event with its ``finish_reason``."""
     first = last = None
     tokens = events = 0
     usage: int | None = None
@@ -180,6 +181,8 @@ def measure_stream(
             first = now if first is None else first
             last = now
             tokens += 1
+        if "text_output" in chunk and chunk.get("finish_reason"):
+            finished = True  # V2's generate_stream ends at its event with a finish_reason
         if isinstance(chunk.get("usage"), dict):
             usage = chunk["usage"].get("completion_tokens", usage)
     ended = clock()

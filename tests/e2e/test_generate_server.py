@@ -26,6 +26,7 @@ from tests.metrics_text import metric
 from tests.serverproc import Server, running_server
 
 KV_SLOTS = 8
+ADMIN_TOKEN = "generate-server-admin-token"
 LABELS = {"model": "gpt", "version": "1"}
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
@@ -48,6 +49,7 @@ def gpt2_server(
         "--ray-address", ray_address,
         "--cache-dir", str(workdir / "cache"),
         "--chat-template", str(template),
+        "--admin-token", ADMIN_TOKEN,
     ]  # fmt: skip
     with running_server(args, workdir) as server:
         yield server
@@ -98,6 +100,56 @@ def test_concurrent_prompts_get_keras_hubs_greedy_ids(
     steps = metric(text, "shardserve_generation_step_rows_count", **LABELS) - steps_before
     assert rows / steps > 1  # sequences at different positions shared steps
     assert metric(text, "shardserve_free_kv_slots", **LABELS) == KV_SLOTS
+
+
+def test_the_knobs_change_at_run_time_through_the_admin_route(
+    gpt2_server: Server, gpt2_greedy: Greedy
+) -> None:
+    url = f"{gpt2_server.url}/admin/models/gpt/generation"
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    one_at_a_time = {
+        "max_running_sequences": 1,
+        "prefill_budget_tokens": 1,
+        "prefill_timeout_ms": 0,
+    }
+    changed = httpx.put(url, headers=auth, json=one_at_a_time, timeout=30)
+    assert changed.status_code == 200, changed.text
+    assert {k: changed.json()[k] for k in one_at_a_time} == one_at_a_time
+    refused = httpx.put(url, headers=auth, json={"max_running_sequences": KV_SLOTS + 1})
+    assert refused.status_code == 400
+    assert f"from 1 to kv_slots={KV_SLOTS}, got {KV_SLOTS + 1}" in refused.json()["error"]
+    before = metric(_metrics(gpt2_server), "shardserve_generation_step_rows_sum", **LABELS)
+    steps_before = metric(_metrics(gpt2_server), "shardserve_generation_step_rows_count", **LABELS)
+
+    async def ask_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gpt2_server.url, timeout=120) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        "/v2/models/gpt/generate",
+                        json={
+                            "input_ids": list(prompt),
+                            "parameters": {"max_tokens": 3, "stop_token_ids": []},
+                        },
+                    )
+                    for prompt in gpt2_greedy.prompts[:3]
+                )
+            )
+
+    try:
+        answers = asyncio.run(ask_all())
+        for prompt, answer in zip(gpt2_greedy.prompts, answers, strict=False):
+            assert answer.status_code == 200, answer.text
+            want = list(gpt2_greedy.generated[gpt2_greedy.prompts.index(prompt)][:3])
+            assert answer.json()["output_ids"] == want
+        text = _metrics(gpt2_server)
+        rows = metric(text, "shardserve_generation_step_rows_sum", **LABELS) - before
+        steps = metric(text, "shardserve_generation_step_rows_count", **LABELS) - steps_before
+        assert rows == steps == 9  # one sequence at a time: each step one row
+    finally:
+        back = {"max_running_sequences": KV_SLOTS, "prefill_budget_tokens": None}
+        reset = httpx.put(url, headers=auth, json={**back, "prefill_timeout_ms": "auto"})
+        assert reset.status_code == 200, reset.text
 
 
 def test_text_in_text_out(gpt2_server: Server) -> None:

@@ -186,3 +186,18 @@ def test_a_window_of_streams_in_figures() -> None:
     assert figures["ttft_p95_ms"] == pytest.approx(1900.0)
     assert figures["tpot_p95_ms"] == pytest.approx(10.0)
     assert stream_summary([], 1.0)["ttft_p95_ms"] is None
+
+
+def test_a_v2_stream_ends_at_its_finish_reason_and_counts_its_ids() -> None:
+    from loadtest.sse import measure_stream
+
+    def event(ids: list[int], finish: str | None) -> list[str]:
+        chunk = {"text_output": "x" * len(ids), "output_ids": ids, "finish_reason": finish}
+        return [f"data: {json.dumps(chunk)}\n", "\n"]
+
+    ticks = iter(float(t) for t in range(100))
+    lines = event([4], None) + event([5, 6], None) + event([], "length")
+    result = measure_stream(lines, 0.0, lambda: next(ticks))
+    assert (result.error, result.tokens) == (None, 3)
+    cut = measure_stream(event([4], None), 0.0, lambda: next(ticks))
+    assert cut.error == "the stream ended without data: [DONE]"
