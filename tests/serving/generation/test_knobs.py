@@ -4,8 +4,10 @@ stepped one step at a time)."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +192,16 @@ async def test_the_prefill_timeout_changed_mid_run_applies_at_the_next_step() ->
         expected_ids([3], 2),
     )
     await scheduler.close()
+
+
+def test_the_knobs_have_one_writer() -> None:
+    """Only the admin route changes the knobs at run time (the scheduler reads them; the knobs
+    set their start values themselves): a new writer fails here."""
+    root = Path(__file__).resolve().parents[3]
+    callers = set()
+    for path in sorted((root / "serving").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            if call and node.func.attr == "change":  # type: ignore[union-attr]
+                callers.add(path.relative_to(root).as_posix())
+    assert callers == {"serving/generation/knobs.py", "serving/server/admin_routes.py"}
