@@ -8,11 +8,17 @@ slot."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -23,7 +29,7 @@ import pytest
 from serving.generation.tokenizer import ByteBPETokenizer
 from tests.generation_models import Greedy
 from tests.metrics_text import metric
-from tests.serverproc import Server, running_server
+from tests.serverproc import Server, ray_env, running_server
 
 KV_SLOTS = 8
 ADMIN_TOKEN = "generate-server-admin-token"
@@ -150,6 +156,40 @@ def test_the_knobs_change_at_run_time_through_the_admin_route(
         back = {"max_running_sequences": KV_SLOTS, "prefill_budget_tokens": None}
         reset = httpx.put(url, headers=auth, json={**back, "prefill_timeout_ms": "auto"})
         assert reset.status_code == 200, reset.text
+
+
+def test_tune_generate_sweeps_the_knobs_and_puts_them_back(
+    gpt2_server: Server, gpt2_greedy: Greedy, tmp_path: Path
+) -> None:
+    """A small real sweep: two budgets, one point each, through the admin route."""
+    workload = tmp_path / "workload.json"
+    prompts = [list(p) for p in gpt2_greedy.prompts[:3]]
+    workload.write_text(
+        json.dumps({"prompts": prompts, "max_tokens": [2, 4], "route": "v2", "stop": False})
+    )
+    out = tmp_path / "tune"
+    command = [
+        sys.executable, "-m", "serving.cli.main", "tune", "--generate", "--url", gpt2_server.url,
+        "--model-name", "gpt", "--workload", str(workload), "--prefill-timeouts", "auto",
+        "--max-running", str(KV_SLOTS), "--prefill-budgets", "none,4", "--loads", "2",
+        "--duration", "2", "--warmup", "1", "--ttft-p95-ms", "60000", "--out", str(out),
+        "--admin-token", ADMIN_TOKEN,
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=ray_env(), check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["load"], r["prefill_budget_tokens"]) for r in rows] == [("c=2", ""), ("c=2", "4")]
+    assert all(int(r["streams"]) > 0 and int(r["failures"]) == 0 for r in rows), rows
+    assert all(float(r["tokens_per_s"]) > 0 and r["ttft_p95_ms"] for r in rows), rows
+    assert "**winner**" in (out / "report.md").read_text()
+    assert tomllib.loads((out / "recommended.toml").read_text())["shardserve"]
+    assert (out / "ttft_tokens.png").stat().st_size > 0
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    knobs = httpx.get(f"{gpt2_server.url}/admin/models/gpt/generation", headers=auth).json()
+    assert (knobs["prefill_timeout_ms"], knobs["prefill_budget_tokens"]) == ("auto", None)
 
 
 def test_text_in_text_out(gpt2_server: Server) -> None:
