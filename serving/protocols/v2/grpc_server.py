@@ -168,11 +168,11 @@ async def _infer(
 ) -> pb.ModelInferResponse:
     """The work of one admitted call (the data plane's ``Work``): decode, submit, encode."""
     request, rid = call.message, call.rid
-    timeout_s = request_timeout_s(request)
+    timeout_s, since = request_timeout_s(request), time.monotonic()  # counted from here
     signature = model.signature
     inputs = decode_inputs(request, signature, request_limits(model, batcher))
     names = requested_outputs(request, signature)
-    outputs = await submit(inputs, model, batcher, deadline, rid, timeout_s)
+    outputs = await submit(inputs, model, batcher, deadline, rid, timeout_s, since)
     tensors, raw = encode_outputs(outputs, names, signature)
     return pb.ModelInferResponse(
         model_name=model.name,
