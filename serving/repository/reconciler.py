@@ -205,13 +205,13 @@ class Reconciler:
                 what = f"model {model.name!r} version {model.version}'s scale step"
                 try:
                     observe(model, now)
+                    apply_limits(model)  # the replicas that serve now: a source of its limits
                     step = scale_step(model)
                 except Exception as exc:
                     self.state.metrics.background_error("scaling")
                     self._failures.failed(key, what, exc)
                     continue
                 self._failures.succeeded(key, what)
-                apply_limits(model)  # the replicas that serve now, a source of its limits
                 if step is not None:
                     run_step(model, step)
 
