@@ -84,14 +84,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: _Context) -> Any:
-        return pb.ServerReadyResponse(ready=self._models.not_ready_reason() is None)
+        return pb.ServerReadyResponse(ready=self._models.available)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: _Context) -> Any:
         return json_format.ParseDict(server_metadata(), pb.ServerMetadataResponse())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: _Context) -> Any:
         model = await self._model(context, request.name, request.version)
-        return pb.ModelReadyResponse(ready=model.not_ready_reason() is None)
+        return pb.ModelReadyResponse(ready=model.available)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: _Context) -> Any:
         model = await self._model(context, request.name, request.version)
