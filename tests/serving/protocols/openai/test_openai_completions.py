@@ -1,6 +1,7 @@
 """The OpenAI-compatible API in process, over the fake generation replica (issue 40): the
 completions answer's shape, its errors in OpenAI's shape, stop strings, streaming's framing, a
-UTF-8 character split over two tokens, a client that hangs up mid-stream, the model list."""
+UTF-8 character split over two tokens, a stream past its deadline (the ``openai`` client raising
+its error event), a client that hangs up mid-stream, the model list."""
 
 from __future__ import annotations
 
@@ -211,6 +212,41 @@ async def test_past_its_deadline_a_stream_ends_with_the_error_event(
         chunks = await _events(answer)
         assert chunks[-1]["error"]["code"] == "deadline_exceeded"
         assert chunks[-1]["error"]["type"] == "timeout"
+        gate.set()
+
+
+async def test_the_openai_client_raises_a_streams_deadline_error_event(
+    tokenizer: ByteBPETokenizer,
+) -> None:
+    import openai
+
+    fake = ScriptedReplica(kv_slots=1)
+    async with serve(fake, tokenizer, generation_timeout_ms=1000, kv_slots=1) as client:
+        gate = asyncio.Event()
+        original = fake.step
+
+        async def slow(rows: Sequence[RowStep]) -> list[RowResult]:
+            if rows[0].token_index >= 2:
+                await gate.wait()  # the third token never comes: the deadline passes
+            return await original(rows)
+
+        fake.step = slow  # type: ignore[method-assign]
+        api = openai.AsyncOpenAI(
+            base_url="http://test/v1", api_key="unused", http_client=client, max_retries=0
+        )
+        stream = await api.completions.create(
+            model="fake",
+            prompt=[3],
+            max_tokens=6,
+            stream=True,
+            extra_headers={"X-Request-Timeout-Ms": "300"},
+        )
+        texts = []
+        with pytest.raises(openai.APIError) as failed:
+            async for chunk in stream:
+                texts.append(chunk.choices[0].text)
+        assert failed.value.code == "deadline_exceeded"
+        assert "".join(texts) == tokenizer.decode(expected_ids([3], 2))  # the two tokens out
         gate.set()
 
 
