@@ -20,6 +20,7 @@ from shards.generation.contract import RowResult, RowStep
 from tests.fakes import WAIT_S
 from tests.generation_fakes import END_ID, FakeGenerationReplica, expected_ids, make_info
 from tests.generation_models import GPT2_MERGES, GPT2_VOCABULARY
+from tests.metrics_text import metric
 from tests.serving.protocols.v2.test_v2_generate import serve
 
 URL = "/v1/completions"
@@ -250,6 +251,11 @@ async def test_the_openai_client_raises_a_streams_deadline_error_event(
         gate.set()
 
 
+async def _running(client: Any) -> float:
+    text = (await client.get("/metrics")).text
+    return metric(text, "shardserve_running_sequences", model="fake", version="1")
+
+
 async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(
     tokenizer: ByteBPETokenizer,
 ) -> None:
@@ -296,12 +302,15 @@ async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(
         gone.set()
         await asyncio.wait_for(call, WAIT_S)
         assert sent[0]["status"] == 200 and len([m for m in sent if "status" in m]) == 1
+        assert await _running(client) == 1  # its step is still in flight
         gate.set()
         scheduler = client.shardserve.model().generator.scheduler  # type: ignore[attr-defined]
         while scheduler.free_slots != 1:
             await asyncio.sleep(0.001)
-        # The step held in flight at the hang-up ends; none comes after it.
+        # The step held in flight at the hang-up ends; none comes after it, and the gauge says
+        # the slot is free.
         assert fake.started == steps + 1
+        assert await _running(client) == 0
         assert not any(m.get("body", b"").endswith(b"[DONE]\n\n") for m in sent)
 
 
