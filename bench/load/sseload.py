@@ -11,7 +11,8 @@ either way. Per answered request:
               clock: ``loadtest.sse.measure_stream``'s definition, the Locust user's);
               plain: request sent -> the whole answer (the first text a plain client sees)
     latency_s request sent -> the answer's end (the stream's ``[DONE]``)
-    tokens    the answer's ``usage.completion_tokens``
+    tokens    the answer's ``usage.completion_tokens`` (0 where the model's first token was its
+              end token: such an answer has no ``first_s`` on either path)
 
 and the time from the first request to the last answer.
 """
@@ -42,13 +43,16 @@ PATH = "/v1/completions"
 @dataclass(frozen=True)
 class SSELoad:
     stream: bool
-    first_s: list[float]  # of the answered requests, in order of their ends
+    first_s: list[float]  # of the answered requests with a token, in order of their ends
     latencies_s: list[float]
     tokens: list[int]
     errors: int
     sent: int
     seconds: float  # first request to last answer
     failures: dict[str, int]  # why not: HTTP status, "error", or the stream's error -> count
+
+
+Answer = tuple[float, str, float, float, int]  # (ended, "ok" or why not, first, whole, tokens)
 
 
 def streamed(body: bytes) -> bytes:
@@ -96,9 +100,11 @@ async def _stream(
         async for line in r.content:
             stamped.append((line, time.perf_counter()))
     result = timed_stream(stamped, started)
-    if result.error is not None or result.ttft_ms is None:
-        return result.error or "no text", 0.0, 0.0, 0
-    return "ok", result.ttft_ms / 1000.0, result.ended - started, result.tokens
+    if result.error is not None:
+        return result.error, 0.0, 0.0, 0
+    # An answer whose first token was the end token has no text: no TTFT (``tally``).
+    first = 0.0 if result.ttft_ms is None else result.ttft_ms / 1000.0
+    return "ok", first, result.ended - started, result.tokens
 
 
 async def _closed(
@@ -106,7 +112,7 @@ async def _closed(
 ) -> SSELoad:
     url = base.rstrip("/") + PATH
     sent = [streamed(b) if stream else b for b in bodies]
-    done: list[tuple[float, str, float, float, int]] = []
+    done: list[Answer] = []
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=timeout
@@ -131,7 +137,13 @@ async def _closed(
 
         await asyncio.gather(*(client(i) for i in range(clients)))
         elapsed = time.perf_counter() - start
-    done.sort()
+    return tally(done, stream, elapsed)
+
+
+def tally(done: list[Answer], stream: bool, seconds: float) -> SSELoad:
+    """The answers as the load reports them: in order of their ends; an answer with no token
+    (the model's first was its end token) has no first text, on either path."""
+    done = sorted(done)
     ok = [d for d in done if d[1] == "ok"]
     failures: dict[str, int] = {}
     for d in done:
@@ -139,12 +151,12 @@ async def _closed(
             failures[d[1]] = failures.get(d[1], 0) + 1
     return SSELoad(
         stream=stream,
-        first_s=[d[2] for d in ok],
+        first_s=[d[2] for d in ok if d[4]],
         latencies_s=[d[3] for d in ok],
         tokens=[d[4] for d in ok],
         errors=len(done) - len(ok),
         sent=len(done),
-        seconds=elapsed,
+        seconds=seconds,
         failures=failures,
     )
 

@@ -10,7 +10,10 @@ the stream: its first SSE event with text; of the plain answer: the whole answer
 sees no text before it), so the two TTFTs say what a client waits for, not the same span.
 Reported: each figure's median over the rounds, and streamed / plain tokens/s (the goal: >= 0.90,
 streaming costs at most 10%). The model stops at its end token on these routes (OpenAI's have
-no ``stop_token_ids``): greedy, both paths generate the same tokens for a request.
+no ``stop_token_ids``), and greedy, the random model falls on it within a few tokens: the
+requests sample at temperature 1 instead, each with its own ``seed`` (the draw of token t is
+keyed by (seed, t)), so both paths generate the same tokens for a request and most answers run
+to their ``max_tokens``. An answer whose first token is the end token has no TTFT on either path.
 """
 
 from __future__ import annotations
@@ -65,15 +68,17 @@ class _Plan(Protocol):
 
 def completion_bodies(generate_bodies: Sequence[bytes], model: str) -> list[bytes]:
     """The generate route's bodies as ``/v1/completions`` ones: the same ids and max_tokens,
-    greedy (``stream`` is the load generator's to add)."""
+    sampled at temperature 1 with a seed of their own (body i: seed i; ``stream`` is the load
+    generator's to add)."""
     out = []
-    for raw in generate_bodies:
+    for seed, raw in enumerate(generate_bodies):
         request = orjson.loads(raw)
         body = {
             "model": model,
             "prompt": request["input_ids"],
             "max_tokens": request["parameters"]["max_tokens"],
-            "temperature": 0,
+            "temperature": 1.0,
+            "seed": seed,
         }
         out.append(orjson.dumps(body))
     return out

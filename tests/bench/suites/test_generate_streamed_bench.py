@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.load.sseload import SSELoad, streamed, timed_stream
+from bench.load.sseload import SSELoad, streamed, tally, timed_stream
 from bench.suites.generate import GeneratePlan
 from bench.suites.generate_report import render
 from bench.suites.generate_streamed import (
@@ -59,17 +59,31 @@ def test_a_stream_cut_short_or_ending_in_an_error_event_is_a_failure() -> None:
     assert timed_stream(failed, started=0.0).error == "error event: past the deadline"
 
 
+def test_the_load_counts_failures_and_gives_no_ttft_to_an_answer_without_a_token() -> None:
+    done = [
+        (3.0, "ok", 0.2, 1.5, 12),
+        (1.0, "ok", 0.1, 0.1, 0),  # its first token was the end token: no text
+        (2.0, "error event: past the deadline", 0.0, 0.0, 0),
+        (4.0, "503", 0.0, 0.0, 0),
+    ]
+    load = tally(done, stream=True, seconds=5.0)
+    assert (load.first_s, load.latencies_s, load.tokens) == ([0.2], [0.1, 1.5], [0, 12])
+    assert (load.sent, load.errors, load.seconds) == (4, 2, 5.0)
+    assert load.failures == {"error event: past the deadline": 1, "503": 1}
+
+
 def test_both_paths_send_the_generate_routes_requests_only_the_stream_flags_apart() -> None:
     plan = GeneratePlan(min_prompt=4, max_prompt=8, min_tokens=2, max_tokens=5)
     generate = plan.requests(20, seed=3)
     bodies = completion_bodies(generate, "gpt")
-    for raw, body in zip(generate, bodies, strict=True):
+    for seed, (raw, body) in enumerate(zip(generate, bodies, strict=True)):
         request, completion = orjson.loads(raw), orjson.loads(body)
         assert completion == {
             "model": "gpt",
             "prompt": request["input_ids"],
             "max_tokens": request["parameters"]["max_tokens"],
-            "temperature": 0,
+            "temperature": 1.0,  # each its own seed: both paths draw the same tokens
+            "seed": seed,
         }
         assert orjson.loads(streamed(body)) == {
             **completion,
