@@ -311,7 +311,7 @@ def streamed_path(
     progress(f"[streamed] starting shardserve on port {port}")
     with server(plan, preset, "shardserve", port) as srv:
         base = srv.url.split("/v2/")[0]
-        return run_streamed(plan, base, MODEL_NAME, progress)
+        return run_streamed(plan, base, MODEL_NAME, progress, srv.pid)
 
 
 def add_parsers(sub: Any) -> None:

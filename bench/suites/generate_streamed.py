@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import orjson
 
 from bench.load import sseload
+from bench.observe.cpusplit import cores, cpu_seconds
 from bench.options import Progress
 from bench.suites.generate_report import percentile
 
@@ -35,6 +36,8 @@ GOAL = 0.90  # streamed / plain tokens/s
 # Figures of one path's round that the medians are taken of.
 STREAM_FIGURES = (
     "tokens_per_s",
+    "frontend_ms_per_token",
+    "workers_ms_per_token",
     "ttft_p50_s",
     "ttft_p95_s",
     "latency_p50_s",
@@ -84,9 +87,18 @@ def completion_bodies(generate_bodies: Sequence[bytes], model: str) -> list[byte
     return out
 
 
-def record(load: sseload.SSELoad, round_: int) -> dict[str, Any]:
-    """One path's round: what its clients saw."""
+def record(
+    load: sseload.SSELoad, round_: int, cpu: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """One path's round: what its clients saw, and the server's CPU per token (``cpu``: cores
+    per part over the round, ``bench.observe.cpusplit.cores``)."""
     tokens = sum(load.tokens)
+
+    def ms_per_token(part: str) -> float | None:
+        if cpu is None or part not in cpu or not tokens:
+            return None
+        return 1000.0 * cpu[part] * load.seconds / tokens
+
     return {
         "path": "streamed" if load.stream else "plain",
         "round": round_,
@@ -100,12 +112,18 @@ def record(load: sseload.SSELoad, round_: int) -> dict[str, Any]:
         "ttft_p95_s": percentile(load.first_s, 95),
         "latency_p50_s": percentile(load.latencies_s, 50),
         "latency_p95_s": percentile(load.latencies_s, 95),
+        "cpu": cpu,
+        "frontend_ms_per_token": ms_per_token("frontend"),
+        "workers_ms_per_token": ms_per_token("shard_actors"),
         "loadavg_1min": os.getloadavg()[0],
     }
 
 
-def run_streamed(plan: _Plan, base: str, model: str, progress: Progress) -> dict[str, Any]:
-    """Both paths on the server at ``base`` (running), each round in turn."""
+def run_streamed(
+    plan: _Plan, base: str, model: str, progress: Progress, pid: int | None = None
+) -> dict[str, Any]:
+    """Both paths on the server at ``base`` (running; ``pid``: its process, for the CPU per
+    token), each round in turn."""
     clients = plan.stream_clients or plan.batch
     # Enough bodies that no client repeats one within a round at a few requests per second.
     bodies = completion_bodies(plan.requests(clients * 64, plan.seed + 40), model)
@@ -121,10 +139,15 @@ def run_streamed(plan: _Plan, base: str, model: str, progress: Progress) -> dict
     for round_ in range(plan.rounds):
         order = (False, True) if round_ % 2 == 0 else (True, False)
         for stream in order:
-            r = record(load(stream, plan.stream_s), round_)
+            before = cpu_seconds(pid) if pid else None
+            done = load(stream, plan.stream_s)
+            cpu = cores(before, cpu_seconds(pid), done.seconds) if pid and before else None
+            r = record(done, round_, cpu)
             progress(
                 f"  [{r['path']}] r{round_}: {r['tokens_per_s']:.1f} tok/s, TTFT p50/p95 "
-                f"{_ms(r['ttft_p50_s'])}/{_ms(r['ttft_p95_s'])} ms, sent {r['sent']} failed "
+                f"{_ms(r['ttft_p50_s'])}/{_ms(r['ttft_p95_s'])} ms, CPU ms/token front end "
+                f"{_f(r['frontend_ms_per_token'])} stages {_f(r['workers_ms_per_token'])}, "
+                f"sent {r['sent']} failed "
                 f"{r['errors']}, load {r['loadavg_1min']:.1f}"
             )
             runs.append(r)
@@ -164,6 +187,10 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value * 1000:.0f}"
 
 
+def _f(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
 def render_streamed(results: dict[str, Any]) -> str:
     streamed = results["streamed"]
     summary = summarize_streamed(streamed)
@@ -173,15 +200,17 @@ def render_streamed(results: dict[str, Any]) -> str:
         f"{streamed['clients']} closed-loop clients, {streamed['seconds']:g} s per path, medians "
         f"of {rounds} round(s).",
         "",
-        "| path | tokens/s | TTFT p50 / p95 ms | latency p50 / p95 ms | failed |",
-        "|---|---:|---:|---:|---:|",
+        "| path | tokens/s | TTFT p50 / p95 ms | latency p50 / p95 ms | CPU ms/token: front "
+        "end, stages | failed |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for path, m in summary["paths"].items():
         tokens = "—" if m["tokens_per_s"] is None else f"{m['tokens_per_s']:.1f}"
         failed = "—" if m["errors"] is None else f"{m['errors']:.0f}"
         lines.append(
             f"| {path} | {tokens} | {_ms(m['ttft_p50_s'])} / {_ms(m['ttft_p95_s'])} "
-            f"| {_ms(m['latency_p50_s'])} / {_ms(m['latency_p95_s'])} | {failed} |"
+            f"| {_ms(m['latency_p50_s'])} / {_ms(m['latency_p95_s'])} "
+            f"| {_f(m['frontend_ms_per_token'])}, {_f(m['workers_ms_per_token'])} | {failed} |"
         )
     ratio = summary["ratio"]
     shown = "—" if ratio is None else f"{ratio:.3f}"
@@ -192,7 +221,10 @@ def render_streamed(results: dict[str, Any]) -> str:
         f"- streamed / plain tokens/s: {shown} (each round: {each or '—'}); the goal, >= "
         f"{GOAL:.2f} (streaming costs at most {1 - GOAL:.0%}): {verdict}",
         "- TTFT: streamed, the first SSE event with text; plain, the whole answer (a plain "
-        "client sees no text before it). The client's clock, from the request sent.",
+        "client sees no text before it), answers with a token only. The client's clock, from "
+        "the request sent. CPU ms/token: the server's front end and its stage actors, CPU "
+        "seconds over the round per token answered (what streaming adds shows in the front "
+        "end's, whatever else the machine runs).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -109,7 +109,8 @@ def _streamed_results() -> dict[str, Any]:
     runs = []
     # plain tokens/s 100, 120, 110 (median 110); streamed 90, 118, 104 (median 104).
     for r, (plain, stream) in enumerate([(100, 90), (120, 118), (110, 104)]):
-        runs.append(record(_load(False, [plain * 2], 2.0, [0.5, 0.7, 0.9]), r))
+        cpu = {"frontend": 0.1 * (r + 1), "shard_actors": 1.5}
+        runs.append(record(_load(False, [plain * 2], 2.0, [0.5, 0.7, 0.9]), r, cpu))
         runs.append(record(_load(True, [stream * 2], 2.0, [0.01, 0.02, 0.03]), r))
     return {"model": "GPT-2 tiny", "streamed": {"clients": 8, "seconds": 20.0, "runs": runs}}
 
@@ -119,6 +120,11 @@ def test_a_round_records_tokens_per_s_and_the_clients_percentiles() -> None:
     assert (r["path"], r["round"], r["tokens"], r["tokens_per_s"]) == ("streamed", 2, 80, 20.0)
     assert r["ttft_p50_s"] == pytest.approx(0.2) and r["latency_p50_s"] == pytest.approx(1.2)
     assert record(_load(False, [], 4.0, []), 0)["ttft_p50_s"] is None
+    # The server's CPU over the round, per token answered: 0.5 cores x 4 s / 80 tokens.
+    with_cpu = record(_load(True, [30, 50], 4.0, [0.1]), 0, {"frontend": 0.5, "shard_actors": 1})
+    assert with_cpu["frontend_ms_per_token"] == pytest.approx(25.0)
+    assert with_cpu["workers_ms_per_token"] == pytest.approx(50.0)
+    assert r["frontend_ms_per_token"] is None  # not sampled
 
 
 def test_the_summary_takes_each_paths_medians_and_streamed_over_plain() -> None:
@@ -138,8 +144,9 @@ def test_the_summary_takes_each_paths_medians_and_streamed_over_plain() -> None:
 
 def test_the_streamed_table_shows_both_paths_the_ratio_and_what_ttft_means() -> None:
     table = render_streamed(_streamed_results())
-    assert "| plain | 110.0 | 700 / 880 | 1700 / 1880 | 0 |" in table
-    assert "| streamed | 104.0 | 20 / 29 | 1020 / 1029 | 0 |" in table
+    # plain: front end 0.1, 0.2, 0.3 cores x 2 s over 200, 240, 220 tokens: median 1.67 ms.
+    assert "| plain | 110.0 | 700 / 880 | 1700 / 1880 | 1.67, 13.64 | 0 |" in table
+    assert "| streamed | 104.0 | 20 / 29 | 1020 / 1029 | —, — | 0 |" in table
     assert "streamed / plain tokens/s: 0.945 (each round: 0.900, 0.983, 0.945)" in table
     assert "(streaming costs at most 10%): met" in table
     assert "plain, the whole answer" in table
