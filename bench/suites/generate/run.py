@@ -22,7 +22,7 @@ highest rate whose p95 TTFT <= ``--ttft-limit`` s) and the highest rate it kept 
 queueing: below); and
 keras_hub's ``generate`` alone at batch B in one process (``bench.systems.keras_generate``: the
 model's ceiling). Systems run one after the other, each on its own server.
-Then the streamed path (issue 40, ``bench.suites.generate_streamed``): ``/v1/completions`` with
+Then the streamed path (issue 40, ``bench.suites.generate.streamed``): ``/v1/completions`` with
 ``"stream": true`` against the same requests plain, closed loop, on a shardserve server of its
 own; ``--streamed`` runs that comparison alone.
 A round stops climbing for a system at the first rate it fell behind (its p95 latency past
@@ -57,7 +57,7 @@ from bench.suites.generate.report import (
     queueing,
     render,
 )
-from bench.suites.generate_streamed import combined, run_streamed
+from bench.suites.generate.streamed import combined, run_streamed
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.base import LaunchSpec, python_module, subprocess_env
 from bench.systems.shardserve import shardserve_spec

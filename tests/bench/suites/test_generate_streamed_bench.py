@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from bench.load.sseload import SSELoad, streamed, tally, timed_stream
-from bench.suites.generate import GeneratePlan
-from bench.suites.generate_report import render
-from bench.suites.generate_streamed import (
+from bench.suites.generate.report import render
+from bench.suites.generate.run import GeneratePlan
+from bench.suites.generate.streamed import (
     combined,
     completion_bodies,
     record,

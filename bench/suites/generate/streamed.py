@@ -29,7 +29,7 @@ import orjson
 from bench.load import sseload
 from bench.observe.cpusplit import cores, cpu_seconds
 from bench.options import Progress
-from bench.suites.generate_report import percentile
+from bench.suites.generate.report import percentile
 
 PATHS = ("plain", "streamed")
 GOAL = 0.90  # streamed / plain tokens/s
