@@ -168,10 +168,15 @@ def test_the_command_line_chooses_the_streamed_path_alone() -> None:
     generate.add_parsers(parser.add_subparsers(dest="command"))
     argv = ["generate", "--streamed", "--stream-seconds", "5", "--stream-clients", "3"]
     plan = plan_from(GeneratePlan, parser.parse_args(argv))
-    assert (plan.streamed, plan.stream_s, plan.stream_clients) == (True, 5.0, 3)
-    assert not plan_from(GeneratePlan, parser.parse_args(["generate"])).streamed
+    assert (plan.paths, plan.stream_s, plan.stream_clients) == (("streamed",), 5.0, 3)
+    both = plan_from(GeneratePlan, parser.parse_args(["generate"]))
+    assert both.paths == ("systems", "streamed")  # the default: both
+    systems = plan_from(GeneratePlan, parser.parse_args(["generate", "--paths", "systems"]))
+    assert systems.paths == ("systems",)
     with pytest.raises(ValueError, match="stream_clients must be >= 0, got -1"):
         GeneratePlan(stream_clients=-1)
+    with pytest.raises(ValueError, match="unknown path 'chat'; of systems, streamed"):
+        GeneratePlan(paths=("streamed", "chat"))
 
 
 def test_the_streamed_path_answers_both_ways_on_a_real_server(
