@@ -2,8 +2,9 @@
 prompts of different lengths and max_tokens answer keras_hub's own greedy ids, through the
 generate route; text in, text out; a client that hangs up frees its slot; a stage killed
 (SIGKILL) mid-generation costs no client a token. The ``openai`` client (issue 40): completions
-and chat, plain and streamed, equal to the greedy ids' text; a stream cut mid-way frees its
-slot."""
+and chat, plain and streamed, equal to the greedy ids' text; a stop string spanning tokens cut
+exactly, plain and streamed; each bad field a 400 in OpenAI's shape; a stream cut mid-way frees
+its slot."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from serving.generation.tokenizer import ByteBPETokenizer
 from tests.generation_models import Greedy
 from tests.metrics_text import metric
 from tests.serverproc import Server, ray_env, running_server
+from tests.serving.protocols.openai.test_openai_completions import BAD
 
 KV_SLOTS = 8
 ADMIN_TOKEN = "generate-server-admin-token"
@@ -324,9 +326,13 @@ def test_the_openai_client_completes_as_the_greedy_generate(
         model="gpt", prompt=list(prompt), max_tokens=n, temperature=0, stream=True
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want
-    # A text prompt: the same text as the generate route's for it.
+    # A text prompt: the same text as the generate route's for it, plain and streamed.
     done = client.completions.create(model="gpt", prompt="the cat", max_tokens=4, temperature=0)
     assert done.choices[0].text == _v2_text(gpt2_server, "the cat", 4)["text_output"]
+    chunks = client.completions.create(
+        model="gpt", prompt="the cat", max_tokens=4, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
 
 
 def test_the_openai_client_reads_our_errors(gpt2_server: Server) -> None:
@@ -340,6 +346,50 @@ def test_the_openai_client_reads_our_errors(gpt2_server: Server) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="nope", prompt="the cat")
     assert missing.value.code == "model_not_found"
+
+
+def _spanning_stop(tokenizer: ByteBPETokenizer, gpt2_greedy: Greedy) -> tuple[Any, ...]:
+    """A prompt, its greedy ids up to the end token, and a two-character stop string whose
+    first occurrence in their text spans the boundary between tokens ``k - 1`` and ``k``."""
+    end = 0  # <|endoftext|>: the OpenAI routes stop there
+    for prompt, generated in zip(gpt2_greedy.prompts, gpt2_greedy.generated, strict=True):
+        ids = list(generated[: generated.index(end)] if end in generated else generated)
+        pieces = [tokenizer.decode([i]) for i in ids]
+        text = "".join(pieces)
+        assert text == tokenizer.decode(ids)  # an ASCII vocabulary: each token its own text
+        for k in range(2, len(ids)):
+            stop = pieces[k - 1][-1] + pieces[k][0]
+            if text.find(stop) == len("".join(pieces[:k])) - 1:
+                return prompt, ids, k, stop, text[: text.find(stop)]
+    raise AssertionError("no greedy text has a stop string across two tokens")
+
+
+def test_a_stop_string_spanning_tokens_is_cut_exactly(
+    gpt2_server: Server, gpt2_greedy: Greedy
+) -> None:
+    tokenizer = ByteBPETokenizer(gpt2_greedy.preset / "assets" / "tokenizer")
+    prompt, ids, k, stop, want = _spanning_stop(tokenizer, gpt2_greedy)
+    client = _openai(gpt2_server)
+    asked = {"model": "gpt", "prompt": list(prompt), "max_tokens": len(ids), "temperature": 0}
+    done = client.completions.create(**asked, stop=["\u00e9", stop])
+    assert (done.choices[0].text, done.choices[0].finish_reason) == (want, "stop")
+    assert done.usage is not None and done.usage.completion_tokens == k + 1  # up to its end
+    chunks = list(client.completions.create(**asked, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+@pytest.mark.parametrize(("body", "param", "message"), BAD)
+def test_each_bad_field_is_a_400_in_openais_shape(
+    gpt2_server: Server, body: dict[str, Any], param: str, message: str
+) -> None:
+    answer = httpx.post(f"{gpt2_server.url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert message in error["message"], error
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert "Traceback" not in answer.text
 
 
 def test_the_openai_client_chats_through_the_template(gpt2_server: Server) -> None:
