@@ -21,11 +21,11 @@ from serving.batching.settings import BatchSettings
         ({"fill_while_busy": 1}, "fill_while_busy must be true or false, got 1"),
         (
             {"batch_timeout_ms": -1},
-            "batch_timeout_ms must be a number >= 0 or None (auto), got -1",
+            "batch_timeout_ms must be a number >= 0 or 'auto', got -1",
         ),
         (
             {"batch_timeout_ms": float("nan")},
-            "batch_timeout_ms must be a number >= 0 or None (auto), got nan",
+            "batch_timeout_ms must be a number >= 0 or 'auto', got nan",
         ),
         ({"slo_p99_ms": 0}, "slo_p99_ms must be a number > 0 or None, got 0"),
         (
@@ -67,7 +67,7 @@ def test_padded_size_rejects_rows_outside_a_batch() -> None:
 
 
 def test_auto_policy_is_a_none_timeout() -> None:
-    assert BatchSettings(batch_timeout_ms=None).is_auto
+    assert BatchSettings(batch_timeout_ms="auto").is_auto
     assert not BatchSettings(batch_timeout_ms=0).is_auto
 
 

@@ -16,7 +16,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults() -> None:
     s = load_settings()
-    assert (s.max_batch_size, s.batch_timeout_ms, s.request_timeout_ms) == (32, 5.0, 30000.0)
+    assert (s.max_batch_size, s.batch_timeout_ms, s.request_timeout_ms) == (32, "auto", 30000.0)
+    assert s.timeout_is_auto  # issue 38: the adaptive wait beat a fixed 5 ms at every load measured
     assert s.batch_sizes() == (1, 2, 4, 8, 16, 32)
     assert s.max_body_bytes == 16 * 1024 * 1024
     assert s.admin_token is None
