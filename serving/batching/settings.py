@@ -115,7 +115,7 @@ class BatchSettings:
         """The first stages a batch may enter: one per healthy replica."""
         return max(1, self.pipeline_depth // self.pipeline_stages)
 
-    def batch_sizes(self) -> tuple[int, ...]:
+    def padded_sizes(self) -> tuple[int, ...]:
         """The sizes a batch may be padded to, sorted; ``max_batch_size`` is always one."""
         return padded_batch_sizes(self.max_batch_size, self.allowed_batch_sizes)
 
@@ -125,4 +125,4 @@ class BatchSettings:
             raise ValueError(f"a batch holds 1 to {self.max_batch_size} rows, got {n}")
         if not self.pad_batches:
             return n
-        return next(s for s in self.batch_sizes() if s >= n)
+        return next(s for s in self.padded_sizes() if s >= n)

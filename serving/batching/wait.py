@@ -140,5 +140,5 @@ class AutoWait:
         budget_s = policy.slo_p99_ms / 1000 - waited_s
         # When even the smallest batch would miss the SLO, shrinking cannot save these rows
         # and would only cut throughput while overloaded: send a full batch instead.
-        fitting = self.runtime.largest_within(budget_s, policy.batch_sizes(), now, queued, length)
+        fitting = self.runtime.largest_within(budget_s, policy.padded_sizes(), now, queued, length)
         return fitting or policy.max_batch_size

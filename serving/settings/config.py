@@ -432,7 +432,7 @@ class Settings(
     def timeout_is_auto(self) -> bool:
         return is_auto(self.batch_timeout_ms)
 
-    def batch_sizes(self) -> tuple[int, ...]:
+    def padded_sizes(self) -> tuple[int, ...]:
         """The sizes a batch is padded to (and the shard actors warm up at)."""
         return padded_batch_sizes(self.max_batch_size, self.allowed_batch_sizes or ())
 

@@ -58,7 +58,7 @@ __all__ = ["PartitionError", "partition_to_bundle", "plan", "plan_stages", "run_
 Progress = Callable[[str], None]
 # The server's default max_batch_size (serving.settings.config): the batch a plan sizes
 # activations at.
-DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_PLAN_BATCH_ROWS = 32
 
 
 Budgets = int | Sequence[int]
@@ -107,7 +107,7 @@ def plan_stages(
     *,
     stages: int | None = None,
     max_stage_bytes: Budgets | None = None,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    plan_batch_rows: int = DEFAULT_PLAN_BATCH_ROWS,
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
 ) -> list[tuple[keras.Model, StageSpec]]:
@@ -116,7 +116,7 @@ def plan_stages(
         graph,
         stages=stages,
         max_stage_bytes=max_stage_bytes,
-        max_batch_size=max_batch_size,
+        plan_batch_rows=plan_batch_rows,
         device_overhead_bytes=device_overhead_bytes,
         weight_dtype=weight_dtype,
     ).stages
@@ -136,7 +136,7 @@ def plan_bundle(
     *,
     stages: int | None = None,
     max_stage_bytes: Budgets | None = None,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    plan_batch_rows: int = DEFAULT_PLAN_BATCH_ROWS,
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
 ) -> Planned:
@@ -153,7 +153,7 @@ def plan_bundle(
         raise PartitionError(
             f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"
         )
-    memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype, graph.sequence_length)
+    memory = MemoryModel(graph, plan_batch_rows, overhead, weight_dtype, graph.sequence_length)
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     whole = graph
     splits: list[Split] = []
@@ -193,7 +193,7 @@ def plan_bundle(
                 last_layer=graph.nodes[end - 1].name,
                 activation_bytes=need.activation_bytes,
                 overhead_bytes=need.overhead_bytes,
-                max_batch_size=max_batch_size,
+                plan_batch_rows=plan_batch_rows,
                 budget_bytes=budget,
                 crossing_bytes_per_row=memory.crossing_bytes_per_row(start, end),
                 unknown_dims=need.unknown_dims,
@@ -217,7 +217,7 @@ def plan_bundle(
 def _memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
     return MemoryModel(
         graph,
-        memory.max_batch_size,
+        memory.plan_batch_rows,
         memory.overhead_bytes,
         memory.weight_dtype,
         graph.sequence_length,
@@ -252,7 +252,7 @@ def _split_oversized(
                 nodes,
                 weights,
                 memory.overhead_bytes,
-                memory.max_batch_size,
+                memory.plan_batch_rows,
                 graph.sequence_length,
                 top,
             )
@@ -365,7 +365,7 @@ def partition_to_bundle(
     imports: Sequence[str] = (),
     source_name: str | None = None,
     progress: Progress | None = None,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    plan_batch_rows: int = DEFAULT_PLAN_BATCH_ROWS,
     device_overhead_bytes: int | None = None,
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
@@ -404,7 +404,7 @@ def partition_to_bundle(
         graph,
         stages=stages,
         max_stage_bytes=max_stage_bytes,
-        max_batch_size=max_batch_size,
+        plan_batch_rows=plan_batch_rows,
         device_overhead_bytes=device_overhead_bytes,
         weight_dtype=weight_dtype,
     )
