@@ -43,7 +43,7 @@ from serving.openapi.bodies import (
 from serving.openapi.document import ADMIN_SECURITY
 from serving.quoting import quote
 from serving.settings.config import Settings
-from serving.settings.waits import MAX_WAIT_MS
+from serving.settings.waits import AUTO, wait_ceiling
 
 if TYPE_CHECKING:
     from serving.server.state import ServerState
@@ -69,10 +69,9 @@ def check_token(request: Request, settings: Settings) -> None:
 
 def batching_view(batcher: Batcher, replicas: dict[str, Any] | None = None) -> BatchingView:
     policy = batcher.settings
-    wait = policy.batch_timeout_ms
     return BatchingView(
         max_batch_size=policy.max_batch_size,
-        batch_timeout_ms="auto" if wait is None else wait,
+        batch_timeout_ms=policy.batch_timeout_ms,
         max_inflight_batches=policy.max_inflight_batches,
         max_queue_rows=policy.max_queue_rows,
         slo_p99_ms=policy.slo_p99_ms,
@@ -97,11 +96,8 @@ def _settings_ceiling(name: str) -> int:
 def _allowed(settings: Settings) -> dict[str, str]:
     """Each field's bounds in words: its description in the document and its refusal's."""
     request_ms = settings.request_timeout_ms
-    wait = (
-        f"below request_timeout_ms ({request_ms:g})"
-        if request_ms <= MAX_WAIT_MS
-        else f"up to {MAX_WAIT_MS}"
-    )
+    ceiling, inclusive = wait_ceiling(request_ms)
+    wait = f"up to {ceiling:g}" if inclusive else f"below request_timeout_ms ({request_ms:g})"
     return {
         "max_batch_size": f"an integer from 1 to {settings.max_batch_size}, the batch the "
         "memory plan was made for (restart with a larger --max-batch-size for more)",
@@ -117,7 +113,8 @@ def change_model(settings: Settings) -> type[BaseModel]:
     """The PUT body this server takes: every field optional, none unknown, each in bounds."""
     allowed = _allowed(settings)
     request_ms = settings.request_timeout_ms
-    wait_bound = {"lt": request_ms} if request_ms <= MAX_WAIT_MS else {"le": MAX_WAIT_MS}
+    ceiling, inclusive = wait_ceiling(request_ms)
+    wait_bound: dict[str, Any] = {"le": ceiling} if inclusive else {"lt": ceiling}
 
     def documented(schema: dict[str, Any]) -> None:
         schema.pop("title", None)
@@ -161,8 +158,8 @@ def policy_changes(change: BaseModel, batcher: Batcher, settings: Settings) -> d
     """The operator's batching fields of a validated body (``serving.elastic.limits``: the
     limits they leave to their defaults, the queue rows, follow from them there)."""
     changes = change.model_dump(exclude_unset=True)
-    if changes.get("batch_timeout_ms") == "auto":
-        changes["batch_timeout_ms"] = None
+    if "batch_timeout_ms" in changes and changes["batch_timeout_ms"] is None:
+        changes["batch_timeout_ms"] = AUTO  # null is the body's other spelling of "auto"
     size = changes.get("max_batch_size", batcher.settings.max_batch_size)
     if settings.allowed_batch_sizes is None:
         changes["allowed_batch_sizes"] = ()
