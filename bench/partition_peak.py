@@ -55,7 +55,7 @@ def measure(rows: int, dim: int, parts: int) -> dict[str, float]:
             model,
             Path(out) / "b",
             max_stage_bytes=budget,
-            max_batch_size=1,
+            plan_batch_rows=1,
             device_overhead_bytes=0,
         )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
