@@ -62,6 +62,9 @@ class GenerationInfo:  # fixed at load
     # byte-level BPE; vocabulary.spm for Llama), None = token ids only.
     tokenizer_dir: str | None
     tokenizer_kind: str | None  # "byte_bpe" | "sentencepiece" | None
+    # Parts the LM head is split into by vocabulary rows, each its own actor (issue 42); 1 = the
+    # last stage holds the head.
+    head_parts: int = 1
 
 
 class StepFailed(Exception):

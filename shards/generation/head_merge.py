@@ -82,13 +82,14 @@ def slice_bounds(vocabulary_size: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def candidate_count(s: Sampling) -> int:
-    """How many candidates a part sends for a row in the first round."""
+def candidate_count(s: Sampling, candidates: int = CANDIDATES) -> int:
+    """How many candidates a part sends for a row in the first round (``candidates`` for a row
+    sampling without top-k)."""
     if s.temperature == 0.0:
         return 1
     if s.top_k > 0:
         return s.top_k
-    return CANDIDATES
+    return candidates
 
 
 def scaled(logits: np.ndarray, s: Sampling) -> np.ndarray:
@@ -149,6 +150,7 @@ def summarize(
     offset: int,
     sampling: Sequence[Sampling],
     thresholds: Sequence[float] | None = None,
+    candidates: int = CANDIDATES,
 ) -> PartRows:
     """A part's summary of its logits ``[rows, size]`` (ids ``offset ..``): per row its
     ``candidate_count`` first ids, or (``thresholds``, a later round) every id whose scaled logit
@@ -165,7 +167,7 @@ def summarize(
         maxes[r] = np.max(v)
         sums[r] = np.sum(np.exp(v - maxes[r]))
         if thresholds is None:
-            picked = _top(v, candidate_count(s))
+            picked = _top(v, candidate_count(s, candidates))
             if picked.size < size:
                 floors[r] = v[picked[-1]]
         else:
