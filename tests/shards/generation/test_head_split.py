@@ -18,11 +18,11 @@ import pytest_asyncio
 import ray
 
 from shards.errors import PlanError
-from shards.generation import ReplicaLost, RowStep, Sampling, start_generation_replicas
+from shards.generation import ReplicaLost, RowStep, Sampling
 from shards.generation.head_merge import slice_bounds
 from shards.generation.partition import cut_blocks, head_part_params, stage_params
 from shards.generation.preset import read_preset
-from shards.generation.replica import Replica
+from shards.generation.replica import Replica, start_generation_replicas
 from shards.generation.sampling import sample_rows
 from tests.generation_models import TOTAL_LENGTH, Greedy
 
