@@ -28,6 +28,14 @@ class GenerationSettings(BaseModel):
         description="Slots of a generating model's KV cache in each replica, fixed at load: "
         "the most sequences it generates at once; the memory plan counts them.",
     )
+    head_parts: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Parts a generating model's LM head is split into by vocabulary rows, each "
+        "its own actor sampling its slice (exact greedy, top-k, top-p, logprobs); only ids and a "
+        "few scores per row cross. 1 = the last stage holds the head.",
+    )
     max_running_sequences: int | None = Field(
         None,
         ge=1,
