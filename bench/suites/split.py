@@ -220,8 +220,8 @@ def render(results: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {', '.join(found['stages'])} | {found['rows_per_s']:.0f} | "
             f"{found['p50_ms']:.1f} | {found['p99_ms']:.1f} | {found['alone_p50_ms']:.2f} | "
-            f"{c['read'] / 1024:.0f} / {c['written'] / 1024:.0f} "
-            f"({c['parts_written'] / 1024:.0f}) |"
+            f"{c['read'] / 1024:.1f} / {c['written'] / 1024:.1f} "
+            f"({c['parts_written'] / 1024:.1f}) |"
         )
     lines += [
         "",
