@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.errors import ShardServeError
-from serving.http.model import ModelDirectory
+from serving.protocols.contract import ModelDirectory
 from serving.quoting import quote
 
 __all__ = ["HEALTH_SERVICE", "WATCH_INTERVAL_S", "ServedHealth"]

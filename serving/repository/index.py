@@ -11,8 +11,9 @@ from serving.repository.source import REMOVED, ModelPlan
 from serving.version.readiness import version_state
 
 if TYPE_CHECKING:
-    from serving.http.model import IndexEntry, IndexState
+    from serving.protocols.contract import IndexEntry
     from serving.repository.registry import Registry
+    from serving.version.life import IndexState
 
 __all__ = ["UNLOADED", "index_entries"]
 

@@ -7,11 +7,11 @@ starts loading: LOADING, READY once warm, UNAVAILABLE with a one-line reason whe
 fails), and starts the reconciler's loop (``serving.repository.reconciler``), which polls the
 repository every ``repository_poll_s`` and moves the versions from then on.
 
-The repository API (``serving.http.model.RepositoryControl``): ``index`` says what each model and
-version is (``serving.repository.index``); ``load`` reads the model's directory again, takes its
-step (a failed version loads again) and waits until the loads end, raising why one failed;
-``unload`` holds the model against polling and waits until every version of it is retired
-(refused with the reason, what it admitted answered, its actors ended). Both set the desired
+The repository API (``serving.protocols.contract.RepositoryControl``): ``index`` says what
+each model and version is (``serving.repository.index``); ``load`` reads the model's directory
+again, takes its step (a failed version loads again) and waits until the loads end, raising why
+one failed; ``unload`` holds the model against polling and waits until every version of it is
+retired (refused with the reason, what it admitted answered, its actors ended). Both set the desired
 state and take the step at once, under the model's lock, as the loop's tick does.
 """
 
@@ -34,7 +34,7 @@ from serving.version.life import VersionState
 from serving.version.runner import RunnerFactory, plan_private_ray
 
 if TYPE_CHECKING:
-    from serving.http.model import IndexEntry, RepositoryControl
+    from serving.protocols.contract import IndexEntry, RepositoryControl
 
 __all__ = ["UNLOADED", "Repository"]
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from serving.elastic.start_count import serving_count
-from serving.elastic.steps import Scaler, hold, release
+from serving.elastic.count import add_replica, remove_replica, serving_count
+from serving.elastic.limits import apply_limits, follow_replicas
+from serving.elastic.steps import hold, release
 from serving.repository.routing import SwitchSplit
 from serving.settings.config import Settings
 from serving.version.life import VersionState
@@ -89,7 +90,6 @@ class Switch:
     gone: bool = False
     room: bool = False
     stuck: bool = False
-    limits: dict[str, Scaler] = field(default_factory=dict)
 
 
 class Rolling:
@@ -322,7 +322,7 @@ class Rolling:
         assert isinstance(runner, ElasticRunner)
         # Not a background task (no supervisor): this switch step awaits it and handles its
         # raise below; a task only so that the step can look at what the replica waits for.
-        task = asyncio.ensure_future(runner.add_replica(model.settings.replica_pending_timeout_s))
+        task = asyncio.ensure_future(add_replica(model, runner))
         waited = ""
         try:
             while not task.done():
@@ -335,14 +335,14 @@ class Rolling:
         except Exception as exc:
             log.warning("model %r version %s: adding a replica failed", model.name, model.version)
             added, waited = False, f"{type(exc).__name__}: {exc}".splitlines()[0]
-        self._follow(switch, model)
+        _follow(model)
         return added, waited
 
     async def _remove(self, switch: Switch, model: ServedModel) -> None:
         runner = model.runner
         assert isinstance(runner, ElasticRunner)
-        await runner.remove_replica(model.settings.drain_timeout_s)
-        self._follow(switch, model)
+        await remove_replica(model, runner)
+        _follow(model)
 
     async def _fits(self, model: ServedModel, count: int) -> bool:
         try:
@@ -351,17 +351,16 @@ class Rolling:
             log.warning("could not tell whether %d replica(s) fit", count, exc_info=True)
             return True
 
-    def _follow(self, switch: Switch, model: ServedModel) -> None:
-        """A fixed-count version's batching limits follow its healthy replicas, as an elastic
-        one's scaling loop keeps them (held, it still does)."""
-        low, high = model.settings.replica_bounds()
-        runner, batcher = model.runner, model.batcher
-        if low != high or batcher is None or not isinstance(runner, ElasticRunner):
-            return
-        limits = switch.limits.get(model.version)
-        if limits is None:
-            limits = switch.limits[model.version] = Scaler(model, runner, batcher)
-        limits.follow_limits(runner.health().healthy)
+
+def _follow(model: ServedModel) -> None:
+    """A fixed-count version's batching limits follow its healthy replicas, as an elastic one's
+    scaling loop keeps them (held, it still does)."""
+    low, high = model.settings.replica_bounds()
+    runner = model.runner
+    if low != high or model.batcher is None or not isinstance(runner, ElasticRunner):
+        return
+    follow_replicas(model, runner.health().healthy)
+    apply_limits(model)
 
 
 def _serving(model: ServedModel) -> bool:

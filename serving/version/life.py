@@ -35,10 +35,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from enum import StrEnum
+from typing import Literal
 
-__all__ = ["TRANSITIONS", "IllegalTransition", "Life", "VersionState"]
+__all__ = ["TRANSITIONS", "IllegalTransition", "IndexState", "Life", "VersionState"]
 
 log = logging.getLogger("shardserve")
+
+# A version's state in the repository index (Triton's strings: ``serving.version.readiness``
+# derives them from the state machine's).
+IndexState = Literal["READY", "LOADING", "UNAVAILABLE"]
 
 
 class VersionState(StrEnum):

@@ -13,14 +13,11 @@ its requests can wait for it (a ``recovering`` condition).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from serving.batching.dispatch import SHUTTING_DOWN
-from serving.version.life import LOADING_STATES, VersionState
+from serving.version.life import LOADING_STATES, IndexState, VersionState
 from serving.version.served import ServedModel
-
-if TYPE_CHECKING:
-    from serving.http.model import IndexState
 
 __all__ = ["NO_VERSION", "Readiness", "readiness", "version_state"]
 

@@ -23,17 +23,17 @@ import numpy as np
 from serving.batching.batcher import Batcher, BatchSettings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.generation.engine import Generator
-from serving.http.admission import Admitted
 from serving.metrics.series import Metrics, ModelMetrics
 from serving.settings.config import ConfigError, Settings
 from serving.settings.lengths import served_max_length
 from serving.supervisor import supervise
+from serving.version.admitted import Admitted
 from serving.version.collector import freeze_heap
 from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
 from serving.version.life import LOADING_STATES, Life, VersionState
 from serving.version.runner import ModelRunner, RunnerFactory, pipeline_depth, release_bundle
-from serving.version.scale_state import ScaleState, ScaleStatus
+from serving.version.scale_state import LimitSources, ScaleState, ScaleStatus
 from serving.version.shape_log import ShapeLog
 from serving.version.stage_stats import log_memory, poll_stats
 from serving.version.stop_budget import StopBudget, drain_batcher
@@ -60,9 +60,9 @@ class ServedModel:
     generator: Generator | None = None
     length_plan: LengthPlan | None = None  # the length padding in force, or why none (warm-up)
     scaling: ScaleStatus | None = None  # its replica bounds, target and why (once READY)
-    # Its queue rows before and while another version of its model loads (widened then by
-    # ``serving.repository.switch_queue``), or None.
-    queue_widened: tuple[int, int] | None = field(default=None, repr=False)
+    # Its batching limits as each source wants them (start-up, the operator, the replicas that
+    # serve, a switch's widening): ``serving.elastic.limits`` combines and applies them.
+    limits: LimitSources = field(default_factory=LimitSources, repr=False)
     # Called with this version once its batcher is set, before it is READY and takes requests
     # (the reconciler widens its queue there while what it replaces drains), or None.
     before_ready: Callable[[ServedModel], None] | None = field(default=None, repr=False)
@@ -103,6 +103,11 @@ class ServedModel:
         return self._life.served
 
     @property
+    def takes_requests(self) -> bool:
+        """READY: it takes requests (whatever its replicas' condition)."""
+        return self._life.state is VersionState.READY
+
+    @property
     def serving(self) -> bool:
         """READY: it takes requests (whatever its replicas' condition)."""
         return self._life.state is VersionState.READY
@@ -127,10 +132,16 @@ class ServedModel:
     @property
     def queue_factor(self) -> int:
         """What its queue rows are multiplied by now (a switch of its model under way)."""
-        if self.queue_widened is None:
-            return 1
-        before, widened = self.queue_widened
-        return widened // max(before, 1)
+        return self.limits.factor
+
+    @property
+    def queue_widened(self) -> tuple[int, int] | None:
+        """Its own queue rows and the rows it holds while a switch widens them, or None."""
+        factor, batcher = self.limits.factor, self.batcher
+        if factor == 1 or batcher is None:
+            return None
+        rows = batcher.settings.max_queue_rows
+        return rows // factor, rows
 
     @property
     def batch_settings(self) -> BatchSettings | None:
@@ -290,6 +301,7 @@ class ServedModel:
             on_reject=metrics.reject,
             on_error=self.server_metrics.background_error,
         )
+        self.limits.start = batcher.settings
         await batcher.start()
         started.append(batcher)
         metrics.bind_gauges(

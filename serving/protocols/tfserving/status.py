@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from serving.version.life import VersionState
 
 if TYPE_CHECKING:
-    from serving.http.model import ModelHandle
+    from serving.protocols.contract import ModelHandle
 
 __all__ = ["State", "TFServingStatus", "tfserving_status"]
 

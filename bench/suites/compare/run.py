@@ -27,7 +27,7 @@ from bench.observe.cpusplit import CpuSeconds, cores, cpu_seconds, per_work
 from bench.observe.procinfo import read_proc
 from bench.observe.scrape import BATCH_ROWS, Samples, base_url, batches_and_rows, scrape
 from bench.options import Progress
-from bench.suites.compare_report import plot, render
+from bench.suites.compare.report import plot, render
 from bench.systems import ServerProcess, SystemConfig, launch_spec
 from bench.systems.base import ServerStartError
 from bench.systems.ceiling import measure_ceiling

@@ -34,9 +34,9 @@ from bench import options
 from bench.models.versions import KINDS
 from bench.observe.quiet import other_benches
 from bench.options import Progress
-from bench.suites.rollout_canary import run_canary
-from bench.suites.rollout_report import render
-from bench.suites.rollout_switch import run_switch
+from bench.suites.rollout.canary import run_canary
+from bench.suites.rollout.report import render
+from bench.suites.rollout.switch import run_switch
 
 PARTS = ("switch", "simulated", "canary")
 CANARIES = ("broken", "slow")

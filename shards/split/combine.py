@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from shards.errors import PlanError
-from shards.partition.memory_plan import format_size
 from shards.signature import ModelSignature
+from shards.sizes import format_size
 
 _JOIN_LOCK = threading.Lock()
 

@@ -44,7 +44,7 @@ from bench.observe.cpusplit import cores, cpu_seconds
 from bench.observe.quiet import other_benches
 from bench.observe.scrape import free_port, scrape
 from bench.options import Progress
-from bench.suites.generate_report import (
+from bench.suites.generate.report import (
     STEP_ROWS,
     TPOT,
     TTFT,

@@ -17,7 +17,7 @@ ANALYSIS_MARKER = (
     "<!-- analysis: written by hand, kept when `python -m bench` rewrites the rest -->"
 )
 PEERS = ("litserve", "rayserve")
-# Where the time goes, per window (issue 32): ``bench.suites.compare.where_time_goes``.
+# Where the time goes, per window (issue 32): ``bench.suites.compare.run.where_time_goes``.
 _WORK = (
     "mean_batch_rows",
     "frontend_ms_per_request",

@@ -1,28 +1,28 @@
-"""What a route needs of a served model, and how it finds one by name.
+"""The data plane's contract: what a protocol needs of a served model, and how it finds one.
 
-The routes (``serving.http``, ``serving.protocols``) know a model only through these types, so
-that they import nothing of the server that holds it (``serving.server``, a layer above them)
-and a test can hand them a fake. The server's served model satisfies ``ModelHandle``; the
-server's state satisfies ``ModelDirectory``, kept on the app as ``app.state.shardserve``; its
-repository manager satisfies ``RepositoryControl`` (the repository API's load, unload, index).
+The protocols (``serving.protocols``: the data plane, V2, TF Serving, OpenAI, over HTTP and
+gRPC) know a model only through these types, so that they import nothing of the server that
+holds it (``serving.server``, a layer above them) and a test can hand them a fake. The server's
+served model satisfies ``ModelHandle``; the server's state satisfies ``ModelDirectory``, kept on
+the app as ``app.state.shardserve``; its repository manager satisfies
+``RepositoryControl`` (the repository API's load, unload, index).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
     from serving.generation.engine import Generator
-    from serving.http.admission import Admitted
     from serving.settings.config import Settings
+    from serving.version.admitted import Admitted
     from serving.version.condition import Condition
-    from serving.version.life import VersionState
+    from serving.version.life import IndexState, VersionState
     from shards.signature import ModelSignature
 
 __all__ = [
     "IndexEntry",
-    "IndexState",
     "ModelDirectory",
     "ModelHandle",
     "RepositoryControl",
@@ -30,9 +30,6 @@ __all__ = [
     "served_models",
     "served_repository",
 ]
-
-# A version's state in the repository index (Triton's strings).
-IndexState = Literal["READY", "LOADING", "UNAVAILABLE"]
 
 
 class RequestMetrics(Protocol):

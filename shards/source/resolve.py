@@ -50,7 +50,7 @@ ACCEPTED = (
 @dataclass(frozen=True, kw_only=True)
 class ResolveOptions:
     """What a bundle is cut with and cached under, as ``resolve_bundle`` and
-    ``shards.bundle.remote.resolve_bundle_remote`` take it (picklable, for the Ray task).
+    ``shards.source.remote.resolve_bundle_remote`` take it (picklable, for the Ray task).
 
     ``max_batch_size``, ``device_overhead_bytes`` and ``max_sequence_length`` (what an unknown
     dimension counts as; ``None``: the model's own bound, else 512) size the memory plan

@@ -48,14 +48,14 @@ from bench.observe.quiet import other_benches
 from bench.observe.scrape import base_url, batches_and_rows, free_port, mean_batch_rows, scrape
 from bench.options import Progress
 from bench.suites.looplag import pin_argv, pinned
-from bench.suites.ragged_check import (
+from bench.suites.ragged.check import (
     ask,
     length_padding_lines,
     max_abs_diff,
     model_metadata,
     positions,
 )
-from bench.suites.ragged_report import render
+from bench.suites.ragged.report import render
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.shardserve import shardserve_spec
 

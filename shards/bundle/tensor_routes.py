@@ -16,7 +16,7 @@ from shards.bundle.format import Manifest
 # Source stage of a tensor that comes from the request itself rather than from a stage.
 MODEL_INPUT = -1
 # Source "stage" of a model output the driver joins from a split layer's parts
-# (``shards.bundle.driver_combine``): the parts' outputs are awaited in its place.
+# (``shards.split``): the parts' outputs are awaited in its place.
 DRIVER = -2
 
 

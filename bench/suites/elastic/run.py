@@ -37,9 +37,9 @@ from bench.observe.quiet import other_benches
 from bench.observe.sampler import DEFAULT_PREFIXES, Sampler, scrape_series
 from bench.observe.scrape import free_port, wait_idle
 from bench.options import Progress
-from bench.suites.elastic_check import replica_total, summarize_elastic
-from bench.suites.elastic_report import render
-from bench.suites.rollout import quick
+from bench.suites.elastic.check import replica_total, summarize_elastic
+from bench.suites.elastic.report import render
+from bench.suites.rollout.run import quick
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.shardserve import shardserve_spec
 

@@ -1,6 +1,7 @@
 """What one batch did, as the batcher reports it to its ``on_batch`` callback (the metrics).
 
-Its own module so that a reader of the record (``serving.metrics.series``) needs no batcher.
+Here, at the bottom of ``serving`` beside the stamps, so that the batcher reports down to it and
+its reader (``serving.metrics.series``) needs nothing of the batcher.
 """
 
 from __future__ import annotations

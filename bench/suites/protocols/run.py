@@ -63,8 +63,8 @@ from bench.observe.scrape import (
     wait_idle,
 )
 from bench.options import Progress
-from bench.suites.protocols_check import check_answers
-from bench.suites.protocols_report import render
+from bench.suites.protocols.check import check_answers
+from bench.suites.protocols.report import render
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.ceiling import measure_ceiling
 from bench.systems.shardserve import shardserve_spec

@@ -16,17 +16,17 @@ from shards.bundle import cache
 from shards.errors import ResolveError
 
 if TYPE_CHECKING:
-    from shards.bundle.resolve import ResolveOptions
+    from shards.source.resolve import ResolveOptions
 
 
 def _resolve_in_worker(model: str, options: ResolveOptions) -> str:
-    from shards.bundle.resolve import resolve_bundle
+    from shards.source.resolve import resolve_bundle
 
     return str(resolve_bundle(model, options))
 
 
 async def resolve_bundle_remote(model: str, options: ResolveOptions) -> Path:
-    """Run ``shards.bundle.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
+    """Run ``shards.source.resolve.resolve_bundle`` in a Ray task, so the caller never imports TF.
 
     The task is pinned to the caller's node: the bundle lands on this node's disk, where the
     caller then reads its manifest. A bundle from the cache is marked as served by the caller's

@@ -9,28 +9,35 @@ path), model status and metadata, each for the model's default version, a versio
 
 ``GET /v1/models/{m}`` lists every version of the model, as TF Serving does; a version or label
 lists that one. An unknown model, version or label is a 404 naming what is served
-(``ServerState.model``).
+(``ServerState.model``). The routes' documentation and response models are
+``serving.openapi.tfserving``'s ``ROUTE_DOCS``, handed in by the server (a layer above this one).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI, Request, Response
 from starlette.convertors import Convertor, register_url_convertor
 
 from serving.errors import NotReadyError
 from serving.http.fast import ModelRef, RawAnswer, RawHandler
-from serving.openapi.bodies import ModelMetadata, ModelStatus, errors, ok
-from serving.openapi.tfserving import PREDICT_REQUEST, PREDICT_RESPONSE
+from serving.protocols.contract import ModelHandle
 from serving.protocols.tfserving.status import tfserving_status
-from serving.settings.config import Settings
 
 if TYPE_CHECKING:
-    from serving.server.state import ServerState
-    from serving.version.served import ServedModel
+    from serving.batching.settings import BatchSettings
+    from shards.pipeline.health import Health
+    from shards.signature import ModelSignature
 
-__all__ = ["install_tfserving_routes", "version_status"]
+__all__ = ["ROUTE_KINDS", "RouteDocs", "install_tfserving_routes", "version_status"]
+
+# What each kind of route is documented with: keyword arguments of ``add_api_route``
+# (``response_model``, ``responses``, ``openapi_extra``, ``description``), given by the server
+# from ``serving.openapi.tfserving``.
+RouteDocs = Mapping[str, Mapping[str, Any]]
+ROUTE_KINDS = ("predict", "predict_named", "model_status", "model_metadata")
 
 
 class _Segment(Convertor[str]):
@@ -52,8 +59,50 @@ register_url_convertor("model_status", _Segment())
 _SELECTORS = ("", "/versions/{version:model_status}", "/labels/{label:model_status}")
 
 
-def _state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.shardserve
+class _Runner(Protocol):
+    """What the metadata route reads of a version's runner (``serving.version.runner``)."""
+
+    @property
+    def signature(self) -> ModelSignature: ...
+
+    @property
+    def num_stages(self) -> int: ...
+
+    @property
+    def replicas(self) -> int: ...
+
+
+class ServedModel(ModelHandle, Protocol):
+    """A served version as these routes read it (``serving.version.served.ServedModel``, a
+    Protocol: the protocols import nothing of a version's runner, Ray or TensorFlow)."""
+
+    @property
+    def runner(self) -> _Runner | None: ...
+
+    @property
+    def batch_settings(self) -> BatchSettings | None: ...
+
+    def health(self) -> Health | None: ...
+
+
+class _Served(Protocol):
+    """What the routes read of the server's state (``serving.server.state.ServerState``): its
+    versions, served models in full (their health, runner and batch settings)."""
+
+    def served(self) -> list[ServedModel]: ...
+
+    def model(
+        self,
+        name: str | None = None,
+        version: str | None = None,
+        label: str | None = None,
+        *,
+        split: bool = True,
+    ) -> ServedModel: ...
+
+
+def _state(request: Request) -> _Served:
+    state: _Served = request.app.state.shardserve
     return state
 
 
@@ -77,15 +126,10 @@ def version_status(model: ServedModel) -> dict[str, Any]:
     return entry
 
 
-def install_tfserving_routes(app: FastAPI, settings: Settings, predict_model: RawHandler) -> None:
+def install_tfserving_routes(app: FastAPI, docs: RouteDocs, predict_model: RawHandler) -> None:
     """The routes above; ``predict_model`` answers predict (the fast path answers it before the
-    router where it can: these declare it for the OpenAPI document)."""
-
-    predict_doc: dict[str, Any] = {
-        "openapi_extra": PREDICT_REQUEST,
-        "responses": {**ok(PREDICT_RESPONSE), **errors(400, 413, 422, 500, 503, 504)},
-        "description": _PREDICT_DESCRIPTION,
-    }
+    router where it can: these declare it for the OpenAPI document); ``docs``: each kind's
+    documentation (``ROUTE_KINDS``)."""
 
     async def predict(request: Request) -> Response:
         return RawAnswer(predict_model, ModelRef(None))
@@ -99,19 +143,16 @@ def install_tfserving_routes(app: FastAPI, settings: Settings, predict_model: Ra
     async def predict_label(name: str, label: str, request: Request) -> Response:
         return RawAnswer(predict_model, ModelRef(name, label=label))
 
-    app.add_api_route("/predict", predict, methods=["POST"], **predict_doc)
-    named = {**predict_doc, "responses": {**predict_doc["responses"], **errors(404)}}
+    app.add_api_route("/predict", predict, methods=["POST"], **docs["predict"])
     for suffix, endpoint in (
         ("", predict_named),
         ("/versions/{version}", predict_version),
         ("/labels/{label}", predict_label),
     ):
         path = f"/v1/models/{{name}}{suffix}:predict"
-        app.add_api_route(path, endpoint, methods=["POST"], **named)
+        app.add_api_route(path, endpoint, methods=["POST"], **docs["predict_named"])
 
-    # Each GET returns its declared model (response_model), so that the document cannot drift
-    # from the bodies: a key the model lacks fails the route (extra="forbid"). Unset keys are
-    # left out, as optional ones were before.
+    # Each GET returns its declared model (``docs``' response_model).
     async def model_status(
         name: str, request: Request, version: str | None = None, label: str | None = None
     ) -> dict[str, Any]:
@@ -153,16 +194,13 @@ def install_tfserving_routes(app: FastAPI, settings: Settings, predict_model: Ra
             f"/v1/models/{{name:model_status}}{suffix}",
             _selected(model_status, suffix),
             methods=["GET"],
-            response_model=ModelStatus,
-            response_model_exclude_unset=True,
-            responses=errors(404),
+            **docs["model_status"],
         )
         app.add_api_route(
             f"/v1/models/{{name}}{suffix}/metadata",
             _selected(model_metadata, suffix),
             methods=["GET"],
-            response_model=ModelMetadata,
-            responses=errors(404, 503),
+            **docs["model_metadata"],
         )
 
 
@@ -189,10 +227,3 @@ def _selected(endpoint: Any, suffix: str) -> Any:
         return result
 
     return by_name
-
-
-_PREDICT_DESCRIPTION = (
-    "TF-Serving JSON. Header X-Request-Timeout-Ms (a positive number of ms) shortens the "
-    "request's deadline. A request is refused from its headers before its body is read when its "
-    "Content-Length is over max_body_bytes (413) or the queue is full (503)."
-)

@@ -27,7 +27,7 @@ from bench.models.versions import ensure_model, v2_bodies
 from bench.observe.sampler import Sample, Sampler, first_at, label_values
 from bench.observe.scrape import wait_idle
 from bench.options import Progress
-from bench.suites.rollout_server import (
+from bench.suites.rollout.server import (
     Repository,
     base,
     capacity,

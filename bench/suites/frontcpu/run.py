@@ -44,9 +44,10 @@ from bench.models.workloads import get_workload, save_workload
 from bench.observe.otlp_sink import OtlpSink
 from bench.observe.scrape import free_port, wait_idle
 from bench.options import Progress
-from bench.suites.frontcpu_report import TREES, render, summarize, summarize_modes
+from bench.suites.frontcpu.report import TREES, render, summarize, summarize_modes
 from bench.suites.looplag import cli_module, describe_tree, pin_argv, pinned, resolved
-from bench.suites.protocols import (
+from bench.suites.protocols.check import check_answers
+from bench.suites.protocols.run import (
     HTTP_PROTOCOLS,
     PROTOCOLS,
     ProtocolsPlan,
@@ -54,7 +55,6 @@ from bench.suites.protocols import (
     get_json,
     measure_window,
 )
-from bench.suites.protocols_check import check_answers
 from bench.systems.base import REPO_ROOT, LaunchSpec, ServerProcess, SystemConfig
 from bench.systems.shardserve import shardserve_spec
 from loadtest.bodies import encode_body, random_inputs, request_path

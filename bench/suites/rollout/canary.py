@@ -24,7 +24,7 @@ from bench.load.timeline import Action, Reply, Step
 from bench.models.versions import ensure_model, v2_bodies
 from bench.observe.sampler import Sample, Sampler, first_at, labels_of
 from bench.options import Progress
-from bench.suites.rollout_server import (
+from bench.suites.rollout.server import (
     Repository,
     base,
     config_toml,
@@ -33,7 +33,7 @@ from bench.suites.rollout_server import (
     rollout_view,
     server,
 )
-from bench.suites.rollout_switch import StopAfter
+from bench.suites.rollout.switch import StopAfter
 
 ROLLBACKS = "shardserve_rollbacks_total"
 

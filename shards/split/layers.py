@@ -179,11 +179,113 @@ class KernelColumns(keras.layers.Layer):  # type: ignore[misc]
         }
 
 
+# Activations that act on each element alone: the hidden units between a column-split and a
+# row-split Dense may pass through them part by part (softmax reads the whole row: it may not).
+ELEMENTWISE_ACTIVATIONS = frozenset(
+    {
+        "linear",
+        "relu",
+        "relu6",
+        "leaky_relu",
+        "gelu",
+        "tanh",
+        "sigmoid",
+        "hard_sigmoid",
+        "silu",
+        "swish",
+        "hard_silu",
+        "hard_swish",
+        "elu",
+        "selu",
+        "softplus",
+        "softsign",
+        "mish",
+        "exponential",
+        "celu",
+    }
+)
+
+
+@keras.saving.register_keras_serializable(package="shardserve")
+class PairedSlices(keras.layers.Layer):  # type: ignore[misc]
+    """Part k of a column-split ``Dense`` and of the row-split ``Dense`` its output feeds
+    (Megatron's column- then row-parallel pair): ``x @ kernel_in[:, a:b] + bias_in[a:b]``, then
+    the elementwise ``steps`` (activations, serialised; dropout is the identity at inference),
+    then that slice of the hidden units times ``kernel_out[a:b, :]``: this part's partial
+    product of the second layer's output. The parts' partial products summed are the second
+    layer's output before its bias; ``bias_out`` is added by part 0 only, so the sum holds it
+    once. The hidden activation never leaves the part."""
+
+    def __init__(
+        self,
+        kernel_in_shape: Sequence[int],
+        bias_in: bool,
+        kernel_out_shape: Sequence[int],
+        bias_out: bool,
+        steps: Sequence[Any] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.kernel_in_shape = tuple(int(d) for d in kernel_in_shape)
+        self.kernel_out_shape = tuple(int(d) for d in kernel_out_shape)
+        self.has_bias_in, self.has_bias_out = bool(bias_in), bool(bias_out)
+        self.steps = [keras.activations.get(s) for s in steps]
+        self.supports_masking = True
+
+    def build(self, input_shape: Any) -> None:
+        self.kernel_in = self.add_weight(
+            shape=self.kernel_in_shape, initializer="zeros", name="kernel_in"
+        )
+        self.bias_in = None
+        if self.has_bias_in:
+            self.bias_in = self.add_weight(
+                shape=self.kernel_in_shape[-1:], initializer="zeros", name="bias_in"
+            )
+        self.kernel_out = self.add_weight(
+            shape=self.kernel_out_shape, initializer="zeros", name="kernel_out"
+        )
+        self.bias_out = None
+        if self.has_bias_out:
+            self.bias_out = self.add_weight(
+                shape=self.kernel_out_shape[-1:], initializer="zeros", name="bias_out"
+            )
+
+    def call(self, inputs: Any) -> list[Any]:
+        outputs = []
+        for x in _as_list(inputs):
+            hidden = ops.matmul(x, self.kernel_in)
+            if self.bias_in is not None:
+                hidden = ops.add(hidden, self.bias_in)
+            for step in self.steps:
+                hidden = step(hidden)
+            y = ops.matmul(hidden, self.kernel_out)
+            outputs.append(y if self.bias_out is None else ops.add(y, self.bias_out))
+        return outputs
+
+    def compute_output_shape(self, input_shape: Any) -> list[tuple[Any, ...]]:
+        shapes = input_shape if isinstance(input_shape, list) else [input_shape]
+        return [(*tuple(s)[:-1], self.kernel_out_shape[-1]) for s in shapes]
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        return mask
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "kernel_in_shape": list(self.kernel_in_shape),
+            "bias_in": self.has_bias_in,
+            "kernel_out_shape": list(self.kernel_out_shape),
+            "bias_out": self.has_bias_out,
+            "steps": [keras.activations.serialize(s) for s in self.steps],
+        }
+
+
 @keras.saving.register_keras_serializable(package="shardserve")
 class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
     """The parts' outputs joined: added (row ranges; with ``mask_zero`` the ids come first and
     the output carries ``ids != 0`` as its mask, as the table's ``Embedding`` did; ``extra``
-    inputs after the parts are added to their sum: a TokenAndPositionEmbedding's positions), or
+    inputs after the parts are added to their sum: a TokenAndPositionEmbedding's positions; a
+    paired split's partial products, then the second layer's ``activation``), or
     concatenated along ``axis`` and passed through ``activation`` and ``soft_cap`` (column
     ranges; a tied table's logits)."""
 
@@ -217,7 +319,8 @@ class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
             # Then what the layer added to its lookup (a TokenAndPositionEmbedding's positions).
             for addend in _as_list(inputs)[len(_as_list(inputs)) - self.extra :]:
                 joined = ops.add(joined, addend)
-            return joined
+            # A paired split's second layer: its activation after the partial products' sum.
+            return self.activation(joined)
         joined = self.activation(ops.concatenate(parts, axis=self.axis))
         if self.soft_cap is not None:
             # A ReversibleEmbedding's logit_soft_cap, on the joined logits as on its own.
