@@ -187,7 +187,8 @@ class Replica:
         last stage's ``[R, hidden]``): one round, a second for the rows whose walk ran past the
         first candidates, a third (every id) only after a rounding surprise (``head_merge``)."""
         sampling = [row.sampling for row in rows]
-        # The calls are sent now, in step order, before anything is awaited.
+        # Sent when the step starts awaiting; the parts keep nothing between calls, so their
+        # order against other steps does not matter (the stages' calls went out in order).
         first = [
             head.summarize.remote(hidden, sampling, None, None, self._candidates)
             for head in self._heads
