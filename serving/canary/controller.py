@@ -262,7 +262,7 @@ class ServedVersion(Protocol):
     def metrics(self) -> ModelMetrics: ...
 
     @property
-    def serving(self) -> bool: ...
+    def takes_requests(self) -> bool: ...
 
 
 class Rollouts:
@@ -321,7 +321,7 @@ class Rollouts:
             rollouts.pop(name, None)
             return set()
         served = self._models.get(name, {})
-        ready = sorted((v for v, m in served.items() if _ready(m)), key=int)
+        ready = sorted((v for v, m in served.items() if m.takes_requests), key=int)
         rollout = rollouts.get(name)
         if rollout is not None and rollout.stable not in served:
             # The stable is gone (removed from disk): the canary, if it serves, takes over.
@@ -387,7 +387,7 @@ class Rollouts:
         with_one = sorted(self._rollouts)
         others = f"models with one: {with_one}" if with_one else "no model has one"
         versions = self._models.get(name, {})
-        if versions and not any(_ready(m) for m in versions.values()):
+        if versions and not any(m.takes_requests for m in versions.values()):
             why = "no rollout yet: none of its versions is ready (a rollout begins with the first)"
             raise NotFoundError(f"model {name!r} has {why}; {others}")
         if versions:
@@ -412,7 +412,3 @@ class Rollouts:
             self._failures.failed(name, what, exc)
         else:
             self._failures.succeeded(name, what)
-
-
-def _ready(model: ServedVersion) -> bool:
-    return model.serving

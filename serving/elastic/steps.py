@@ -109,7 +109,7 @@ def scaler_of(model: ServedModel) -> Scaler | None:
     state = scale_state(model)
     if isinstance(state.scaler, Scaler):
         return state.scaler
-    if state.fixed or not model.was_ready:
+    if state.fixed or not model.takes_requests:
         return None
     runner, batcher = model.runner, model.batcher
     low, high = model.settings.replica_bounds()

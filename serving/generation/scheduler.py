@@ -44,7 +44,8 @@ from serving.errors import (
     QueueFullError,
     ShardServeError,
 )
-from serving.generation.policy import admit_count, prefill_wait
+from serving.generation.knobs import GenerationKnobs, within_budget
+from serving.generation.policy import admit_count
 from serving.generation.sequence import (
     Completion,
     GenerationParams,
@@ -97,11 +98,14 @@ class SchedulerSettings:
     """``max_running_sequences``: the most sequences one replica generates at once (at most its
     ``kv_slots``; ``None``: all of them). ``prefill_timeout_ms``: how long the oldest prompt may
     wait for others to join its prefill (``None``: auto, ``serving.generation.policy``).
+    ``prefill_budget_tokens``: the most prompt tokens joining one step (``None``: no cap).
     ``max_waiting``: the most prompts queued. ``groups``: the groups in flight per replica
-    (``None``: its stages + 1)."""
+    (``None``: its stages + 1). The first three are the start of ``GenerationKnobs``, which
+    owns them from then on (the admin route changes them there)."""
 
     max_running_sequences: int | None = None
     prefill_timeout_ms: float | None = None
+    prefill_budget_tokens: int | None = None
     max_waiting: int = 128
     groups: int | None = None
 
@@ -134,7 +138,6 @@ class Scheduler:
         self.info: GenerationInfo = replicas[0].info
         self._clock = clock
         self.observer = observer
-        self._wait = prefill_wait(settings.prefill_timeout_ms)
         self._max_waiting = settings.max_waiting
         groups = settings.groups or self.info.stages + 1
         self._replicas = [
@@ -148,27 +151,21 @@ class Scheduler:
         ]
         self._waiting: deque[Sequence] = deque()
         self._wake = asyncio.Event()
-        self._limit = self.info.kv_slots
-        self.max_running_sequences = settings.max_running_sequences or self.info.kv_slots
+        self.knobs = GenerationKnobs(
+            self.info.kv_slots,
+            max_running_sequences=settings.max_running_sequences,
+            prefill_timeout_ms=settings.prefill_timeout_ms,
+            prefill_budget_tokens=settings.prefill_budget_tokens,
+        )
+        self.knobs.on_change(self._notify)  # a prompt may join now
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: str | None = None
 
-    # ---- the run-time limit and what the metrics read
+    # ---- what the metrics read (the knobs are ``self.knobs``'s, read at every step)
 
     @property
     def max_running_sequences(self) -> int:
-        return self._limit
-
-    @max_running_sequences.setter
-    def max_running_sequences(self, value: int) -> None:
-        slots = self.info.kv_slots
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= slots:
-            raise ValueError(
-                f"max_running_sequences must be an integer from 1 to kv_slots={slots}, "
-                f"got {value!r}"
-            )
-        self._limit = value
-        self._notify()
+        return self.knobs.max_running_sequences
 
     @property
     def running(self) -> int:
@@ -341,16 +338,19 @@ class Scheduler:
                 for seq in group.seqs:
                     seq.needs_prefill = True
                 continue
+            knobs = self.knobs
             room = admit_count(
-                limit=self._limit,
+                limit=knobs.max_running_sequences,
                 groups=len(rep.groups),
                 in_group=len(group.seqs),
                 on_replica=rep.running,
                 slots_free=len(rep.free_slots),
             )
             if room and self._waiting:
+                lengths = (s.length for s in self._waiting)
+                room = within_budget(lengths, knobs.prefill_budget_tokens, room)
                 waited = self._clock() - self._waiting[0].arrived
-                wait_s = self._wait.wait_s(
+                wait_s = knobs.prefill_wait.wait_s(
                     waited_s=waited, waiting=len(self._waiting), room=room, busy=bool(group.seqs)
                 )
                 if wait_s <= 0:

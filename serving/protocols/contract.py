@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from serving.settings.config import Settings
     from serving.version.admitted import Admitted
     from serving.version.condition import Condition
-    from serving.version.life import IndexState, VersionState
+    from serving.version.life import IndexState, Phase, VersionState
     from shards.signature import ModelSignature
 
 __all__ = [
@@ -61,14 +61,15 @@ class ModelHandle(Protocol):
     - ``admitted``: the requests it admitted and has not answered (its drain waits for them).
     - ``require_batcher()``: its batcher if it takes requests now, else ``NotReadyError``
       saying why (loading, failed to load, stopping, its batch loop failed).
-    - ``not_ready_reason()``: why it would refuse a request now, or ``None`` when ready.
+    - ``not_ready_reason()``: why it would refuse a request now, or ``None`` when ready;
+      ``available``: it takes a request now (``not_ready_reason()`` is ``None``).
     - ``length_padding_parameters()``: the length padding in force (padded inputs, buckets,
       outputs cut back) or why it is off; ``None`` before warm-up or with no unknown length.
     - ``scaling_parameters()``: its replica bounds, the count it should have and why (the
       autoscaler's last reason); ``None`` before it serves or with a fixed count.
-    - ``state``, ``reason``, ``was_ready``, ``condition()``: its state machine's state, why it
-      is there, whether its load completed, and how a READY version serves now (the status
-      routes and calls: ``serving.protocols.tfserving.status``).
+    - ``state``, ``reason``, ``phase``, ``condition()``: its state machine's state, why it is
+      there, where it stands for a request (loading, ready, stopping, failed), and how a READY
+      version serves now (the status routes and calls: ``serving.protocols.tfserving.status``).
     """
 
     @property
@@ -102,6 +103,9 @@ class ModelHandle(Protocol):
 
     def not_ready_reason(self) -> str | None: ...
 
+    @property
+    def available(self) -> bool: ...
+
     def length_padding_parameters(self) -> dict[str, Any] | None: ...
 
     def scaling_parameters(self) -> dict[str, Any] | None: ...
@@ -113,7 +117,7 @@ class ModelHandle(Protocol):
     def reason(self) -> str | None: ...
 
     @property
-    def was_ready(self) -> bool: ...
+    def phase(self) -> Phase: ...
 
     def condition(self) -> Condition: ...
 
@@ -146,6 +150,11 @@ class ModelDirectory(Protocol):
     def not_ready_reason(self) -> str | None:
         """Why the server as a whole is not ready (V2's ``/v2/health/ready``), or ``None``:
         ready once no version is still loading and at least one is READY."""
+        ...
+
+    @property
+    def available(self) -> bool:
+        """The server as a whole is ready (``not_ready_reason()`` is ``None``)."""
         ...
 
 

@@ -365,14 +365,17 @@ def submit(
     deadline: float,
     request_id: str | None,
     timeout_s: float | None = None,
+    since: float | None = None,
 ) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
     """Hand a decoded request's rows to the batcher (its coroutine: no frame of its own), the
     one way a protocol's work submits: 400 for an input longer than the model serves
     (``_check_sequence_length``); ``timeout_s``: the client's own timeout carried in the
-    request (V2's ``timeout`` parameter), which tightens ``deadline`` from now."""
+    request (V2's ``timeout`` parameter), which tightens ``deadline``, counted from ``since``
+    (``time.monotonic()``: where the protocol read it), else from now."""
     _check_sequence_length(inputs, model)
     if timeout_s is not None:
-        deadline = min(deadline, time.monotonic() + timeout_s)
+        start = time.monotonic() if since is None else since
+        deadline = min(deadline, start + timeout_s)
     return batcher.submit(inputs, deadline=deadline, request_id=request_id)
 
 

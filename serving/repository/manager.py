@@ -30,7 +30,6 @@ from serving.repository.registry import Registry
 from serving.repository.replica_switch import Rolling
 from serving.repository.source import Source, not_in_repository, selected_settings, source_for
 from serving.settings.config import Settings
-from serving.version.life import VersionState
 from serving.version.runner import RunnerFactory, plan_private_ray
 
 if TYPE_CHECKING:
@@ -121,10 +120,9 @@ class Repository:
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         reconciler = self.reconciler
-        entries = index_entries(
-            self.state, reconciler.plans, reconciler.held, reconciler.rollouts.note
+        return index_entries(
+            self.state, reconciler.plans, reconciler.held, reconciler.rollouts.note, ready_only
         )
-        return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
     async def load(self, name: str) -> None:
         plans = await asyncio.to_thread(self._source.scan)
@@ -148,7 +146,7 @@ class Repository:
         chosen = [self.state.models.get(name, {}).get(str(v)) for v in plan.selected]
         loading = [m for m in chosen if m is not None]
         await asyncio.gather(*(m.wait_load() for m in loading))
-        failed = [m for m in loading if m.state is VersionState.FAILED]
+        failed = [m for m in loading if m.phase == "failed"]
         if failed:
             raise NotReadyError(
                 "; ".join(

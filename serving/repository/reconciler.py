@@ -78,8 +78,6 @@ from serving.repository.switch_queue import (
     widen_queues,
 )
 from serving.supervisor import RepeatedFailures, start_supervised
-from serving.version.life import VersionState
-from serving.version.readiness import version_state
 from serving.version.runner import RunnerFactory
 from serving.version.served import ServedModel
 
@@ -195,7 +193,7 @@ class Reconciler:
         next tick samples again."""
         for versions in list(self.state.models.values()):
             for model in list(versions.values()):
-                if not model.serving:
+                if not model.takes_requests:
                     continue
                 last = self._observed.get(model)
                 if last is not None and now - last < SCALE_PERIOD_S:
@@ -207,13 +205,13 @@ class Reconciler:
                 what = f"model {model.name!r} version {model.version}'s scale step"
                 try:
                     observe(model, now)
+                    apply_limits(model)  # the replicas that serve now: a source of its limits
                     step = scale_step(model)
                 except Exception as exc:
                     self.state.metrics.background_error("scaling")
                     self._failures.failed(key, what, exc)
                     continue
                 self._failures.succeeded(key, what)
-                apply_limits(model)  # the replicas that serve now, a source of its limits
                 if step is not None:
                     run_step(model, step)
 
@@ -268,7 +266,7 @@ class Reconciler:
                 m
                 for v, m in served.items()
                 if int(v) in wanted
-                and m.state is VersionState.FAILED
+                and m.phase == "failed"
                 and (retry or (m not in self._loads and self._changed(m, plan)))
             ]
             for v in sorted(wanted - {int(v) for v in served}):
@@ -343,7 +341,7 @@ class Reconciler:
             return  # the switch's steps, then the settle again
         try:
             key = (model.name, model.version)
-            if model.state is VersionState.FAILED:
+            if model.phase == "failed":
                 self._failed[key] = load.fingerprint
                 await model.stop_jobs(_CLOSE_FAILED_S)
                 await model.close(_CLOSE_FAILED_S)
@@ -388,15 +386,16 @@ class Reconciler:
         keep = self.rollouts.arrange(name, plan.traffic, plan.selected) | self.rolling.keep(name)
         self._publish(name)
         served = self.state.models.get(name, {})
-        wanted = [version_state(served[str(v)])[0] for v in plan.selected if str(v) in served]
-        settled = not plan.selected or ("LOADING" not in wanted and "READY" in wanted)
+        wanted = [served[str(v)] for v in plan.selected if str(v) in served]
+        loading = any(m.phase == "loading" for m in wanted)
+        settled = not plan.selected or (not loading and any(m.available for m in wanted))
         # One that is not READY (loading, failed, draining) serves nothing: it goes at once. A
         # READY one whose replicas are down for a while is READY still: taken on every tick,
         # this rule must not retire the version that serves over a replica's restart.
         retiring = [
             m
             for v, m in served.items()
-            if int(v) not in plan.selected and v not in keep and (settled or not m.serving)
+            if int(v) not in plan.selected and v not in keep and (settled or not m.takes_requests)
         ]
         for model in retiring:  # at once: the next request that names no version goes on
             model.stop_accepting(_refusal(model, why_retired(plan, model.version)))

@@ -34,7 +34,6 @@ from serving.elastic.limits import apply_limits, follow_replicas
 from serving.elastic.steps import hold, release
 from serving.repository.routing import SwitchSplit
 from serving.settings.config import Settings
-from serving.version.life import VersionState
 from serving.version.runner import ElasticRunner, ModelRunner, RunnerFactory
 
 if TYPE_CHECKING:
@@ -152,12 +151,12 @@ class Rolling:
     async def _step(self, switch: Switch) -> None:
         try:
             if switch.phase == "start":
-                if _serving(switch.new):
+                if switch.new.takes_requests:
                     switch.phase = "forward"
                     self.state.traffic[switch.new.name] = SwitchSplit(
                         switch.old.version, switch.new.version
                     )
-                elif _serving(switch.old):  # the new one failed to load
+                elif switch.old.takes_requests:  # the new one failed to load
                     switch.phase = "back"
                 else:
                     switch.phase = "done"
@@ -188,7 +187,7 @@ class Rolling:
         leaving = [
             m
             for v, m in served.items()
-            if m is not model and int(v) not in plan.selected and _serving(m)
+            if m is not model and int(v) not in plan.selected and m.takes_requests
         ]
         if not leaving:
             return None
@@ -197,7 +196,7 @@ class Rolling:
 
     async def _begin(self, old: ServedModel, new: ServedModel, settings: Settings) -> Settings:
         target, start = settings.replicas, serving_count(old.health()) or 1
-        if target < 2 or not _serving(old) or await self._fits(old, target):
+        if target < 2 or not old.takes_requests or await self._fits(old, target):
             return settings
         switch = self._switches[new.name] = Switch(old, new, target, start)
         why = f"version {new.version} replaces version {old.version} replica by replica"
@@ -228,7 +227,7 @@ class Rolling:
             )
             switch.phase = "done"
             return
-        if not (_serving(new) and (switch.gone or _serving(old))):
+        if not (new.takes_requests and (switch.gone or old.takes_requests)):
             switch.phase = "done"  # unloaded or stopping meanwhile: the reconciler retires both
             return
         if not switch.room and not await self._fits(new, 1):
@@ -242,7 +241,7 @@ class Rolling:
         added, waited = await self._add(switch, new)
         if added:
             return
-        if not (_serving(new) and (switch.gone or _serving(old))):
+        if not (new.takes_requests and (switch.gone or old.takes_requests)):
             switch.phase = "done"  # given up because it was unloaded meanwhile
             return
         step = f"its replica {_count(new) + 1} of {switch.target} was not placed within "
@@ -268,8 +267,8 @@ class Rolling:
         where there is no room, its last one drained with the version); at the end the new is
         drained, and ``why`` (a step failed) becomes its reason in the index."""
         old, new, why = switch.old, switch.new, switch.why
-        if _count(old) < switch.start and _serving(old) and not switch.stuck:
-            if not switch.room and not await self._fits(old, 1) and _serving(new):
+        if _count(old) < switch.start and old.takes_requests and not switch.stuck:
+            if not switch.room and not await self._fits(old, 1) and new.takes_requests:
                 if _count(new) > 1:
                     await self._remove(switch, new)
                 else:
@@ -290,9 +289,9 @@ class Rolling:
                 )
                 switch.stuck = True
             return
-        if _serving(new):
+        if new.takes_requests:
             await self._drain(new, why or "its switch was turned back")
-        if new.state is VersionState.DRAINING:  # drained above: it ends as the switch did
+        if new.phase == "stopping":  # drained above: it ends as the switch did
             failure = None if why is None else f"{why}; version {old.version} serves with "
             new.end_retire(None if failure is None else f"{failure}{_count(old)} replica(s)")
         switch.phase = "done"
@@ -361,10 +360,6 @@ def _follow(model: ServedModel) -> None:
         return
     follow_replicas(model, runner.health().healthy)
     apply_limits(model)
-
-
-def _serving(model: ServedModel) -> bool:
-    return model.serving
 
 
 def _count(model: ServedModel) -> int:

@@ -42,6 +42,11 @@ class ServerState(Registry):
         loading and at least one is ready (``serving.version.readiness``)."""
         return readiness(self).reason
 
+    @property
+    def available(self) -> bool:
+        """The server as a whole is ready: what V2's server ready and gRPC health answer."""
+        return readiness(self).reason is None
+
     def begin_stop(self) -> StopBudget:
         """Refuse new requests from now on; the stop's budget (``stop_timeout_s``), started by
         the first caller and shared by the later ones."""

@@ -31,7 +31,7 @@ from serving.version.admitted import Admitted
 from serving.version.collector import freeze_heap
 from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
-from serving.version.life import LOADING_STATES, Life, VersionState
+from serving.version.life import Life, Phase, VersionState
 from serving.version.runner import ModelRunner, RunnerFactory, pipeline_depth, release_bundle
 from serving.version.scale_state import LimitSources, ScaleState, ScaleStatus
 from serving.version.shape_log import ShapeLog
@@ -98,19 +98,22 @@ class ServedModel:
         return self._load_waits
 
     @property
-    def was_ready(self) -> bool:
-        """Its load completed (it reached READY, or would have but for a drain meanwhile)."""
-        return self._life.served
+    def phase(self) -> Phase:
+        """Where it stands for a request (``serving.version.life.Life.phase``): loading, ready,
+        stopping or failed; every view of "is it serving" derives from it."""
+        return self._life.phase
 
     @property
     def takes_requests(self) -> bool:
-        """READY: it takes requests (whatever its replicas' condition)."""
-        return self._life.state is VersionState.READY
+        """May it take a request: READY, whatever its replicas' condition (the reconciler
+        routes, labels, scales and keeps it; its condition answers or refuses each request)."""
+        return self._life.phase == "ready"
 
     @property
-    def serving(self) -> bool:
-        """READY: it takes requests (whatever its replicas' condition)."""
-        return self._life.state is VersionState.READY
+    def available(self) -> bool:
+        """Is it counted as available: READY and a replica serves, or will within a request's
+        deadline (readiness, V2 ready, gRPC health, TF Serving's AVAILABLE, the routing pick)."""
+        return self.not_ready_reason() is None
 
     def condition(self) -> Condition:
         """How a READY version serves now: healthy, recovering or degraded, from its replicas and
@@ -138,10 +141,8 @@ class ServedModel:
     def queue_widened(self) -> tuple[int, int] | None:
         """Its own queue rows and the rows it holds while a switch widens them, or None."""
         factor, batcher = self.limits.factor, self.batcher
-        if factor == 1 or batcher is None:
-            return None
-        rows = batcher.settings.max_queue_rows
-        return rows // factor, rows
+        rows = batcher.settings.max_queue_rows if batcher is not None else 0
+        return None if factor == 1 or batcher is None else (rows // factor, rows)
 
     @property
     def batch_settings(self) -> BatchSettings | None:
@@ -170,43 +171,44 @@ class ServedModel:
 
     def not_ready_reason(self) -> str | None:
         """Why it would refuse a request now (its replicas' condition included), or ``None``."""
-        state = self._life.state
-        if state is VersionState.FAILED:
-            return f"model failed to load: {self._life.reason}"
-        if state in LOADING_STATES or not self._life.served:
-            return "model is still loading"
-        if state is not VersionState.READY:
-            return self._life.reason or f"model is {state.lower()}"
-        return self.condition().unavailable
+        refusal = self._life.refusal()
+        return self.condition().unavailable if refusal is None else refusal
 
     def require_batcher(self) -> Batcher:
-        """The batcher, or the 503 that says why this model cannot take a request now."""
-        state = self._life.state
-        if state is VersionState.FAILED:
-            raise NotReadyError(f"model failed to load: {self._life.reason}")
+        """The batcher, or the 503 that says why this model cannot take a request now (its
+        phase's refusal, ``not_ready_reason``'s, with how to wait for a load)."""
+        phase = self._life.phase
+        if phase == "failed":
+            raise self._refused()
         if self.generator is not None:
             raise InvalidInputError(
                 f"model {self.name!r} version {self.version} generates text: POST "
                 f"/v2/models/{self.name}/generate; predict and infer are not served for a "
                 "keras_hub CausalLM preset"
             )
-        if self.batcher is None or not self._life.served:
+        if self.batcher is None or phase == "loading":
             waiting = f" ({self._load_waits})" if self._load_waits else ""
             raise NotReadyError(
                 f"model is still loading{waiting}; retry when GET /readyz answers 200"
             )
-        if state is not VersionState.READY:
-            raise NotReadyError(self._life.reason or f"model is {state.lower()}")
+        if phase == "stopping":
+            raise self._refused()
         if self.batcher.failure is not None:
             raise NotReadyError(self.batcher.failure)
         return self.batcher
 
+    def _refused(self) -> NotReadyError:
+        """The 503 of a phase that refuses (failed, stopping), saying why."""
+        refusal = self._life.refusal()
+        assert refusal is not None  # asked only where its phase refuses
+        return NotReadyError(refusal)
+
     def require_generator(self) -> Generator:
         """The generator, or why this version takes no generate request now: 503 while it
         loads or stops, 404 for a version that does not generate."""
-        state = self._life.state
-        if state is VersionState.FAILED:
-            raise NotReadyError(f"model failed to load: {self._life.reason}")
+        phase = self._life.phase
+        if phase == "failed":
+            raise self._refused()
         if self.generator is None:
             if self.batcher is not None:  # no generate route for it: 404, as a route
                 raise NotFoundError(
@@ -215,10 +217,10 @@ class ServedModel:
                     "infer"
                 )
             raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
-        if not self._life.served:
+        if phase == "loading":
             raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
-        if state is not VersionState.READY:
-            raise NotReadyError(self._life.reason or f"model is {state.lower()}")
+        if phase == "stopping":
+            raise self._refused()
         return self.generator
 
     # ---- life: start (load, warm up, ready) ... drain, close
@@ -471,10 +473,10 @@ def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
     replicas = runner.replicas
     return BatchSettings(
         max_batch_size=settings.max_batch_size,
-        batch_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
+        batch_timeout_ms=settings.batch_timeout_ms,
         max_inflight_batches=settings.inflight_batches(stages, replicas),
         max_queue_rows=settings.queue_rows(stages, replicas),
-        allowed_batch_sizes=settings.batch_sizes(),
+        allowed_batch_sizes=settings.padded_sizes(),
         slo_p99_ms=settings.slo_p99_ms,
         pipeline_depth=stages * replicas,
         pipeline_stages=stages,

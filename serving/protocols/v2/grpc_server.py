@@ -84,14 +84,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: _Context) -> Any:
-        return pb.ServerReadyResponse(ready=self._models.not_ready_reason() is None)
+        return pb.ServerReadyResponse(ready=self._models.available)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: _Context) -> Any:
         return json_format.ParseDict(server_metadata(), pb.ServerMetadataResponse())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: _Context) -> Any:
         model = await self._model(context, request.name, request.version)
-        return pb.ModelReadyResponse(ready=model.not_ready_reason() is None)
+        return pb.ModelReadyResponse(ready=model.available)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: _Context) -> Any:
         model = await self._model(context, request.name, request.version)
@@ -168,11 +168,11 @@ async def _infer(
 ) -> pb.ModelInferResponse:
     """The work of one admitted call (the data plane's ``Work``): decode, submit, encode."""
     request, rid = call.message, call.rid
-    timeout_s = request_timeout_s(request)
+    timeout_s, since = request_timeout_s(request), time.monotonic()  # counted from here
     signature = model.signature
     inputs = decode_inputs(request, signature, request_limits(model, batcher))
     names = requested_outputs(request, signature)
-    outputs = await submit(inputs, model, batcher, deadline, rid, timeout_s)
+    outputs = await submit(inputs, model, batcher, deadline, rid, timeout_s, since)
     tensors, raw = encode_outputs(outputs, names, signature)
     return pb.ModelInferResponse(
         model_name=model.name,

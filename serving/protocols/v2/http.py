@@ -97,7 +97,7 @@ async def _metadata(name: str, request: Request, version: str | None = None) -> 
 async def _model_ready(
     name: str, request: Request, response: Response, version: str | None = None
 ) -> dict[str, Any]:
-    ready = _model(request, name, version).not_ready_reason() is None
+    ready = _model(request, name, version).available
     response.status_code = 200 if ready else 503
     return {"name": name, "ready": ready}
 
@@ -146,7 +146,7 @@ async def _live() -> dict[str, Any]:
 
 
 async def _server_ready(request: Request, response: Response) -> dict[str, Any]:
-    ready = served_models(request.app).not_ready_reason() is None
+    ready = served_models(request.app).available
     response.status_code = 200 if ready else 503
     return {"ready": ready}
 
