@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from serving.generation.levels import Levels
 from serving.generation.scheduler import GenerationObserver, Scheduler, SchedulerSettings
 from serving.generation.sequence import GenerationParams
 from serving.generation.tokenizer import TextTokenizer, load_tokenizer
@@ -51,9 +52,10 @@ class Generator:
     def set_observer(self, observer: GenerationObserver) -> None:
         self.scheduler.observer = observer
 
-    def check_headroom(self) -> None:
-        """Refuse (503 with Retry-After) when the prompt queue is full, from the headers."""
-        self.scheduler.check_headroom()
+    def check_headroom(self, priority: str | None = None) -> None:
+        """Refuse (503 with Retry-After) when the prompt queue of level ``priority`` is full
+        (``None``: of every level), from the headers."""
+        self.scheduler.check_headroom(priority)
 
     async def warm_up(self) -> None:
         """One token end to end, so that the first prompt does not pay for the set-up."""
@@ -74,4 +76,6 @@ def scheduler_settings(settings: Settings) -> SchedulerSettings:
         else float(settings.prefill_timeout_ms),
         max_waiting=settings.max_waiting_prompts,
         groups=settings.generation_groups,
+        levels=Levels(tuple(settings.priority_levels), settings.default_priority),
+        max_preemptions=settings.max_preemptions,
     )

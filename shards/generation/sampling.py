@@ -2,7 +2,8 @@
 
 keras_hub's samplers take one temperature for the batch; here every row has its own
 ``Sampling``. A seeded draw uses a generator keyed by (seed, token index) alone, so a row draws
-the same token whether it runs alone, batched with others, or again after a re-prefill.
+the same token whether it runs alone, batched with others, or again after a re-prefill; an
+unseeded one by (its ``draw_key``, token index) where the scheduler gave it one.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _sample_one(
         keep = int(np.searchsorted(cumulative, s.top_p, side="left")) + 1
         order, probs = order[:keep], probs[:keep]
     probs = probs / np.sum(probs)
-    rng = _generator(s.seed, token_index, fallback)
+    rng = _generator(s.seed if s.seed is not None else s.draw_key, token_index, fallback)
     pick = int(np.searchsorted(np.cumsum(probs), rng.random(), side="right"))
     token = int(order[min(pick, order.size - 1)])
     return token, float(logprobs[token])
