@@ -44,6 +44,7 @@ from bench.observe.cpusplit import cores, cpu_seconds
 from bench.observe.quiet import other_benches
 from bench.observe.scrape import free_port, scrape
 from bench.options import Progress
+from bench.suites.generate_priorities import render_priorities, run_priorities
 from bench.suites.generate_report import (
     STEP_ROWS,
     TPOT,
@@ -83,11 +84,15 @@ class GeneratePlan:
     seed: int = 0
     port: int = 0  # the first system's; the next ones count up from it (0: free ports)
     workdir: Path = Path(".bench/generate")
+    # --priorities: high-priority TTFT under a saturating low load instead (generate_priorities)
+    priorities: bool = False
+    probes: int = 20  # high prompts per phase of a round
+    low_clients: int = 0  # closed-loop low clients (0: 2 x batch)
 
     def __post_init__(self) -> None:
         options.require(
             self,
-            at_least_one=("blocks", "hidden", "stages", "batch", "rounds"),
+            at_least_one=("blocks", "hidden", "stages", "batch", "rounds", "probes"),
             positive=("duration_s", "warmup_s", "ttft_limit_s"),
         )
         if not self.rates or min(self.rates) <= 0:
@@ -269,6 +274,8 @@ def ceiling(plan: GeneratePlan, preset: Path) -> dict[str, Any]:
 
 
 def run(plan: GeneratePlan, progress: Progress = print) -> dict[str, Any]:
+    if plan.priorities:
+        return run_priorities(plan, progress)
     progress(f"saving the model: {plan.shape.describe()}")
     preset = save_preset(plan.shape, plan.workdir)
     results: dict[str, Any] = {
@@ -291,7 +298,7 @@ def run(plan: GeneratePlan, progress: Progress = print) -> dict[str, Any]:
 def add_parsers(sub: Any) -> None:
     about = "generation: iteration-level vs request-level batching (LitServe), Poisson (issue 39)"
     opts = options.suite(
-        sub, "generate", about, out="docs/bench-generate", plan=GeneratePlan, run=run, render=render
+        sub, "generate", about, out="docs/bench-generate", plan=GeneratePlan, run=run, render=_render
     )
     opts.own("--blocks", type=int, help="decoder blocks of the model")
     opts.own("--hidden", type=int, help="its width")
@@ -310,3 +317,17 @@ def add_parsers(sub: Any) -> None:
     opts.own("--min-tokens", type=int)
     opts.own("--max-tokens", type=int)
     opts.add("seed", "port", "workdir")
+    opts.own(
+        "--priorities",
+        action="store_true",
+        default=None,
+        help="high-priority TTFT under a saturating low-priority load instead (issue 41)",
+    )
+    opts.own("--probes", type=int, help="--priorities: high prompts per phase of a round")
+    opts.own("--low-clients", type=int, help="--priorities: closed-loop low clients (0: 2 x batch)")
+
+
+def _render(results: dict[str, Any]) -> str:
+    if results.get("bench") == "generate-priorities":
+        return render_priorities(results)
+    return render(results)

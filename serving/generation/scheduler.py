@@ -200,6 +200,10 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def waiting_at(self, priority: str) -> int:
+        """Prompts of level ``priority`` waiting (preempted sequences among them)."""
+        return self._waiting.at(self.levels.rank(priority))
+
     @property
     def free_slots(self) -> int:
         return sum(len(r.free_slots) for r in self._replicas)

@@ -196,6 +196,13 @@ class _Families:
             labels,
             registry=r,
         )
+        self.waiting_prompts = Gauge(
+            "shardserve_waiting_prompts",
+            "Prompts of a generating model waiting for a slot (preempted sequences among "
+            "them), by priority level",
+            [*labels, "priority"],
+            registry=r,
+        )
         self.free_kv_slots = Gauge(
             "shardserve_free_kv_slots",
             "KV cache slots free, over every replica",
@@ -346,11 +353,17 @@ class ModelMetrics:
         return GenerationMetrics(self, self._f, self.key)
 
     def bind_generation(
-        self, running: Callable[[], float], free_slots: Callable[[], float]
+        self,
+        running: Callable[[], float],
+        free_slots: Callable[[], float],
+        waiting: dict[str, Callable[[], float]] | None = None,
     ) -> None:
+        """``waiting``: each priority level's queue length."""
         if not self.removed:
             self._f.running_sequences.labels(*self.key).set_function(running)
             self._f.free_kv_slots.labels(*self.key).set_function(free_slots)
+            for level, source in (waiting or {}).items():
+                self._f.waiting_prompts.labels(*self.key, level).set_function(source)
 
     def scale_event(self, direction: str, reason: str) -> None:
         if not self.removed:

@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -319,8 +320,14 @@ class ServedModel:
         self._life.advance(VersionState.WARMING)
         try:
             generator.set_observer(self.metrics.generation())
+            scheduler = generator.scheduler
             self.metrics.bind_generation(
-                lambda: generator.scheduler.running, lambda: generator.scheduler.free_slots
+                lambda: scheduler.running,
+                lambda: scheduler.free_slots,
+                {
+                    level: partial(scheduler.waiting_at, level)
+                    for level in scheduler.levels.names
+                },
             )
             generator.start()
             await generator.warm_up()

@@ -9,7 +9,6 @@ import pytest
 from serving.generation.engine import scheduler_settings
 from serving.generation.levels import Levels
 from serving.settings.config import Settings
-
 from tests.generation_fakes import FakeGenerationReplica
 from tests.metrics_text import metric
 from tests.serving.protocols.v2.test_v2_generate import serve
