@@ -3,6 +3,8 @@ token under a saturating low-priority load (issue 41's "Done when")?
 
 One shardserve server (``--kv-slots B``, the generate suite's model and flags) and, per round:
 
+An uncounted round comes first (the model's step shapes are traced on first use).
+
 1. **Idle**: ``--probes`` high prompts one after the other, ``max_tokens`` 1 (the answer's
    latency is its TTFT, timed at the client), then the same prompts with ``max_tokens`` 1 + D:
    the idle decode step is the medians' difference over D. The goal: the idle TTFT p95 + 2
@@ -116,7 +118,7 @@ async def _until_idle(base: str, timeout_s: float = 120.0) -> None:
 async def _round(
     plan: GeneratePlan, url: str, base: str, round_: int, progress: Progress
 ) -> dict[str, Any]:
-    seed = plan.seed * 1000 + round_
+    seed = plan.seed * 1000 + round_ + 1  # the warm-up round (-1) too: seeds are >= 0
     probes = prompts(plan.probes, seed, lengths=(plan.min_prompt, plan.max_prompt))
     lows = prompts(
         256, seed + 500, lengths=(plan.min_prompt, plan.max_prompt),
@@ -196,6 +198,10 @@ def run_priorities(plan: GeneratePlan, progress: Progress) -> dict[str, Any]:
     progress(f"[shardserve] starting on port {port}, kv slots {plan.batch}")
     with server(plan, preset, "shardserve", port) as srv:
         base = srv.url.split("/v2/")[0]
+        # An uncounted round first: every step shape the rounds meet (prefill rows x prompt
+        # bucket, beside decode rows) is traced on its first use, a second or so each.
+        progress("  warm-up round (not counted)")
+        asyncio.run(_round(plan, srv.url, base, -1, progress))
         for round_ in range(plan.rounds):
             record = asyncio.run(_round(plan, srv.url, base, round_, progress))
             results["rounds"].append(record)
