@@ -298,7 +298,13 @@ def run(plan: GeneratePlan, progress: Progress = print) -> dict[str, Any]:
 def add_parsers(sub: Any) -> None:
     about = "generation: iteration-level vs request-level batching (LitServe), Poisson (issue 39)"
     opts = options.suite(
-        sub, "generate", about, out="docs/bench-generate", plan=GeneratePlan, run=run, render=_render
+        sub,
+        "generate",
+        about,
+        out="docs/bench-generate",
+        plan=GeneratePlan,
+        run=run,
+        render=_render,
     )
     opts.own("--blocks", type=int, help="decoder blocks of the model")
     opts.own("--hidden", type=int, help="its width")

@@ -130,9 +130,7 @@ async def _round(
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await _until_idle(base)
         idle = [await _timed(client, url, _body(p.ids, 1, "high")) for p in probes]
-        longer = [
-            await _timed(client, url, _body(p.ids, 1 + DECODE_EXTRA, "high")) for p in probes
-        ]
+        longer = [await _timed(client, url, _body(p.ids, 1 + DECODE_EXTRA, "high")) for p in probes]
         step = max(0.0, statistics.median(longer) - statistics.median(idle)) / DECODE_EXTRA
         load = _Lows(client, url, low_bodies, clients)
         try:

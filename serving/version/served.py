@@ -324,10 +324,7 @@ class ServedModel:
             self.metrics.bind_generation(
                 lambda: scheduler.running,
                 lambda: scheduler.free_slots,
-                {
-                    level: partial(scheduler.waiting_at, level)
-                    for level in scheduler.levels.names
-                },
+                {level: partial(scheduler.waiting_at, level) for level in scheduler.levels.names},
             )
             generator.start()
             await generator.warm_up()
