@@ -9,7 +9,8 @@ An uncounted round comes first (the model's step shapes are traced on first use)
    latency is its TTFT, timed at the client), then the same prompts with ``max_tokens`` 1 + D:
    the idle decode step is the medians' difference over D. The goal: the idle TTFT p95 + 2
    decode steps.
-2. **Low alone**: ``--low-clients`` (0: 2 x B) closed-loop clients send low-priority prompts
+2. **Low alone**: ``--low-clients`` (0: 2 x B) closed-loop clients (in a child process, apart
+   from the probes' client) send low-priority prompts
    (the plan's lengths and ``max_tokens``) back to back: every slot taken, a queue behind them.
    The low level's tokens/s over ``--duration`` s (``shardserve_generated_tokens_total``).
 3. **Low + high**: the same load, and ``--probes`` high prompts (``max_tokens`` 1) spread
@@ -25,6 +26,7 @@ seeded: every round sends the same ones.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import statistics
 import time
@@ -71,27 +73,56 @@ def _body(ids: tuple[int, ...], max_tokens: int, priority: str) -> bytes:
     return orjson.dumps({"input_ids": list(ids), "parameters": parameters})
 
 
+async def _low_clients(url: str, bodies: list[bytes], n: int, errors: Any, stop: Any) -> None:
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        sent = 0
+
+        async def loop() -> None:
+            nonlocal sent
+            while True:
+                body = bodies[sent % len(bodies)]
+                sent += 1
+                answer = await client.post(url, content=body)
+                if answer.status_code != 200:
+                    with errors.get_lock():
+                        errors.value += 1
+                    await asyncio.sleep(0.05)
+
+        tasks = [asyncio.ensure_future(loop()) for _ in range(n)]
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _low_process(url: str, bodies: list[bytes], n: int, errors: Any, stop: Any) -> None:
+    asyncio.run(_low_clients(url, bodies, n, errors, stop))
+
+
 class _Lows:
-    """Closed-loop low-priority clients, each sending the next of ``bodies`` once answered."""
+    """Closed-loop low-priority clients in a process of their own (so that the probes' client
+    shares no event loop with them), each sending the next of ``bodies`` once answered."""
 
-    def __init__(self, client: httpx.AsyncClient, url: str, bodies: list[bytes], n: int) -> None:
-        self.client, self.url, self.bodies = client, url, bodies
-        self.sent = self.errors = 0
-        self.tasks = [asyncio.ensure_future(self._loop(i)) for i in range(n)]
+    def __init__(self, url: str, bodies: list[bytes], n: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._errors = context.Value("i", 0)
+        self._stop = context.Event()
+        self._process = context.Process(
+            target=_low_process, args=(url, bodies, n, self._errors, self._stop), daemon=True
+        )
+        self._process.start()
 
-    async def _loop(self, index: int) -> None:
-        while True:
-            body = self.bodies[(self.sent + index) % len(self.bodies)]
-            self.sent += 1
-            answer = await self.client.post(self.url, content=body)
-            if answer.status_code != 200:
-                self.errors += 1
-                await asyncio.sleep(0.05)
+    @property
+    def errors(self) -> int:
+        return int(self._errors.value)
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self._stop.set()
+        await asyncio.to_thread(self._process.join, 30)
+        if self._process.is_alive():
+            self._process.kill()
 
 
 async def _timed(client: httpx.AsyncClient, url: str, body: bytes) -> float:
@@ -126,13 +157,12 @@ async def _round(
     )  # fmt: skip
     low_bodies = [_body(p.ids, p.max_tokens, "low") for p in lows]
     clients = plan.low_clients or 2 * plan.batch
-    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=600) as client:
         await _until_idle(base)
         idle = [await _timed(client, url, _body(p.ids, 1, "high")) for p in probes]
         longer = [await _timed(client, url, _body(p.ids, 1 + DECODE_EXTRA, "high")) for p in probes]
         step = max(0.0, statistics.median(longer) - statistics.median(idle)) / DECODE_EXTRA
-        load = _Lows(client, url, low_bodies, clients)
+        load = _Lows(url, low_bodies, clients)
         try:
             await asyncio.sleep(plan.warmup_s)  # every slot taken, a queue behind them
             before = await _scrape(base)
