@@ -61,7 +61,16 @@ def run(scenario: Scenario, seed: int) -> Outcome:
         window_s=scenario.window_s, min_requests=scenario.min_requests, promote=scenario.promote
     )
     traffic = TrafficConfig(*scenario.weights, canary_rules=rules)
-    rollout = Rollout("m", "1", traffic, Metrics(), lambda _: None, clock=clock, rng=rng)
+    rollout = Rollout(
+        "m",
+        "1",
+        traffic,
+        Metrics(),
+        lambda _: None,
+        on_due=lambda _: rollout.check(),
+        clock=clock,
+        rng=rng,
+    )
     rollout.start_canary("2")
     gap = 1.0 / scenario.rate
     requests = 0

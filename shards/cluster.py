@@ -26,7 +26,7 @@ import ray._private.ray_constants as ray_constants
 
 from shards.actor import tflog
 from shards.errors import InsufficientResourcesError, one_line, scrub
-from shards.partition.memory_plan import format_size
+from shards.sizes import format_size
 from shards.tracing import otel_env
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,23 @@ import asyncio
 import re
 from typing import Any
 
+# Exceptions that bad input raises inside an op: worth isolating the rows that trigger them.
+# Others (out of memory, an internal error) are not the input's fault.
+INPUT_ERRORS = frozenset(
+    {
+        "InvalidArgumentError",
+        "OutOfRangeError",
+        "ValueError",
+        "TypeError",
+        "IndexError",
+        "KeyError",
+        "FloatingPointError",
+    }
+)
+
+
 __all__ = [
+    "INPUT_ERRORS",
     "BundleError",
     "InsufficientResourcesError",
     "ModelError",

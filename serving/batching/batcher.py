@@ -27,12 +27,12 @@ from serving.batching.batch_run import RunBatch
 from serving.batching.cost import RunTimeModel
 from serving.batching.dispatch import SHUTTING_DOWN, Dispatcher
 from serving.batching.lengths import LengthPadding
-from serving.batching.record import BatchRecord
 from serving.batching.rows import PendingRequest, RowQueues, Segment, check_size, row_count
 from serving.batching.settings import BatchSettings
 from serving.batching.wait import WaitPolicy, wait_policy
 from serving.errors import BatchFailedError, DeadlineExceededError, NotReadyError, ShardServeError
 from serving.supervisor import start_supervised
+from serving.telemetry.batch_record import BatchRecord
 
 __all__ = ["BatchSettings", "Batcher", "RunBatch"]
 

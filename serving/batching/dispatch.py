@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 
 from serving.batching.batch_run import Outcome, batch_length, isolation_depth, settle
 from serving.batching.hold import Hold
-from serving.batching.record import BatchRecord
 from serving.errors import NotReadyError, RecoveringError, ShardServeError
 from serving.telemetry import active
+from serving.telemetry.batch_record import BatchRecord
 from serving.telemetry.stamp import batch_attributes, batch_done, batch_sent
 
 if TYPE_CHECKING:

@@ -5,14 +5,15 @@ while a newer one takes a share of the requests that name no version, judged aga
 ``canary`` and their weights (``serving.canary.split.CanarySplit``, which the registry's routing
 pick reads), each version's window of answered requests (fed by the versions'
 ``ModelMetrics.observe_routed``), and the verdict of the judge (``serving.canary.judge``, a pure
-function of the windows) after each answer (at most every ``_JUDGE_EVERY_S``) and on each of the
-reconciler's ticks. The verdict is recorded at once: a rollback sets the canary's weight to 0
-(it stays loaded), a promote (auto or through the admin API) makes the canary stable; then
-``on_change`` pokes the reconciler (``serving.repository.reconciler``), which moves the labels
-and retires the old stable (drained: nothing dropped). A window holds only the requests the
-split routed (none that named a version or a label) and counts only failures the version caused
-(``serving.canary.blame``): a client can neither roll a canary back nor fail the stable until a
-canary is promoted.
+function of the windows). An answer only records its outcome: once the judge is due (at most
+every ``_JUDGE_EVERY_S``) ``on_due`` asks the reconciler (``serving.repository.reconciler``) for
+its canary step, which judges and acts at once (the answer that tipped it is the canary's last),
+as it does on each of its ticks. A rollback sets the canary's weight to 0 (it stays loaded), a
+promote (auto or through the admin API) makes the canary stable; then ``on_change`` tells the
+reconciler, which moves the labels and retires the old stable (drained: nothing dropped). A
+window holds only the requests the split routed (none that named a version or a label) and counts
+only failures the version caused (``serving.canary.blame``): a client can neither roll a canary
+back nor fail the stable until a canary is promoted.
 
 ``Rollouts`` holds a ``Rollout`` per model with ``[traffic]``; the reconciler asks it to arrange
 the roles as versions become READY (a new READY version while another serves becomes the canary,
@@ -26,7 +27,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from serving.canary.judge import judge
 from serving.canary.split import CanarySplit, RandomSplit
@@ -37,8 +38,7 @@ from serving.telemetry import active
 
 if TYPE_CHECKING:
     from serving.canary.config import TrafficConfig
-    from serving.metrics.series import Metrics
-    from serving.version.served import ServedModel
+    from serving.metrics.series import Metrics, ModelMetrics
 
 __all__ = ["Rollout", "RolloutState", "Rollouts"]
 
@@ -62,6 +62,8 @@ class Rollout:
         traffic: TrafficConfig,
         metrics: Metrics,
         on_change: Callable[[str], None],
+        *,
+        on_due: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
@@ -74,7 +76,8 @@ class Rollout:
         self.canary_since = 0.0
         self.windows: dict[str, OutcomeWindow] = {stable: self._window()}
         self._metrics = metrics
-        self._on_change = on_change  # pokes the reconciler: it retires and relabels
+        self._on_change = on_change  # tells the reconciler: it retires and relabels
+        self._on_due = on_due  # asks the reconciler for its canary step (``check``)
         self._clock = clock
         self._judged = 0.0
         self._unjudged = 0  # canary answers since the judge last ran
@@ -109,7 +112,8 @@ class Rollout:
 
     def record(self, version: str, failed: bool, seconds: float) -> None:
         """A request the split routed to ``version`` answered; ``failed``: the version failed
-        it (``serving.canary.blame``)."""
+        it (``serving.canary.blame``). Once the judge is due, ``on_due``: the reconciler's
+        step judges (``check``), not this callback."""
         window = self.windows.get(version)
         if window is None:
             return
@@ -122,7 +126,8 @@ class Rollout:
             self._unjudged * _JUDGE_SHARE >= window.count(now)
             or now - self._judged >= _JUDGE_EVERY_S
         ):
-            self.check(now)
+            self._judged = now  # due once: the step resets the count
+            self._on_due(self.name)
 
     def check(self, now: float | None = None) -> None:
         """Judge the canary against the stable: roll back or promote it, or hold."""
@@ -243,19 +248,38 @@ class Rollout:
             self.windows = {v: self._window() for v in self.windows}
 
 
+class ServedVersion(Protocol):
+    """A served version as the rollouts read it (``serving.version.served.ServedModel``; a
+    Protocol, so that the canary imports nothing of a version's runner, Ray or TensorFlow)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def metrics(self) -> ModelMetrics: ...
+
+    @property
+    def takes_requests(self) -> bool: ...
+
+
 class Rollouts:
     """A ``Rollout`` per model whose plan has ``traffic``, its roles kept in step with the
     versions served (``models``: the registry's versions by name, read only)."""
 
     def __init__(
         self,
-        models: Mapping[str, Mapping[str, ServedModel]],
+        models: Mapping[str, Mapping[str, ServedVersion]],
         metrics: Metrics,
         on_change: Callable[[str], None],
+        on_due: Callable[[str], None],
     ) -> None:
         self._models = models
         self._metrics = metrics
         self._on_change = on_change
+        self._on_due = on_due
         self._rollouts: dict[str, Rollout] = {}
         self._failures = RepeatedFailures()
 
@@ -274,7 +298,7 @@ class Rollouts:
         rollout = self._rollouts.get(name)
         return None if rollout is None else rollout.split
 
-    def listen(self, model: ServedModel) -> None:
+    def listen(self, model: ServedVersion) -> None:
         """The answers the server chose it for reach the model's rollout, if it has one (now
         or later)."""
         rollouts, name, version = self._rollouts, model.name, model.version
@@ -297,7 +321,7 @@ class Rollouts:
             rollouts.pop(name, None)
             return set()
         served = self._models.get(name, {})
-        ready = sorted((v for v, m in served.items() if _ready(m)), key=int)
+        ready = sorted((v for v, m in served.items() if m.takes_requests), key=int)
         rollout = rollouts.get(name)
         if rollout is not None and rollout.stable not in served:
             # The stable is gone (removed from disk): the canary, if it serves, takes over.
@@ -311,7 +335,9 @@ class Rollouts:
                 return set()
             chosen = [v for v in ready if int(v) in selected]
             stable = (chosen or ready)[-1]
-            rollout = Rollout(name, stable, traffic, self._metrics, self._on_change)
+            rollout = Rollout(
+                name, stable, traffic, self._metrics, self._on_change, on_due=self._on_due
+            )
             rollouts[name] = rollout
         rollout.reconfigure(traffic)
         if rollout.canary is not None and rollout.canary not in served:
@@ -361,7 +387,7 @@ class Rollouts:
         with_one = sorted(self._rollouts)
         others = f"models with one: {with_one}" if with_one else "no model has one"
         versions = self._models.get(name, {})
-        if versions and not any(_ready(m) for m in versions.values()):
+        if versions and not any(m.takes_requests for m in versions.values()):
             why = "no rollout yet: none of its versions is ready (a rollout begins with the first)"
             raise NotFoundError(f"model {name!r} has {why}; {others}")
         if versions:
@@ -371,17 +397,18 @@ class Rollouts:
 
     def check(self) -> None:
         """Judge every canary (the reconciler's tick: auto promotion needs no request)."""
-        for rollout in list(self._rollouts.values()):
-            if self._failures.wait_s(rollout.name) > 0:
-                continue
-            what = f"model {rollout.name!r}: judging its canary"
-            try:
-                rollout.check()
-            except Exception as exc:  # one model's judge must not end the others'
-                self._failures.failed(rollout.name, what, exc)
-            else:
-                self._failures.succeeded(rollout.name, what)
+        for name in list(self._rollouts):
+            self.check_one(name)
 
-
-def _ready(model: ServedModel) -> bool:
-    return model.serving
+    def check_one(self, name: str) -> None:
+        """Judge model ``name``'s canary, if it has one (the reconciler's canary step)."""
+        rollout = self._rollouts.get(name)
+        if rollout is None or self._failures.wait_s(name) > 0:
+            return
+        what = f"model {name!r}: judging its canary"
+        try:
+            rollout.check()
+        except Exception as exc:  # one model's judge must not end the others'
+            self._failures.failed(name, what, exc)
+        else:
+            self._failures.succeeded(name, what)

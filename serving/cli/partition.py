@@ -246,9 +246,9 @@ def _plan_model(
 ) -> tuple[list[Any], Any, Any]:
     from shards.bundle.format import import_modules, load_keras
     from shards.errors import PartitionError
-    from shards.partition.cut import plan_bundle
     from shards.partition.demo_models import DEMO_MODELS, build_demo
     from shards.partition.graph import analyse
+    from shards.partition.stages import plan_bundle
 
     import_modules(flags.imports or ())
     path = Path(model)

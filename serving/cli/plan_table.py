@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from shards.bundle.driver_combine import DriverCombine, join_row_bytes
 from shards.bundle.format import StageSpec
 from shards.partition.memory_plan import format_size
 from shards.signature import ModelSignature
+from shards.split import DriverCombine, join_row_bytes
 
 COLUMNS = (
     "stage",

@@ -18,7 +18,6 @@ from serving.settings.config import ConfigError, Settings, load_settings
 from serving.settings.flags import NEGATABLE, REPEATED, REPEATED_METAVARS, flag_name
 from serving.settings.tls import uvicorn_tls
 from serving.telemetry import setup as telemetry
-from serving.version.life import VersionState
 
 err = Console(stderr=True)
 
@@ -171,7 +170,7 @@ def run_server(settings: Settings) -> None:
     # With --model a load failure ends the server (exit 1); a repository serves on without it.
     single = settings.model_repository is None
     served = state.served() if state and single else []
-    failed = [m.reason for m in served if m.state is VersionState.FAILED]
+    failed = [m.reason for m in served if m.phase == "failed"]
     if failed:
         err.print(f"[red]error:[/red] the model failed to load: {escape(failed[0])}")
         raise typer.Exit(1)

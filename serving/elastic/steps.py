@@ -3,8 +3,9 @@
 - ``observe(model, now)`` samples the version (its replicas' health, the batcher's queue wait and
   rows in flight, what one replica delivers, the offered load), asks the pure policy
   (``serving.elastic.policy.decide``) and keeps the decision, the desired count, on the version
-  (``ServedModel``'s ``ScaleState``, ``serving.version.scale_state``); the batching limits follow
-  the healthy replicas (``serving.elastic.limits``), held or not.
+  (``ServedModel``'s ``ScaleState``, ``serving.version.scale_state``), and the healthy replicas
+  as a source of its batching limits (``serving.elastic.limits``, applied by the reconciler's
+  step), held or not.
 - ``scale_step(model)`` is the coroutine of the next step, adding or removing ONE replica through
   the runner (``serving.version.runner.ElasticRunner``), or ``None``: at most one step per
   observation, none while the version is held (``hold``/``release``: a version switch replica by
@@ -33,11 +34,12 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from serving.elastic.count import add_replica, remove_replica
 from serving.elastic.demand import DEMAND_WINDOW_S, Offered
-from serving.elastic.limits import BatchLimits
+from serving.elastic.limits import apply_limits, follow_replicas
 from serving.elastic.policy import Autoscaler, ScaleDecision, ScalePolicy, replica_rows
 from serving.supervisor import supervise
-from serving.version.runner import ElasticRunner, pipeline_depth
+from serving.version.runner import ElasticRunner
 from serving.version.scale_state import ScaleState, ScaleStatus
 
 if TYPE_CHECKING:
@@ -107,7 +109,7 @@ def scaler_of(model: ServedModel) -> Scaler | None:
     state = scale_state(model)
     if isinstance(state.scaler, Scaler):
         return state.scaler
-    if state.fixed or not model.was_ready:
+    if state.fixed or not model.takes_requests:
         return None
     runner, batcher = model.runner, model.batcher
     low, high = model.settings.replica_bounds()
@@ -155,7 +157,6 @@ class Scaler:
                 settings.downscale_delay_s,
             )
         )
-        self.limits = BatchLimits(model, batcher, pipeline_depth(runner))
         self.adds: list[_Under] = []  # oldest first
         self.removing: _Under | None = None
         # The count the last scale-up asked for: its replicas are placed one after another
@@ -170,8 +171,10 @@ class Scaler:
         self._next_add = False  # the next replica of a scale-up that asked for several
 
     def tick(self, now: float) -> ScaleDecision:
-        """One sample and its step, run as a task (``run_step``): the interim driver's tick."""
+        """One sample, its limits and its step, run as a task (``run_step``): the interim
+        driver's tick (the reconciler's ``scale`` takes the same three)."""
         decision = self.observe(now)
+        apply_limits(self.model)
         step = self.step()
         if step is not None:
             run_step(self.model, step)
@@ -189,7 +192,7 @@ class Scaler:
         replicas = sum(1 for s in states if s != "draining") + unseen
         if self._want <= replicas:
             self._want = 0  # reached (or overtaken by a remove): nothing more to place
-        self.limits.follow(healthy)
+        follow_replicas(self.model, healthy)
         self._decision, self._next_add = None, False
         status = self.model.scaling
         why = scale_state(self.model).held
@@ -258,10 +261,6 @@ class Scaler:
             return None
         return replica_rows(size, latency_ms / 1000, bottleneck_ms / 1000)
 
-    def follow_limits(self, healthy: int) -> None:
-        """The batching limits for ``healthy`` replicas (``BatchLimits.follow``)."""
-        self.limits.follow(healthy)
-
     def cancel(self) -> None:
         """Cancel the steps under way (the version's scaling ends)."""
         for under in (*self.adds, self.removing):
@@ -304,7 +303,7 @@ class Scaler:
             return
         under.task = asyncio.current_task()
         try:
-            added = await self.runner.add_replica(self.settings.replica_pending_timeout_s)
+            added = await add_replica(self.model, self.runner)
         except Exception:
             self._given_up()  # as one that found no room; the caller logs and counts the raise
             raise
@@ -321,7 +320,7 @@ class Scaler:
             return
         under.task = asyncio.current_task()
         try:
-            await self.runner.remove_replica(self.settings.drain_timeout_s)
+            await remove_replica(self.model, self.runner)
         finally:
             self._forget(under)
 

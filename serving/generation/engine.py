@@ -5,7 +5,8 @@ place of a runner and batcher; the generate route reads it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 from serving.generation.levels import Levels
 from serving.generation.scheduler import GenerationObserver, Scheduler, SchedulerSettings
@@ -45,6 +46,17 @@ class Generator:
             inputs=(TensorSpec("input_ids", (None,), "int32", max_length=length),),
             outputs=(TensorSpec("output_ids", (None,), "int32", max_length=length),),
         )
+
+    def gauges(
+        self,
+    ) -> tuple[Callable[[], float], Callable[[], float], dict[str, Callable[[], float]]]:
+        """What the metrics' gauges read: the running sequences, the free slots, and each
+        priority level's waiting prompts."""
+        scheduler = self.scheduler
+        waiting: dict[str, Callable[[], float]] = {
+            level: partial(scheduler.waiting_at, level) for level in scheduler.levels.names
+        }
+        return (lambda: float(scheduler.running)), (lambda: float(scheduler.free_slots)), waiting
 
     def start(self) -> None:
         self.scheduler.start()

@@ -70,7 +70,7 @@ from shards.generation.contract import (
 )
 
 if TYPE_CHECKING:
-    from serving.telemetry.traces import Tracer
+    from serving.telemetry.active import Tracer
 
 __all__ = ["GenerationObserver", "Scheduler", "SchedulerSettings"]
 

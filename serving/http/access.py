@@ -25,6 +25,7 @@ from serving.http.admission import declared_length
 from serving.http.replies import REQUEST_ID_KEY
 from serving.telemetry.access_log import status_reason
 from serving.telemetry.headers import client_address
+from serving.telemetry.stamp import Stamp
 
 if TYPE_CHECKING:
     from serving.telemetry.access_log import AccessLog
@@ -66,13 +67,11 @@ class RouteLine:
         if status < 300 and not self._access.probes and is_probe(path):
             return
         rid: bytes = scope.get(REQUEST_ID_KEY, b"")
-        self._access.write(
-            request_id=rid.decode("latin-1"), trace_id=None, client=client_address(scope),
-            route=path, protocol="http", model="", version="", status=status, rows=0,
-            batch_rows=0, queue_ms=0.0, compute_ms=0.0,
-            total_ms=(time.perf_counter() - self._started) * 1000.0,
-            bytes_in=_content_length(scope), bytes_out=self.bytes_out,
-            reject=status_reason(status),
+        stamp = Stamp(self._started)
+        stamp.status, stamp.bytes_out = status, self.bytes_out
+        self._access.line(
+            stamp, request_id=rid.decode("latin-1"), client=client_address(scope), route=path,
+            protocol="http", reject=status_reason(status), bytes_in=_content_length(scope),
         )  # fmt: skip
 
 

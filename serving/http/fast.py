@@ -30,7 +30,7 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -57,6 +57,7 @@ __all__ = [
     "FastPathLayer",
     "FastRequest",
     "FastRoutes",
+    "HeaderRefusal",
     "ModelRef",
     "RawAnswer",
     "RawHandler",
@@ -100,6 +101,11 @@ class _FastRoute:
 
 
 Hit = tuple[RawHandler, ModelRef]
+# (the app's model directory, the route's model, the request's scope, its time.perf_counter()) ->
+# (its request id, the 503's JSON body, its total ms) where its model's queue is full and the
+# refusal is counted, else None: the data plane's refusal from the headers, which uvicorn's
+# protocol answers (``serving.http.protocol``).
+HeaderRefusal = Callable[[Any, ModelRef, Scope, float], "tuple[bytes, bytes, float] | None"]
 
 
 class FastRoutes:
@@ -114,6 +120,9 @@ class FastRoutes:
     def __init__(self) -> None:
         self._routes: list[_FastRoute] = []
         self._seen: dict[str, Hit | None] = {}
+        # Set by the server: ``serving.protocols.rest.refuse_from_headers``; None: no refusal
+        # from the headers (every request goes to the app).
+        self.refuse_from_headers: HeaderRefusal | None = None
 
     def add(self, template: str, handler: FastHandler, *, name: str | None = None) -> None:
         """A route answered by a handler of Starlette requests and responses."""

@@ -19,16 +19,18 @@ count costs a connection two additions; a request, nothing more. Answered in the
 (a JSON error, not uvicorn's text) and without uvicorn's log line per refusal; uvicorn's own
 protocol (without httptools) applies uvicorn's rule with the same cap (``serving.cli.serve``).
 
-**Refusals.** Under overload most requests are refused (issue 10: 3x the capacity offered, two
-of three get 503). Through the ASGI app each refusal still cost an ASGI task, a scope, a chain
-of coroutines and two socket writes (py-spy: the writes alone were 30% of a refusal). Here the
-parser's "headers complete" callback answers a POST to a fast route of the served model while
-the queue has no room for one more row: one prebuilt response, one write, no task; the body
-that follows is discarded by uvicorn as for any answered request. Everything else (a route
-the fast path does not own, another model's name, a body over ``max_body_bytes``, a server
-still loading or stopping) goes to the app as before, so its answer is unchanged. Only where
-nothing would wrap the answer: the app has no middleware of the user's (a CORS or auth layer
-sees every response) and is not traced (``ShardServeApp.answers_fast_routes``).
+**Refusals.** Under overload most requests are refused (issue 10: 3x the capacity offered, two of
+three get 503). Through the ASGI app each refusal still cost an ASGI task, a scope, a chain of
+coroutines and two socket writes (py-spy: the writes alone were 30% of a refusal). Here the parser's
+"headers complete" callback answers a POST to a fast route of the served model while the queue has
+no room for one more row: one prebuilt response, one write, no task; the body that follows is
+discarded by uvicorn as for any answered request. Everything else (a route the fast path does not
+own, another model's name, a body over ``max_body_bytes``, a server still loading or stopping) goes
+to the app as before, so its answer is unchanged. Whether to refuse, and the refusal's count, is the
+data plane's (``FastRoutes.refuse_from_headers``, which the server sets to
+``serving.protocols.rest.refuse_from_headers``): this writes its answer. Only where nothing would
+wrap the answer: the app has no middleware of the user's (a CORS or auth layer sees every response)
+and is not traced (``ShardServeApp.answers_fast_routes``).
 
 **Hang-ups.** A request waiting on the batcher must learn that its client went away (its
 rows are then dropped). Through ASGI alone that takes a task per request blocked in
@@ -47,19 +49,17 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from serving.errors import ShardServeError
-from serving.http.admission import queue_full_message
 from serving.http.body_deadline import Deadlines
 from serving.http.fast import DISCONNECT_KEY, FastRoutes
-from serving.http.model import ModelDirectory
 from serving.http.replies import request_id_from
 from serving.telemetry import active
 from serving.telemetry.headers import server_timing_of
+from serving.telemetry.stamp import Stamp
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["http_protocol"]
+__all__ = ["http_protocol", "retry_later"]
 
 log = logging.getLogger("shardserve")
 _STATUS = b"HTTP/1.1 503 Service Unavailable\r\n"
@@ -140,7 +140,7 @@ def http_protocol(app: FastAPI) -> type[Any] | str:
             for name, value in self.server_state.default_headers:
                 head += [name, b": ", value, b"\r\n"]
             self.transport.write(b"".join([*head, refuser.head_timeout_answer()]))
-            refuser.log_refusal(self.client, "", 408, "head_timeout", 0.0)
+            refuser.log_refusal(self.client, "", 408, "head_timeout")
             self._linger()  # the client may still be sending its head
 
         def _start_asgi_task(self, cycle: Any, asgi: Any) -> None:
@@ -252,7 +252,6 @@ class _CycleTransport:
 class _Refuser:
     def __init__(self, app: Any) -> None:  # a ShardServeApp: fast_routes, answers_fast_routes
         self.app = app
-        self._bodies: dict[tuple[int, int], bytes] = {}
         self._cap: int | None = None
         self.open_connections = 0  # those counted against the cap (the refused are not)
         self._read_timeout_s: float | None = None
@@ -295,27 +294,18 @@ class _Refuser:
             self._cap = settings.max_connections
         return self._cap
 
-    def log_refusal(
-        self,
-        client: Any,
-        rid: str,
-        status: int,
-        reject: str,
-        total_ms: float,
-        route: str = "",
-        model: Any = None,
-    ) -> None:
-        """The access-log line of an answer given here, where the log is on."""
+    def log_refusal(self, client: Any, rid: str, status: int, reject: str, route: str = "") -> None:
+        """The access-log line of a connection's refusal here (no model: past the cap, a head
+        too slow), where the log is on; a model's refusal is the data plane's
+        (``FastRoutes.refuse_from_headers``)."""
         access = active.access_log
         if access is None:
             return
-        access.write(
-            request_id=rid, trace_id=None,
-            client=f"{client[0]}:{client[1]}" if client else "-", route=route,
-            protocol="http", model=model.name if model is not None else "",
-            version=model.version if model is not None else "", status=status, rows=0,
-            batch_rows=0, queue_ms=0.0, compute_ms=0.0, total_ms=total_ms, bytes_in=0,
-            bytes_out=0, reject=reject,
+        stamp = Stamp(time.perf_counter())
+        stamp.status = status
+        access.line(
+            stamp, request_id=rid, client=f"{client[0]}:{client[1]}" if client else "-",
+            route=route, protocol="http", reject=reject, total_ms=0.0,
         )  # fmt: skip
 
     def over_cap(self, client: Any, rid: bytes, path: str, held: str, cap: int) -> bytes:
@@ -323,7 +313,7 @@ class _Refuser:
         the status line, and the body); ``held``: what is open, in words (a connection's: the
         open connections, itself included)."""
         held = held or f"{self.open_connections + 1} open"
-        self.log_refusal(client, rid.decode(), 503, "max_connections", 0.0, path)
+        self.log_refusal(client, rid.decode(), 503, "max_connections", path)
         body = orjson.dumps(
             {"error": f"too many open connections: {held}, max_connections={cap}; retry later"}
         )
@@ -337,7 +327,7 @@ class _Refuser:
                 cap,
             )
             self._over_cap, self._warn_at = 0, now + _WARN_EVERY_S
-        return _retry_later(rid, body, 0.0)
+        return retry_later(rid, body, 0.0)
 
     def answer(self, scope: dict[str, Any]) -> bytes | None:
         """The headers and body of a 503 after the status line, or None to let the app
@@ -345,59 +335,23 @@ class _Refuser:
         started = time.perf_counter()
         if scope["method"] != "POST":
             return None
-        models: ModelDirectory | None = getattr(self.app.state, "shardserve", None)
-        if models is None or not self.app.answers_fast_routes:
+        models = getattr(self.app.state, "shardserve", None)
+        refuse = self.app.fast_routes.refuse_from_headers
+        if models is None or refuse is None or not self.app.answers_fast_routes:
             return None
         hit = self.app.fast_routes.match_scope(scope)
         if hit is None:
             return None
-        try:
-            ref = hit[1]
-            # No turn of a canary's split: the app's own look up takes the request's.
-            model = models.model(ref.name, ref.version, ref.label, split=False)
-        except ShardServeError:  # another model's name: the app says which are served
+        refusal = refuse(models, hit[1], scope, started)
+        if refusal is None:
             return None
-        batcher = model.batcher
-        if batcher is None:
-            return None
-        queued, limit = batcher.queued_rows, batcher.settings.max_queue_rows
-        if queued < limit:
-            return None
-        try:
-            model.require_batcher()
-        except ShardServeError:  # loading or stopping: the app says so
-            return None
-        headers = scope["headers"]
-        for name, value in headers:
-            if name == b"content-length":
-                if not value.isdigit() or int(value) > model.settings.max_body_bytes:
-                    return None
-                break
-        rid = request_id_from(headers)
-        body = self._body(queued, limit)
-        model.metrics.reject("queue_full")
-        total_ms = (time.perf_counter() - started) * 1000.0
-        model.metrics.observe_latency(503, total_ms / 1000.0)
+        rid, body, total_ms = refusal
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request %s: 503 queue full (refused from its headers)", rid.decode())
-        if active.access_log is not None:
-            path = scope.get("path", "")
-            self.log_refusal(scope.get("client"), rid.decode(), 503, "queue_full", total_ms,
-                             path, model)  # fmt: skip
-        return _retry_later(rid, body, total_ms)
-
-    def _body(self, queued: int, limit: int) -> bytes:
-        # The words of admission.check_headroom's refusal, one body per (queued, limit).
-        body = self._bodies.get((queued, limit))
-        if body is None:
-            if len(self._bodies) > 64:
-                self._bodies.clear()
-            message = queue_full_message(queued, limit)
-            body = self._bodies[(queued, limit)] = orjson.dumps({"error": message})
-        return body
+        return retry_later(rid, body, total_ms)
 
 
-def _retry_later(rid: bytes, body: bytes, total_ms: float) -> bytes:
+def retry_later(rid: bytes, body: bytes, total_ms: float) -> bytes:
     """The headers (after the status line) and JSON body of a 503 with ``Retry-After: 1``."""
     return b"".join(
         [

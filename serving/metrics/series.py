@@ -13,7 +13,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from serving.batching.record import BatchRecord
 from serving.metrics.scraped import (
     MODEL_LABELS,
     HealthCollector,
@@ -21,6 +20,7 @@ from serving.metrics.scraped import (
     StageCollector,
     memory_figures,
 )
+from serving.telemetry.batch_record import BatchRecord
 from shards.pipeline.health import Health
 
 __all__ = [

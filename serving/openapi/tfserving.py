@@ -1,6 +1,7 @@
 """TF-Serving's predict bodies as JSON Schema, for the served model: its inputs and outputs
 (names, per-row shapes, dtypes) and the rows a request may hold; generic before it is loaded.
-Built once per model (``ShardServeApp.openapi`` keeps the document per signature)."""
+Built once per model (``ShardServeApp.openapi`` keeps the document per signature). ``ROUTE_DOCS``:
+the documentation of TF Serving's REST routes (``serving.protocols.tfserving.http``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from serving.openapi.bodies import ModelMetadata, ModelStatus, errors, ok
 from shards.signature import ModelSignature, TensorSpec
 
-__all__ = ["PREDICT_REQUEST", "PREDICT_RESPONSE", "predict_example", "predict_schemas"]
+__all__ = [
+    "PREDICT_REQUEST", "PREDICT_RESPONSE", "ROUTE_DOCS", "predict_example", "predict_schemas",
+]  # fmt: skip
 
 Schema = dict[str, Any]
 REF = "#/components/schemas/"
@@ -149,3 +153,30 @@ def predict_schemas(signature: ModelSignature | None, max_rows: int | None) -> d
     if signature is None:
         return {REQUEST: _GENERIC_REQUEST, RESPONSE: _GENERIC_RESPONSE}
     return {REQUEST: predict_request(signature, max_rows), RESPONSE: predict_response(signature)}
+
+
+_PREDICT_DESCRIPTION = (
+    "TF-Serving JSON. Header X-Request-Timeout-Ms (a positive number of ms) shortens the "
+    "request's deadline. A request is refused from its headers before its body is read when its "
+    "Content-Length is over max_body_bytes (413) or the queue is full (503)."
+)
+
+
+_PREDICT_DOC: dict[str, Any] = {
+    "openapi_extra": PREDICT_REQUEST,
+    "responses": {**ok(PREDICT_RESPONSE), **errors(400, 413, 422, 500, 503, 504)},
+    "description": _PREDICT_DESCRIPTION,
+}
+# What the server hands to ``serving.protocols.tfserving.http.install_tfserving_routes``. Each
+# GET returns its declared model (response_model), so that the document cannot drift from the
+# bodies: a key the model lacks fails the route (extra="forbid").
+ROUTE_DOCS: dict[str, dict[str, Any]] = {
+    "predict": _PREDICT_DOC,
+    "predict_named": {**_PREDICT_DOC, "responses": {**_PREDICT_DOC["responses"], **errors(404)}},
+    "model_status": {
+        "response_model": ModelStatus,
+        "response_model_exclude_unset": True,  # unset keys are left out
+        "responses": errors(404),
+    },
+    "model_metadata": {"response_model": ModelMetadata, "responses": errors(404, 503)},
+}

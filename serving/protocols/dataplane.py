@@ -8,12 +8,16 @@ deadline, the admission held across decode and submit (the model's drain waits f
 per-request metrics (rejects, latency by status), what a canary's judge is told
 (``serving.canary.blame``), and an error turned into a ``Failure`` that names no transport.
 
-A protocol brings its ``work`` (decode, ``check_sequence_length``, submit to the batcher,
-encode); a transport brings a ``Transport``: the client's deadline, the request id for the
-log, and the answer (an HTTP reply, a gRPC message or status). ``Failure.status`` is the
-HTTP status of the outcome, which the metrics count in either transport; gRPC maps it to its
-own codes. A cancelled request (a gRPC client that went away) is counted as one gone and
-cancelled on; HTTP's hang-up arrives as ``ClientGone`` and is answered 499.
+A protocol brings its ``work`` (decode, ``submit`` or ``submit_ragged``, encode): the data plane's
+``submit`` is the one way rows reach the batcher, and holds them to the length the model serves and
+the deadline to the client's own timeout, so that no protocol can forget either. A request refused
+before ``infer`` could take it (HTTP's queue-full answer from the headers, a gRPC message refused
+before it was parsed) is counted by ``refused``, as ``infer`` counts one: its reject, its latency
+and its access-log line. A transport brings a ``Transport``: the client's deadline, the request id
+for the log, and the answer (an HTTP reply, a gRPC message or status). ``Failure.status`` is the
+HTTP status of the outcome, which the metrics count in either transport; gRPC maps it to its own
+codes. A cancelled request (a gRPC client that went away) is counted as one gone and cancelled on;
+HTTP's hang-up arrives as ``ClientGone`` and is answered 499.
 
 The hot path adds no await and no object to the work's: ``infer`` is the coroutine a route
 awaits (``serving.protocols.rest.serve_prediction`` returns it, without a frame of its own),
@@ -35,8 +39,9 @@ from serving.errors import (
     ShardServeError,
 )
 from serving.http.admission import check_headroom, check_length
-from serving.http.model import ModelDirectory, ModelHandle, RequestMetrics
 from serving.http.replies import ClientGone, log_failure
+from serving.protocols.contract import ModelDirectory, ModelHandle, RequestMetrics
+from serving.protocols.ragged import Row, submit_rows
 from serving.settings.lengths import served_max_length
 from serving.telemetry import active
 from serving.telemetry.access_log import reject_reason
@@ -54,11 +59,12 @@ __all__ = [
     "GenerateWork",
     "Transport",
     "Work",
-    "check_sequence_length",
-    "count_refused",
     "count_routed",
     "generate",
     "infer",
+    "refused",
+    "submit",
+    "submit_ragged",
 ]
 
 R = TypeVar("R")  # a transport's request (HTTP's FastRequest, a gRPC call)
@@ -174,7 +180,7 @@ async def infer(
                 try:
                     check_headroom(batcher)
                 except QueueFullError:
-                    metrics.reject("queue_full")
+                    _reject(metrics, QueueFullError)
                     raise
             else:  # its work gets the version's generator (its scheduler) instead
                 batcher = model.require_generator()
@@ -182,7 +188,7 @@ async def infer(
                 try:
                     batcher.check_headroom()
                 except QueueFullError:
-                    metrics.reject("queue_full")
+                    _reject(metrics, QueueFullError)
                     raise
             deadline = transport.deadline(request, settings)
             with model.admitted.hold():  # the model's drain waits for it (``Admitted``)
@@ -194,7 +200,7 @@ async def infer(
             status, outcome = CLIENT_GONE, _GONE
         except ShardServeError as exc:
             if isinstance(exc, InvalidInputError | PayloadTooLargeError):
-                metrics.reject("invalid_input")
+                _reject(metrics, type(exc))
             error = exc
             status = exc.status_code
             outcome = Failure(status, exc)
@@ -265,27 +271,11 @@ def _finish(
         )
     if access is not None:
         route, protocol, client, bytes_in = transport.describe(request)
-        access.write(
-            request_id=transport.request_id(request),
-            trace_id=stamp.trace_id,
-            client=client,
-            route=route,
-            protocol=protocol,
-            model=name,
-            version=version,
-            status=stamp.status,
-            rows=stamp.rows,
-            batch_rows=stamp.batch_rows,
-            queue_ms=stamp.queue_ms,
-            compute_ms=stamp.compute_ms,
-            total_ms=stamp.total_ms(),
-            bytes_in=bytes_in,
-            bytes_out=stamp.bytes_out,
-            reject=reject_reason(error, stamp.status),
-            tokens=stamp.tokens,
-            ttft_ms=stamp.first_token_ms,
-            finish=stamp.finish,
-        )
+        access.line(
+            stamp, request_id=transport.request_id(request), client=client, route=route,
+            protocol=protocol, reject=reject_reason(error, stamp.status), model=name,
+            version=version, bytes_in=bytes_in,
+        )  # fmt: skip
 
 
 def _count(
@@ -307,13 +297,49 @@ def _count(
         count_routed(metrics, status, error, own_deadline, seconds)
 
 
-def count_refused(model: ModelHandle | None, error: ShardServeError, started: float) -> None:
-    """Count a request refused before it could be read (gRPC's message over its model's limits,
-    ``grpc_bounds``) on the model it named, where there is one: its reject and its latency."""
+def _reject(metrics: RequestMetrics, kind: type[ShardServeError]) -> None:
+    """One more request refused for an error of ``kind``: ``queue_full`` for a full queue,
+    ``invalid_input`` for a body or message the server does not take (``infer``, ``refused``)."""
+    if issubclass(kind, QueueFullError):
+        metrics.reject("queue_full")
+    elif issubclass(kind, InvalidInputError | PayloadTooLargeError):
+        metrics.reject("invalid_input")
+
+
+def refused(
+    model: ModelHandle | None,
+    error: ShardServeError,
+    started: float,
+    *,
+    request_id: str,
+    client: str,
+    route: str,
+    protocol: str,
+) -> float:
+    """Count a request refused before ``infer`` could take it as ``infer`` counts one: its reject
+    and its latency on the model it named, where there is one, and its access-log line, where
+    the log is on. The refusals: HTTP's queue full, answered from the headers inside uvicorn's
+    protocol (``serving.protocols.rest.refuse_from_headers``); a gRPC message over its model's
+    limits, refused before it was parsed (``grpc_bounds``, ``grpc_call.refuse``). ``started``:
+    the request's ``time.perf_counter()``; returns its total time (ms), for its
+    ``Server-Timing``."""
+    status = error.status_code
+    seconds = time.perf_counter() - started
     if model is not None:
-        if isinstance(error, InvalidInputError):
-            model.metrics.reject("invalid_input")
-        model.metrics.observe_latency(error.status_code, time.perf_counter() - started)
+        metrics = model.metrics
+        _reject(metrics, type(error))
+        metrics.observe_latency(status, seconds)
+    total_ms = seconds * 1000.0
+    access = active.access_log
+    if access is not None:
+        stamp = Stamp(started)
+        stamp.status = status
+        access.line(
+            stamp, request_id=request_id, client=client, route=route, protocol=protocol,
+            reject=reject_reason(error, status), model=model.name if model is not None else "",
+            version=model.version if model is not None else "", total_ms=total_ms,
+        )  # fmt: skip
+    return total_ms
 
 
 def count_routed(
@@ -332,7 +358,37 @@ def count_routed(
         metrics.observe_routed(failed, seconds)
 
 
-def check_sequence_length(
+def submit(
+    inputs: dict[str, np.ndarray],
+    model: ModelHandle,
+    batcher: Batcher,
+    deadline: float,
+    request_id: str | None,
+    timeout_s: float | None = None,
+    since: float | None = None,
+) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
+    """Hand a decoded request's rows to the batcher (its coroutine: no frame of its own), the
+    one way a protocol's work submits: 400 for an input longer than the model serves
+    (``_check_sequence_length``); ``timeout_s``: the client's own timeout carried in the
+    request (V2's ``timeout`` parameter), which tightens ``deadline``, counted from ``since``
+    (``time.monotonic()``: where the protocol read it), else from now."""
+    _check_sequence_length(inputs, model)
+    if timeout_s is not None:
+        start = time.monotonic() if since is None else since
+        deadline = min(deadline, start + timeout_s)
+    return batcher.submit(inputs, deadline=deadline, request_id=request_id)
+
+
+def submit_ragged(
+    rows: list[Row], model: ModelHandle, batcher: Batcher, deadline: float, request_id: str | None
+) -> Coroutine[Any, Any, list[Row]]:
+    """``submit`` for a ragged request: one dict of arrays per row, rows of different lengths
+    (``serving.protocols.ragged.submit_rows``), each held to the length the model serves."""
+    _check_sequence_length(rows, model)
+    return submit_rows(batcher.submit_lengths, batcher.length_padding, rows, deadline, request_id)
+
+
+def _check_sequence_length(
     inputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]], model: ModelHandle
 ) -> None:
     """400 for an input longer than ``max_sequence_length`` (else the model's own bound) in a

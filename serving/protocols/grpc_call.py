@@ -42,13 +42,13 @@ from serving.errors import (
 )
 from serving.http.replies import log_failure, request_id_from, retry_after_seconds
 from serving.protocols.dataplane import Failure
+from serving.protocols.dataplane import refused as count_refused
 from serving.telemetry import active
-from serving.telemetry.access_log import reject_reason
 from serving.telemetry.headers import server_timing_of
 from serving.telemetry.stamp import Stamp
 
 if TYPE_CHECKING:
-    from serving.http.model import ModelHandle
+    from serving.protocols.contract import ModelHandle
     from serving.settings.config import Settings
 
 __all__ = [
@@ -240,20 +240,13 @@ async def refuse(
     context: Context, refused: Refused, rid: str, started: float, method: str
 ) -> NoReturn:
     """End a call refused before its message was parsed (``Refused``) as ``abort`` does, with
-    its ``server-timing`` and, where the access log is on, its line."""
-    total_ms = (time.perf_counter() - started) * 1000.0
+    its ``server-timing``, counted by the data plane (``dataplane.refused``: the model's
+    metrics, the access log)."""
+    total_ms = count_refused(
+        refused.model, refused.error, started,
+        request_id=rid, client=context.peer() or "-", route=method, protocol="grpc",
+    )  # fmt: skip
     timing = server_timing_of(total_ms).decode()
-    access = active.access_log
-    if access is not None:
-        model = refused.model
-        access.write(
-            request_id=rid, trace_id=None, client=context.peer() or "-", route=method,
-            protocol="grpc", model=model.name if model is not None else "",
-            version=model.version if model is not None else "",
-            status=refused.error.status_code, rows=0, batch_rows=0, queue_ms=0.0,
-            compute_ms=0.0, total_ms=total_ms, bytes_in=0, bytes_out=0,
-            reject=reject_reason(refused.error, refused.error.status_code),
-        )  # fmt: skip
     await abort(context, refused.error, rid, ((SERVER_TIMING_KEY, timing),))
 
 

@@ -8,7 +8,7 @@ the served versions' readiness rather than from statuses someone must remember t
     "<model>/<version>"                 that version
     anything else                       NOT_FOUND (Check), SERVICE_UNKNOWN (Watch)
 
-A model is SERVING when it takes requests now (``not_ready_reason()`` is ``None``): loading,
+A model is SERVING when it takes requests now (``available``): loading,
 draining, failed or with no healthy replica, NOT_SERVING. ``Watch`` sends the status, then each
 change; no event spans every version's state (versions come and go with the repository), so it
 looks again every ``WATCH_INTERVAL_S``, which costs a dictionary look-up per open stream.
@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.errors import ShardServeError
-from serving.http.model import ModelDirectory
+from serving.protocols.contract import ModelDirectory
 from serving.quoting import quote
 
 __all__ = ["HEALTH_SERVICE", "WATCH_INTERVAL_S", "ServedHealth"]
@@ -46,13 +46,13 @@ class ServedHealth(health_pb2_grpc.HealthServicer):
         """The service's status now; ``None`` for a name that is neither a service on the
         port nor a served model (or version)."""
         if service == "" or service in self._services:
-            return _SERVING if self._models.not_ready_reason() is None else _NOT_SERVING
+            return _SERVING if self._models.available else _NOT_SERVING
         name, _, version = service.partition("/")
         try:
             model = self._models.model(name, version or None, split=False)
         except ShardServeError:
             return None
-        return _SERVING if model.not_ready_reason() is None else _NOT_SERVING
+        return _SERVING if model.available else _NOT_SERVING
 
     async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         status = self.status(request.service)

@@ -27,7 +27,7 @@ from google.protobuf.descriptor import FileDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
-from serving.http.model import ModelDirectory
+from serving.protocols.contract import ModelDirectory
 from serving.protocols.grpc_health import HEALTH_SERVICE, ServedHealth
 from serving.protocols.grpc_limits import CallLimits, server_options
 from serving.protocols.tfserving.grpc_service import add_tfserving_services

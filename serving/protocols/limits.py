@@ -36,7 +36,7 @@ from shards.signature import ModelSignature, TensorSpec
 
 if TYPE_CHECKING:
     from serving.batching.batcher import Batcher
-    from serving.http.model import ModelHandle
+    from serving.protocols.contract import ModelHandle
 
 __all__ = ["DEFAULT_LIMITS", "RequestLimits", "request_limits"]
 
@@ -71,7 +71,7 @@ class RequestLimits:
         """400 for a declared shape (rows first) with more rows than fit, or longer than
         ``max_length`` where the model leaves a dimension unknown; ``dims`` already match the
         model's fixed dimensions."""
-        shown = f"({', '.join(str(d) for d in dims)})"  # as check_sequence_length writes it
+        shown = f"({', '.join(str(d) for d in dims)})"  # as the data plane's length check writes it
         if dims and dims[0] > self.max_rows:
             raise InvalidInputError(
                 f"{where} has shape {shown}: {dims[0]} rows, over max_queue_rows={self.max_rows}, "
@@ -147,7 +147,7 @@ DEFAULT_LIMITS = RequestLimits(default_queue_rows(32, 2), DEFAULT_MAX_SEQUENCE_L
 
 def request_limits(model: ModelHandle, batcher: Batcher) -> RequestLimits:
     """The limits of a request to ``model`` now: ``max_queue_rows`` as a reconfigure left it,
-    the length ``serving.protocols.dataplane.check_sequence_length`` holds decoded arrays to."""
+    the length ``serving.protocols.dataplane.submit`` holds decoded arrays to."""
     length = served_max_length(model.settings.max_sequence_length, model.signature)
     return _limits(batcher.settings.max_queue_rows, length)
 

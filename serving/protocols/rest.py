@@ -2,7 +2,9 @@
 HTTP infer share around ``serving.protocols.dataplane.infer``. Each protocol brings only its
 ``work`` (read the body, decode, submit, encode); this brings the transport: the deadline from
 ``X-Request-Timeout-Ms``, and the answer sent as two ASGI messages with its ``X-Request-Id``,
-a ``Failure`` as its status and ``{"error": message}`` (``serving.http.replies``).
+a ``Failure`` as its status and ``{"error": message}`` (``serving.http.replies``). And the
+refusal from the headers that uvicorn's protocol answers before any ASGI work
+(``refuse_from_headers``: a full queue), counted as the data plane counts a refusal.
 
 It sits in ``serving.protocols``, not ``serving.http``: it calls the data plane, a layer above
 ``serving.http`` (which keeps the ASGI plumbing it uses: the fast request, admission from the
@@ -14,11 +16,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from serving.http.admission import declared_length, request_deadline
+import orjson
+from starlette.types import Scope
+
+from serving.errors import QueueFullError, ShardServeError
+from serving.http.admission import declared_length, queue_full_message, request_deadline
 from serving.http.fast import FastRequest, ModelRef
-from serving.http.model import ModelDirectory
-from serving.http.replies import Reply, error_reply, send_reply, unexpected_reply
-from serving.protocols.dataplane import Failure, GenerateWork, Work, generate, infer
+from serving.http.replies import Reply, error_reply, request_id_from, send_reply, unexpected_reply
+from serving.protocols.contract import ModelDirectory
+from serving.protocols.dataplane import Failure, GenerateWork, Work, generate, infer, refused
 from serving.protocols.streaming import STREAMED, STREAMED_KEY
 from serving.telemetry.headers import SERVER_TIMING, client_address, trace_headers
 from serving.telemetry.stamp import Stamp
@@ -30,6 +36,7 @@ __all__ = [
     "HttpGenerateWork",
     "HttpWork",
     "RestTransport",
+    "refuse_from_headers",
     "serve_generation",
     "serve_prediction",
 ]
@@ -115,3 +122,57 @@ def serve_generation(
     return generate(
         models, ref.name, ref.version, ref.label, request, request.content_length, work, _REST
     )
+
+
+def refuse_from_headers(
+    models: ModelDirectory, ref: ModelRef, scope: Scope, started: float
+) -> tuple[bytes, bytes, float] | None:
+    """A POST to a fast route (``ref``: its model) refused from its headers alone while its
+    model's queue has no room for one more row: (its request id, the 503's JSON body, its total
+    ms), counted as the data plane counts a refusal (``dataplane.refused``); ``None`` for
+    anything else (another model's name, a server still loading or stopping, a body over
+    ``max_body_bytes``), which the app answers as before. ``FastRoutes.refuse_from_headers``:
+    uvicorn's protocol (``serving.http.protocol``) writes the answer."""
+    try:
+        # No turn of a canary's split: the app's own look up takes the request's.
+        model = models.model(ref.name, ref.version, ref.label, split=False)
+    except ShardServeError:  # another model's name: the app says which are served
+        return None
+    batcher = model.batcher
+    if batcher is None:
+        return None
+    queued, limit = batcher.queued_rows, batcher.settings.max_queue_rows
+    if queued < limit:
+        return None
+    try:
+        model.require_batcher()
+    except ShardServeError:  # loading or stopping: the app says so
+        return None
+    headers = scope["headers"]
+    for name, value in headers:
+        if name == b"content-length":
+            if not value.isdigit() or int(value) > model.settings.max_body_bytes:
+                return None
+            break
+    rid = request_id_from(headers)
+    body, error = _queue_full(queued, limit)
+    total_ms = refused(
+        model, error, started, request_id=rid.decode(), client=client_address(scope),
+        route=scope.get("path", ""), protocol="http",
+    )  # fmt: skip
+    return rid, body, total_ms
+
+
+_FULL: dict[tuple[int, int], tuple[bytes, QueueFullError]] = {}
+
+
+def _queue_full(queued: int, limit: int) -> tuple[bytes, QueueFullError]:
+    # The words of admission.check_headroom's refusal, one body per (queued, limit).
+    known = _FULL.get((queued, limit))
+    if known is None:
+        if len(_FULL) > 64:
+            _FULL.clear()
+        message = queue_full_message(queued, limit)
+        error = QueueFullError(message, retry_after_s=1.0)
+        known = _FULL[(queued, limit)] = (orjson.dumps({"error": message}), error)
+    return known

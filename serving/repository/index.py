@@ -11,8 +11,9 @@ from serving.repository.source import REMOVED, ModelPlan
 from serving.version.readiness import version_state
 
 if TYPE_CHECKING:
-    from serving.http.model import IndexEntry, IndexState
+    from serving.protocols.contract import IndexEntry
     from serving.repository.registry import Registry
+    from serving.version.life import IndexState
 
 __all__ = ["UNLOADED", "index_entries"]
 
@@ -24,9 +25,11 @@ def index_entries(
     plans: dict[str, ModelPlan],
     held: Collection[str],
     note: Callable[[str, str], str],
+    ready_only: bool = False,
 ) -> list[IndexEntry]:
     """Every model the plans or the state know, and each of its versions; ``held``: models
-    unloaded through the API; ``note(name, version)``: a served version's rollout note."""
+    unloaded through the API; ``note(name, version)``: a served version's rollout note;
+    ``ready_only``: only the versions READY in the index's words."""
     entries: list[IndexEntry] = []
     for name in sorted(set(plans) | set(state.models)):
         plan = plans.get(name)
@@ -43,7 +46,7 @@ def index_entries(
             else:
                 why = _why_not(plan, v, unloaded=name in held)
                 entries.append(_entry(name, str(v), "UNAVAILABLE", why))
-    return entries
+    return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
 
 def _why_not(plan: ModelPlan | None, version: int, *, unloaded: bool) -> str:

@@ -1,8 +1,8 @@
 """A model's labels (``Registry.labels``): those of its ``config.toml``, each pointing only at
-a READY version (``ServedModel.serving``; one that cannot is left unset and logged once), and,
-for a model with a canary (``serving.canary.controller``), ``stable`` and ``canary`` following
-the versions in those roles: they win over the ``config.toml`` labels of the same name (logged
-once where they differ)."""
+a READY version (``ServedModel.takes_requests``; one that cannot is left unset and logged once),
+and, for a model with a canary (``serving.canary.controller``), ``stable`` and ``canary``
+following the versions in those roles: they win over the ``config.toml`` labels of the same name
+(logged once where they differ)."""
 
 from __future__ import annotations
 
@@ -39,12 +39,13 @@ class Labels:
             # READY in the state machine, whatever its replicas' condition: the labels are set
             # again on every tick, and a replica being rebuilt must not turn a label's request
             # into a 404 (it gets the 503 that says why).
-            if model is not None and model.serving:
+            if model is not None and model.takes_requests:
                 labels[label] = str(v)
                 self._notes.pop((name, label), None)
                 continue
             why = "is not loaded" if model is None else f"is {found} ({reason})"
-            if self._notes.get((name, label)) != why and found != "LOADING":
+            loading = model is not None and model.phase == "loading"
+            if self._notes.get((name, label)) != why and not loading:
                 log.warning("model %r: label %r left unset: version %d %s", name, label, v, why)
             self._notes[(name, label)] = why
         labels.update({label: v for label, v in roles.items() if v is not None and v in served})

@@ -7,11 +7,11 @@ starts loading: LOADING, READY once warm, UNAVAILABLE with a one-line reason whe
 fails), and starts the reconciler's loop (``serving.repository.reconciler``), which polls the
 repository every ``repository_poll_s`` and moves the versions from then on.
 
-The repository API (``serving.http.model.RepositoryControl``): ``index`` says what each model and
-version is (``serving.repository.index``); ``load`` reads the model's directory again, takes its
-step (a failed version loads again) and waits until the loads end, raising why one failed;
-``unload`` holds the model against polling and waits until every version of it is retired
-(refused with the reason, what it admitted answered, its actors ended). Both set the desired
+The repository API (``serving.protocols.contract.RepositoryControl``): ``index`` says what
+each model and version is (``serving.repository.index``); ``load`` reads the model's directory
+again, takes its step (a failed version loads again) and waits until the loads end, raising why
+one failed; ``unload`` holds the model against polling and waits until every version of it is
+retired (refused with the reason, what it admitted answered, its actors ended). Both set the desired
 state and take the step at once, under the model's lock, as the loop's tick does.
 """
 
@@ -30,11 +30,10 @@ from serving.repository.registry import Registry
 from serving.repository.replica_switch import Rolling
 from serving.repository.source import Source, not_in_repository, selected_settings, source_for
 from serving.settings.config import Settings
-from serving.version.life import VersionState
 from serving.version.runner import RunnerFactory, plan_private_ray
 
 if TYPE_CHECKING:
-    from serving.http.model import IndexEntry, RepositoryControl
+    from serving.protocols.contract import IndexEntry, RepositoryControl
 
 __all__ = ["UNLOADED", "Repository"]
 
@@ -121,10 +120,9 @@ class Repository:
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         reconciler = self.reconciler
-        entries = index_entries(
-            self.state, reconciler.plans, reconciler.held, reconciler.rollouts.note
+        return index_entries(
+            self.state, reconciler.plans, reconciler.held, reconciler.rollouts.note, ready_only
         )
-        return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
     async def load(self, name: str) -> None:
         plans = await asyncio.to_thread(self._source.scan)
@@ -148,7 +146,7 @@ class Repository:
         chosen = [self.state.models.get(name, {}).get(str(v)) for v in plan.selected]
         loading = [m for m in chosen if m is not None]
         await asyncio.gather(*(m.wait_load() for m in loading))
-        failed = [m for m in loading if m.state is VersionState.FAILED]
+        failed = [m for m in loading if m.phase == "failed"]
         if failed:
             raise NotReadyError(
                 "; ".join(

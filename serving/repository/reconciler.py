@@ -34,10 +34,18 @@ most every minute, not a traceback a second per model.
 
 The scale step, per READY version, at most every ``SCALE_PERIOD_S``: the version is observed
 (``serving.elastic.steps.observe``: the batcher sampled, the pure policy asked for its desired
-count) and its next step taken, one replica added or removed
-(``serving.elastic.steps.scale_step``, run as a task of its own: an add may wait minutes for a
-node while the ticks go on; the elastic part keeps its own limits on what runs at once). A version
-that retires, and every version at the stop, has its steps under way cancelled.
+count), its batching limits applied (``serving.elastic.limits.apply_limits``: the operator's,
+the replicas that serve, a switch's widening, combined) and its next step taken, one replica
+added or removed (``serving.elastic.steps.scale_step``, run as a task of its own: an add may wait
+minutes for a node while the ticks go on; the elastic part keeps its own limits on what runs at
+once). A version that retires, and every version at the stop, has its steps under way cancelled.
+The canary step judges a model's canary, promotes or rolls it back and moves its labels, on each
+tick and at once when a canary's answers make its judge due. The stop step (``refuse_all``): once
+the server stops, every version refuses new requests.
+
+It is one idea over 500 lines: the desired state against what runs, and each step the loop takes
+toward it; the steps' own rules live in the modules they call (the switch, the elastic steps, the
+canary's controller).
 """
 
 from __future__ import annotations
@@ -52,8 +60,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from serving.batching.dispatch import SHUTTING_DOWN
 from serving.canary.controller import Rollouts
 from serving.canary.split import CanarySplit
+from serving.elastic.count import inherited_settings
+from serving.elastic.limits import apply_limits
 from serving.elastic.steps import observe, run_step, scale_step, stop_scaling
 from serving.repository.index import UNLOADED
 from serving.repository.labels import Labels
@@ -67,12 +78,10 @@ from serving.repository.switch_queue import (
     widen_queues,
 )
 from serving.supervisor import RepeatedFailures, start_supervised
-from serving.version.life import VersionState
-from serving.version.readiness import version_state
 from serving.version.runner import RunnerFactory
 from serving.version.served import ServedModel
 
-__all__ = ["RETRIED", "THROUGH_API", "TICK_S", "Reconciler"]
+__all__ = ["RETRIED", "THROUGH_API", "TICK_S", "Reconciler", "refuse_all"]
 
 log = logging.getLogger("shardserve")
 
@@ -119,7 +128,9 @@ class Reconciler:
         self._ops: dict[Op, asyncio.Task[None]] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._labels = Labels(state)
-        self.rollouts = Rollouts(state.models, state.metrics, self._roles_changed)
+        self.rollouts = Rollouts(
+            state.models, state.metrics, self._roles_changed, self._canary_step
+        )
         self.rolling = Rolling(state, self.hand_over_now, self._drain)
         self._wake = asyncio.Event()
         self._observed: dict[ServedModel, float] = {}  # a version's last scale sample
@@ -165,6 +176,8 @@ class Reconciler:
     async def tick(self) -> None:
         """Judge the canaries, take each model's next step, then each READY version's scale
         step."""
+        if not self.state.accepting:
+            refuse_all(self.state)
         self.rollouts.check()
         for name in sorted(set(self.plans) | set(self.state.models)):
             key = ("reconcile", name)
@@ -180,7 +193,7 @@ class Reconciler:
         next tick samples again."""
         for versions in list(self.state.models.values()):
             for model in list(versions.values()):
-                if not model.serving:
+                if not model.takes_requests:
                     continue
                 last = self._observed.get(model)
                 if last is not None and now - last < SCALE_PERIOD_S:
@@ -192,6 +205,7 @@ class Reconciler:
                 what = f"model {model.name!r} version {model.version}'s scale step"
                 try:
                     observe(model, now)
+                    apply_limits(model)  # the replicas that serve now: a source of its limits
                     step = scale_step(model)
                 except Exception as exc:
                     self.state.metrics.background_error("scaling")
@@ -252,7 +266,7 @@ class Reconciler:
                 m
                 for v, m in served.items()
                 if int(v) in wanted
-                and m.state is VersionState.FAILED
+                and m.phase == "failed"
                 and (retry or (m not in self._loads and self._changed(m, plan)))
             ]
             for v in sorted(wanted - {int(v) for v in served}):
@@ -280,8 +294,12 @@ class Reconciler:
     def _load(self, name: str, version: int, plan: ModelPlan) -> None:
         found = plan.versions[version]
         assert found.settings is not None  # selected versions have their settings
-        model = ServedModel(name, found.settings, self.state.metrics, version=str(version))
+        # A version switch keeps the capacity: it starts at the count its model serves with.
+        settings = inherited_settings(found.settings, self.state.models.get(name, {}).values())
+        model = ServedModel(name, settings, self.state.metrics, version=str(version))
         self.state.add_model(model)
+        if not self.state.accepting:  # the server stops: it refuses from the start
+            model.stop_accepting(SHUTTING_DOWN)
         widen_queues(self.state.models[name].values(), model)  # while it loads
         # and its own from its first request until what it replaces has drained (its settle)
         model.before_ready = widen_queue
@@ -323,7 +341,7 @@ class Reconciler:
             return  # the switch's steps, then the settle again
         try:
             key = (model.name, model.version)
-            if model.state is VersionState.FAILED:
+            if model.phase == "failed":
                 self._failed[key] = load.fingerprint
                 await model.stop_jobs(_CLOSE_FAILED_S)
                 await model.close(_CLOSE_FAILED_S)
@@ -368,21 +386,28 @@ class Reconciler:
         keep = self.rollouts.arrange(name, plan.traffic, plan.selected) | self.rolling.keep(name)
         self._publish(name)
         served = self.state.models.get(name, {})
-        wanted = [version_state(served[str(v)])[0] for v in plan.selected if str(v) in served]
-        settled = not plan.selected or ("LOADING" not in wanted and "READY" in wanted)
+        wanted = [served[str(v)] for v in plan.selected if str(v) in served]
+        loading = any(m.phase == "loading" for m in wanted)
+        settled = not plan.selected or (not loading and any(m.available for m in wanted))
         # One that is not READY (loading, failed, draining) serves nothing: it goes at once. A
         # READY one whose replicas are down for a while is READY still: taken on every tick,
         # this rule must not retire the version that serves over a replica's restart.
         retiring = [
             m
             for v, m in served.items()
-            if int(v) not in plan.selected and v not in keep and (settled or not m.serving)
+            if int(v) not in plan.selected and v not in keep and (settled or not m.takes_requests)
         ]
         for model in retiring:  # at once: the next request that names no version goes on
             model.stop_accepting(_refusal(model, why_retired(plan, model.version)))
         started = [self._start_retire(m, why_retired(plan, m.version)) for m in retiring]
         self._set_labels(name)
         return started
+
+    def _canary_step(self, name: str) -> None:
+        """A canary's answers made its judge due: the reconciler's canary step (judge; promote
+        or roll back; the labels follow, ``_roles_changed``), taken at once, so that a canary
+        that fails is rolled back on the answer that tipped it (not one request later)."""
+        self.rollouts.check_one(name)
 
     def _roles_changed(self, name: str) -> None:
         """A canary's verdict or an admin's move: the labels follow at once; the next tick
@@ -483,6 +508,14 @@ class Reconciler:
                 raise
         else:
             self._failures.succeeded(key, what)
+
+
+def refuse_all(state: Registry) -> None:
+    """The server stops: every version it serves refuses new requests from now on (503,
+    shutting down) and answers what it holds; the server's stop (``ServerState.begin_stop``)
+    takes this step at once, and each tick takes it again while the server stops."""
+    for model in state.served():
+        model.stop_accepting(SHUTTING_DOWN)
 
 
 def _refusal(model: ServedModel, reason: str) -> str:

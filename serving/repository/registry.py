@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from serving.batching.dispatch import SHUTTING_DOWN
-from serving.elastic.start_count import inherit_count
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.metrics.series import Metrics
 from serving.quoting import quote
@@ -61,9 +59,6 @@ class Registry:
                 f"model {model.name!r} version {model.version!r} is served already; "
                 "give each a unique name and version"
             )
-        if not self.accepting:
-            model.stop_accepting(SHUTTING_DOWN)
-        inherit_count(model, versions.values())  # a version switch keeps the replicas serving
         versions[model.version] = model
         self.unserved.pop(model.name, None)
 

@@ -26,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from serving.elastic.start_count import serving_count
-from serving.elastic.steps import Scaler, hold, release
+from serving.elastic.count import add_replica, remove_replica, serving_count
+from serving.elastic.limits import apply_limits, follow_replicas
+from serving.elastic.steps import hold, release
 from serving.repository.routing import SwitchSplit
 from serving.settings.config import Settings
-from serving.version.life import VersionState
 from serving.version.runner import ElasticRunner, ModelRunner, RunnerFactory
 
 if TYPE_CHECKING:
@@ -89,7 +89,6 @@ class Switch:
     gone: bool = False
     room: bool = False
     stuck: bool = False
-    limits: dict[str, Scaler] = field(default_factory=dict)
 
 
 class Rolling:
@@ -152,12 +151,12 @@ class Rolling:
     async def _step(self, switch: Switch) -> None:
         try:
             if switch.phase == "start":
-                if _serving(switch.new):
+                if switch.new.takes_requests:
                     switch.phase = "forward"
                     self.state.traffic[switch.new.name] = SwitchSplit(
                         switch.old.version, switch.new.version
                     )
-                elif _serving(switch.old):  # the new one failed to load
+                elif switch.old.takes_requests:  # the new one failed to load
                     switch.phase = "back"
                 else:
                     switch.phase = "done"
@@ -188,7 +187,7 @@ class Rolling:
         leaving = [
             m
             for v, m in served.items()
-            if m is not model and int(v) not in plan.selected and _serving(m)
+            if m is not model and int(v) not in plan.selected and m.takes_requests
         ]
         if not leaving:
             return None
@@ -197,7 +196,7 @@ class Rolling:
 
     async def _begin(self, old: ServedModel, new: ServedModel, settings: Settings) -> Settings:
         target, start = settings.replicas, serving_count(old.health()) or 1
-        if target < 2 or not _serving(old) or await self._fits(old, target):
+        if target < 2 or not old.takes_requests or await self._fits(old, target):
             return settings
         switch = self._switches[new.name] = Switch(old, new, target, start)
         why = f"version {new.version} replaces version {old.version} replica by replica"
@@ -228,7 +227,7 @@ class Rolling:
             )
             switch.phase = "done"
             return
-        if not (_serving(new) and (switch.gone or _serving(old))):
+        if not (new.takes_requests and (switch.gone or old.takes_requests)):
             switch.phase = "done"  # unloaded or stopping meanwhile: the reconciler retires both
             return
         if not switch.room and not await self._fits(new, 1):
@@ -242,7 +241,7 @@ class Rolling:
         added, waited = await self._add(switch, new)
         if added:
             return
-        if not (_serving(new) and (switch.gone or _serving(old))):
+        if not (new.takes_requests and (switch.gone or old.takes_requests)):
             switch.phase = "done"  # given up because it was unloaded meanwhile
             return
         step = f"its replica {_count(new) + 1} of {switch.target} was not placed within "
@@ -268,8 +267,8 @@ class Rolling:
         where there is no room, its last one drained with the version); at the end the new is
         drained, and ``why`` (a step failed) becomes its reason in the index."""
         old, new, why = switch.old, switch.new, switch.why
-        if _count(old) < switch.start and _serving(old) and not switch.stuck:
-            if not switch.room and not await self._fits(old, 1) and _serving(new):
+        if _count(old) < switch.start and old.takes_requests and not switch.stuck:
+            if not switch.room and not await self._fits(old, 1) and new.takes_requests:
                 if _count(new) > 1:
                     await self._remove(switch, new)
                 else:
@@ -290,9 +289,9 @@ class Rolling:
                 )
                 switch.stuck = True
             return
-        if _serving(new):
+        if new.takes_requests:
             await self._drain(new, why or "its switch was turned back")
-        if new.state is VersionState.DRAINING:  # drained above: it ends as the switch did
+        if new.phase == "stopping":  # drained above: it ends as the switch did
             failure = None if why is None else f"{why}; version {old.version} serves with "
             new.end_retire(None if failure is None else f"{failure}{_count(old)} replica(s)")
         switch.phase = "done"
@@ -322,7 +321,7 @@ class Rolling:
         assert isinstance(runner, ElasticRunner)
         # Not a background task (no supervisor): this switch step awaits it and handles its
         # raise below; a task only so that the step can look at what the replica waits for.
-        task = asyncio.ensure_future(runner.add_replica(model.settings.replica_pending_timeout_s))
+        task = asyncio.ensure_future(add_replica(model, runner))
         waited = ""
         try:
             while not task.done():
@@ -335,14 +334,14 @@ class Rolling:
         except Exception as exc:
             log.warning("model %r version %s: adding a replica failed", model.name, model.version)
             added, waited = False, f"{type(exc).__name__}: {exc}".splitlines()[0]
-        self._follow(switch, model)
+        _follow(model)
         return added, waited
 
     async def _remove(self, switch: Switch, model: ServedModel) -> None:
         runner = model.runner
         assert isinstance(runner, ElasticRunner)
-        await runner.remove_replica(model.settings.drain_timeout_s)
-        self._follow(switch, model)
+        await remove_replica(model, runner)
+        _follow(model)
 
     async def _fits(self, model: ServedModel, count: int) -> bool:
         try:
@@ -351,21 +350,16 @@ class Rolling:
             log.warning("could not tell whether %d replica(s) fit", count, exc_info=True)
             return True
 
-    def _follow(self, switch: Switch, model: ServedModel) -> None:
-        """A fixed-count version's batching limits follow its healthy replicas, as an elastic
-        one's scaling loop keeps them (held, it still does)."""
-        low, high = model.settings.replica_bounds()
-        runner, batcher = model.runner, model.batcher
-        if low != high or batcher is None or not isinstance(runner, ElasticRunner):
-            return
-        limits = switch.limits.get(model.version)
-        if limits is None:
-            limits = switch.limits[model.version] = Scaler(model, runner, batcher)
-        limits.follow_limits(runner.health().healthy)
 
-
-def _serving(model: ServedModel) -> bool:
-    return model.serving
+def _follow(model: ServedModel) -> None:
+    """A fixed-count version's batching limits follow its healthy replicas, as an elastic one's
+    scaling loop keeps them (held, it still does)."""
+    low, high = model.settings.replica_bounds()
+    runner = model.runner
+    if low != high or model.batcher is None or not isinstance(runner, ElasticRunner):
+        return
+    follow_replicas(model, runner.health().healthy)
+    apply_limits(model)
 
 
 def _count(model: ServedModel) -> int:

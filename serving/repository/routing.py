@@ -62,10 +62,10 @@ def route(
         else:
             wanted = traffic.pick() if turn else traffic.peek()
         picked = versions.get(wanted)
-        if picked is not None and picked.not_ready_reason() is None:
+        if picked is not None and picked.available:
             return picked
     ordered = sorted(versions.values(), key=lambda m: version_key(m.version))
-    ready = [m for m in ordered if m.not_ready_reason() is None]
+    ready = [m for m in ordered if m.available]
     return (ready or ordered)[-1]
 
 
@@ -78,4 +78,4 @@ def _healthy(model: ServedModel | None) -> int:
     if model is None:
         return 0
     health = model.health()
-    return health.healthy if health is not None and model.serving else 0
+    return health.healthy if health is not None and model.takes_requests else 0

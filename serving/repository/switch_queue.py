@@ -24,6 +24,8 @@ import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from serving.elastic.limits import apply_limits
+
 if TYPE_CHECKING:
     from serving.version.served import ServedModel
 
@@ -39,9 +41,10 @@ SWITCH_QUEUE_FACTOR = 8
 # How long a settled switch waits for the widened queues to come back within their own rows
 # before it narrows them anyway (a load above capacity never drains).
 BACKLOG_WAIT_S = 10.0
-# A version's rows before and while widened are its own field (``ServedModel.queue_widened``,
-# whose ``queue_factor`` the elastic limits read). Which loads are under way is the reconciler's
-# (``serving.repository.reconciler``): it narrows once none of the model is.
+# The widening is a source of the version's batching limits (``ServedModel.limits.factor``),
+# which ``serving.elastic.limits`` combines with the others and alone writes. Which loads are
+# under way is the reconciler's (``serving.repository.reconciler``): it narrows once none of the
+# model is.
 
 
 def widen_queues(versions: Iterable[ServedModel], loading: ServedModel) -> None:
@@ -54,25 +57,20 @@ def widen_queues(versions: Iterable[ServedModel], loading: ServedModel) -> None:
 def widen_queue(model: ServedModel) -> None:
     """``model`` holds ``SWITCH_QUEUE_FACTOR`` times its queue rows until ``narrow_queues``:
     nothing where it has no batcher yet, is widened already, or its operator sized its queue."""
-    batcher = model.batcher
-    if model.queue_widened is not None or batcher is None:
+    if model.limits.factor != 1 or model.batcher is None:
         return
     if model.settings.max_queue_rows is not None:
         return  # the operator's size
-    rows = batcher.settings.max_queue_rows
-    widened = rows * SWITCH_QUEUE_FACTOR
-    batcher.reconfigure(max_queue_rows=widened)
-    model.queue_widened = (rows, widened)
+    model.limits.factor = SWITCH_QUEUE_FACTOR
+    apply_limits(model)
 
 
 def narrow_queues(versions: Iterable[ServedModel]) -> None:
     """No load of their model is under way any more: the versions' own rows."""
     for model in list(versions):
-        rows, model.queue_widened = model.queue_widened, None
-        batcher = model.batcher
-        # Left as it is where something else set it since (the admin route, the scaling loop).
-        if rows is not None and batcher is not None and batcher.settings.max_queue_rows == rows[1]:
-            batcher.reconfigure(max_queue_rows=rows[0])
+        if model.limits.factor != 1:
+            model.limits.factor = 1
+            apply_limits(model)
 
 
 async def backlog_within_own(
@@ -80,7 +78,7 @@ async def backlog_within_own(
 ) -> None:
     """Until every widened version among ``versions`` queues no more than its own rows, or
     ``timeout_s`` has passed: what ``narrow_queues`` waits for."""
-    widened = [m for m in versions if m.queue_widened is not None and m.batcher is not None]
+    widened = [m for m in versions if m.queue_widened is not None]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while loop.time() < deadline and any(_over_own(m) for m in widened):

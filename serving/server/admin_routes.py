@@ -25,7 +25,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import ErrorDetails
 
 from serving.batching.batcher import Batcher
-from serving.errors import InvalidInputError, NotReadyError
+from serving.elastic.limits import operator_sets
+from serving.errors import InvalidInputError
 from serving.http.admin_token import Transport, check_admin_token, check_admin_transport
 from serving.http.admission import check_length
 from serving.http.json_body import refusal, whole
@@ -40,9 +41,8 @@ from serving.openapi.bodies import (
 )
 from serving.openapi.document import ADMIN_SECURITY
 from serving.quoting import quote
-from serving.settings.config import Settings, default_queue_rows
+from serving.settings.config import Settings
 from serving.settings.waits import MAX_WAIT_MS
-from serving.version.runner import ModelRunner, pipeline_depth
 
 if TYPE_CHECKING:
     from serving.server.state import ServerState
@@ -156,22 +156,13 @@ def _refusal(exc: ValidationError, allowed: dict[str, str]) -> InvalidInputError
     return InvalidInputError(refusal(exc, shape, reason))
 
 
-def policy_changes(
-    change: BaseModel, batcher: Batcher, settings: Settings, runner: ModelRunner
-) -> dict[str, Any]:
-    """The ``Batcher.reconfigure`` arguments for a validated body; derived limits follow."""
+def policy_changes(change: BaseModel, batcher: Batcher, settings: Settings) -> dict[str, Any]:
+    """The operator's batching fields of a validated body (``serving.elastic.limits``: the
+    limits they leave to their defaults, the queue rows, follow from them there)."""
     changes = change.model_dump(exclude_unset=True)
     if changes.get("batch_timeout_ms") == "auto":
         changes["batch_timeout_ms"] = None
-    policy = batcher.settings
-    size = changes.get("max_batch_size", policy.max_batch_size)
-    inflight = changes.get("max_inflight_batches", policy.max_inflight_batches)
-    # Limits the operator left to their defaults scale with the batch, as at start-up, but the
-    # queue never shrinks below its start-up rows: a request that size was served (and the
-    # OpenAPI document says so), and a batching change must not make it a 400.
-    if settings.max_queue_rows is None:
-        start_up = settings.queue_rows(pipeline_depth(runner), runner.replicas)
-        changes["max_queue_rows"] = max(default_queue_rows(size, inflight), start_up)
+    size = changes.get("max_batch_size", batcher.settings.max_batch_size)
     if settings.allowed_batch_sizes is None:
         changes["allowed_batch_sizes"] = ()
     else:
@@ -216,11 +207,8 @@ def install_admin_routes(app: FastAPI, settings: Settings) -> None:
             raise InvalidInputError(
                 f"body must be a non-empty JSON object with some of {list(ADMIN_FIELDS)}"
             )
-        runner = model.runner
-        if runner is None:  # never once the batcher is: it is made from the runner
-            raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
         try:
-            batcher.reconfigure(**policy_changes(body, batcher, model.settings, runner))
+            operator_sets(model, policy_changes(body, batcher, model.settings))
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         return batching_view(batcher, model.scaling_parameters())

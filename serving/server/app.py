@@ -18,11 +18,14 @@ from serving.http.access import RouteLine
 from serving.http.fast import FastPathLayer, FastRoutes
 from serving.http.replies import REQUEST_ID_KEY, request_id_from, send_with_request_id
 from serving.openapi.document import Served, document
+from serving.openapi.tfserving import ROUTE_DOCS as TFSERVING_ROUTE_DOCS
 from serving.openapi.v2_bodies import REPOSITORY_DOCS
 from serving.openapi.v2_bodies import ROUTE_DOCS as V2_ROUTE_DOCS
 from serving.protocols.openai.chat import v1_chat_completions
 from serving.protocols.openai.completions import v1_completions
 from serving.protocols.openai.models import install_model_list
+from serving.protocols.rest import refuse_from_headers
+from serving.protocols.tfserving.http import install_tfserving_routes
 from serving.protocols.tfserving.predict import predict as predict_model
 from serving.protocols.v2.generate import v2_generate, v2_generate_stream
 from serving.protocols.v2.http import install_v2_routes, v2_infer
@@ -34,7 +37,6 @@ from serving.server.error_handlers import install_error_handlers
 from serving.server.lifespan import make_lifespan
 from serving.server.routes import install_routes
 from serving.server.state import ServerState
-from serving.server.tfserving_routes import install_tfserving_routes
 from serving.settings.config import Settings
 from serving.telemetry import active
 from serving.version.runner import RunnerFactory, build_runner, pipeline_depth
@@ -65,7 +67,7 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
-    install_tfserving_routes(app, settings, predict_model)
+    install_tfserving_routes(app, TFSERVING_ROUTE_DOCS, predict_model)
     install_routes(app)
     _install_fast_routes(app.fast_routes)
     install_admin_routes(app, settings)
@@ -100,6 +102,8 @@ def _install_fast_routes(routes: FastRoutes) -> None:
     # at the default model's queue.
     routes.add_raw("/v1/completions", v1_completions, name="")
     routes.add_raw("/v1/chat/completions", v1_chat_completions, name="")
+    # A full queue refused from the headers, inside uvicorn's protocol (serving.http.protocol).
+    routes.refuse_from_headers = refuse_from_headers
 
 
 class ShardServeApp(FastAPI):

@@ -57,7 +57,8 @@ class GracefulServer(uvicorn.Server):
         state = self._state_of()
         if state is not None:
             budget = state.begin_stop()
-            serving = [m.batcher for m in state.served() if m.batcher is not None and m.was_ready]
+            # (a batcher is set once a load completes)
+            serving = [m.batcher for m in state.served() if m.batcher is not None]
             if serving:
                 log.info(
                     "%s: refusing new requests; answering %d queued row(s) and %d batch(es) in "

@@ -1,5 +1,5 @@
 """The server's own routes: ``/healthz``, ``/readyz`` and ``/metrics`` (TF Serving's are
-``serving.server.tfserving_routes``)."""
+``serving.protocols.tfserving.http``)."""
 
 from __future__ import annotations
 

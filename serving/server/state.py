@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 
 from serving.batching.dispatch import SHUTTING_DOWN
 from serving.http.body_deadline import body_deadlines
+from serving.repository.reconciler import refuse_all
 from serving.repository.registry import NO_MODEL, Registry
 from serving.version.readiness import readiness
 from serving.version.stop_budget import StopBudget
 
 if TYPE_CHECKING:
-    from serving.http.model import RepositoryControl
+    from serving.protocols.contract import RepositoryControl
     from serving.version.served import ServedModel
 
 __all__ = ["NO_MODEL", "SHUTTING_DOWN", "ServerState"]
@@ -25,8 +26,8 @@ __all__ = ["NO_MODEL", "SHUTTING_DOWN", "ServerState"]
 
 @dataclass
 class ServerState(Registry):
-    # The repository API's control (``serving.http.model.RepositoryControl``), for the routes
-    # that look it up here: set by the lifespan.
+    # The repository API's control (``serving.protocols.contract.RepositoryControl``), for the
+    # routes that look it up here: set by the lifespan.
     repository: RepositoryControl | None = None
     # Set when the server starts stopping: every phase of the stop shares this one deadline.
     stop_budget: StopBudget | None = None
@@ -41,13 +42,17 @@ class ServerState(Registry):
         loading and at least one is ready (``serving.version.readiness``)."""
         return readiness(self).reason
 
+    @property
+    def available(self) -> bool:
+        """The server as a whole is ready: what V2's server ready and gRPC health answer."""
+        return readiness(self).reason is None
+
     def begin_stop(self) -> StopBudget:
         """Refuse new requests from now on; the stop's budget (``stop_timeout_s``), started by
         the first caller and shared by the later ones."""
-        for model in self.served():
-            model.stop_accepting(SHUTTING_DOWN)
         if self.stop_budget is None:
             self.stop_budget = StopBudget.start(self.settings.stop_timeout_s)
+        refuse_all(self)  # the reconciler's stop step, at once
         return self.stop_budget
 
     async def drain(self, budget: StopBudget) -> None:
@@ -70,7 +75,7 @@ class ServerState(Registry):
 
 
 if TYPE_CHECKING:
-    from serving.http.model import ModelDirectory, ModelHandle
+    from serving.protocols.contract import ModelDirectory, ModelHandle
 
     def _what_the_routes_see(state: ServerState) -> tuple[ModelDirectory, ModelHandle]:
         # For mypy only: the state is the routes' directory, each of its models a handle.

@@ -34,9 +34,12 @@ import logging
 import re
 import sys
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
+
+if TYPE_CHECKING:
+    from serving.telemetry.stamp import Stamp
 
 __all__ = ["FIELDS", "AccessLog", "reject_reason", "status_reason"]
 
@@ -126,6 +129,35 @@ class AccessLog:
 
     def close(self) -> None:
         self._log.removeHandler(self._handler)
+
+    def line(
+        self,
+        stamp: Stamp,
+        *,
+        request_id: str,
+        client: str,
+        route: str,
+        protocol: str,
+        reject: str,
+        model: str = "",
+        version: str = "",
+        bytes_in: int = 0,
+        total_ms: float | None = None,
+    ) -> None:
+        """One request's line, its status, rows, times, bytes out and tokens read off its
+        ``stamp``: the one way an answer is logged, the data plane's, a refusal's before it
+        (``serving.protocols.dataplane.refused``, the HTTP protocol's) and a route's
+        (``serving.http.access``) alike. ``total_ms``: the total its answer's ``Server-Timing``
+        said, where that was written before the line (a refusal's), else the stamp's till now."""
+        self.write(
+            request_id=request_id, trace_id=stamp.trace_id, client=client, route=route,
+            protocol=protocol, model=model, version=version, status=stamp.status,
+            rows=stamp.rows, batch_rows=stamp.batch_rows, queue_ms=stamp.queue_ms,
+            compute_ms=stamp.compute_ms,
+            total_ms=stamp.total_ms() if total_ms is None else total_ms, bytes_in=bytes_in,
+            bytes_out=stamp.bytes_out, reject=reject, tokens=stamp.tokens,
+            ttft_ms=stamp.first_token_ms, finish=stamp.finish,
+        )  # fmt: skip
 
     def write(
         self,

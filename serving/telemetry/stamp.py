@@ -17,12 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from serving.batching.rows import Segment
-
-__all__ = ["CURRENT", "Stamp", "batch_done", "batch_sent"]
+__all__ = ["CURRENT", "Segment", "Stamp", "Stamped", "batch_done", "batch_sent"]
 
 
 class Stamp:
@@ -86,6 +83,24 @@ class Stamp:
 
 
 CURRENT: ContextVar[Stamp | None] = ContextVar("shardserve_request_stamp", default=None)
+
+
+class Stamped(Protocol):
+    """A queued request as the stamps read it (``serving.batching.rows.PendingRequest``): the
+    batcher imports this module, not the other way round."""
+
+    @property
+    def stamp(self) -> Stamp | None: ...
+
+    @property
+    def arrival(self) -> float: ...
+
+    @property
+    def request_id(self) -> str | None: ...
+
+
+# A batch's part of one request: (the request, its first row in the batch, its rows).
+Segment = tuple[Stamped, int, int]
 
 
 def batch_sent(segments: Iterable[Segment], now: float, reason: str, rows: int) -> None:

@@ -46,8 +46,7 @@ from shards.tracing import (
 )
 
 if TYPE_CHECKING:
-    from serving.batching.rows import Segment
-    from serving.telemetry.stamp import Stamp
+    from serving.telemetry.stamp import Segment, Stamp
 
 __all__ = ["Tracer"]
 

@@ -35,10 +35,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from enum import StrEnum
+from typing import Literal
 
-__all__ = ["TRANSITIONS", "IllegalTransition", "Life", "VersionState"]
+__all__ = ["TRANSITIONS", "IllegalTransition", "IndexState", "Life", "Phase", "VersionState"]
 
 log = logging.getLogger("shardserve")
+
+# A version's state in the repository index (Triton's strings: ``serving.version.readiness``
+# derives them from the state machine's).
+IndexState = Literal["READY", "LOADING", "UNAVAILABLE"]
 
 
 class VersionState(StrEnum):
@@ -61,6 +66,9 @@ TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
 }
 # The states before a version serves: a request meets "still loading".
 LOADING_STATES = frozenset({_S.LOADING, _S.WARMING})
+# Where a version stands for a request (``Life.phase``): the one decision every view of "is it
+# serving" derives from (a request's refusal, /readyz, the repository index, TF Serving's states).
+Phase = Literal["loading", "ready", "stopping", "failed"]
 
 
 class IllegalTransition(RuntimeError):
@@ -90,6 +98,33 @@ class Life:
     def served(self) -> bool:
         """Its load completed: it reached READY, or would have but for a drain meanwhile."""
         return self._served
+
+    @property
+    def phase(self) -> Phase:
+        """``failed``: its load failed (or a switch turned it back); ``ready``: READY, it takes
+        requests (its condition says how); ``loading``: it has not served yet (LOADING,
+        WARMING, or a drain before its load completed); ``stopping``: DRAINING or RETIRED after
+        it served."""
+        state = self._state
+        if state is VersionState.FAILED:
+            return "failed"
+        if state is VersionState.READY:
+            return "ready"
+        if state in LOADING_STATES or not self._served:
+            return "loading"
+        return "stopping"
+
+    def refusal(self) -> str | None:
+        """Why its phase refuses a request, in one line; ``None`` when ready (its condition
+        then says whether a request is refused)."""
+        phase = self.phase
+        if phase == "failed":
+            return f"model failed to load: {self._reason}"
+        if phase == "loading":
+            return "model is still loading"
+        if phase == "stopping":
+            return self._reason or f"model is {self._state.lower()}"
+        return None
 
     def move(self, to: VersionState, reason: str | None = None) -> None:
         """The one transition: ``IllegalTransition`` where ``TRANSITIONS`` does not list it."""

@@ -13,14 +13,11 @@ its requests can wait for it (a ``recovering`` condition).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from serving.batching.dispatch import SHUTTING_DOWN
-from serving.version.life import LOADING_STATES, VersionState
+from serving.version.life import IndexState
 from serving.version.served import ServedModel
-
-if TYPE_CHECKING:
-    from serving.http.model import IndexState
 
 __all__ = ["NO_VERSION", "Readiness", "readiness", "version_state"]
 
@@ -85,14 +82,15 @@ def version_state(model: ServedModel) -> tuple[IndexState, str]:
 
 
 def _of(model: ServedModel) -> Readiness:
-    """One version's readiness, from its state and (READY) its condition."""
-    state, reason = model.state, model.reason
-    if state is VersionState.FAILED:
-        return Readiness("failed", error=reason, reason=model.not_ready_reason())
-    if state in LOADING_STATES or (state is VersionState.DRAINING and not model.was_ready):
+    """One version's readiness, from its phase (``serving.version.life.Life.phase``) and, READY,
+    its condition."""
+    phase = model.phase
+    if phase == "failed":
+        return Readiness("failed", error=model.reason, reason=model.not_ready_reason())
+    if phase == "loading":
         return Readiness("loading", error=model.waiting, reason=model.not_ready_reason())
-    if state is not VersionState.READY:  # DRAINING (or RETIRED, on its way out)
-        refusing = reason or f"model is {state.lower()}"
+    if phase == "stopping":  # DRAINING (or RETIRED, on its way out)
+        refusing = model.not_ready_reason()
         status: Status = "shutting down" if refusing == SHUTTING_DOWN else "unavailable"
         error = None if status == "shutting down" else refusing
         return Readiness(status, error=error, reason=refusing)

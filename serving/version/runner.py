@@ -118,9 +118,9 @@ async def build_runner(settings: Settings) -> ModelRunner | Generator:
         # handler); ``runtime.connect`` puts uvicorn's back only when on the main thread.
         for signum, handler in saved.items():
             signal.signal(signum, handler)
-    from shards.bundle.remote import resolve_bundle_remote
-    from shards.bundle.resolve import ResolveOptions
     from shards.pipeline.replica_set import ReplicaSet
+    from shards.source.remote import resolve_bundle_remote
+    from shards.source.resolve import ResolveOptions
 
     budget = await asyncio.to_thread(device_budget, settings)
     resolve = ResolveOptions(
@@ -162,10 +162,10 @@ async def build_runner(settings: Settings) -> ModelRunner | Generator:
 
 def check_driver_join(settings: Settings, bundle: Path) -> None:
     """Refuse (``shards.errors.PlanError``) a bundle whose outputs joined in the front end
-    (``shards.bundle.driver_combine``) would be over ``driver_join_max_bytes`` at the largest
+    (``shards.split``) would be over ``driver_join_max_bytes`` at the largest
     batch this version sends, at its served sequence length."""
-    from shards.bundle.driver_combine import check_join_budget
     from shards.bundle.format import read_manifest
+    from shards.split import check_join_budget
 
     manifest = read_manifest(bundle)
     if not manifest.combines:

@@ -16,7 +16,6 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,17 +23,17 @@ import numpy as np
 from serving.batching.batcher import Batcher, BatchSettings
 from serving.errors import InvalidInputError, NotFoundError, NotReadyError
 from serving.generation.engine import Generator
-from serving.http.admission import Admitted
 from serving.metrics.series import Metrics, ModelMetrics
 from serving.settings.config import ConfigError, Settings
 from serving.settings.lengths import served_max_length
 from serving.supervisor import supervise
+from serving.version.admitted import Admitted
 from serving.version.collector import freeze_heap
 from serving.version.condition import Condition, condition_of
 from serving.version.length_check import LengthPlan, plan_length_padding
-from serving.version.life import LOADING_STATES, Life, VersionState
+from serving.version.life import Life, Phase, VersionState
 from serving.version.runner import ModelRunner, RunnerFactory, pipeline_depth, release_bundle
-from serving.version.scale_state import ScaleState, ScaleStatus
+from serving.version.scale_state import LimitSources, ScaleState, ScaleStatus
 from serving.version.shape_log import ShapeLog
 from serving.version.stage_stats import log_memory, poll_stats
 from serving.version.stop_budget import StopBudget, drain_batcher
@@ -61,9 +60,9 @@ class ServedModel:
     generator: Generator | None = None
     length_plan: LengthPlan | None = None  # the length padding in force, or why none (warm-up)
     scaling: ScaleStatus | None = None  # its replica bounds, target and why (once READY)
-    # Its queue rows before and while another version of its model loads (widened then by
-    # ``serving.repository.switch_queue``), or None.
-    queue_widened: tuple[int, int] | None = field(default=None, repr=False)
+    # Its batching limits as each source wants them (start-up, the operator, the replicas that
+    # serve, a switch's widening): ``serving.elastic.limits`` combines and applies them.
+    limits: LimitSources = field(default_factory=LimitSources, repr=False)
     # Called with this version once its batcher is set, before it is READY and takes requests
     # (the reconciler widens its queue there while what it replaces drains), or None.
     before_ready: Callable[[ServedModel], None] | None = field(default=None, repr=False)
@@ -99,14 +98,22 @@ class ServedModel:
         return self._load_waits
 
     @property
-    def was_ready(self) -> bool:
-        """Its load completed (it reached READY, or would have but for a drain meanwhile)."""
-        return self._life.served
+    def phase(self) -> Phase:
+        """Where it stands for a request (``serving.version.life.Life.phase``): loading, ready,
+        stopping or failed; every view of "is it serving" derives from it."""
+        return self._life.phase
 
     @property
-    def serving(self) -> bool:
-        """READY: it takes requests (whatever its replicas' condition)."""
-        return self._life.state is VersionState.READY
+    def takes_requests(self) -> bool:
+        """May it take a request: READY, whatever its replicas' condition (the reconciler
+        routes, labels, scales and keeps it; its condition answers or refuses each request)."""
+        return self._life.phase == "ready"
+
+    @property
+    def available(self) -> bool:
+        """Is it counted as available: READY and a replica serves, or will within a request's
+        deadline (readiness, V2 ready, gRPC health, TF Serving's AVAILABLE, the routing pick)."""
+        return self.not_ready_reason() is None
 
     def condition(self) -> Condition:
         """How a READY version serves now: healthy, recovering or degraded, from its replicas and
@@ -128,10 +135,14 @@ class ServedModel:
     @property
     def queue_factor(self) -> int:
         """What its queue rows are multiplied by now (a switch of its model under way)."""
-        if self.queue_widened is None:
-            return 1
-        before, widened = self.queue_widened
-        return widened // max(before, 1)
+        return self.limits.factor
+
+    @property
+    def queue_widened(self) -> tuple[int, int] | None:
+        """Its own queue rows and the rows it holds while a switch widens them, or None."""
+        factor, batcher = self.limits.factor, self.batcher
+        rows = batcher.settings.max_queue_rows if batcher is not None else 0
+        return None if factor == 1 or batcher is None else (rows // factor, rows)
 
     @property
     def batch_settings(self) -> BatchSettings | None:
@@ -160,43 +171,44 @@ class ServedModel:
 
     def not_ready_reason(self) -> str | None:
         """Why it would refuse a request now (its replicas' condition included), or ``None``."""
-        state = self._life.state
-        if state is VersionState.FAILED:
-            return f"model failed to load: {self._life.reason}"
-        if state in LOADING_STATES or not self._life.served:
-            return "model is still loading"
-        if state is not VersionState.READY:
-            return self._life.reason or f"model is {state.lower()}"
-        return self.condition().unavailable
+        refusal = self._life.refusal()
+        return self.condition().unavailable if refusal is None else refusal
 
     def require_batcher(self) -> Batcher:
-        """The batcher, or the 503 that says why this model cannot take a request now."""
-        state = self._life.state
-        if state is VersionState.FAILED:
-            raise NotReadyError(f"model failed to load: {self._life.reason}")
+        """The batcher, or the 503 that says why this model cannot take a request now (its
+        phase's refusal, ``not_ready_reason``'s, with how to wait for a load)."""
+        phase = self._life.phase
+        if phase == "failed":
+            raise self._refused()
         if self.generator is not None:
             raise InvalidInputError(
                 f"model {self.name!r} version {self.version} generates text: POST "
                 f"/v2/models/{self.name}/generate; predict and infer are not served for a "
                 "keras_hub CausalLM preset"
             )
-        if self.batcher is None or not self._life.served:
+        if self.batcher is None or phase == "loading":
             waiting = f" ({self._load_waits})" if self._load_waits else ""
             raise NotReadyError(
                 f"model is still loading{waiting}; retry when GET /readyz answers 200"
             )
-        if state is not VersionState.READY:
-            raise NotReadyError(self._life.reason or f"model is {state.lower()}")
+        if phase == "stopping":
+            raise self._refused()
         if self.batcher.failure is not None:
             raise NotReadyError(self.batcher.failure)
         return self.batcher
 
+    def _refused(self) -> NotReadyError:
+        """The 503 of a phase that refuses (failed, stopping), saying why."""
+        refusal = self._life.refusal()
+        assert refusal is not None  # asked only where its phase refuses
+        return NotReadyError(refusal)
+
     def require_generator(self) -> Generator:
         """The generator, or why this version takes no generate request now: 503 while it
         loads or stops, 404 for a version that does not generate."""
-        state = self._life.state
-        if state is VersionState.FAILED:
-            raise NotReadyError(f"model failed to load: {self._life.reason}")
+        phase = self._life.phase
+        if phase == "failed":
+            raise self._refused()
         if self.generator is None:
             if self.batcher is not None:  # no generate route for it: 404, as a route
                 raise NotFoundError(
@@ -205,10 +217,10 @@ class ServedModel:
                     "infer"
                 )
             raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
-        if not self._life.served:
+        if phase == "loading":
             raise NotReadyError("model is still loading; retry when GET /readyz answers 200")
-        if state is not VersionState.READY:
-            raise NotReadyError(self._life.reason or f"model is {state.lower()}")
+        if phase == "stopping":
+            raise self._refused()
         return self.generator
 
     # ---- life: start (load, warm up, ready) ... drain, close
@@ -291,6 +303,7 @@ class ServedModel:
             on_reject=metrics.reject,
             on_error=self.server_metrics.background_error,
         )
+        self.limits.start = batcher.settings
         await batcher.start()
         started.append(batcher)
         metrics.bind_gauges(
@@ -320,12 +333,7 @@ class ServedModel:
         self._life.advance(VersionState.WARMING)
         try:
             generator.set_observer(self.metrics.generation())
-            scheduler = generator.scheduler
-            self.metrics.bind_generation(
-                lambda: scheduler.running,
-                lambda: scheduler.free_slots,
-                {level: partial(scheduler.waiting_at, level) for level in scheduler.levels.names},
-            )
+            self.metrics.bind_generation(*generator.gauges())
             generator.start()
             await generator.warm_up()
         except BaseException:

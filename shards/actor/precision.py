@@ -12,22 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shards.bundle.tensor_routes import cut_tensors
+from shards.dtypes import check_reduced
+
 if TYPE_CHECKING:
     import keras
 
     from shards.bundle.format import Manifest
 
-REDUCED_DTYPES = ("bfloat16", "float16")
 _FLOATS = ("float32", "float64")
-
-
-def check_reduced(name: str | None, what: str) -> str | None:
-    """None for off (None or "float32"); else one of ``REDUCED_DTYPES``."""
-    if name in (None, "float32"):
-        return None
-    if name not in REDUCED_DTYPES:
-        raise ValueError(f"{what} must be one of {('float32', *REDUCED_DTYPES)}, got {name!r}")
-    return name
 
 
 def numpy_dtype(name: str) -> np.dtype[Any]:
@@ -46,8 +39,6 @@ def cut_casts(
     reduced = check_reduced(activation_dtype, "activation_dtype")
     if reduced is None:
         return {}
-    from shards.pipeline.tensor_routes import cut_tensors
-
     crossing = cut_tensors(manifest)[stage_index]
     target = numpy_dtype(reduced)
     return {

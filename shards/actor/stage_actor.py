@@ -26,8 +26,7 @@ from shards.bundle.cache import DEFAULT_MAX_BYTES
 from shards.bundle.format import Manifest, allowed_imports, load_stage, read_manifest
 from shards.bundle.shipping import ShippedStage, default_cache_dir, stage_dir_for
 from shards.cpu_plan import intra_op_threads
-from shards.errors import ModelError, one_line
-from shards.pipeline.faults import INPUT_ERRORS
+from shards.errors import INPUT_ERRORS, ModelError, one_line
 from shards.signature import TensorSpec
 from shards.tracing import stage_span
 

@@ -2,7 +2,7 @@
 
 Layout of ``cache_dir``::
 
-    <key>/                      a finished bundle, renamed into place whole (shards.bundle.resolve)
+    <key>/                      a finished bundle, renamed into place whole (shards.source.resolve)
     .partial-<key>-XXXX/        a bundle being written
     .locks/<name>.lock          an entry's lock (see below)
     .trash-XXXX/                an entry being deleted

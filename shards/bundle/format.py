@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shards.bundle.driver_combine import DriverCombine
 from shards.bundle.fingerprint import built_with
 from shards.errors import BundleError, ShardsError
 from shards.signature import ModelSignature, TensorSpec
+from shards.split import DriverCombine, StagePart, pipeline_depth
 
 if TYPE_CHECKING:
     import keras
@@ -48,7 +48,7 @@ class StageSpec:
     # The memory plan (shards.partition.memory_plan); absent from manifests written before it:
     # zeros.
     memory: StageMemory | None = None
-    # A part of a split layer (shards.partition.split): the stage holds only that part.
+    # A part of a split layer (shards.split): the stage holds only that part.
     part: StagePart | None = None
     # What logs, metrics and ``plan`` call it: its position in the pipeline, parts of one split
     # layer sharing theirs ("3.0", "3.1"); the index where nothing is split.
@@ -101,41 +101,6 @@ class StageSpec:
 
 
 @dataclass(frozen=True)
-class StagePart:
-    """A stage that is one part of a split layer: which layer, how it was split (``rows``: a
-    vocabulary range of a table; ``columns``: a range of output units) and its range."""
-
-    layer: str
-    kind: str
-    how: str
-    part: int
-    parts: int
-    start: int
-    stop: int
-    # "logits": the rows of a tied table held again for its reverse use (the logits over the
-    # vocabulary, ``ReversibleEmbedding(..., reverse=True)``); None: the layer's own use.
-    use: str | None = None
-
-    @property
-    def group(self) -> str:
-        """The parts that run side by side: one layer's, one use's."""
-        return self.layer if self.use is None else f"{self.layer} ({self.use})"
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StagePart:
-        return cls(
-            layer=str(data["layer"]),
-            kind=str(data["kind"]),
-            how=str(data["how"]),
-            part=int(data["part"]),
-            parts=int(data["parts"]),
-            start=int(data["start"]),
-            stop=int(data["stop"]),
-            use=None if data.get("use") is None else str(data["use"]),
-        )
-
-
-@dataclass(frozen=True)
 class StageMemory:
     """A stage's share of the memory plan, as ``shardserve plan`` prints it."""
 
@@ -182,7 +147,7 @@ class Manifest:
     imports: tuple[str, ...] = ()
     # Keras and TensorFlow versions and the partitioner's source digest (shards.bundle.fingerprint).
     built_with: dict[str, str] = field(default_factory=built_with)
-    # Model outputs joined by the driver from a split layer's parts (shards.bundle.driver_combine).
+    # Model outputs joined by the driver from a split layer's parts (shards.split).
     combines: tuple[DriverCombine, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -194,6 +159,7 @@ class Manifest:
             "source_sha256": self.source_sha256,
             "imports": list(self.imports),
             "built_with": dict(self.built_with),
+            "depth": self.depth,
             "splits": self.splits(),
             "combines": [c.to_json() for c in self.combines],
         }
@@ -225,8 +191,10 @@ class Manifest:
 
     @property
     def depth(self) -> int:
-        """Stages one after the other: the parts of a split layer run side by side."""
-        return len({s.name.split(".")[0] for s in self.stages})
+        """Places one after the other in the pipeline: the parts of a split layer run side by
+        side and count once (``shards.split.pipeline_depth``). Every consumer reads this one
+        count: the pipeline's in-flight window, the server's batcher limits and queue sizes."""
+        return pipeline_depth([s.part for s in self.stages])
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
@@ -352,8 +320,10 @@ def load_keras(
     Lambda layer (Python bytecode) then fails with one line naming the flag that allows it."""
     import keras
 
-    import shards.partition.masking
-    import shards.partition.split_layers  # noqa: F401 - registers a split layer's parts
+    import shards.bundle.masking  # noqa: F401 - registers CarryMask, which a cut may hold
+    from shards.split import register_layers
+
+    register_layers()
 
     try:
         return keras.saving.load_model(path, compile=False, safe_mode=not unsafe_deserialization)

@@ -17,14 +17,7 @@ import keras
 from keras.src.models.functional import Functional
 
 from shards.errors import PartitionError
-
-
-def mask_of(tensor: Any) -> Any:
-    """The Keras mask a tensor carries, when it is a tensor of the graph (made by an op)."""
-    mask = getattr(tensor, "_keras_mask", None)
-    if isinstance(mask, keras.KerasTensor) and hasattr(mask, "_keras_history"):
-        return mask
-    return None
+from shards.keras_graph import mask_of, topological_nodes
 
 
 def runtime_masks(nodes: list[Any]) -> list[dict[int, Any]]:
@@ -46,37 +39,6 @@ def runtime_masks(nodes: list[Any]) -> list[dict[int, Any]]:
             qvk = [*node.arguments.args[:3], *(kwargs.get(k) for k in ("query", "value", "key"))]
             erased.update(id(t) for t in qvk if isinstance(t, keras.KerasTensor))
     return seen
-
-
-def _parent(tensor: Any) -> Any:
-    op, node_index, _ = tensor._keras_history
-    return op._inbound_nodes[node_index]
-
-
-def topological_nodes(outputs: list[Any]) -> list[Any]:
-    """Keras nodes (skipping Input layers) in DFS post-order from the outputs: a topological
-    order that keeps each branch together, so fewer tensors cross a cut. A layer that reads its
-    input's mask implicitly (attention) comes after the op that makes the mask."""
-    order: list[Any] = []
-    seen: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(_parent(t), False) for t in reversed(outputs)]
-    while stack:
-        node, expanded = stack.pop()
-        if id(node) in seen:
-            continue
-        if expanded:
-            seen.add(id(node))
-            if not node.is_input:
-                order.append(node)
-            continue
-        stack.append((node, True))
-        reads = list(node.input_tensors)
-        reads += [m for m in map(mask_of, node.input_tensors) if m is not None]
-        for tensor in reversed(reads):
-            parent = _parent(tensor)
-            if id(parent) not in seen:
-                stack.append((parent, False))
-    return order
 
 
 def _inner_graph(op: Any) -> Any:

@@ -12,7 +12,7 @@ Nested functional and Sequential models are flattened into their layers first
 call, so
 each stage that calls it counts them. An implicit Keras mask (``Embedding(mask_zero=True)``) is
 a tensor of the graph: it crosses a cut like any other, and the next stage attaches it again to
-the tensor it belongs to (``shards.partition.masking.CarryMask``).
+the tensor it belongs to (``shards.bundle.masking.CarryMask``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from typing import Any
 import keras
 
 from shards.bundle.format import StageSpec
+from shards.bundle.masking import CarryMask
 from shards.errors import PartitionError
-from shards.partition.flatten import flatten_nested, runtime_masks, topological_nodes
+from shards.keras_graph import topological_nodes
+from shards.partition.flatten import flatten_nested, runtime_masks
 from shards.partition.length_bound import (
     LengthBound,
     bound_signature,
@@ -35,7 +37,6 @@ from shards.partition.length_bound import (
     tightest,
 )
 from shards.partition.length_masks import mark_masked_inputs
-from shards.partition.masking import CarryMask
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH
 from shards.partition.plan import NodeCost, estimate_flops, param_bytes
 from shards.signature import ModelSignature, TensorSpec
@@ -138,7 +139,7 @@ def analyse(model: keras.Model, sequence_length: int | None = None) -> Graph:
 
 def reanalyse(graph: Graph, model: keras.Model, output_names: Sequence[str] | None = None) -> Graph:
     """The graph of ``model``, a rewrite of ``graph.model`` with the same inputs and outputs in
-    the same order (a layer split into parts: ``shards.partition.split``): named, bounded and
+    the same order (a layer split into parts: ``shards.split``): named, bounded and
     signed as ``graph``. ``output_names``: the names of ``model``'s outputs where they are not
     the signature's (a split output's parts, which the driver joins)."""
     names = [t.name for t in graph.signature.outputs] if output_names is None else output_names

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shards.errors import PlanError
+from shards.sizes import format_size, itemsize, row_bytes
 
 GiB = 1024**3
 # A CPU stage actor before its stage loads: a Ray worker that has imported TensorFlow and Keras
@@ -89,20 +90,6 @@ def format_budgets(budgets: Sequence[int]) -> str:
     return ",".join(str(b) for b in budgets)
 
 
-def _itemsize(dtype: str) -> int:
-    sizes = {"float64": 8, "int64": 8, "complex64": 8, "float16": 2, "bfloat16": 2, "int16": 2}
-    return sizes.get(dtype, 1 if dtype in ("int8", "uint8", "bool") else 4)
-
-
-def row_bytes(shape: Sequence[Any], dtype: str, sequence_length: int = 1) -> tuple[int, bool]:
-    """Bytes of one row of a tensor (its shape without the batch dimension) and whether a
-    dimension was unknown (counted as ``sequence_length``)."""
-    dims = tuple(shape)[1:]
-    unknown = any(d is None for d in dims)
-    size = math.prod(sequence_length if d is None else int(d) for d in dims)
-    return size * _itemsize(dtype), unknown
-
-
 @dataclass(frozen=True)
 class StageNeed:
     weight_bytes: int
@@ -129,29 +116,18 @@ class StageNeed:
         return f", length {self.sequence_length}" if self.unknown_dims else ""
 
 
-def format_size(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024
-        if size < 1024 or unit == "TiB":
-            break
-    return f"{size:.1f} {unit}"
-
-
-def _served_bytes(node: Any, itemsize: int | None) -> int:
-    """A node's planned weight bytes, its float weights at ``itemsize`` bytes when given."""
+def _served_bytes(node: Any, served_size: int | None) -> int:
+    """A node's planned weight bytes, its float weights at ``served_size`` bytes when given."""
     planned = int(node.cost.param_bytes)
     op = getattr(getattr(node, "node", None), "operation", None)
     weights = list(getattr(op, "weights", ()))
-    if itemsize is None or planned == 0 or not weights:
+    if served_size is None or planned == 0 or not weights:
         return planned
     full = served = 0
     for w in weights:
         count, dtype = math.prod(w.shape), str(w.dtype)
-        full += count * _itemsize(dtype)
-        served += count * (itemsize if dtype in ("float32", "float64") else _itemsize(dtype))
+        full += count * itemsize(dtype)
+        served += count * (served_size if dtype in ("float32", "float64") else itemsize(dtype))
     return planned * served // full if full else planned
 
 
@@ -181,7 +157,7 @@ class MemoryModel:
         self.overhead_bytes = overhead_bytes
         self.weight_dtype = weight_dtype
         nodes = graph.nodes
-        reduced = None if weight_dtype in (None, "float32") else _itemsize(str(weight_dtype))
+        reduced = None if weight_dtype in (None, "float32") else itemsize(str(weight_dtype))
         self._weights = [_served_bytes(n, reduced) for n in nodes]
         self._row: dict[int, int] = {}
         self._unknown: set[int] = set()

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import ray
 
+from shards.bundle.tensor_routes import Route, Source
 from shards.errors import ReplicaLostError
-from shards.pipeline.tensor_routes import Route, Source
 
 __all__ = ["CompiledStages"]
 

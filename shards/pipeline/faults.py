@@ -11,23 +11,16 @@ from __future__ import annotations
 
 import logging
 
-from shards.errors import ModelError, ReplicaLostError, RunError, StageTimeoutError, one_line
+from shards.errors import (
+    INPUT_ERRORS,
+    ModelError,
+    ReplicaLostError,
+    RunError,
+    StageTimeoutError,
+    one_line,
+)
 
 log = logging.getLogger(__name__)
-
-# Exceptions that bad input raises inside an op: worth isolating the rows that trigger them.
-# Others (out of memory, an internal error) are not the input's fault.
-INPUT_ERRORS = frozenset(
-    {
-        "InvalidArgumentError",
-        "OutOfRangeError",
-        "ValueError",
-        "TypeError",
-        "IndexError",
-        "KeyError",
-        "FloatingPointError",
-    }
-)
 
 
 def translate(exc: BaseException) -> RunError:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shards.actor.precision import check_reduced
 from shards.bundle.cache import DEFAULT_MAX_BYTES
 from shards.cluster import PLACEMENT_STRATEGIES
+from shards.dtypes import check_reduced
 
 
 @dataclass(frozen=True)

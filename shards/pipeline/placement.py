@@ -23,17 +23,17 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from shards.actor.stage_actor import ShardActor
 from shards.bundle.cache import DEFAULT_MAX_BYTES
-from shards.bundle.driver_combine import DriverCombine
 from shards.bundle.format import Manifest
 from shards.bundle.shipping import ShippedStage, ship_bundle, stages_off_node
+from shards.bundle.tensor_routes import Route, Source, plan_routes
 from shards.cluster import check_cluster_fits, cluster_has_gpus, placement_resources
 from shards.cpu_plan import cpus_per_stage, intra_op_threads, machine_cores
 from shards.errors import PipelineStartError, one_line
 from shards.pipeline.options import PipelineOptions
 from shards.pipeline.replica import Replica
-from shards.pipeline.tensor_routes import Route, Source, plan_routes
 from shards.pipeline.watchdog import Watchdog
 from shards.signature import ModelSignature
+from shards.split import DriverCombine
 
 _RemoteShard = ray.remote(ShardActor)
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class Layout:
     actor: ActorSpec
     options: PipelineOptions
     depth: int
-    # Model outputs the driver joins from a split layer's parts (shards.bundle.driver_combine).
+    # Model outputs the driver joins from a split layer's parts (shards.split).
     combines: tuple[DriverCombine, ...] = ()
 
 

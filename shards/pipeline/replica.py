@@ -21,14 +21,14 @@ import numpy as np
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from shards.bundle.driver_combine import DriverCombine, combine_outputs
+from shards.bundle.tensor_routes import Route, Source, request_readers
 from shards.cluster import run_bounded
 from shards.errors import ReplicaLostError, StageTimeoutError
 from shards.pipeline.compiled import CompiledStages
 from shards.pipeline.faults import is_replica_fault, translate
 from shards.pipeline.health import ReplicaState
-from shards.pipeline.tensor_routes import Route, Source, request_readers
 from shards.pipeline.watchdog import ON_READY, BatchClock, Watchdog, set_when_ready
+from shards.split import DriverCombine, combine_outputs
 from shards.tracing import BATCH
 
 log = logging.getLogger(__name__)
@@ -215,13 +215,13 @@ class Replica:
         if not self._combines:
             return self._outputs(inputs, made)
         # A join of a large output takes seconds (GPT-2's logits: 6.6 GB at 32 x 1024): off
-        # the event loop (shards.bundle.driver_combine).
+        # the event loop (shards.split).
         return await asyncio.to_thread(self._outputs, inputs, made)
 
     def _outputs(
         self, inputs: dict[str, np.ndarray], made: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        # A split output is joined here, from its parts (numpy; shards.bundle.driver_combine).
+        # A split output is joined here, from its parts (numpy; shards.split).
         if self._combines:
             made = {**made, **combine_outputs(self._combines, made)}
         parts = {p for c in self._combines for p in c.parts}

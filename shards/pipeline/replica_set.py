@@ -56,6 +56,7 @@ import ray
 
 from shards import tracing
 from shards.bundle.format import Manifest, read_manifest
+from shards.bundle.tensor_routes import plan_routes
 from shards.cluster import pending_placement, placement_resources
 from shards.errors import (
     InsufficientResourcesError,
@@ -72,7 +73,6 @@ from shards.pipeline.options import PipelineOptions
 from shards.pipeline.placement import Layout, new_replica, start_replica, start_replicas
 from shards.pipeline.recovery import REBUILD_BACKOFF_S, Recovered, recover
 from shards.pipeline.replica import Replica
-from shards.pipeline.tensor_routes import plan_routes
 from shards.pipeline.watchdog import Watchdog
 from shards.signature import ModelSignature
 

@@ -17,7 +17,7 @@ import asyncio, json, tempfile
 from pathlib import Path
 import ray
 from shards.pipeline.replica_set import ReplicaSet, PipelineOptions
-from shards.bundle.resolve import ResolveOptions, resolve_bundle
+from shards.source.resolve import ResolveOptions, resolve_bundle
 
 ray.init(address="local", include_dashboard=False)
 bundle = resolve_bundle("demo-mlp", ResolveOptions(stages=1, max_stage_bytes=None, cache_dir=Path(tempfile.mkdtemp())))

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import ray
 from shards.pipeline.replica_set import ReplicaSet, PipelineOptions
-from shards.bundle.resolve import ResolveOptions, resolve_bundle
+from shards.source.resolve import ResolveOptions, resolve_bundle
 
 ray.init(address="local", include_dashboard=False)
 stages = max(1, min(2, int(ray.cluster_resources().get("GPU", 0))))

@@ -112,7 +112,7 @@ def test_a_canary_judge_that_always_raises_is_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="shardserve")
-    rollouts = Rollouts({}, Metrics(), lambda _: None)
+    rollouts = Rollouts({}, Metrics(), lambda _: None, lambda _: None)
     broken = BrokenRollout()
     rollouts._rollouts["m"] = broken  # type: ignore[assignment]
     clock = Clock()

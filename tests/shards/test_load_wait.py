@@ -18,11 +18,11 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from serving.server.app import create_app
 from serving.settings.config import Settings
-from shards.bundle.remote import resolve_bundle_remote
-from shards.bundle.resolve import ResolveOptions
 from shards.cluster import pending_placement
 from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_tiny
+from shards.source.remote import resolve_bundle_remote
+from shards.source.resolve import ResolveOptions
 
 # Long enough for the resolve task (a bundle directory: no TensorFlow) and a few looks of the
 # load's watcher on a busy machine; the test's own time is about this.

@@ -28,8 +28,8 @@ from starlette.types import Receive, Scope, Send
 from serving.errors import InvalidInputError, ShardServeError
 from serving.generation.text_run import ChoiceDelta
 from serving.http.fast import FastRequest, ModelRef
-from serving.http.model import ModelHandle
 from serving.http.replies import JSON, Reply
+from serving.protocols.contract import ModelHandle
 from serving.protocols.openai.body import (
     OpenAICall,
     check_fields,

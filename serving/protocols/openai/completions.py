@@ -24,8 +24,8 @@ from starlette.types import Receive, Scope, Send
 from serving.errors import ShardServeError
 from serving.generation.text_run import ChoiceDelta
 from serving.http.fast import FastRequest, ModelRef
-from serving.http.model import ModelHandle
 from serving.http.replies import JSON, Reply
+from serving.protocols.contract import ModelHandle
 from serving.protocols.openai.body import (
     DEFAULT_MAX_TOKENS,
     OpenAICall,

@@ -19,8 +19,8 @@ from serving.errors import InvalidInputError, ShardServeError
 from serving.generation.text_run import ChoiceDelta, TextRun
 from serving.http.admission import check_length
 from serving.http.fast import FastRequest
-from serving.http.model import ModelHandle, served_models
 from serving.http.replies import ClientGone, Reply, send_reply, unexpected_reply
+from serving.protocols.contract import ModelHandle, served_models
 from serving.protocols.dataplane import Failure, generate
 from serving.protocols.openai.body import OpenAICall, load_object, model_ref
 from serving.protocols.openai.errors import (

@@ -33,8 +33,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from serving.errors import InvalidInputError, ShardServeError
-from serving.http.model import ModelDirectory, ModelHandle
-from serving.protocols.dataplane import check_sequence_length, count_refused, infer
+from serving.protocols.contract import ModelDirectory, ModelHandle
+from serving.protocols.dataplane import infer, submit
 from serving.protocols.grpc_call import (
     Context,
     GrpcCall,
@@ -126,7 +126,6 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     async def Predict(self, request: predict_pb2.PredictRequest | Refused, context: Context) -> Any:
         if isinstance(request, Refused):
             started = time.perf_counter()
-            count_refused(request.model, request.error, started)
             await refuse(context, request, request_id(context), started, "Predict")
         name, version, label = _selector(request.model_spec)
         call: _Call = GrpcCall(request, context, request_id(context))
@@ -240,9 +239,8 @@ async def _predict(
     rows = {name: array.shape[0] for name, array in inputs.items()}
     if len(set(rows.values())) != 1:
         raise InvalidInputError(f"inputs have different row counts {rows}; all must be equal")
-    check_sequence_length(inputs, model)
     outputs = _output_names(request, signature.output_names)
-    answers = await batcher.submit(inputs, deadline=deadline, request_id=call.rid)
+    answers = await submit(inputs, model, batcher, deadline, call.rid)
     response = predict_pb2.PredictResponse()
     _answer_spec(response.model_spec, model)
     for name in outputs:

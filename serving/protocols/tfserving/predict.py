@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING
 from starlette.types import Receive, Scope, Send
 
 from serving.http.fast import FastRequest, ModelRef
-from serving.http.model import ModelHandle, served_models
 from serving.http.replies import JSON, Reply
-from serving.protocols.dataplane import check_sequence_length
+from serving.protocols.contract import ModelHandle, served_models
+from serving.protocols.dataplane import submit, submit_ragged
 from serving.protocols.limits import request_limits
-from serving.protocols.ragged import submit_rows
 from serving.protocols.rest import serve_prediction
 from serving.protocols.tfserving.codec import decode_predict, encode_predict, encode_rows
 
@@ -42,19 +41,11 @@ async def _predict(
     decoded = decode_predict(body, signature, request_limits(model, batcher))
     if decoded.ragged is not None:
         # Rows of different lengths: each its own request row, answered at its own length.
-        check_sequence_length(decoded.ragged, model)
         rows = await request.until_disconnect(
-            submit_rows(
-                batcher.submit_lengths,
-                batcher.length_padding,
-                decoded.ragged,
-                deadline,
-                request.request_id,
-            )
+            submit_ragged(decoded.ragged, model, batcher, deadline, request.request_id)
         )
         return 200, encode_rows(rows, signature), JSON, []
-    check_sequence_length(decoded.inputs, model)
     outputs = await request.until_disconnect(
-        batcher.submit(decoded.inputs, deadline=deadline, request_id=request.request_id)
+        submit(decoded.inputs, model, batcher, deadline, request.request_id)
     )
     return 200, encode_predict(outputs, signature, decoded.form), JSON, []

@@ -12,10 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from serving.version.life import VersionState
-
 if TYPE_CHECKING:
-    from serving.http.model import ModelHandle
+    from serving.protocols.contract import ModelHandle
 
 __all__ = ["State", "TFServingStatus", "tfserving_status"]
 
@@ -38,17 +36,18 @@ def tfserving_status(model: ModelHandle) -> TFServingStatus:
     A replica being brought back while requests wait for it (a ``recovering`` READY) is still
     AVAILABLE: /readyz and V2 ready say 200 then, and the replica counts say why. A version whose
     replicas cannot serve (``degraded``) reads LOADING; one whose load failed, or whose batcher
-    gave up (it will not serve again in this process), END with the error."""
-    state = model.state
-    if state is VersionState.FAILED:
+    gave up (it will not serve again in this process), END with the error. Its words come from
+    the version's phase (``serving.version.life.Life.phase``) and condition alone."""
+    phase = model.phase
+    if phase == "failed":
         return TFServingStatus("END", model.reason or "")
-    if not model.was_ready:
+    if phase == "loading":
         return TFServingStatus("LOADING", "")
     condition = model.condition()
     if condition.gave_up:
         return TFServingStatus("END", condition.unavailable or "")
     if condition.kind == "degraded":
         return TFServingStatus("LOADING", "")
-    if state is VersionState.READY:
+    if phase == "ready":
         return TFServingStatus("AVAILABLE", "")
     return TFServingStatus("UNLOADING", model.reason or "")  # DRAINING, or RETIRED on its way out

@@ -31,8 +31,8 @@ from serving.errors import InvalidInputError, ShardServeError
 from serving.generation.request import encode_generate, parse_generate
 from serving.generation.text_run import ChoiceDelta, TextRun
 from serving.http.fast import FastRequest, ModelRef
-from serving.http.model import ModelHandle, served_models
 from serving.http.replies import JSON, Reply
+from serving.protocols.contract import ModelHandle, served_models
 from serving.protocols.rest import serve_generation
 from serving.protocols.streaming import EventSource, generation_deadline, stream_events
 

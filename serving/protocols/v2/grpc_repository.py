@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from pydantic import SecretStr
 
-    from serving.http.model import RepositoryControl
+    from serving.protocols.contract import RepositoryControl
 
 __all__ = ["ADMIN_METHODS", "ADMIN_WHAT", "Metadata", "RepositoryRpcs", "RepositorySource"]
 

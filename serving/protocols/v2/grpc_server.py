@@ -33,8 +33,8 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from serving.errors import InvalidInputError, ShardServeError
-from serving.http.model import ModelDirectory, ModelHandle
-from serving.protocols.dataplane import check_sequence_length, count_refused, infer
+from serving.protocols.contract import ModelDirectory, ModelHandle
+from serving.protocols.dataplane import infer, submit
 from serving.protocols.grpc_call import (
     Context,
     GrpcCall,
@@ -84,14 +84,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: _Context) -> Any:
-        return pb.ServerReadyResponse(ready=self._models.not_ready_reason() is None)
+        return pb.ServerReadyResponse(ready=self._models.available)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: _Context) -> Any:
         return json_format.ParseDict(server_metadata(), pb.ServerMetadataResponse())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: _Context) -> Any:
         model = await self._model(context, request.name, request.version)
-        return pb.ModelReadyResponse(ready=model.not_ready_reason() is None)
+        return pb.ModelReadyResponse(ready=model.available)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: _Context) -> Any:
         model = await self._model(context, request.name, request.version)
@@ -132,7 +132,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         rid = _request_id(context)
         if isinstance(request, Refused):
-            count_refused(request.model, request.error, started)
             await refuse(context, request, rid, started, "ModelInfer")
         call: _Call = GrpcCall(request, context, rid)
         version = request.model_version or None
@@ -169,14 +168,11 @@ async def _infer(
 ) -> pb.ModelInferResponse:
     """The work of one admitted call (the data plane's ``Work``): decode, submit, encode."""
     request, rid = call.message, call.rid
-    timeout_s = request_timeout_s(request)
-    if timeout_s is not None:
-        deadline = min(deadline, time.monotonic() + timeout_s)
+    timeout_s, since = request_timeout_s(request), time.monotonic()  # counted from here
     signature = model.signature
     inputs = decode_inputs(request, signature, request_limits(model, batcher))
-    check_sequence_length(inputs, model)
     names = requested_outputs(request, signature)
-    outputs = await batcher.submit(inputs, deadline=deadline, request_id=rid)
+    outputs = await submit(inputs, model, batcher, deadline, rid, timeout_s, since)
     tensors, raw = encode_outputs(outputs, names, signature)
     return pb.ModelInferResponse(
         model_name=model.name,

@@ -11,12 +11,11 @@
 
 The infer body's layout is ``serving.protocols.v2.infer_body``'s; the routes' OpenAPI
 documentation and response models are ``serving.openapi.v2_bodies``', handed in by the server.
-Every route finds its model by name (``serving.http.model``).
+Every route finds its model by name (``serving.protocols.contract``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +24,9 @@ from starlette.types import Receive, Scope, Send
 
 from serving.errors import InvalidInputError
 from serving.http.fast import FastRequest, ModelRef, RawAnswer
-from serving.http.model import ModelHandle, served_models
 from serving.http.replies import Reply
-from serving.protocols.dataplane import check_sequence_length
+from serving.protocols.contract import ModelHandle, served_models
+from serving.protocols.dataplane import submit
 from serving.protocols.limits import request_limits
 from serving.protocols.rest import serve_prediction
 from serving.protocols.v2.generate import v2_generate
@@ -77,11 +76,8 @@ async def _infer(
     signature = model.signature
     # Inline, as /predict decodes: a thread would hold the GIL as long.
     call = parse_infer(body, request.header_length, signature, request_limits(model, batcher))
-    check_sequence_length(call.inputs, model)
-    if call.timeout_s is not None:
-        deadline = min(deadline, time.monotonic() + call.timeout_s)
     outputs = await request.until_disconnect(
-        batcher.submit(call.inputs, deadline=deadline, request_id=request.request_id)
+        submit(call.inputs, model, batcher, deadline, request.request_id, call.timeout_s)
     )
     return encode_infer(outputs, call, signature, model.name, model.version)
 
@@ -101,7 +97,7 @@ async def _metadata(name: str, request: Request, version: str | None = None) -> 
 async def _model_ready(
     name: str, request: Request, response: Response, version: str | None = None
 ) -> dict[str, Any]:
-    ready = _model(request, name, version).not_ready_reason() is None
+    ready = _model(request, name, version).available
     response.status_code = 200 if ready else 503
     return {"name": name, "ready": ready}
 
@@ -150,7 +146,7 @@ async def _live() -> dict[str, Any]:
 
 
 async def _server_ready(request: Request, response: Response) -> dict[str, Any]:
-    ready = served_models(request.app).not_ready_reason() is None
+    ready = served_models(request.app).available
     response.status_code = 200 if ready else 503
     return {"ready": ready}
 

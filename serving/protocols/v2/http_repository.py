@@ -1,6 +1,6 @@
 """The model repository extension (KServe V2 / Triton) over HTTP, answered by the server's
-``RepositoryControl`` (``serving.http.model``; gRPC's ``RepositoryIndex`` and the rest call the
-same one):
+``RepositoryControl`` (``serving.protocols.contract``; gRPC's ``RepositoryIndex`` and the rest
+call the same one):
 
     POST /v2/repository/index                  [{"name", "version", "state", "reason"}, ...]
     POST /v2/repository/models/{m}/load        reads the model's directory again, serves it
@@ -24,8 +24,8 @@ from fastapi import FastAPI, Request
 from serving.errors import InvalidInputError, NotReadyError
 from serving.http.admin_token import Transport, check_admin_token, check_admin_transport
 from serving.http.admission import check_length
-from serving.http.model import RepositoryControl
 from serving.http.replies import read_body
+from serving.protocols.contract import RepositoryControl
 from serving.quoting import quote
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from serving.http.model import ModelHandle
+from serving.protocols.contract import ModelHandle
 from serving.protocols.v2.tensors import tensor_config, tensor_metadata
 
 __all__ = [

@@ -3,7 +3,7 @@ of load. The shardserve server joins the session's Ray instead of starting a sec
 
 from __future__ import annotations
 
-from bench.suites.compare_report import ANALYSIS_MARKER, medians, render
+from bench.suites.compare.report import ANALYSIS_MARKER, medians, render
 from tests.bench.suiterun import SuiteRun
 from tests.serverproc import free_ports
 

@@ -9,9 +9,9 @@ import pytest
 
 from bench.load.timeline import Reply, Step, step_bounds
 from bench.observe.sampler import Sample
-from bench.suites.elastic import ElasticPlan, replica_capacity, stages
-from bench.suites.elastic_check import summarize_elastic
-from bench.suites.elastic_report import render
+from bench.suites.elastic.check import summarize_elastic
+from bench.suites.elastic.report import render
+from bench.suites.elastic.run import ElasticPlan, replica_capacity, stages
 
 
 def test_one_replica_delivers_a_full_batch_every_simulated_run_and_the_stages_follow() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from bench.observe.otlp_sink import OtlpSink
-from bench.suites.frontcpu import FrontCpuPlan, mode_label, schedule, server_spec, tracing_env
-from bench.suites.frontcpu_report import render, summarize, summarize_modes
+from bench.suites.frontcpu.report import render, summarize, summarize_modes
+from bench.suites.frontcpu.run import FrontCpuPlan, mode_label, schedule, server_spec, tracing_env
 
 
 def _window(tree: str, round_: int, cpu_ms: float, errors: int = 0) -> dict[str, Any]:

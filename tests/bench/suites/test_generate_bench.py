@@ -14,8 +14,7 @@ import pytest
 
 from bench.load.pyload import arrivals
 from bench.models.generation import VOCABULARY_SIZE
-from bench.suites.generate import GeneratePlan
-from bench.suites.generate_report import (
+from bench.suites.generate.report import (
     TTFT,
     capacity,
     histogram_quantile,
@@ -25,6 +24,7 @@ from bench.suites.generate_report import (
     render,
     summarize,
 )
+from bench.suites.generate.run import GeneratePlan
 from bench.systems.keras_generate import answers, pad_batch
 from tests.bench.suiterun import SuiteRun
 from tests.generation_models import TOTAL_LENGTH, Greedy

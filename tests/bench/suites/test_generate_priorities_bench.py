@@ -8,8 +8,8 @@ from typing import Any
 
 from bench.options import plan_from
 from bench.suites import generate
-from bench.suites.generate import GeneratePlan
-from bench.suites.generate_priorities import FIGURES, render_priorities
+from bench.suites.generate.priorities import FIGURES, render_priorities
+from bench.suites.generate.run import GeneratePlan
 from tests.bench.suiterun import SuiteRun
 
 

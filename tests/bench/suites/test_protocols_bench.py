@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from bench.load.loops import WRK_INSTALL_HINT, have_wrk
-from bench.suites.protocols_check import decode_answer
-from bench.suites.protocols_report import medians, render, targets
+from bench.suites.protocols.check import decode_answer
+from bench.suites.protocols.report import medians, render, targets
 from loadtest.bodies import encode_body
 from tests.bench.suiterun import SuiteRun
 from tests.serverproc import free_ports

@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from bench.models.ragged import SINGLE, get_model, lengths, rows
-from bench.suites.ragged import RaggedPlan
-from bench.suites.ragged_check import decode, max_abs_diff, positions, waste
-from bench.suites.ragged_report import ratios, render
+from bench.suites.ragged.check import decode, max_abs_diff, positions, waste
+from bench.suites.ragged.report import ratios, render
+from bench.suites.ragged.run import RaggedPlan
 
 
 def test_mixed_rows_are_seeded_and_within_the_lengths() -> None:

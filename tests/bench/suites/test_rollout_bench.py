@@ -11,11 +11,11 @@ import pytest
 
 from bench.load.timeline import Reply
 from bench.observe.sampler import Sample
-from bench.suites.rollout import QUICK, RolloutPlan, quick
-from bench.suites.rollout_canary import summarize_canary
-from bench.suites.rollout_report import render
-from bench.suites.rollout_server import config_toml
-from bench.suites.rollout_switch import summarize_switch
+from bench.suites.rollout.canary import summarize_canary
+from bench.suites.rollout.report import render
+from bench.suites.rollout.run import QUICK, RolloutPlan, quick
+from bench.suites.rollout.server import config_toml
+from bench.suites.rollout.switch import summarize_switch
 
 
 def ok(i: int, due: float, ms: float, version: str) -> Reply:

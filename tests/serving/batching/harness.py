@@ -15,8 +15,8 @@ import pytest
 import serving.batching.batcher
 from serving.batching.batcher import Batcher, BatchSettings
 from serving.batching.lengths import LengthPadding
-from serving.batching.record import BatchRecord
 from serving.batching.wait import WaitPolicy
+from serving.telemetry.batch_record import BatchRecord
 from tests.fakes import FakeRunner, expected_outputs, make_rows, spawn
 
 LONG_MS = 60_000.0  # a timeout no test waits for: batches then close on size or flush only

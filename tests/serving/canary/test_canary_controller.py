@@ -31,7 +31,10 @@ def rollout(
     clock, changes, metrics = Clock(), [], Metrics()
     rules = {"min_requests": 20, "window_s": 10.0, **rules}
     traffic = TrafficConfig(stable, canary, CanaryConfig(**rules))  # type: ignore[arg-type]
-    made = Rollout("m", "1", traffic, metrics, changes.append, clock=clock)
+    # The reconciler's canary step judges once the judge is due (here at once).
+    made = Rollout(
+        "m", "1", traffic, metrics, changes.append, on_due=lambda _: made.check(), clock=clock
+    )
     made.start_canary("2")
     return made, clock, changes, metrics
 
@@ -150,7 +153,7 @@ def test_the_stable_is_judged_over_the_same_time_as_its_canary() -> None:
     # the stable's earlier answers kept, the canary alone would look worse.
     clock, metrics = Clock(), Metrics()
     traffic = TrafficConfig(90, 10, CanaryConfig(min_requests=20, window_s=1000.0))
-    r = Rollout("m", "1", traffic, metrics, lambda _: None, clock=clock)
+    r = Rollout("m", "1", traffic, metrics, lambda _: None, on_due=lambda _: r.check(), clock=clock)
     answer(r, clock, "1", 2000, OK, 0.01)
     r.start_canary("2")
     for _ in range(40):

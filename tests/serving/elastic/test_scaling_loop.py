@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from serving.elastic.count import inherited_settings
+from serving.elastic.limits import operator_sets
 from serving.elastic.steps import Scaler, observe, scale_step, stop_scaling
 from serving.metrics.series import Metrics
 from serving.protocols.v2.metadata import model_metadata
@@ -211,7 +213,7 @@ async def test_a_limit_the_operator_set_is_left_alone() -> None:
     await model.stop_jobs(WAIT_S)
     batcher = model.require_batcher()
     scaler = Scaler(model, runner, batcher)  # as the loop makes it, at READY
-    batcher.reconfigure(max_inflight_batches=7)  # then an admin PUT
+    operator_sets(model, {"max_inflight_batches": 7})  # then an admin PUT
     runner.states.append("healthy")
     scaler.tick(0.0)
     assert (batcher.settings.max_inflight_batches, batcher.settings.max_queue_rows) == (7, 40)
@@ -243,12 +245,11 @@ async def test_a_new_version_starts_at_the_count_the_old_one_serves_with() -> No
     state.add_model(old)
     old.runner = runner
     put_in_state(old, "WARMING", "READY")
-    new = ServedModel("m", elastic_settings(max_replicas=2), state.metrics, version="2")
-    state.add_model(new)
-    assert new.settings.replicas == 2  # 3 serve; clamped to its own max_replicas
-    fixed = ServedModel("m", Settings(model="fake", replicas=1), state.metrics, version="3")
-    state.add_model(fixed)
-    assert fixed.settings.replicas == 1
+    # What the reconciler starts a new version with (``serving.elastic.count``).
+    served = state.models["m"].values()
+    assert inherited_settings(elastic_settings(max_replicas=2), served).replicas == 2  # 3 serve;
+    # clamped to its own max_replicas
+    assert inherited_settings(Settings(model="fake", replicas=1), served).replicas == 1
 
 
 def test_a_private_ray_reserves_cpus_for_the_most_replicas() -> None:
@@ -287,6 +288,6 @@ async def test_a_split_models_limits_are_the_same_at_start_after_a_scale_step_an
     assert batcher.settings == start
     # The admin route's derived queue and the OpenAPI document's bound are the live queue's.
     same = change_model(model.settings)(max_batch_size=start.max_batch_size)
-    changes = policy_changes(same, batcher, model.settings, runner)
-    assert changes["max_queue_rows"] == start.max_queue_rows
+    operator_sets(model, policy_changes(same, batcher, model.settings))
+    assert batcher.settings.max_queue_rows == start.max_queue_rows
     assert _served(state).max_rows == start.max_queue_rows

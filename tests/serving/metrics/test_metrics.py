@@ -9,8 +9,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.batching.record import BatchRecord
 from serving.metrics.series import Metrics, ModelMetrics
+from serving.telemetry.batch_record import BatchRecord
 from shards.pipeline.health import Health
 from tests.metrics_text import metric
 

@@ -23,11 +23,11 @@ from serving.errors import (
     NotReadyError,
     QueueFullError,
 )
-from serving.http.admission import Admitted
 from serving.http.fast import FastRequest, ModelRef
 from serving.http.replies import JSON, Reply
 from serving.protocols.rest import serve_prediction
 from serving.settings.config import Settings
+from serving.version.admitted import Admitted
 from shards.signature import ModelSignature
 
 

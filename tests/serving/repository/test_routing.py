@@ -16,9 +16,10 @@ class Version:
     refuses: str | None = None
     asked: int = 0
 
-    def not_ready_reason(self) -> str | None:
+    @property
+    def available(self) -> bool:
         self.asked += 1
-        return self.refuses
+        return self.refuses is None
 
 
 def versions(*served: Version) -> dict[str, Any]:

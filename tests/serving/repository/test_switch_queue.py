@@ -9,12 +9,16 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from serving.batching.settings import BatchSettings
+from serving.metrics.series import Metrics
 from serving.repository.switch_queue import (
     SWITCH_QUEUE_FACTOR,
     backlog_within_own,
     narrow_queues,
     widen_queue,
 )
+from serving.settings.config import Settings
+from serving.version.served import ServedModel
 
 
 @dataclass
@@ -26,16 +30,17 @@ class FakeBatcher:
     def __post_init__(self) -> None:
         self.settings = SimpleNamespace(max_queue_rows=self.max_queue_rows)
 
-    def reconfigure(self, max_queue_rows: int) -> None:
+    def reconfigure(self, max_queue_rows: int) -> Any:
         self.settings.max_queue_rows = max_queue_rows
+        return self.settings
 
 
 def version(rows: int = 64, operator_rows: int | None = None) -> Any:
-    return SimpleNamespace(
-        batcher=FakeBatcher(rows),
-        queue_widened=None,
-        settings=SimpleNamespace(max_queue_rows=operator_rows),
-    )
+    settings = Settings(model="fake", max_queue_rows=operator_rows)
+    model = ServedModel("m", settings, Metrics())
+    model.batcher = FakeBatcher(rows)  # type: ignore[assignment]
+    model.limits.start = BatchSettings(max_batch_size=min(rows, 32), max_queue_rows=rows)
+    return model
 
 
 def test_a_queue_widens_once_and_narrows_back_to_its_own_rows() -> None:

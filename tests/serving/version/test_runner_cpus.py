@@ -10,8 +10,8 @@ from pathlib import Path
 from serving.settings.config import Settings
 from serving.version.runner import estimated_stages, private_ray_cpus, stage_replicas
 from shards.bundle.format import read_manifest
-from shards.bundle.resolve import ResolveOptions, resolve_bundle
 from shards.cpu_plan import available_memory, machine_cores, stage_copies
+from shards.source.resolve import ResolveOptions, resolve_bundle
 
 
 def test_the_stages_are_known_from_the_settings_a_bundle_or_the_weights_over_a_budget(

@@ -17,8 +17,8 @@ import ray
 from shards.actor.stage_actor import ShardActor
 from shards.bundle.format import BundleError, Manifest, read_manifest, write_manifest
 from shards.bundle.shipping import ShippedStage, digest_stage_file, ship_stage, stage_dir_for
+from shards.bundle.tensor_routes import plan_routes
 from shards.partition.cut import partition_to_bundle
-from shards.pipeline.tensor_routes import plan_routes
 from tests.shards.model_zoo import Inputs, call_whole, sequential
 
 WARM_SIZES = [1, 3, 8]

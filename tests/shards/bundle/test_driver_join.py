@@ -14,12 +14,12 @@ import pytest
 
 from serving.settings.config import Settings
 from serving.version.runner import check_driver_join
-from shards.bundle.driver_combine import DriverCombine, check_join_budget, join_bytes
 from shards.bundle.format import FORMAT_VERSION, Manifest, write_manifest
 from shards.errors import PlanError
 from shards.pipeline import replica as replica_module
 from shards.pipeline.replica import Replica
 from shards.signature import ModelSignature, TensorSpec
+from shards.split import DriverCombine, check_join_budget, join_bytes
 
 VOCAB = 50_257
 GPT2 = ModelSignature(

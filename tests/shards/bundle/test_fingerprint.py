@@ -92,10 +92,15 @@ def test_partitioner_modules_are_what_plans_and_cuts() -> None:
     modules = set(partitioner_modules())
     assert {
         "partition.cut",
+        "partition.stages",
+        "partition.oversized",
+        "split.rule",
+        "split.rewrite",
+        "split.layers",
         "partition.graph",
         "partition.plan",
         "partition.memory_plan",
-        "partition.masking",
+        "bundle.masking",
         "bundle.format",
         "partition.demo_models",
     } <= modules
@@ -104,7 +109,7 @@ def test_partitioner_modules_are_what_plans_and_cuts() -> None:
             "actor.stage_actor",
             "pipeline.replica_set",
             "cluster",
-            "bundle.resolve",
+            "source.resolve",
             "bundle.cache",
         }
         & modules

@@ -1,4 +1,4 @@
-"""A model resolved to a bundle in a Ray task on this node (``shards.bundle.remote``)."""
+"""A model resolved to a bundle in a Ray task on this node (``shards.source.remote``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 from shards.bundle import cache
 from shards.bundle.format import read_manifest
-from shards.bundle.remote import resolve_bundle_remote
-from shards.bundle.resolve import ResolveOptions
+from shards.source.remote import resolve_bundle_remote
+from shards.source.resolve import ResolveOptions
 
 
 async def test_resolve_bundle_remote_writes_a_bundle(ray_address: str, tmp_path: Path) -> None:

@@ -9,14 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-import shards.bundle.resolve
 import shards.partition.cut
+import shards.source.resolve
 from shards.bundle import cache
 from shards.bundle.fingerprint import built_with
 from shards.bundle.format import BundleError, read_manifest
-from shards.bundle.resolve import DEMO_NAMES, ResolveError, ResolveOptions, resolve_bundle
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import DEMO_MODELS, build_demo
+from shards.source.resolve import DEMO_NAMES, ResolveError, ResolveOptions, resolve_bundle
+from tests.chain import run_chain
 from tests.shards.model_zoo import small_bert
 
 
@@ -197,7 +198,7 @@ def test_a_bundle_cut_by_other_code_is_not_reused(
         "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
     )
     other = {**built_with(), part: "other"}
-    monkeypatch.setattr(shards.bundle.resolve, "built_with", lambda: other)
+    monkeypatch.setattr(shards.source.resolve, "built_with", lambda: other)
     second = resolve_bundle(
         "demo-tiny", ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path)
     )

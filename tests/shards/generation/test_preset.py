@@ -123,7 +123,7 @@ def test_the_kv_cache_counts_slots_length_blocks_kv_heads(llama_preset: Path) ->
 def test_resolve_says_a_preset_generates_instead_of_cutting_it(
     gpt2_preset: Path, tmp_path: Path
 ) -> None:
-    from shards.bundle.resolve import ResolveOptions, resolve_bundle
+    from shards.source.resolve import ResolveOptions, resolve_bundle
 
     options = ResolveOptions(stages=2, max_stage_bytes=None, cache_dir=tmp_path / "cache")
     with pytest.raises(ResolveError, match="GPT2Backbone preset: it is served by generation"):

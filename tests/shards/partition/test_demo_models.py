@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from shards.bundle.format import load_stage
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import DEMO_MODELS, build_demo
-from shards.partition.masking import CarryMask
+from shards.bundle.masking import CarryMask
+from tests.chain import run_chain
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -108,7 +109,7 @@ def test_token_demos_cut_in_two_and_pad_only_where_masked(
     manifest = partition_to_bundle(model, tmp_path / "b", stages=2)
     assert len(manifest.stages) == 2
     assert manifest.signature.inputs[0].pad_value == (0 if masked else None)
-    # The masked ones re-attach the mask after the cut (shards.partition.masking).
+    # The masked ones re-attach the mask after the cut (shards.bundle.masking).
     second = load_stage(tmp_path / "b", 1)
     assert any(isinstance(layer, CarryMask) for layer in second.layers) == masked
     for length in (1, 12):

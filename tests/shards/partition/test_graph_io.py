@@ -7,7 +7,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
+from tests.chain import run_chain
 
 
 def test_nested_dicts_are_served_under_dotted_names(tmp_path: Path) -> None:

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from serving.cli.main import app
 from shards.bundle.format import BundleError
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
 from shards.partition.graph import PartitionError
 from shards.pipeline.replica_set import PipelineOptions, PipelineStartError, ReplicaSet
+from tests.chain import run_chain
 
 ROWS = np.random.default_rng(15).normal(size=(3, 4)).astype("float32")
 

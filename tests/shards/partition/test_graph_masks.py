@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from shards.bundle.format import read_manifest
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
 from shards.partition.graph import analyse
 from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
+from tests.chain import run_chain
 from tests.shards.model_zoo import Inputs, call_whole
 
 TOLERANCE = 1e-4

@@ -8,8 +8,9 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
 from shards.partition.graph import analyse
+from tests.chain import run_chain
 from tests.shards.model_zoo import Inputs, call_whole
 
 TOLERANCE = 1e-4

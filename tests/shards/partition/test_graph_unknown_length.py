@@ -9,9 +9,10 @@ import keras
 import numpy as np
 import pytest
 
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
 from shards.partition.graph import analyse
 from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
+from tests.chain import run_chain
 from tests.shards.model_zoo import call_whole
 
 TOLERANCE = 1e-5

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from shards.bundle.format import Manifest
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
+from tests.chain import run_chain
 
 TOLERANCE = 1e-5
 LENGTHS = (20, 11, 3)  # each row's real length; the batch is padded to the longest

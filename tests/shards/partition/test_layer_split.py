@@ -13,9 +13,10 @@ import pytest
 import tensorflow as tf
 
 from shards.bundle.format import BundleError, Manifest, read_manifest
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_recommender
 from shards.partition.plan import PlanError
+from tests.chain import run_chain
 
 # Under it, the recommender's 768 000-byte item table is split by rows (batch 8, no overhead).
 BUDGET = 600_000
@@ -234,3 +235,129 @@ def test_a_token_and_position_embedding_splits_its_token_table(tmp_path: Path) -
     # padding mask crosses the split (the pooling skips the padded positions).
     np.testing.assert_array_equal(got["tokens"], want[0])
     np.testing.assert_array_equal(got["pool"], want[1])
+
+
+# The MLP below: fc1 256 -> 2048 (2 MiB) and fc2 2048 -> 256 (2 MiB), each over the budget.
+MLP_BUDGET = 1_500_000
+
+
+def mlp(head_activation: str | None = "softmax") -> keras.Model:
+    """x -> fc1 (gelu) -> dropout -> relu -> fc2 (tanh) -> head: two Dense layers too large for
+    one device with only elementwise layers between them (issue 42)."""
+    keras.utils.set_random_seed(7)
+    x = keras.Input((256,), name="x")
+    h = keras.layers.Dense(2048, activation="gelu", name="fc1")(x)
+    h = keras.layers.Dropout(0.1, name="drop")(h)
+    h = keras.layers.Activation("relu", name="act")(h)
+    y = keras.layers.Dense(256, activation="tanh", name="fc2")(h)
+    out = keras.layers.Dense(8, activation=head_activation, name="head")(y)
+    return keras.Model(x, out, name="mlp")
+
+
+def mlp_inputs(rows: int = 5) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(3).normal(size=(rows, 256)).astype("float32")}
+
+
+def partition_mlp(model: keras.Model, out: Path) -> Manifest:
+    return partition_to_bundle(
+        model, out, max_stage_bytes=MLP_BUDGET, max_batch_size=4, device_overhead_bytes=0
+    )
+
+
+def test_a_column_split_dense_feeding_a_dense_pairs_with_it_in_one_place(tmp_path: Path) -> None:
+    model, inputs = mlp(), mlp_inputs()
+    manifest = partition_mlp(model, tmp_path / "b")
+    # fc1's output units and fc2's input units split at the same bounds: part k holds both
+    # slices and sends only its partial sum. Two places, not four (fc1's parts, a stage that
+    # only joins, fc2's parts, the head). Each part holds a third of both layers (1.4 MB).
+    assert [s.name for s in manifest.stages] == ["0.0", "0.1", "0.2", "1"]
+    assert manifest.depth == 2
+    (split,) = manifest.splits()
+    assert (split["layer"], split["kind"], split["how"], split["parts"]) == (
+        "fc1",
+        "Dense+Dense",
+        "pair",
+        3,
+    )
+    bounds = [(p["start"], p["stop"]) for p in split["stages"]]
+    assert bounds == [(0, 682), (682, 1365), (1365, 2048)]
+    assert all(s.planned_peak_bytes <= MLP_BUDGET for s in manifest.stages)
+    # What crosses from a part is fc2's width (256), not fc1's slice of the hidden units.
+    assert [t.shape for t in manifest.stages[0].outputs] == [(256,)]
+    # A sum of partial products reorders fc2's additions: 1e-5 relative.
+    got = run_chain(tmp_path / "b", inputs)["head"]
+    np.testing.assert_allclose(got, whole(model, inputs), rtol=1e-5, atol=1e-7)
+
+
+def test_a_paired_output_is_summed_by_the_driver(tmp_path: Path) -> None:
+    # fc2 linear and the model's output: the driver sums the parts' partial products (the bias
+    # held by part 0 alone, so added once); one place in the pipeline.
+    keras.utils.set_random_seed(8)
+    x = keras.Input((256,), name="x")
+    h = keras.layers.Dense(2048, activation="relu", name="fc1")(x)
+    model = keras.Model(x, keras.layers.Dense(256, name="fc2")(h), name="mlp2")
+    manifest = partition_mlp(model, tmp_path / "b")
+    assert [s.name for s in manifest.stages] == ["0.0", "0.1", "0.2"]
+    (combine,) = manifest.combines
+    assert (combine.output, combine.how) == ("fc2", "add")
+    inputs = mlp_inputs()
+    got = run_chain(tmp_path / "b", inputs)["fc2"]
+    np.testing.assert_allclose(got, whole(model, inputs), rtol=1e-5, atol=1e-6)
+
+
+def untied_table() -> keras.Model:
+    import keras_hub
+
+    keras.utils.set_random_seed(5)
+    ids = keras.Input((4,), dtype="int32", name="ids")
+    table = keras_hub.layers.ReversibleEmbedding(8000, 32, tie_weights=False, name="table")
+    x = table(ids)
+    x = keras.layers.Dense(32, activation="relu", name="mix")(x)
+    return keras.Model(ids, table(x, reverse=True), name="untied")
+
+
+def test_an_untied_table_charges_each_use_its_own_matrix(tmp_path: Path) -> None:
+    # Each matrix is 8000 x 32 x 4 = 1 024 000 bytes; the budget holds half of one and its
+    # logits at batch 2. Charged
+    # both matrices per use, each use came out in 4 parts; its own matrix: 2 + 2.
+    model = untied_table()
+    manifest = partition_to_bundle(
+        model, tmp_path / "b", max_stage_bytes=700_000, max_batch_size=2, device_overhead_bytes=0
+    )
+    lookup, logits = manifest.splits()
+    assert (lookup["use"], lookup["parts"], logits["use"], logits["parts"]) == (
+        None,
+        2,
+        "logits",
+        2,
+    )
+    assert [p["weight_bytes"] for s in (lookup, logits) for p in s["stages"]] == [512_000] * 4
+    rows = np.array([[1, 7999, 4000, 0], [3, 2, 1, 5]], dtype="int32")
+    (got,) = run_chain(tmp_path / "b", {"ids": rows}).values()
+    want = keras.ops.convert_to_numpy(model(rows))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["Dense", "Embedding"])
+def test_a_quantized_layer_too_large_is_refused_at_plan_time_by_name(
+    tmp_path: Path, kind: str
+) -> None:
+    if kind == "Dense":
+        x = keras.Input((256,), name="x")
+        layer: keras.layers.Layer = keras.layers.Dense(4096, name="big")
+        model = keras.Model(x, layer(x))
+    else:
+        x = keras.Input((4,), dtype="int32", name="x")
+        layer = keras.layers.Embedding(20_000, 64, name="big")
+        model = keras.Model(x, layer(x))
+    model.quantize("int8")
+    assert layer.quantization_mode == "int8"
+    with pytest.raises(PlanError, match=rf"layer 'big' \({kind}\) is quantized \(int8\)"):
+        partition_to_bundle(
+            model,
+            tmp_path / "b",
+            max_stage_bytes=200_000,
+            max_batch_size=2,
+            device_overhead_bytes=0,
+        )
+    assert not (tmp_path / "b" / "manifest.json").exists()

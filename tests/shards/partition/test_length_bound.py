@@ -17,8 +17,10 @@ import pytest
 
 from shards.bundle.format import read_manifest
 from shards.errors import PartitionError
-from shards.partition.cut import partition_to_bundle, plan_stages, run_chain
+from shards.partition.cut import partition_to_bundle
 from shards.partition.graph import analyse
+from shards.partition.stages import plan_stages
+from tests.chain import run_chain
 
 SMALL: dict[str, Any] = {
     "vocabulary_size": 100,

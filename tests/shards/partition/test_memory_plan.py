@@ -10,9 +10,10 @@ import pytest
 
 from shards.bundle.format import read_manifest
 from shards.errors import PlanError
-from shards.partition.cut import partition_to_bundle, plan_stages
+from shards.partition.cut import partition_to_bundle
 from shards.partition.graph import analyse
 from shards.partition.memory_plan import GiB, MemoryModel, parse_budgets, parse_bytes
+from shards.partition.stages import plan_stages
 
 
 @pytest.mark.parametrize(
@@ -191,8 +192,8 @@ def test_weights_served_in_16_bits_count_half() -> None:
 
 
 def test_resolve_partitions_to_one_stage_per_device_and_checks_a_bundle(tmp_path: Path) -> None:
-    from shards.bundle.resolve import ResolveOptions, resolve_bundle
     from shards.errors import ResolveError
+    from shards.source.resolve import ResolveOptions, resolve_bundle
 
     budgets = (700 * 2**20 + 100_000, 700 * 2**20 + 100_000)  # the CPU overhead + room
     path = resolve_bundle(

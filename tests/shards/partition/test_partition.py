@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from shards.bundle.format import read_manifest
-from shards.partition.cut import partition_to_bundle, run_chain
+from shards.partition.cut import partition_to_bundle
 from shards.partition.graph import PartitionError, analyse
 from shards.partition.plan import PlanError
+from tests.chain import run_chain
 from tests.shards.model_zoo import ZOO, call_whole, multi_io, residual, sequential
 
 TOLERANCE = 1e-5

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from shards.bundle.format import Manifest, read_manifest
+from shards.bundle.tensor_routes import plan_routes
 from shards.partition.cut import partition_to_bundle
 from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
-from shards.pipeline.tensor_routes import plan_routes
 from shards.signature import TensorSpec
 from tests.shards.model_zoo import Inputs, call_whole
 

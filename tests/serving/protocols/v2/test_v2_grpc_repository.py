@@ -19,8 +19,8 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from serving.errors import NotFoundError
-from serving.http.model import IndexEntry, RepositoryControl
 from serving.metrics.series import Metrics
+from serving.protocols.contract import IndexEntry, RepositoryControl
 from serving.protocols.grpc_port import start_grpc_server, stop_grpc_server
 from serving.server.app import create_app
 from serving.server.state import ServerState

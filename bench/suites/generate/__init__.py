@@ -1,0 +1,10 @@
+"""``python -m bench generate``: iteration-level against request-level batching.
+
+- ``run``: the plan, the parser and the systems.
+- ``report``: the summaries and the table.
+- ``priorities``: ``--priorities``, high-priority TTFT under a saturating low load (issue 41).
+"""
+
+from bench.suites.generate.run import add_parsers
+
+__all__ = ["add_parsers"]

@@ -1,0 +1,136 @@
+"""The planner's use of split layers (``shards.split``): each layer too large for the largest
+budget split into the fewest parts that fit it, the model rewritten and its graph analysed anew,
+a part the memory model finds over given one more; and which node of the new graph is which part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from shards.errors import PlanError
+from shards.partition.graph import Graph, reanalyse
+from shards.partition.memory_plan import MemoryModel
+from shards.partition.plan import budget_text
+from shards.split import (
+    LOGITS,
+    DriverCombine,
+    Split,
+    StagePart,
+    choose_splits,
+    hand_to_driver,
+    parts_needed,
+    split_model,
+    use_weight_bytes,
+    uses,
+)
+
+__all__ = ["memory_like", "part_nodes", "split_oversized"]
+
+
+def memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
+    return MemoryModel(
+        graph,
+        memory.max_batch_size,
+        memory.overhead_bytes,
+        memory.weight_dtype,
+        graph.sequence_length,
+    )
+
+
+def split_oversized(
+    graph: Graph, memory: MemoryModel, budgets: Sequence[int]
+) -> tuple[Graph, MemoryModel, list[Split], tuple[DriverCombine, ...]]:
+    """``graph`` with each layer too large for the largest budget split into the fewest parts
+    that fit it (``shards.split``); the same graph where none is too large. A split
+    layer whose combine would be a model output and nothing else is joined by the driver
+    instead (the combines returned): its parts' outputs are the graph's outputs."""
+    top = max(budgets)
+
+    def over(i: int) -> tuple[int, str] | None:
+        need = memory.need(i, i + 1)
+        return (need.total, need.explain()) if need.total > top else None
+
+    calls: dict[int, list[object]] = {}
+    for gnode in graph.nodes:
+        calls.setdefault(id(gnode.node.operation), []).append(gnode.node)
+
+    def parts_for(i: int, op: object, how: str) -> int | None:
+        # A tied table's lookups and its logits are split at the same rows, each use's parts
+        # holding them (shards.split): the count is the larger of the two uses', each use
+        # charged the matrix it reads (an untied table's own reverse table for its logits).
+        weights = memory.need(i, i + 1).weight_bytes
+        counts = [
+            parts_needed(
+                op,
+                use_how,
+                nodes,
+                use_weight_bytes(op, weights, reversed_use(nodes)),
+                memory.overhead_bytes,
+                memory.max_batch_size,
+                graph.sequence_length,
+                top,
+            )
+            for use_how, nodes in uses(calls[id(op)], how)
+        ]
+        return None if None in counts else max(c for c in counts if c is not None)
+
+    splits = choose_splits(graph.nodes, over, parts_for, budget_text(budgets), graph.model.outputs)
+    for _ in range(8):
+        if not splits:
+            return graph, memory, [], ()
+        split, handed = hand_to_driver(split_model(graph.model, splits))
+        names, combines = _driver_names(graph.signature.output_names, handed)
+        split_graph = reanalyse(graph, split, names)
+        split_memory = memory_like(split_graph, memory)
+        parts = part_nodes(split_graph, splits)
+        # The count was computed from shapes; a part the memory model finds over gets one more.
+        grow = {
+            p.layer
+            for i, p in parts.items()
+            if split_memory.need(i, i + 1).total > top and p.parts < splits_by(splits)[p.layer].size
+        }
+        if not grow:
+            return split_graph, split_memory, splits, combines
+        splits = [s.more() if s.layer in grow else s for s in splits]
+    raise PlanError(f"cannot split {', '.join(s.layer for s in splits)} to fit {top} bytes")
+
+
+def _driver_names(
+    outputs: Sequence[str], handed: Mapping[int, DriverCombine]
+) -> tuple[list[str], tuple[DriverCombine, ...]]:
+    """The split model's output names (a handed output's parts named after their layers) and
+    the combines, named."""
+    names: list[str] = []
+    combines: list[DriverCombine] = []
+    for i, name in enumerate(outputs):
+        if i not in handed:
+            names.append(name)
+            continue
+        names.extend(handed[i].parts)
+        combines.append(replace(handed[i], output=name))
+    return names, tuple(combines)
+
+
+def splits_by(splits: Sequence[Split]) -> dict[str, Split]:
+    return {s.layer: s for s in splits}
+
+
+def part_nodes(graph: Graph, splits: Sequence[Split]) -> dict[int, StagePart]:
+    """Node index -> the part of a split layer it is."""
+    names = {
+        s.part_name(k, use): StagePart(
+            s.layer, s.kind, s.how, k, s.parts, s.bounds[k], s.bounds[k + 1], use
+        )
+        for s in splits
+        for use in (None, LOGITS)
+        if use is None or s.reversed
+        for k in range(s.parts)
+    }
+    return {i: names[n.name] for i, n in enumerate(graph.nodes) if n.name in names}
+
+
+def reversed_use(nodes: Sequence[Any]) -> bool:
+    """Whether a use's calls are a table's logits (``reverse=True``)."""
+    return any(bool(n.arguments.kwargs.get("reverse")) for n in nodes)

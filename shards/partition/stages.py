@@ -1,0 +1,183 @@
+"""Plan a model's stages and cut them: where to cut (balanced, or within memory budgets, a layer
+too large for any device split first: ``shards.partition.oversized``), each stage's sub-model and
+its spec with its share of the memory plan. What ``shardserve plan`` prints and
+``shards.partition.cut`` writes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import keras
+
+from shards.bundle.format import StageMemory, StageSpec
+from shards.dtypes import check_reduced
+from shards.errors import PlanError
+from shards.partition.graph import Graph, PartitionError, cut
+from shards.partition.memory_plan import MemoryModel, default_overhead, parse_budgets
+from shards.partition.oversized import memory_like, part_nodes, split_oversized
+from shards.partition.plan import Plan, plan_balanced, plan_budget
+from shards.split import DriverCombine, Split, describe, place_labels
+
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "Budgets", "Planned", "plan", "plan_bundle", "plan_stages"]
+
+# The server's default max_batch_size (serving.settings.config): the batch a plan sizes
+# activations at.
+DEFAULT_MAX_BATCH_SIZE = 32
+
+
+Budgets = int | Sequence[int]
+
+
+def plan(
+    graph: Graph,
+    *,
+    stages: int | None,
+    max_stage_bytes: Budgets | None,
+    memory: MemoryModel | None = None,
+    isolated: frozenset[int] = frozenset(),
+) -> Plan:
+    """The cuts: ``stages`` balanced ones, or the fewest (one budget) or exactly one per device
+    (a list of budgets) whose peak needs fit; without ``memory`` a budget counts weights only.
+    A node in ``isolated`` (a part of a split layer) is a stage of its own."""
+    costs = [n.cost for n in graph.nodes]
+
+    def alone(a: int, b: int) -> bool:
+        return b - a == 1 or not any(i in isolated for i in range(a, b))
+
+    if stages is not None and max_stage_bytes is not None:
+        raise PartitionError(
+            f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"
+        )
+    if max_stage_bytes is not None:
+        if memory is None:
+            return plan_budget(costs, max_stage_bytes)
+        return plan_budget(
+            costs,
+            max_stage_bytes,
+            need=lambda a, b: memory.need(a, b).total if alone(a, b) else sys.maxsize,
+            explain=lambda a, b: memory.need(a, b).explain(),
+        )
+    return plan_balanced(costs, 1 if stages is None else stages)
+
+
+def _tf_sees_gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def plan_stages(
+    graph: Graph,
+    *,
+    stages: int | None = None,
+    max_stage_bytes: Budgets | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    device_overhead_bytes: int | None = None,
+    weight_dtype: str | None = None,
+) -> list[tuple[keras.Model, StageSpec]]:
+    """Plan and cut: each stage's sub-model and its spec (``plan_bundle``'s stages)."""
+    return plan_bundle(
+        graph,
+        stages=stages,
+        max_stage_bytes=max_stage_bytes,
+        max_batch_size=max_batch_size,
+        device_overhead_bytes=device_overhead_bytes,
+        weight_dtype=weight_dtype,
+    ).stages
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan cut: each stage's sub-model and spec, and the model outputs the driver joins from
+    a split layer's parts (``shards.split``)."""
+
+    stages: list[tuple[keras.Model, StageSpec]]
+    combines: tuple[DriverCombine, ...] = ()
+
+
+def plan_bundle(
+    graph: Graph,
+    *,
+    stages: int | None = None,
+    max_stage_bytes: Budgets | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    device_overhead_bytes: int | None = None,
+    weight_dtype: str | None = None,
+) -> Planned:
+    """Plan and cut: each stage's sub-model and its spec, memory plan included (what
+    ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
+    default for a GPU when TensorFlow sees one here, else for a CPU. ``weight_dtype``: the
+    weights will be served in it (``--weight-dtype``), and count at its size. A dimension
+    unknown in the graph counts as ``graph.sequence_length``."""
+    overhead = device_overhead_bytes
+    if overhead is None:
+        overhead = default_overhead(gpu=_tf_sees_gpu())
+    weight_dtype = check_reduced(weight_dtype, "weight_dtype")
+    if stages is not None and max_stage_bytes is not None:
+        raise PartitionError(
+            f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"
+        )
+    memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype, graph.sequence_length)
+    budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
+    whole = graph
+    splits: list[Split] = []
+    combines: tuple[DriverCombine, ...] = ()
+    if budgets is not None:
+        graph, memory, splits, combines = split_oversized(graph, memory, budgets)
+    parts = part_nodes(graph, splits)
+    try:
+        stage_plan = plan(
+            graph,
+            stages=stages,
+            max_stage_bytes=budgets,
+            memory=memory,
+            isolated=frozenset(parts),
+        )
+    except PlanError as exc:
+        if not splits:
+            raise
+        if len(budgets or ()) > 1:
+            # Split, the model needs more devices than the list gives: the unsplit plan's
+            # refusal names the layer that fits none of them.
+            plan(whole, stages=stages, max_stage_bytes=budgets, memory=memory_like(whole, memory))
+        done = "; ".join(describe(s) for s in splits)
+        raise PlanError(f"{exc.message} (with {done})") from None
+    labels = place_labels(
+        [parts.get(start) if end - start == 1 else None for start, end in stage_plan]
+    )
+    cut_stages = []
+    for index, (start, end) in enumerate(stage_plan):
+        stage, spec = cut(graph, start, end, index)
+        part = parts.get(start) if end - start == 1 else None
+        spec = replace(spec, label=labels[index], part=part)
+        need = memory.need(start, end)
+        budget = None if budgets is None else budgets[min(index, len(budgets) - 1)]
+        spec = replace(
+            spec,
+            memory=StageMemory(
+                first_layer=graph.nodes[start].name,
+                last_layer=graph.nodes[end - 1].name,
+                activation_bytes=need.activation_bytes,
+                overhead_bytes=need.overhead_bytes,
+                max_batch_size=max_batch_size,
+                budget_bytes=budget,
+                crossing_bytes_per_row=memory.crossing_bytes_per_row(start, end),
+                unknown_dims=need.unknown_dims,
+                weight_dtype=weight_dtype,
+                weight_bytes=None if weight_dtype is None else need.weight_bytes,
+                sequence_length=graph.sequence_length,
+            ),
+        )
+        if budget is not None and spec.planned_peak_bytes > budget:
+            # A guard: planning charges a reused layer's weights at every call
+            # (shards.partition.graph),
+            # so the stage cut holds no more than planned.
+            raise PartitionError(
+                f"stage {index} needs {spec.planned_peak_bytes} bytes ({spec.param_bytes} of "
+                f"weights), over its budget {budget}; raise the budget"
+            )
+        cut_stages.append((stage, spec))
+    return Planned(cut_stages, combines)

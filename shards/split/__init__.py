@@ -1,0 +1,133 @@
+"""Split layers: a layer too large for one device, held by several.
+
+Read this first. The planner (``shards.partition``) cuts a model between layers, each stage on
+one device. A layer whose weights plus activations at the max batch exceed the device budget
+cannot be one stage; it is split instead, and this package is everything about that:
+
+- **The kinds** (``shards.split.rule``): ``Embedding`` (``mask_zero`` too), keras_hub's
+  ``ReversibleEmbedding`` and the token table of its ``TokenAndPositionEmbedding`` split by
+  *rows* (each part a vocabulary range); ``Dense`` and ``EinsumDense`` split by *columns*
+  (output units); a tied table's logits (``ReversibleEmbedding(..., reverse=True)``) split at
+  the same rows as its lookups, each part its columns of the logits. Any other kind too large is
+  refused by name, with its size, the budget and the kinds that can be split.
+- **The plan rule** (``choose_splits``, ``parts_needed``): the fewest parts whose slice of the
+  weights plus the activations each part holds and writes, at the max batch, plus the device
+  overhead, fit the largest budget. By rows every part writes the whole output (zeros outside
+  its rows); by columns its share. A tied table is split once and held twice: one set of parts
+  for its lookups at the start of the pipeline, one for its logits at the end (one actor
+  serving both would sit at two places: Ray runs an actor's tasks in order, so batch n+1's
+  lookup would wait for batch n's logits).
+- **The parts** (``shards.split.layers``): ``TableRows`` (a range of a table's rows, zeros for
+  ids outside it), ``KernelColumns`` (a slice of a kernel's output units, no activation).
+- **The combine**: the parts' outputs joined per call of the layer, a ``SplitCombine`` layer at
+  the start of the stage that reads the layer's output (an add for rows: exact, every element
+  is one part's value plus zeros; a concatenation then the activation for columns: 1e-6
+  relative), or, where the output is a model output and numpy computes it as Keras does, by
+  the driver (``DriverCombine``, planned against ``driver_join_max_bytes``).
+- **The rewrite** (``split_model``, ``hand_to_driver``): the model with each split layer's
+  calls replaced by one call of each part and a combine per call; the planner then gives each
+  part a stage of its own.
+- **What the pipeline needs to know** (``shards.split.parts``): which part a stage holds
+  (``StagePart``, in the manifest), the stages' places ("3.0", "3.1": parts side by side) and
+  the pipeline's depth (``pipeline_depth``: the parts of one layer count once), which the
+  manifest exposes as ``Manifest.depth`` and every consumer reads.
+
+The interface is this module: other code imports ``shards.split`` and nothing below it. The
+numpy names (the parts, the places, the driver's combine) import no TensorFlow or Keras; the
+Keras names (the rule, the rewrite, the layers) are imported on first use, so the server can
+read a manifest without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from shards.split.combine import (
+    DriverCombine,
+    check_join_budget,
+    combine_outputs,
+    join_bytes,
+    join_row_bytes,
+)
+from shards.split.parts import StagePart, pipeline_depth, place_labels
+
+if TYPE_CHECKING:
+    from shards.split.layers import KernelColumns, PairedSlices, SplitCombine, TableRows
+    from shards.split.rewrite import hand_to_driver, split_model
+    from shards.split.rule import (
+        LOGITS,
+        SPLITTABLE,
+        Split,
+        bounds_for,
+        choose_splits,
+        describe,
+        find_pairs,
+        parts_needed,
+        refuse,
+        use_weight_bytes,
+        uses,
+    )
+
+# The names that need Keras, by the module that holds them: imported on first use.
+_KERAS = {
+    "KernelColumns": "layers",
+    "PairedSlices": "layers",
+    "SplitCombine": "layers",
+    "TableRows": "layers",
+    "hand_to_driver": "rewrite",
+    "split_model": "rewrite",
+    "LOGITS": "rule",
+    "SPLITTABLE": "rule",
+    "Split": "rule",
+    "bounds_for": "rule",
+    "choose_splits": "rule",
+    "describe": "rule",
+    "find_pairs": "rule",
+    "use_weight_bytes": "rule",
+    "parts_needed": "rule",
+    "refuse": "rule",
+    "uses": "rule",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _KERAS:
+        return getattr(importlib.import_module(f"shards.split.{_KERAS[name]}"), name)
+    raise AttributeError(f"module 'shards.split' has no attribute {name!r}")
+
+
+def register_layers() -> None:
+    """Register the parts' Keras layers, which a stage file holding one needs before it loads
+    (``shards.bundle.format.load_keras``)."""
+    importlib.import_module("shards.split.layers")
+
+
+__all__ = [
+    "LOGITS",
+    "SPLITTABLE",
+    "DriverCombine",
+    "KernelColumns",
+    "PairedSlices",
+    "Split",
+    "SplitCombine",
+    "StagePart",
+    "TableRows",
+    "bounds_for",
+    "check_join_budget",
+    "choose_splits",
+    "combine_outputs",
+    "describe",
+    "find_pairs",
+    "hand_to_driver",
+    "join_bytes",
+    "join_row_bytes",
+    "parts_needed",
+    "pipeline_depth",
+    "place_labels",
+    "refuse",
+    "register_layers",
+    "split_model",
+    "use_weight_bytes",
+    "uses",
+]

@@ -1,0 +1,354 @@
+"""The layers a layer too large for one device becomes: its parts, and the combine that joins them.
+
+An embedding table is split by rows (vocabulary ranges): ``TableRows`` holds one range and looks
+up only the ids inside it, writing zeros for the others, so that adding the parts' outputs
+(``SplitCombine(how="add")``) gives each row back exactly: every element is one part's value
+plus zeros. A ``Dense`` or ``EinsumDense`` is split by its output units: ``KernelColumns``
+holds a slice of the kernel (and of the bias) and computes those units without the activation;
+``SplitCombine(how="concat")`` joins the slices along the output axis and applies the
+activation, which may read the whole row (softmax). A tied table's logits (keras_hub's
+``ReversibleEmbedding(..., reverse=True)``) are a ``KernelColumns`` too: its rows, transposed,
+are the columns of the logits' kernel.
+
+A part takes a list of inputs and returns one output per input: a layer called several times
+(an id table read for a history and a candidate) is one part node serving every call, so its
+rows are held once. Importing this module registers the layers, which every stage file holding
+one needs before it loads (``shards.bundle.format.load_keras``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+from keras import ops
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+@keras.saving.register_keras_serializable(package="shardserve")
+class TableRows(keras.layers.Layer):  # type: ignore[misc]
+    """Rows ``[start, start + rows)`` of an embedding table of ``output_dim`` columns and
+    ``vocabulary`` rows in all.
+
+    Each part reads every id as the whole table's lookup does (Keras's ``take``: a negative id
+    counts from the end of the whole vocabulary) and checks it against the whole vocabulary,
+    not only its own range: an id outside ``[0, vocabulary)`` then raises
+    ``InvalidArgumentError`` as the whole table's lookup does on a CPU, so the bad row is
+    isolated and answered with its reason rather than given zeros. The check is the parts', not
+    the combine's: every part reads the ids (the combine reads them only for ``mask_zero``), it
+    fails the batch at the stage where the whole model would, and a combine done by the driver
+    (a model output) runs no TensorFlow. On a GPU, where the whole table's lookup gives zeros
+    for such an id, a split table is the stricter of the two.
+    """
+
+    def __init__(
+        self, start: int, rows: int, output_dim: int, vocabulary: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.start, self.rows, self.output_dim = int(start), int(rows), int(output_dim)
+        self.vocabulary = None if vocabulary is None else int(vocabulary)
+
+    def build(self, input_shape: Any) -> None:
+        self.embeddings = self.add_weight(
+            shape=(self.rows, self.output_dim), initializer="zeros", name="embeddings"
+        )
+
+    def call(self, inputs: Any) -> list[Any]:
+        outputs = []
+        for ids in _as_list(inputs):
+            if ids.dtype not in ("int32", "int64"):
+                ids = ops.cast(ids, "int32")
+            if self.vocabulary is not None:
+                # As Keras's take: a negative id counts from the end of the whole vocabulary.
+                ids = ops.where(ids < 0, ids + self.vocabulary, ids)
+                check_ids(ids, self.vocabulary)
+            local = ids - self.start
+            inside = ops.logical_and(local >= 0, local < self.rows)
+            found = ops.take(self.embeddings, ops.where(inside, local, 0), axis=0)
+            found = ops.where(ops.expand_dims(inside, -1), found, ops.zeros_like(found))
+            outputs.append(ops.cast(found, self.compute_dtype))
+        return outputs
+
+    def compute_output_shape(self, input_shape: Any) -> list[tuple[Any, ...]]:
+        shapes = input_shape if isinstance(input_shape, list) else [input_shape]
+        return [(*tuple(s), self.output_dim) for s in shapes]
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        return None
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "start": self.start,
+            "rows": self.rows,
+            "output_dim": self.output_dim,
+            "vocabulary": self.vocabulary,
+        }
+
+
+def check_ids(ids: Any, vocabulary: int) -> None:
+    """Raise ``InvalidArgumentError`` naming the first id outside ``[0, vocabulary)``, in the
+    words of TensorFlow's own gather (``indices[2,0] = 7000 is not in [0, 6000)``)."""
+    import tensorflow as tf
+
+    bad = tf.logical_or(ids < 0, ids >= vocabulary)
+
+    def fail() -> Any:
+        at = tf.where(bad)[0]
+        where = tf.strings.reduce_join(tf.strings.as_string(at), separator=",")
+        value = tf.strings.as_string(tf.gather_nd(ids, at[None])[0])
+        text = tf.strings.join(["indices[", where, "] = ", value, f" is not in [0, {vocabulary})"])
+        return tf.raw_ops.Assert(condition=False, data=[text])
+
+    # Assert inside the branch taken only on a bad id: a clean batch pays one comparison.
+    tf.cond(tf.reduce_any(bad), fail, tf.no_op)
+
+
+def einsum_letters(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
+    """The subscripts of an einsum's operands and output, ``...`` written out as digits for the
+    ``ranks`` of the operands (the first operand's rank fixes how many axes it stands for)."""
+    operands, output = equation.split("->")
+    specs = operands.split(",")
+    extra = ""
+    for spec, rank in zip(specs, ranks, strict=True):
+        if "..." in spec:
+            extra = "".join(str(d) for d in range(rank - (len(spec) - 3)))
+            break
+    return [s.replace("...", extra) for s in specs], output.replace("...", extra)
+
+
+@keras.saving.register_keras_serializable(package="shardserve")
+class KernelColumns(keras.layers.Layer):  # type: ignore[misc]
+    """A slice of a ``Dense`` (``equation=None``: ``x @ kernel + bias``, as Dense computes it) or
+    ``EinsumDense`` kernel along its output units, without the activation."""
+
+    def __init__(
+        self,
+        kernel_shape: Sequence[int],
+        bias_shape: Sequence[int] | None,
+        equation: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.kernel_shape = tuple(int(d) for d in kernel_shape)
+        self.bias_shape = None if bias_shape is None else tuple(int(d) for d in bias_shape)
+        self.equation = equation
+        self.supports_masking = True
+
+    def build(self, input_shape: Any) -> None:
+        self.kernel = self.add_weight(shape=self.kernel_shape, initializer="zeros", name="kernel")
+        self.bias = None
+        if self.bias_shape is not None:
+            self.bias = self.add_weight(shape=self.bias_shape, initializer="zeros", name="bias")
+
+    def call(self, inputs: Any) -> list[Any]:
+        outputs = []
+        for x in _as_list(inputs):
+            if self.equation is None:
+                y = ops.matmul(x, self.kernel)
+            else:
+                y = ops.einsum(self.equation, x, self.kernel)
+            outputs.append(y if self.bias is None else ops.add(y, self.bias))
+        return outputs
+
+    def _shape(self, shape: Sequence[Any]) -> tuple[Any, ...]:
+        if self.equation is None:
+            return (*tuple(shape)[:-1], self.kernel_shape[-1])
+        (x, k), out = einsum_letters(self.equation, [len(shape), len(self.kernel_shape)])
+        dims = dict(zip(x, shape, strict=True)) | dict(zip(k, self.kernel_shape, strict=True))
+        return tuple(dims[c] for c in out)
+
+    def compute_output_shape(self, input_shape: Any) -> list[tuple[Any, ...]]:
+        shapes = input_shape if isinstance(input_shape, list) else [input_shape]
+        return [self._shape(s) for s in shapes]
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        return mask
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "kernel_shape": list(self.kernel_shape),
+            "bias_shape": None if self.bias_shape is None else list(self.bias_shape),
+            "equation": self.equation,
+        }
+
+
+# Activations that act on each element alone: the hidden units between a column-split and a
+# row-split Dense may pass through them part by part (softmax reads the whole row: it may not).
+ELEMENTWISE_ACTIVATIONS = frozenset(
+    {
+        "linear",
+        "relu",
+        "relu6",
+        "leaky_relu",
+        "gelu",
+        "tanh",
+        "sigmoid",
+        "hard_sigmoid",
+        "silu",
+        "swish",
+        "hard_silu",
+        "hard_swish",
+        "elu",
+        "selu",
+        "softplus",
+        "softsign",
+        "mish",
+        "exponential",
+        "celu",
+    }
+)
+
+
+@keras.saving.register_keras_serializable(package="shardserve")
+class PairedSlices(keras.layers.Layer):  # type: ignore[misc]
+    """Part k of a column-split ``Dense`` and of the row-split ``Dense`` its output feeds
+    (Megatron's column- then row-parallel pair): ``x @ kernel_in[:, a:b] + bias_in[a:b]``, then
+    the elementwise ``steps`` (activations, serialised; dropout is the identity at inference),
+    then that slice of the hidden units times ``kernel_out[a:b, :]``: this part's partial
+    product of the second layer's output. The parts' partial products summed are the second
+    layer's output before its bias; ``bias_out`` is added by part 0 only, so the sum holds it
+    once. The hidden activation never leaves the part."""
+
+    def __init__(
+        self,
+        kernel_in_shape: Sequence[int],
+        bias_in: bool,
+        kernel_out_shape: Sequence[int],
+        bias_out: bool,
+        steps: Sequence[Any] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.kernel_in_shape = tuple(int(d) for d in kernel_in_shape)
+        self.kernel_out_shape = tuple(int(d) for d in kernel_out_shape)
+        self.has_bias_in, self.has_bias_out = bool(bias_in), bool(bias_out)
+        self.steps = [keras.activations.get(s) for s in steps]
+        self.supports_masking = True
+
+    def build(self, input_shape: Any) -> None:
+        self.kernel_in = self.add_weight(
+            shape=self.kernel_in_shape, initializer="zeros", name="kernel_in"
+        )
+        self.bias_in = None
+        if self.has_bias_in:
+            self.bias_in = self.add_weight(
+                shape=self.kernel_in_shape[-1:], initializer="zeros", name="bias_in"
+            )
+        self.kernel_out = self.add_weight(
+            shape=self.kernel_out_shape, initializer="zeros", name="kernel_out"
+        )
+        self.bias_out = None
+        if self.has_bias_out:
+            self.bias_out = self.add_weight(
+                shape=self.kernel_out_shape[-1:], initializer="zeros", name="bias_out"
+            )
+
+    def call(self, inputs: Any) -> list[Any]:
+        outputs = []
+        for x in _as_list(inputs):
+            hidden = ops.matmul(x, self.kernel_in)
+            if self.bias_in is not None:
+                hidden = ops.add(hidden, self.bias_in)
+            for step in self.steps:
+                hidden = step(hidden)
+            y = ops.matmul(hidden, self.kernel_out)
+            outputs.append(y if self.bias_out is None else ops.add(y, self.bias_out))
+        return outputs
+
+    def compute_output_shape(self, input_shape: Any) -> list[tuple[Any, ...]]:
+        shapes = input_shape if isinstance(input_shape, list) else [input_shape]
+        return [(*tuple(s)[:-1], self.kernel_out_shape[-1]) for s in shapes]
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        return mask
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "kernel_in_shape": list(self.kernel_in_shape),
+            "bias_in": self.has_bias_in,
+            "kernel_out_shape": list(self.kernel_out_shape),
+            "bias_out": self.has_bias_out,
+            "steps": [keras.activations.serialize(s) for s in self.steps],
+        }
+
+
+@keras.saving.register_keras_serializable(package="shardserve")
+class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
+    """The parts' outputs joined: added (row ranges; with ``mask_zero`` the ids come first and
+    the output carries ``ids != 0`` as its mask, as the table's ``Embedding`` did; ``extra``
+    inputs after the parts are added to their sum: a TokenAndPositionEmbedding's positions; a
+    paired split's partial products, then the second layer's ``activation``), or
+    concatenated along ``axis`` and passed through ``activation`` and ``soft_cap`` (column
+    ranges; a tied table's logits)."""
+
+    def __init__(
+        self,
+        how: str,
+        axis: int = -1,
+        activation: Any = None,
+        mask_zero: bool = False,
+        soft_cap: float | None = None,
+        extra: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.extra = int(extra)
+        self.how, self.axis, self.mask_zero = how, int(axis), bool(mask_zero)
+        self.soft_cap = None if soft_cap is None else float(soft_cap)
+        self.activation = keras.activations.get(activation)
+        self.supports_masking = True
+
+    def _parts(self, inputs: Any) -> list[Any]:
+        parts = _as_list(inputs)
+        parts = parts[1:] if self.mask_zero else parts
+        return parts[: len(parts) - self.extra]
+
+    def call(self, inputs: Any) -> Any:
+        parts = self._parts(inputs)
+        if self.how == "add":
+            # Each element is one part's value and zeros from the others: the sum is exact.
+            joined = functools.reduce(ops.add, parts)
+            # Then what the layer added to its lookup (a TokenAndPositionEmbedding's positions).
+            for addend in _as_list(inputs)[len(_as_list(inputs)) - self.extra :]:
+                joined = ops.add(joined, addend)
+            # A paired split's second layer: its activation after the partial products' sum.
+            return self.activation(joined)
+        joined = self.activation(ops.concatenate(parts, axis=self.axis))
+        if self.soft_cap is not None:
+            # A ReversibleEmbedding's logit_soft_cap, on the joined logits as on its own.
+            joined = ops.multiply(ops.tanh(ops.divide(joined, self.soft_cap)), self.soft_cap)
+        return joined
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        shapes = [tuple(s) for s in self._parts(input_shape)]
+        if self.how == "add":
+            return shapes[0]
+        axis = self.axis % len(shapes[0])
+        dims = [s[axis] for s in shapes]
+        joined = None if any(d is None for d in dims) else sum(dims)
+        return (*shapes[0][:axis], joined, *shapes[0][axis + 1 :])
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        if self.mask_zero:
+            return ops.not_equal(_as_list(inputs)[0], 0)
+        masks = _as_list(mask)
+        return masks[0] if masks else None
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "how": self.how,
+            "axis": self.axis,
+            "activation": keras.activations.serialize(self.activation),
+            "mask_zero": self.mask_zero,
+            "soft_cap": self.soft_cap,
+            "extra": self.extra,
+        }
