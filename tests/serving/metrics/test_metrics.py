@@ -60,7 +60,7 @@ def fill(model: ModelMetrics, *, calls: int = 7) -> None:
     generation.observe_refusal("low")
     generation.observe_token_gap(0.05)
     generation.observe_tokens(2)
-    model.bind_generation(lambda: 2.0, lambda: 6.0)
+    model.bind_generation(lambda: 2.0, lambda: 6.0, {"high": lambda: 0.0, "low": lambda: 3.0})
     model.set_stage_stats(
         [
             {
