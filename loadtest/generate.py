@@ -16,22 +16,38 @@ the answer's headers, i.e. the server's first token, and its HTTP failures):
 
 ``--prompt-ids 464,2068`` sends token ids instead of text (a model without a tokenizer cannot
 answer the OpenAI routes: they answer text). ``--temperature`` 0 (greedy) by default.
+``--workload FILE`` draws the prompts and ``max_tokens`` from a distribution instead
+(``loadtest.workload``: a TOML or JSON file), a pool of seeded bodies each user picks from.
+
+``--warmup-s`` drops the streams that ended in the warm-up, and ``--summary-json PATH`` writes
+the measured window's figures at the end (``stream_summary``: the generation tuner reads it).
 """
 
 from __future__ import annotations
 
+import json
+import random
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import gevent
 from locust import FastHttpUser, events, task
 from locust.env import Environment
 
-from loadtest.sse import completion_body, measure_stream
+from loadtest.sse import StreamResult, completion_body, measure_stream, stream_summary
+from loadtest.workload import load_workload
 
 PATH = "/v1/completions"
+_POOL = 64
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-_state: dict[str, Any] = {"body": b""}
+_state: dict[str, Any] = {
+    "bodies": [b""],
+    "path": PATH,
+    "results": [],
+    "window_start": 0.0,
+}
 
 
 @events.init_command_line_parser.add_listener
@@ -42,21 +58,53 @@ def _options(parser: Any) -> None:
     group.add_argument("--prompt-ids", default="", help="Token ids instead, e.g. 464,2068.")
     group.add_argument("--max-tokens", type=int, default=64, help="Tokens per completion.")
     group.add_argument("--temperature", type=float, default=0.0, help="0: greedy.")
+    group.add_argument("--workload", default="", help="A TOML/JSON distribution of prompts.")
+    group.add_argument("--warmup-s", type=float, default=0.0, help="Streams not measured.")
+    group.add_argument("--summary-json", default="", help="Write the measured figures here.")
 
 
 @events.test_start.add_listener
 def _on_start(environment: Environment, **_: Any) -> None:
     options: Any = environment.parsed_options
-    ids = getattr(options, "prompt_ids", "")
-    prompt: str | list[int] = (
-        [int(i) for i in ids.split(",") if i.strip()] if ids else options.prompt
-    )
-    _state["body"] = completion_body(
-        prompt,
-        options.max_tokens,
-        options.model_name or None,
-        temperature=options.temperature,
-    )
+    workload = getattr(options, "workload", "")
+    if workload:
+        drawn = load_workload(Path(workload))
+        _state["bodies"] = drawn.bodies(_POOL, options.model_name)
+        _state["path"] = drawn.path(options.model_name)
+    else:
+        ids = getattr(options, "prompt_ids", "")
+        prompt: str | list[int] = (
+            [int(i) for i in ids.split(",") if i.strip()] if ids else options.prompt
+        )
+        body = completion_body(
+            prompt,
+            options.max_tokens,
+            options.model_name or None,
+            temperature=options.temperature,
+        )
+        _state["bodies"], _state["path"] = [body], PATH
+    _state["results"] = []
+    _state["window_start"] = time.perf_counter()
+    warmup = getattr(options, "warmup_s", 0.0)
+    if warmup > 0:
+        gevent.spawn(_reset_after, environment, warmup)
+
+
+def _reset_after(environment: Environment, seconds: float) -> None:
+    gevent.sleep(seconds)
+    if environment.runner is not None:
+        environment.runner.stats.reset_all()
+    _state["results"] = []
+    _state["window_start"] = time.perf_counter()
+
+
+@events.test_stop.add_listener
+def _on_stop(environment: Environment, **_: Any) -> None:
+    path = getattr(environment.parsed_options, "summary_json", "")
+    if path:
+        seconds = time.perf_counter() - _state["window_start"]
+        with open(path, "w") as out:
+            json.dump(stream_summary(_state["results"], seconds), out)
 
 
 def _lines(response: Any) -> Iterator[bytes]:
@@ -72,14 +120,24 @@ class StreamingUser(FastHttpUser):
 
     @task
     def complete(self) -> None:
+        bodies = _state["bodies"]
+        body = bodies[random.randrange(len(bodies))]
+        path = _state["path"]
         started = time.perf_counter()
         with self.client.post(
-            PATH, data=_state["body"], headers=_HEADERS, stream=True, catch_response=True
+            path, data=body, headers=_HEADERS, stream=True, catch_response=True
         ) as response:
             if response.status_code != 200:
                 response.failure(f"status {response.status_code}: {(response.text or '')[:200]}")
+                _state["results"].append(_failed(started))
                 return
             response.success()
             result = measure_stream(_lines(response), started, time.perf_counter)
-        for report in result.reports(PATH):
+        _state["results"].append(result)
+        for report in result.reports(path):
             self.environment.events.request.fire(context={}, **report)
+
+
+def _failed(started: float) -> StreamResult:
+    now = time.perf_counter()
+    return StreamResult(started, now, None, None, 0, 0, "refused")

@@ -4,25 +4,34 @@
 The stream's lines are read as they come (server-sent events: ``data:`` lines, an event ends at
 a blank line); each event's arrival is timed, and the stream's figures come out at its end:
 
-    ttft_ms          request sent -> its first event with text
+    ttft_ms          request sent -> its first event with text (or ids)
     tpot_ms          time per output token after the first: (last text - first text) / (tokens - 1)
     tokens_per_s     output tokens / (request sent -> the stream's end)
     error            what went wrong: an error event's message, a stream cut before its
                      ``[DONE]``, an event that is not JSON; ``None`` for a clean stream
 
 The tokens are the last chunk's ``usage.completion_tokens`` (ask for it with
-``stream_options.include_usage``); without it, one per event with text (an undercount where
-the server coalesced tokens for a slow reader).
+``stream_options.include_usage``); else the ``output_ids`` of V2's ``generate_stream`` events;
+else one per event with text (an undercount where the server coalesced tokens for a slow
+reader).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SSEParser", "StreamResult", "completion_body", "measure_stream", "stream_events"]
+__all__ = [
+    "SSEParser",
+    "StreamResult",
+    "completion_body",
+    "measure_stream",
+    "stream_events",
+    "stream_summary",
+]
 
 DONE = "[DONE]"
 
@@ -137,7 +146,8 @@ def measure_stream(
     lines: Iterable[bytes | str], started: float, clock: Callable[[], float], done: bool = True
 ) -> StreamResult:
     """Read a stream to its end, timing its events with ``clock`` (``started``: when its request
-    was sent, on the same clock). ``done``: it must end with ``data: [DONE]`` (OpenAI's)."""
+    was sent, on the same clock). ``done``: it must end with ``data: [DONE]`` (OpenAI's) or, for
+    V2's ``generate_stream``, an event with its ``finish_reason``."""
     first = last = None
     tokens = events = 0
     usage: int | None = None
@@ -162,10 +172,17 @@ def measure_stream(
             message = failure.get("message") if isinstance(failure, dict) else failure
             error = f"error event: {str(message)[:200]}"
             continue  # its [DONE] follows
-        if _text_of(chunk):
+        ids = chunk.get("output_ids")
+        if isinstance(ids, list) and ids:  # V2's stream: the ids themselves
+            first = now if first is None else first
+            last = now
+            tokens += len(ids)
+        elif _text_of(chunk):
             first = now if first is None else first
             last = now
             tokens += 1
+        if "text_output" in chunk and chunk.get("finish_reason"):
+            finished = True  # V2's generate_stream ends at its event with a finish_reason
         if isinstance(chunk.get("usage"), dict):
             usage = chunk["usage"].get("completion_tokens", usage)
     ended = clock()
@@ -190,3 +207,33 @@ def completion_body(
     if model:
         body["model"] = model
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank; ``None`` for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def stream_summary(results: Sequence[StreamResult], seconds: float) -> dict[str, Any]:
+    """A window's streams (``seconds`` long) in figures: streams and failures, output tokens/s
+    (clean streams' tokens), TTFT and TPOT p50/p95 in ms (``None`` where no stream gave one)."""
+    clean = [r for r in results if r.error is None]
+    ttft = [r.ttft_ms for r in clean if r.ttft_ms is not None]
+    tpot = [r.tpot_ms for r in clean if r.tpot_ms is not None]
+    tokens = sum(r.tokens for r in clean)
+    return {
+        "streams": len(results),
+        "failures": len(results) - len(clean),
+        "seconds": seconds,
+        "streams_per_s": len(clean) / seconds if seconds > 0 else 0.0,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "ttft_p50_ms": _percentile(ttft, 0.5),
+        "ttft_p95_ms": _percentile(ttft, 0.95),
+        "tpot_p50_ms": _percentile(tpot, 0.5),
+        "tpot_p95_ms": _percentile(tpot, 0.95),
+    }

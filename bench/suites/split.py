@@ -91,7 +91,7 @@ def _partition(plan: SplitPlan, out: Path, budget: int | None) -> None:
     code = (
         "from bench.suites.split import build; from shards.partition.cut import "
         f"partition_to_bundle; partition_to_bundle(build({plan.rows}, {plan.dim}), "
-        f"{str(out)!r}, {how}, max_batch_size={plan.batch}, device_overhead_bytes=0, "
+        f"{str(out)!r}, {how}, plan_batch_rows={plan.batch}, device_overhead_bytes=0, "
         "source_name='split_rec')"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=cpu_only_env())

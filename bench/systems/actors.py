@@ -24,13 +24,13 @@ def partition_in_child(
     args: tuple[object, ...],
     out: Path,
     stages: int,
-    max_batch_size: int | None = None,
+    plan_batch_rows: int | None = None,
 ) -> None:
     """The bundle of ``module.build(*args)`` in ``stages`` stages at ``out``, named after
     ``args[0]``."""
     options = f"stages={stages}, source_name={args[0]!r}"
-    if max_batch_size is not None:
-        options += f", max_batch_size={max_batch_size}"
+    if plan_batch_rows is not None:
+        options += f", plan_batch_rows={plan_batch_rows}"
     code = (
         f"from {module} import build; from shards.partition.cut import partition_to_bundle; "
         f"partition_to_bundle(build(*{args!r}), {str(out)!r}, {options})"

@@ -122,7 +122,7 @@ class Batcher:
 
     def run_time_view(self) -> dict[str, Any]:
         """What the policy predicts per batch size (ms), for the admin route."""
-        return self._runtime.view(self._settings.batch_sizes())
+        return self._runtime.view(self._settings.padded_sizes())
 
     async def start(self) -> None:
         if self._loop_task is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving.settings.config import padded_batch_sizes
+from serving.settings.waits import AUTO, WaitMs, is_auto
 
 
 def _is_int(value: object) -> bool:
@@ -28,10 +29,11 @@ class BatchSettings:
     """How rows become batches.
 
     ``batch_timeout_ms``: the longest the oldest row of a batch waits for the batch to fill;
-    0 dispatches at once; ``None`` is the auto policy (``serving.batching.wait.AutoWait``): an
-    idle pipeline gets a batch at once; while batches are in flight, a free slot waits for its
-    share of the outstanding rows over the ``pipeline_depth`` batches the pipeline computes at
-    once, but never longer than one batch time (the recent average).
+    0 dispatches at once; ``AUTO`` (``"auto"``, the default) is the auto policy
+    (``serving.batching.wait.AutoWait``): an idle pipeline gets a batch at once; while batches
+    are in flight, a free slot waits for its share of the outstanding rows over the
+    ``pipeline_depth`` batches the pipeline computes at once, but never longer than one batch
+    time (the recent average).
     ``slo_p99_ms`` is read only by the auto policy: it shortens that wait and caps a batch's
     size so that the oldest row's wait plus the predicted run time of the batch stays within it.
     ``pipeline_depth`` (stages x replicas) is read only by the auto policy too; it describes the
@@ -50,7 +52,7 @@ class BatchSettings:
     """
 
     max_batch_size: int = 32
-    batch_timeout_ms: float | None = 5.0
+    batch_timeout_ms: WaitMs = AUTO
     max_inflight_batches: int = 1
     max_queue_rows: int = 128
     allowed_batch_sizes: tuple[int, ...] = ()
@@ -72,10 +74,8 @@ class BatchSettings:
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         timeout = self.batch_timeout_ms
-        if timeout is not None and (not _is_number(timeout) or timeout < 0):
-            raise ValueError(
-                f"batch_timeout_ms must be a number >= 0 or None (auto), got {timeout!r}"
-            )
+        if timeout != AUTO and (not _is_number(timeout) or timeout < 0):
+            raise ValueError(f"batch_timeout_ms must be a number >= 0 or 'auto', got {timeout!r}")
         slo = self.slo_p99_ms
         if slo is not None and (not _is_number(slo) or slo <= 0):
             raise ValueError(f"slo_p99_ms must be a number > 0 or None, got {slo!r}")
@@ -108,14 +108,14 @@ class BatchSettings:
 
     @property
     def is_auto(self) -> bool:
-        return self.batch_timeout_ms is None
+        return is_auto(self.batch_timeout_ms)
 
     @property
     def entry_stages(self) -> int:
         """The first stages a batch may enter: one per healthy replica."""
         return max(1, self.pipeline_depth // self.pipeline_stages)
 
-    def batch_sizes(self) -> tuple[int, ...]:
+    def padded_sizes(self) -> tuple[int, ...]:
         """The sizes a batch may be padded to, sorted; ``max_batch_size`` is always one."""
         return padded_batch_sizes(self.max_batch_size, self.allowed_batch_sizes)
 
@@ -125,4 +125,4 @@ class BatchSettings:
             raise ValueError(f"a batch holds 1 to {self.max_batch_size} rows, got {n}")
         if not self.pad_batches:
             return n
-        return next(s for s in self.batch_sizes() if s >= n)
+        return next(s for s in self.padded_sizes() if s >= n)

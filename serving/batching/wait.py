@@ -6,7 +6,7 @@ timer), and how many rows a batch may take. ``wait_policy`` picks the implementa
 settings, once; the batcher never asks which one it has.
 
 - ``FixedWait``: the oldest row waits at most ``batch_timeout_ms``.
-- ``AutoWait`` (``batch_timeout_ms`` None): an idle pipeline gets each batch at once; while
+- ``AutoWait`` (``batch_timeout_ms`` ``"auto"``): an idle pipeline gets each batch at once; while
   batches are in flight, a free slot waits for its share of the outstanding rows, at most one
   batch time, and never so long that the wait plus the predicted run time passes ``slo_p99_ms``.
   Why each rule, measured: docs/tuning.md (runs 3 to 5).
@@ -54,9 +54,9 @@ class WaitPolicy(Protocol):
 
 
 def wait_policy(policy: BatchSettings, runtime: RunTimeModel) -> WaitPolicy:
-    if policy.batch_timeout_ms is None:
+    if policy.is_auto:
         return AutoWait(runtime)
-    return FixedWait(policy.batch_timeout_ms)
+    return FixedWait(float(policy.batch_timeout_ms))
 
 
 class FixedWait:
@@ -140,5 +140,5 @@ class AutoWait:
         budget_s = policy.slo_p99_ms / 1000 - waited_s
         # When even the smallest batch would miss the SLO, shrinking cannot save these rows
         # and would only cut throughput while overloaded: send a full batch instead.
-        fitting = self.runtime.largest_within(budget_s, policy.batch_sizes(), now, queued, length)
+        fitting = self.runtime.largest_within(budget_s, policy.padded_sizes(), now, queued, length)
         return fitting or policy.max_batch_size

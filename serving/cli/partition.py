@@ -165,7 +165,7 @@ def partition(
                 max_stage_bytes=budgets,
                 imports=tuple(flags.imports or ()),
                 progress=lambda step: status.update(step),
-                max_batch_size=flags.max_batch_size,
+                plan_batch_rows=flags.max_batch_size,
                 device_overhead_bytes=overhead,
                 unsafe_deserialization=flags.unsafe_deserialization,
                 weight_dtype=flags.weight_dtype,
@@ -272,7 +272,7 @@ def _plan_model(
         graph,
         stages=flags.stages,
         max_stage_bytes=budgets,
-        max_batch_size=flags.max_batch_size,
+        plan_batch_rows=flags.max_batch_size,
         device_overhead_bytes=overhead,
         weight_dtype=flags.weight_dtype,
     )

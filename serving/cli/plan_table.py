@@ -126,7 +126,7 @@ def plan_table(
 ) -> Table:
     """``budgeted=False``: planned without a budget, which the caption says splits nothing.
     ``combines``: the outputs the front end joins, whose memory the caption counts."""
-    batch = next((s.memory.max_batch_size for s in stages if s.memory), None)
+    batch = next((s.memory.plan_batch_rows for s in stages if s.memory), None)
     title = "memory plan" + (f" at max_batch_size={batch}" if batch else "")
     table = Table(title=title, title_justify="left")
     for name in COLUMNS:
@@ -151,7 +151,7 @@ def join_line(
     if not combines:
         return None
     mem = next((s.memory for s in stages if s.memory), None)
-    batch = mem.max_batch_size if mem else 1
+    batch = mem.plan_batch_rows if mem else 1
     length = mem.sequence_length if mem else 1
     per_row = join_row_bytes(tuple(combines), signature, length)
     outputs = ", ".join(c.output for c in combines)

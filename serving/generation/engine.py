@@ -86,6 +86,7 @@ def scheduler_settings(settings: Settings) -> SchedulerSettings:
         prefill_timeout_ms=None
         if settings.prefill_timeout_ms == "auto"
         else float(settings.prefill_timeout_ms),
+        prefill_budget_tokens=settings.prefill_budget_tokens,
         max_waiting=settings.max_waiting_prompts,
         groups=settings.generation_groups,
         levels=Levels(tuple(settings.priority_levels), settings.default_priority),

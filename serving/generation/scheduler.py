@@ -48,8 +48,9 @@ from serving.errors import (
     QueueFullError,
     ShardServeError,
 )
+from serving.generation.knobs import GenerationKnobs, within_budget
 from serving.generation.levels import Levels, WaitingQueue, pick_victim
-from serving.generation.policy import admit_count, prefill_wait
+from serving.generation.policy import admit_count
 from serving.generation.sequence import (
     Completion,
     GenerationParams,
@@ -113,13 +114,16 @@ class SchedulerSettings:
     """``max_running_sequences``: the most sequences one replica generates at once (at most its
     ``kv_slots``; ``None``: all of them). ``prefill_timeout_ms``: how long the oldest prompt may
     wait for others to join its prefill (``None``: auto, ``serving.generation.policy``).
+    ``prefill_budget_tokens``: the most prompt tokens joining one step (``None``: no cap).
     ``max_waiting``: the most prompts queued per priority level. ``groups``: the groups in
-    flight per replica (``None``: its stages + 1). ``levels``: the priority levels;
-    ``max_preemptions``: the most times one sequence gives its slot to a higher level (0: never
-    preempt)."""
+    flight per replica (``None``: its stages + 1). The first three are the start of
+    ``GenerationKnobs``, which owns them from then on (the admin route changes them there).
+    ``levels``: the priority levels; ``max_preemptions``: the most times one sequence gives its
+    slot to a higher level (0: never preempt)."""
 
     max_running_sequences: int | None = None
     prefill_timeout_ms: float | None = None
+    prefill_budget_tokens: int | None = None
     max_waiting: int = 128
     groups: int | None = None
     levels: Levels = field(default_factory=Levels)
@@ -154,7 +158,6 @@ class Scheduler:
         self.info: GenerationInfo = replicas[0].info
         self._clock = clock
         self.observer = observer
-        self._wait = prefill_wait(settings.prefill_timeout_ms)
         self._max_waiting = settings.max_waiting
         groups = settings.groups or self.info.stages + 1
         self._replicas = [
@@ -170,27 +173,21 @@ class Scheduler:
         self._max_preemptions = settings.max_preemptions
         self._waiting = WaitingQueue(settings.levels, settings.max_waiting)
         self._wake = asyncio.Event()
-        self._limit = self.info.kv_slots
-        self.max_running_sequences = settings.max_running_sequences or self.info.kv_slots
+        self.knobs = GenerationKnobs(
+            self.info.kv_slots,
+            max_running_sequences=settings.max_running_sequences,
+            prefill_timeout_ms=settings.prefill_timeout_ms,
+            prefill_budget_tokens=settings.prefill_budget_tokens,
+        )
+        self.knobs.on_change(self._notify)  # a prompt may join now
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: str | None = None
 
-    # ---- the run-time limit and what the metrics read
+    # ---- what the metrics read (the knobs are ``self.knobs``'s, read at every step)
 
     @property
     def max_running_sequences(self) -> int:
-        return self._limit
-
-    @max_running_sequences.setter
-    def max_running_sequences(self, value: int) -> None:
-        slots = self.info.kv_slots
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= slots:
-            raise ValueError(
-                f"max_running_sequences must be an integer from 1 to kv_slots={slots}, "
-                f"got {value!r}"
-            )
-        self._limit = value
-        self._notify()
+        return self.knobs.max_running_sequences
 
     @property
     def running(self) -> int:
@@ -383,16 +380,19 @@ class Scheduler:
                 continue
             if self._waiting and self._preempt(rep, group):
                 continue  # a slot of this group is free for the higher level's prompt
+            knobs = self.knobs
             room = admit_count(
-                limit=self._limit,
+                limit=knobs.max_running_sequences,
                 groups=len(rep.groups),
                 in_group=len(group.seqs),
                 on_replica=rep.running,
                 slots_free=len(rep.free_slots),
             )
             if room and self._waiting:
+                lengths = (s.length for s in self._waiting)
+                room = within_budget(lengths, knobs.prefill_budget_tokens, room)
                 waited = self._clock() - self._waiting[0].arrived
-                wait_s = self._wait.wait_s(
+                wait_s = knobs.prefill_wait.wait_s(
                     waited_s=waited, waiting=len(self._waiting), room=room, busy=bool(group.seqs)
                 )
                 if wait_s <= 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "Alive",
@@ -172,6 +172,8 @@ class GenerationView(Body):
 
     kv_slots: int  # per replica, fixed at load
     max_running_sequences: int  # per replica, at most kv_slots (PUT changes it)
+    prefill_timeout_ms: float | Literal["auto"]  # PUT changes it
+    prefill_budget_tokens: int | None  # prompt tokens per step; null: no cap (PUT changes it)
     replicas: int
     running_sequences: int
     waiting_prompts: int
@@ -179,8 +181,23 @@ class GenerationView(Body):
 
 
 class GenerationChange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_running_sequences: int
+    """Some of a generating version's run-time knobs (``serving.generation.knobs``); a field left
+    out is left as it is."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    max_running_sequences: int | None = Field(
+        None, description="sequences each replica runs at once: 1 to its kv_slots"
+    )
+    prefill_timeout_ms: float | Literal["auto"] | None = Field(
+        None,
+        description="ms from 0 to 60000 the oldest waiting prompt waits for others to join its "
+        "prefill, or 'auto' (or null)",
+    )
+    prefill_budget_tokens: int | None = Field(
+        None,
+        description="prompt tokens that may join one step (a longer prompt joins alone), or "
+        "null for no cap",
+    )
 
 
 class BatchingView(Body):

@@ -1,5 +1,5 @@
 """Admin routes: read and change the batch settings of a served version (and a generating
-version's running sequences: ``/admin/models/{name}[/versions/{version}]/generation``).
+version's run-time knobs: ``/admin/models/{name}[/versions/{version}]/generation``).
 
 ``GET /admin/models/{name}[/versions/{version}]/batching`` shows the settings of a model's default
 version (or of the version named), ``PUT`` changes some of ``max_batch_size``,
@@ -27,6 +27,7 @@ from pydantic_core import ErrorDetails
 from serving.batching.batcher import Batcher
 from serving.elastic.limits import operator_sets
 from serving.errors import InvalidInputError
+from serving.generation.knobs import KNOBS
 from serving.http.admin_token import Transport, check_admin_token, check_admin_transport
 from serving.http.admission import check_length
 from serving.http.json_body import refusal, whole
@@ -42,7 +43,7 @@ from serving.openapi.bodies import (
 from serving.openapi.document import ADMIN_SECURITY
 from serving.quoting import quote
 from serving.settings.config import Settings
-from serving.settings.waits import MAX_WAIT_MS
+from serving.settings.waits import AUTO, wait_ceiling
 
 if TYPE_CHECKING:
     from serving.server.state import ServerState
@@ -68,10 +69,9 @@ def check_token(request: Request, settings: Settings) -> None:
 
 def batching_view(batcher: Batcher, replicas: dict[str, Any] | None = None) -> BatchingView:
     policy = batcher.settings
-    wait = policy.batch_timeout_ms
     return BatchingView(
         max_batch_size=policy.max_batch_size,
-        batch_timeout_ms="auto" if wait is None else wait,
+        batch_timeout_ms=policy.batch_timeout_ms,
         max_inflight_batches=policy.max_inflight_batches,
         max_queue_rows=policy.max_queue_rows,
         slo_p99_ms=policy.slo_p99_ms,
@@ -96,11 +96,8 @@ def _settings_ceiling(name: str) -> int:
 def _allowed(settings: Settings) -> dict[str, str]:
     """Each field's bounds in words: its description in the document and its refusal's."""
     request_ms = settings.request_timeout_ms
-    wait = (
-        f"below request_timeout_ms ({request_ms:g})"
-        if request_ms <= MAX_WAIT_MS
-        else f"up to {MAX_WAIT_MS}"
-    )
+    ceiling, inclusive = wait_ceiling(request_ms)
+    wait = f"up to {ceiling:g}" if inclusive else f"below request_timeout_ms ({request_ms:g})"
     return {
         "max_batch_size": f"an integer from 1 to {settings.max_batch_size}, the batch the "
         "memory plan was made for (restart with a larger --max-batch-size for more)",
@@ -116,7 +113,8 @@ def change_model(settings: Settings) -> type[BaseModel]:
     """The PUT body this server takes: every field optional, none unknown, each in bounds."""
     allowed = _allowed(settings)
     request_ms = settings.request_timeout_ms
-    wait_bound = {"lt": request_ms} if request_ms <= MAX_WAIT_MS else {"le": MAX_WAIT_MS}
+    ceiling, inclusive = wait_ceiling(request_ms)
+    wait_bound: dict[str, Any] = {"le": ceiling} if inclusive else {"lt": ceiling}
 
     def documented(schema: dict[str, Any]) -> None:
         schema.pop("title", None)
@@ -160,8 +158,8 @@ def policy_changes(change: BaseModel, batcher: Batcher, settings: Settings) -> d
     """The operator's batching fields of a validated body (``serving.elastic.limits``: the
     limits they leave to their defaults, the queue rows, follow from them there)."""
     changes = change.model_dump(exclude_unset=True)
-    if changes.get("batch_timeout_ms") == "auto":
-        changes["batch_timeout_ms"] = None
+    if "batch_timeout_ms" in changes and changes["batch_timeout_ms"] is None:
+        changes["batch_timeout_ms"] = AUTO  # null is the body's other spelling of "auto"
     size = changes.get("max_batch_size", batcher.settings.max_batch_size)
     if settings.allowed_batch_sizes is None:
         changes["allowed_batch_sizes"] = ()
@@ -271,16 +269,21 @@ def _install_generation_routes(
     *,
     listed: bool,
 ) -> None:
-    """``/admin/models/{name}[/versions/{version}]/generation``: a generating version's slots;
-    ``PUT {"max_running_sequences": n}`` changes how many sequences each replica runs at once
-    (1 to its ``kv_slots``) from the next step on; the others wait for a slot."""
+    """``/admin/models/{name}[/versions/{version}]/generation``: a generating version's slots
+    and run-time knobs; ``PUT`` changes some of ``max_running_sequences`` (1 to its
+    ``kv_slots``), ``prefill_timeout_ms`` and ``prefill_budget_tokens`` through their one owner
+    (``serving.generation.knobs``), from the next step on."""
 
     def view(model: ServedModel) -> GenerationView:
         generator = model.require_generator()
         scheduler = generator.scheduler
+        knobs = scheduler.knobs
+        timeout = knobs.prefill_timeout_ms
         return GenerationView(
             kv_slots=generator.info.kv_slots,
-            max_running_sequences=scheduler.max_running_sequences,
+            max_running_sequences=knobs.max_running_sequences,
+            prefill_timeout_ms="auto" if timeout is None else timeout,
+            prefill_budget_tokens=knobs.prefill_budget_tokens,
             replicas=generator.replicas,
             running_sequences=scheduler.running,
             waiting_prompts=scheduler.waiting,
@@ -292,18 +295,21 @@ def _install_generation_routes(
 
     async def put(request: Request, name: str, version: str | None) -> GenerationView:
         model = model_of(request, name, version)
-        scheduler = model.require_generator().scheduler
+        knobs = model.require_generator().scheduler.knobs
         check_length(request.headers.get("content-length"), _BODY_LIMIT)
         raw = await read_body(request.receive, _BODY_LIMIT, model.settings.body_read_timeout_s)
+        shape = f"body must be a JSON object with some of {list(KNOBS)}"
         try:
             change = GenerationChange.model_validate_json(raw)
         except ValidationError as exc:
             raise InvalidInputError(
-                'body must be {"max_running_sequences": <integer>}: '
+                f"{shape}: "
                 + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             ) from None
+        if not change.model_fields_set:
+            raise InvalidInputError(f"{shape}; it named none")
         try:
-            scheduler.max_running_sequences = change.max_running_sequences
+            knobs.change(**change.model_dump(exclude_unset=True))
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         return view(model)

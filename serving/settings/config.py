@@ -28,7 +28,7 @@ from serving.settings.lengths import MAX_LENGTH_LIMIT, LengthSettings
 from serving.settings.repository import RepositorySettings
 from serving.settings.sources import ConfigError, TomlSource, format_validation_error, split_csv
 from serving.settings.tls import TlsSettings
-from serving.settings.waits import parse_wait_ms
+from serving.settings.waits import AUTO, WaitMs, is_auto, parse_wait_ms
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets, parse_bytes
 
 __all__ = ["ConfigError", "Settings", "default_queue_rows", "load_settings", "padded_batch_sizes"]
@@ -297,9 +297,10 @@ class Settings(
 
     # --- batching
     max_batch_size: int = Field(32, ge=1, le=4096, description="Rows in a full batch.")
-    batch_timeout_ms: float | Literal["auto"] = Field(
-        5.0,
-        description="Longest wait of a batch's oldest row (0 = at once, auto = adaptive).",
+    batch_timeout_ms: WaitMs = Field(
+        AUTO,
+        description="Longest wait of a batch's oldest row: auto (the default) adapts it to the "
+        "pipeline's load (docs/tuning.md); a number of ms fixes it (0 = at once).",
     )
     max_inflight_batches: int | None = Field(
         None, ge=1, le=1024, description="Batches out at once; unset = replicas x (stages + 1)."
@@ -374,7 +375,7 @@ class Settings(
 
     @field_validator("batch_timeout_ms", mode="before")
     @classmethod
-    def _timeout(cls, value: Any) -> float | str:
+    def _timeout(cls, value: Any) -> WaitMs:
         return parse_wait_ms(value)
 
     @model_validator(mode="after")
@@ -429,9 +430,9 @@ class Settings(
     # --- derived values
     @property
     def timeout_is_auto(self) -> bool:
-        return self.batch_timeout_ms == "auto"
+        return is_auto(self.batch_timeout_ms)
 
-    def batch_sizes(self) -> tuple[int, ...]:
+    def padded_sizes(self) -> tuple[int, ...]:
         """The sizes a batch is padded to (and the shard actors warm up at)."""
         return padded_batch_sizes(self.max_batch_size, self.allowed_batch_sizes or ())
 

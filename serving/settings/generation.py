@@ -68,6 +68,14 @@ class GenerationSettings(BaseModel):
         "join its prefill (0 = at once); auto = at once into an idle group, else at the next "
         "step, beside the running sequences.",
     )
+    prefill_budget_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description="Most prompt tokens of a generating model that may join one step, so that "
+        "long prompts do not stall the running sequences; a longer prompt joins a step alone. "
+        "Unset = no cap.",
+    )
     generation_groups: int | None = Field(
         None,
         ge=1,

@@ -128,7 +128,7 @@ async def build_runner(settings: Settings) -> ModelRunner | Generator:
         max_stage_bytes=budget,
         imports=tuple(settings.imports),
         cache_dir=settings.cache_dir,
-        max_batch_size=settings.max_batch_size,
+        plan_batch_rows=settings.max_batch_size,
         device_overhead_bytes=overhead,
         unsafe_deserialization=settings.unsafe_deserialization,
         weight_dtype=settings.weight_dtype,
@@ -173,7 +173,7 @@ def check_driver_join(settings: Settings, bundle: Path) -> None:
     check_join_budget(
         manifest.combines,
         manifest.signature,
-        max(settings.batch_sizes()),
+        max(settings.padded_sizes()),
         served_max_length(settings.max_sequence_length, manifest.signature),
         settings.driver_join_max_bytes,
     )
@@ -343,7 +343,7 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         private_ray=settings.ray_address is None,
         placement_strategy=settings.placement_strategy,
         stage_resources=tuple(settings.stage_resources),
-        batch_sizes=settings.batch_sizes(),
+        batch_sizes=settings.padded_sizes(),
         imports=tuple(settings.imports),
         simulate_device_ms=settings.simulate_device_ms,
         ship_stages=settings.ship_stages,

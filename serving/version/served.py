@@ -471,10 +471,10 @@ def batch_settings(settings: Settings, runner: ModelRunner) -> BatchSettings:
     replicas = runner.replicas
     return BatchSettings(
         max_batch_size=settings.max_batch_size,
-        batch_timeout_ms=None if settings.timeout_is_auto else float(settings.batch_timeout_ms),
+        batch_timeout_ms=settings.batch_timeout_ms,
         max_inflight_batches=settings.inflight_batches(stages, replicas),
         max_queue_rows=settings.queue_rows(stages, replicas),
-        allowed_batch_sizes=settings.batch_sizes(),
+        allowed_batch_sizes=settings.padded_sizes(),
         slo_p99_ms=settings.slo_p99_ms,
         pipeline_depth=stages * replicas,
         pipeline_stages=stages,

@@ -68,7 +68,7 @@ class StageSpec:
             "flops_per_row": self.flops_per_row,
         }
         if self.memory is not None:
-            data["memory"] = asdict(self.memory)
+            data["memory"] = self.memory.to_json()
         if self.label:
             data["label"] = self.label
         if self.part is not None:
@@ -100,15 +100,20 @@ class StageSpec:
         )
 
 
+# A manifest's memory plan names its batch after the setting that chose it: the key every bundle
+# already written on disk holds.
+PLAN_BATCH_KEY = "max_batch_size"
+
+
 @dataclass(frozen=True)
 class StageMemory:
     """A stage's share of the memory plan, as ``shardserve plan`` prints it."""
 
     first_layer: str
     last_layer: str
-    activation_bytes: int  # live at the stage's worst point, at max_batch_size rows
+    activation_bytes: int  # live at the stage's worst point, at plan_batch_rows rows
     overhead_bytes: int
-    max_batch_size: int
+    plan_batch_rows: int  # the batch the plan was made for (--max-batch-size at planning)
     budget_bytes: int | None  # the device's budget, when one was given
     crossing_bytes_per_row: int  # what the stage sends on (later stages, model outputs)
     unknown_dims: bool = False  # a dimension unknown in the graph was counted as sequence_length
@@ -117,6 +122,11 @@ class StageMemory:
     weight_bytes: int | None = None
     # --max-sequence-length; a manifest written before it counted unknown dimensions as 1.
     sequence_length: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data[PLAN_BATCH_KEY] = data.pop("plan_batch_rows")
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageMemory:
@@ -127,7 +137,7 @@ class StageMemory:
             last_layer=str(data.get("last_layer", "")),
             activation_bytes=int(data.get("activation_bytes", 0)),
             overhead_bytes=int(data.get("overhead_bytes", 0)),
-            max_batch_size=int(data.get("max_batch_size", 0)),
+            plan_batch_rows=int(data.get(PLAN_BATCH_KEY, 0)),
             budget_bytes=None if budget is None else int(budget),
             crossing_bytes_per_row=int(data.get("crossing_bytes_per_row", 0)),
             unknown_dims=bool(data.get("unknown_dims", False)),

@@ -27,7 +27,7 @@ from shards.partition.graph import PartitionError, analyse
 from shards.partition.length_bound import describe_bounds
 from shards.partition.length_masks import describe_pad_values
 from shards.partition.savedmodel import read_savedmodel
-from shards.partition.stages import DEFAULT_MAX_BATCH_SIZE, Budgets, plan_bundle
+from shards.partition.stages import DEFAULT_PLAN_BATCH_ROWS, Budgets, plan_bundle
 from shards.signature import ModelSignature
 
 __all__ = ["PartitionError", "is_savedmodel_dir", "partition_to_bundle"]
@@ -66,7 +66,7 @@ def partition_to_bundle(
     imports: Sequence[str] = (),
     source_name: str | None = None,
     progress: Progress | None = None,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    plan_batch_rows: int = DEFAULT_PLAN_BATCH_ROWS,
     device_overhead_bytes: int | None = None,
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
@@ -105,7 +105,7 @@ def partition_to_bundle(
         graph,
         stages=stages,
         max_stage_bytes=max_stage_bytes,
-        max_batch_size=max_batch_size,
+        plan_batch_rows=plan_batch_rows,
         device_overhead_bytes=device_overhead_bytes,
         weight_dtype=weight_dtype,
     )

@@ -95,7 +95,7 @@ class StageNeed:
     weight_bytes: int
     activation_bytes: int
     overhead_bytes: int
-    max_batch_size: int
+    plan_batch_rows: int
     unknown_dims: bool = False
     sequence_length: int = 1
 
@@ -107,7 +107,7 @@ class StageNeed:
         return (
             f"{format_size(self.weight_bytes)} of weights ({self.weight_bytes} bytes) + "
             f"{format_size(self.activation_bytes)} of activations at batch "
-            f"{self.max_batch_size}{self._length()} + {format_size(self.overhead_bytes)} of "
+            f"{self.plan_batch_rows}{self._length()} + {format_size(self.overhead_bytes)} of "
             "device overhead = "
             f"{format_size(self.total)} ({self.total} bytes)"
         )
@@ -138,7 +138,7 @@ class MemoryModel:
     def __init__(
         self,
         graph: Any,
-        max_batch_size: int,
+        plan_batch_rows: int,
         overhead_bytes: int,
         weight_dtype: str | None = None,
         sequence_length: int = 1,
@@ -146,14 +146,14 @@ class MemoryModel:
         """``weight_dtype`` (bfloat16, float16): the float weights are served in it
         (``--weight-dtype``), so they count at its size. ``sequence_length``: what a dimension
         unknown in the graph counts as (``--max-sequence-length``)."""
-        if max_batch_size < 1:
-            raise PlanError(f"max_batch_size must be an integer >= 1, got {max_batch_size}")
+        if plan_batch_rows < 1:
+            raise PlanError(f"max_batch_size must be an integer >= 1, got {plan_batch_rows}")
         if sequence_length < 1:
             raise PlanError(f"max_sequence_length must be an integer >= 1, got {sequence_length}")
         self.sequence_length = sequence_length
         if overhead_bytes < 0:
             raise PlanError(f"device_overhead_bytes must be >= 0, got {overhead_bytes}")
-        self.max_batch_size = max_batch_size
+        self.plan_batch_rows = plan_batch_rows
         self.overhead_bytes = overhead_bytes
         self.weight_dtype = weight_dtype
         nodes = graph.nodes
@@ -215,9 +215,9 @@ class MemoryModel:
         rows, unknown = self.activation_rows(start, end)
         return StageNeed(
             weight_bytes=sum(self._weights[start:end]),
-            activation_bytes=rows * self.max_batch_size,
+            activation_bytes=rows * self.plan_batch_rows,
             overhead_bytes=self.overhead_bytes,
-            max_batch_size=self.max_batch_size,
+            plan_batch_rows=self.plan_batch_rows,
             unknown_dims=unknown,
             sequence_length=self.sequence_length,
         )

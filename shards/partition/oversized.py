@@ -32,7 +32,7 @@ __all__ = ["memory_like", "part_nodes", "split_oversized"]
 def memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
     return MemoryModel(
         graph,
-        memory.max_batch_size,
+        memory.plan_batch_rows,
         memory.overhead_bytes,
         memory.weight_dtype,
         graph.sequence_length,
@@ -68,7 +68,7 @@ def split_oversized(
                 nodes,
                 use_weight_bytes(op, weights, reversed_use(nodes)),
                 memory.overhead_bytes,
-                memory.max_batch_size,
+                memory.plan_batch_rows,
                 graph.sequence_length,
                 top,
             )

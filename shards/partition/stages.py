@@ -21,11 +21,11 @@ from shards.partition.oversized import memory_like, part_nodes, split_oversized
 from shards.partition.plan import Plan, plan_balanced, plan_budget
 from shards.split import DriverCombine, Split, describe, place_labels
 
-__all__ = ["DEFAULT_MAX_BATCH_SIZE", "Budgets", "Planned", "plan", "plan_bundle", "plan_stages"]
+__all__ = ["DEFAULT_PLAN_BATCH_ROWS", "Budgets", "Planned", "plan", "plan_bundle", "plan_stages"]
 
 # The server's default max_batch_size (serving.settings.config): the batch a plan sizes
 # activations at.
-DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_PLAN_BATCH_ROWS = 32
 
 
 Budgets = int | Sequence[int]
@@ -74,7 +74,7 @@ def plan_stages(
     *,
     stages: int | None = None,
     max_stage_bytes: Budgets | None = None,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    plan_batch_rows: int = DEFAULT_PLAN_BATCH_ROWS,
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
 ) -> list[tuple[keras.Model, StageSpec]]:
@@ -83,7 +83,7 @@ def plan_stages(
         graph,
         stages=stages,
         max_stage_bytes=max_stage_bytes,
-        max_batch_size=max_batch_size,
+        plan_batch_rows=plan_batch_rows,
         device_overhead_bytes=device_overhead_bytes,
         weight_dtype=weight_dtype,
     ).stages
@@ -103,7 +103,7 @@ def plan_bundle(
     *,
     stages: int | None = None,
     max_stage_bytes: Budgets | None = None,
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    plan_batch_rows: int = DEFAULT_PLAN_BATCH_ROWS,
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
 ) -> Planned:
@@ -120,7 +120,7 @@ def plan_bundle(
         raise PartitionError(
             f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"
         )
-    memory = MemoryModel(graph, max_batch_size, overhead, weight_dtype, graph.sequence_length)
+    memory = MemoryModel(graph, plan_batch_rows, overhead, weight_dtype, graph.sequence_length)
     budgets = None if max_stage_bytes is None else parse_budgets(max_stage_bytes)
     whole = graph
     splits: list[Split] = []
@@ -162,7 +162,7 @@ def plan_bundle(
                 last_layer=graph.nodes[end - 1].name,
                 activation_bytes=need.activation_bytes,
                 overhead_bytes=need.overhead_bytes,
-                max_batch_size=max_batch_size,
+                plan_batch_rows=plan_batch_rows,
                 budget_bytes=budget,
                 crossing_bytes_per_row=memory.crossing_bytes_per_row(start, end),
                 unknown_dims=need.unknown_dims,

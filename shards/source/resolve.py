@@ -52,7 +52,7 @@ class ResolveOptions:
     """What a bundle is cut with and cached under, as ``resolve_bundle`` and
     ``shards.source.remote.resolve_bundle_remote`` take it (picklable, for the Ray task).
 
-    ``max_batch_size``, ``device_overhead_bytes`` and ``max_sequence_length`` (what an unknown
+    ``plan_batch_rows``, ``device_overhead_bytes`` and ``max_sequence_length`` (what an unknown
     dimension counts as; ``None``: the model's own bound, else 512) size the memory plan
     (shards.partition.memory_plan); a length over the model's bound is refused;
     ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load."""
@@ -61,7 +61,7 @@ class ResolveOptions:
     max_stage_bytes: int | Sequence[int] | None
     imports: Sequence[str] = ()
     cache_dir: Path
-    max_batch_size: int = 32
+    plan_batch_rows: int = 32
     device_overhead_bytes: int | None = None
     unsafe_deserialization: bool = False
     weight_dtype: str | None = None
@@ -94,7 +94,7 @@ def resolve_bundle(
         return path
     cache_dir = cache.ensure_private(options.cache_dir)
     keyed = f"stages={options.stages};max_stage_bytes={budgets};imports={list(options.imports)}"
-    keyed += f";batch={options.max_batch_size};overhead={options.device_overhead_bytes}"
+    keyed += f";batch={options.plan_batch_rows};overhead={options.device_overhead_bytes}"
     keyed += f";length={options.max_sequence_length}"
     if options.weight_dtype not in (None, "float32"):
         keyed += f";weights={options.weight_dtype}"
@@ -170,7 +170,7 @@ def _partition(
         imports=options.imports,
         source_name=name,
         progress=progress,
-        max_batch_size=options.max_batch_size,
+        plan_batch_rows=options.plan_batch_rows,
         device_overhead_bytes=options.device_overhead_bytes,
         weight_dtype=options.weight_dtype,
         max_sequence_length=options.max_sequence_length,

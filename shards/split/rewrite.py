@@ -135,8 +135,10 @@ def _paired_parts(first: Any, second: Any, split: Split) -> list[keras.layers.La
         part.kernel_in.assign(kernel_in)
         part.kernel_out.assign(kernel_out)
         if first.bias is not None:
+            assert part.bias_in is not None  # built with a bias: it has one
             part.bias_in.assign(_slice(first.bias, 0, a, b))
         if with_bias_out:
+            assert part.bias_out is not None
             part.bias_out.assign(keras.ops.convert_to_numpy(second.bias))
         layers.append(part)
     return layers

@@ -2,17 +2,24 @@
 prompts of different lengths and max_tokens answer keras_hub's own greedy ids, through the
 generate route; text in, text out; a client that hangs up frees its slot; a stage killed
 (SIGKILL) mid-generation costs no client a token. The ``openai`` client (issue 40): completions
-and chat, plain and streamed, equal to the greedy ids' text; a stream cut mid-way frees its
-slot."""
+and chat, plain and streamed, equal to the greedy ids' text; a stop string spanning tokens cut
+exactly, plain and streamed; each bad field a 400 in OpenAI's shape; a stream cut mid-way frees
+its slot."""
 
 from __future__ import annotations
 
 import asyncio
+import csv
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -23,9 +30,11 @@ import pytest
 from serving.generation.tokenizer import ByteBPETokenizer
 from tests.generation_models import Greedy
 from tests.metrics_text import metric
-from tests.serverproc import Server, running_server
+from tests.serverproc import Server, ray_env, running_server
+from tests.serving.protocols.openai.test_openai_completions import BAD
 
 KV_SLOTS = 8
+ADMIN_TOKEN = "generate-server-admin-token"
 LABELS = {"model": "gpt", "version": "1"}
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
@@ -48,6 +57,7 @@ def gpt2_server(
         "--ray-address", ray_address,
         "--cache-dir", str(workdir / "cache"),
         "--chat-template", str(template),
+        "--admin-token", ADMIN_TOKEN,
     ]  # fmt: skip
     with running_server(args, workdir) as server:
         yield server
@@ -98,6 +108,90 @@ def test_concurrent_prompts_get_keras_hubs_greedy_ids(
     steps = metric(text, "shardserve_generation_step_rows_count", **LABELS) - steps_before
     assert rows / steps > 1  # sequences at different positions shared steps
     assert metric(text, "shardserve_free_kv_slots", **LABELS) == KV_SLOTS
+
+
+def test_the_knobs_change_at_run_time_through_the_admin_route(
+    gpt2_server: Server, gpt2_greedy: Greedy
+) -> None:
+    url = f"{gpt2_server.url}/admin/models/gpt/generation"
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    one_at_a_time = {
+        "max_running_sequences": 1,
+        "prefill_budget_tokens": 1,
+        "prefill_timeout_ms": 0,
+    }
+    changed = httpx.put(url, headers=auth, json=one_at_a_time, timeout=30)
+    assert changed.status_code == 200, changed.text
+    assert {k: changed.json()[k] for k in one_at_a_time} == one_at_a_time
+    refused = httpx.put(url, headers=auth, json={"max_running_sequences": KV_SLOTS + 1})
+    assert refused.status_code == 400
+    assert f"from 1 to kv_slots={KV_SLOTS}, got {KV_SLOTS + 1}" in refused.json()["error"]
+    before = metric(_metrics(gpt2_server), "shardserve_generation_step_rows_sum", **LABELS)
+    steps_before = metric(_metrics(gpt2_server), "shardserve_generation_step_rows_count", **LABELS)
+
+    async def ask_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gpt2_server.url, timeout=120) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        "/v2/models/gpt/generate",
+                        json={
+                            "input_ids": list(prompt),
+                            "parameters": {"max_tokens": 3, "stop_token_ids": []},
+                        },
+                    )
+                    for prompt in gpt2_greedy.prompts[:3]
+                )
+            )
+
+    try:
+        answers = asyncio.run(ask_all())
+        for prompt, answer in zip(gpt2_greedy.prompts, answers, strict=False):
+            assert answer.status_code == 200, answer.text
+            want = list(gpt2_greedy.generated[gpt2_greedy.prompts.index(prompt)][:3])
+            assert answer.json()["output_ids"] == want
+        text = _metrics(gpt2_server)
+        rows = metric(text, "shardserve_generation_step_rows_sum", **LABELS) - before
+        steps = metric(text, "shardserve_generation_step_rows_count", **LABELS) - steps_before
+        assert rows == steps == 9  # one sequence at a time: each step one row
+    finally:
+        back = {"max_running_sequences": KV_SLOTS, "prefill_budget_tokens": None}
+        reset = httpx.put(url, headers=auth, json={**back, "prefill_timeout_ms": "auto"})
+        assert reset.status_code == 200, reset.text
+
+
+def test_tune_generate_sweeps_the_knobs_and_puts_them_back(
+    gpt2_server: Server, gpt2_greedy: Greedy, tmp_path: Path
+) -> None:
+    """A small real sweep: two budgets, one point each, through the admin route."""
+    workload = tmp_path / "workload.json"
+    prompts = [list(p) for p in gpt2_greedy.prompts[:3]]
+    workload.write_text(
+        json.dumps({"prompts": prompts, "max_tokens": [2, 4], "route": "v2", "stop": False})
+    )
+    out = tmp_path / "tune"
+    command = [
+        sys.executable, "-m", "serving.cli.main", "tune", "--generate", "--url", gpt2_server.url,
+        "--model-name", "gpt", "--workload", str(workload), "--prefill-timeouts", "auto",
+        "--max-running", str(KV_SLOTS), "--prefill-budgets", "none,4", "--loads", "2",
+        "--duration", "2", "--warmup", "1", "--ttft-p95-ms", "60000", "--out", str(out),
+        "--admin-token", ADMIN_TOKEN,
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=ray_env(), check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["load"], r["prefill_budget_tokens"]) for r in rows] == [("c=2", ""), ("c=2", "4")]
+    assert all(int(r["streams"]) > 0 and int(r["failures"]) == 0 for r in rows), rows
+    assert all(float(r["tokens_per_s"]) > 0 and r["ttft_p95_ms"] for r in rows), rows
+    assert "**winner**" in (out / "report.md").read_text()
+    assert tomllib.loads((out / "recommended.toml").read_text())["shardserve"]
+    assert (out / "ttft_tokens.png").stat().st_size > 0
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    knobs = httpx.get(f"{gpt2_server.url}/admin/models/gpt/generation", headers=auth).json()
+    assert (knobs["prefill_timeout_ms"], knobs["prefill_budget_tokens"]) == ("auto", None)
 
 
 def test_text_in_text_out(gpt2_server: Server) -> None:
@@ -232,9 +326,13 @@ def test_the_openai_client_completes_as_the_greedy_generate(
         model="gpt", prompt=list(prompt), max_tokens=n, temperature=0, stream=True
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want
-    # A text prompt: the same text as the generate route's for it.
+    # A text prompt: the same text as the generate route's for it, plain and streamed.
     done = client.completions.create(model="gpt", prompt="the cat", max_tokens=4, temperature=0)
     assert done.choices[0].text == _v2_text(gpt2_server, "the cat", 4)["text_output"]
+    chunks = client.completions.create(
+        model="gpt", prompt="the cat", max_tokens=4, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
 
 
 def test_the_openai_client_reads_our_errors(gpt2_server: Server) -> None:
@@ -248,6 +346,50 @@ def test_the_openai_client_reads_our_errors(gpt2_server: Server) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="nope", prompt="the cat")
     assert missing.value.code == "model_not_found"
+
+
+def _spanning_stop(tokenizer: ByteBPETokenizer, gpt2_greedy: Greedy) -> tuple[Any, ...]:
+    """A prompt, its greedy ids up to the end token, and a two-character stop string whose
+    first occurrence in their text spans the boundary between tokens ``k - 1`` and ``k``."""
+    end = 0  # <|endoftext|>: the OpenAI routes stop there
+    for prompt, generated in zip(gpt2_greedy.prompts, gpt2_greedy.generated, strict=True):
+        ids = list(generated[: generated.index(end)] if end in generated else generated)
+        pieces = [tokenizer.decode([i]) for i in ids]
+        text = "".join(pieces)
+        assert text == tokenizer.decode(ids)  # an ASCII vocabulary: each token its own text
+        for k in range(2, len(ids)):
+            stop = pieces[k - 1][-1] + pieces[k][0]
+            if text.find(stop) == len("".join(pieces[:k])) - 1:
+                return prompt, ids, k, stop, text[: text.find(stop)]
+    raise AssertionError("no greedy text has a stop string across two tokens")
+
+
+def test_a_stop_string_spanning_tokens_is_cut_exactly(
+    gpt2_server: Server, gpt2_greedy: Greedy
+) -> None:
+    tokenizer = ByteBPETokenizer(gpt2_greedy.preset / "assets" / "tokenizer")
+    prompt, ids, k, stop, want = _spanning_stop(tokenizer, gpt2_greedy)
+    client = _openai(gpt2_server)
+    asked = {"model": "gpt", "prompt": list(prompt), "max_tokens": len(ids), "temperature": 0}
+    done = client.completions.create(**asked, stop=["\u00e9", stop])
+    assert (done.choices[0].text, done.choices[0].finish_reason) == (want, "stop")
+    assert done.usage is not None and done.usage.completion_tokens == k + 1  # up to its end
+    chunks = list(client.completions.create(**asked, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+@pytest.mark.parametrize(("body", "param", "message"), BAD)
+def test_each_bad_field_is_a_400_in_openais_shape(
+    gpt2_server: Server, body: dict[str, Any], param: str, message: str
+) -> None:
+    answer = httpx.post(f"{gpt2_server.url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert message in error["message"], error
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert "Traceback" not in answer.text
 
 
 def test_the_openai_client_chats_through_the_template(gpt2_server: Server) -> None:

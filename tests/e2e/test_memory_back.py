@@ -42,7 +42,7 @@ from shards.partition.cut import partition_to_bundle
 x = keras.Input(({WIDE},))
 h = keras.layers.Dense({NARROW}, kernel_initializer="zeros", name="a")(x)
 y = keras.layers.Dense({WIDE}, kernel_initializer="zeros", name="b")(h)
-partition_to_bundle(keras.Model(x, y), sys.argv[1], stages=2, max_batch_size=1)
+partition_to_bundle(keras.Model(x, y), sys.argv[1], stages=2, plan_batch_rows=1)
 """
 
 

@@ -24,6 +24,11 @@ keras_hub's ``generate`` alone at batch B in one process (``bench.systems.keras_
 model's ceiling). Systems run one after the other, each on its own server.
 A round stops climbing for a system at the first rate it fell behind (its p95 latency past
 ``QUEUEING`` x its own at the lowest rate): a higher one would only take longer to drain.
+
+Then the streamed path (issue 40, ``bench.suites.generate.streamed``): ``/v1/completions`` with
+``"stream": true`` against the same requests plain, closed loop, on a shardserve server of its
+own. ``--paths`` chooses: ``systems`` (the systems and the ceiling), ``streamed``, both by
+default; ``--streamed`` is ``--paths streamed``.
 """
 
 from __future__ import annotations
@@ -55,11 +60,13 @@ from bench.suites.generate.report import (
     queueing,
     render,
 )
+from bench.suites.generate.streamed import combined, run_streamed
 from bench.systems import ServerProcess, SystemConfig
 from bench.systems.base import LaunchSpec, python_module, subprocess_env
 from bench.systems.shardserve import shardserve_spec
 
 SYSTEMS = ("shardserve", "shardserve-1group", "litserve")
+PATHS = ("systems", "streamed")
 MODEL_NAME = "gpt"
 
 
@@ -84,6 +91,11 @@ class GeneratePlan:
     seed: int = 0
     port: int = 0  # the first system's; the next ones count up from it (0: free ports)
     workdir: Path = Path(".bench/generate")
+    # What runs: "systems" (and the ceiling), "streamed" (issue 40's streamed path against the
+    # plain one); its clients 0: one per KV slot.
+    paths: tuple[str, ...] = PATHS
+    stream_s: float = 20.0
+    stream_clients: int = 0
     # --priorities: high-priority TTFT under a saturating low load instead (priorities.py)
     priorities: bool = False
     probes: int = 20  # high prompts per phase of a round
@@ -93,8 +105,14 @@ class GeneratePlan:
         options.require(
             self,
             at_least_one=("blocks", "hidden", "stages", "batch", "rounds", "probes"),
-            positive=("duration_s", "warmup_s", "ttft_limit_s"),
+            positive=("duration_s", "warmup_s", "ttft_limit_s", "stream_s"),
         )
+        wrong = sorted(set(self.paths) - set(PATHS))
+        if wrong or not self.paths:
+            named = repr(wrong[0]) if wrong else "(none)"
+            raise ValueError(f"unknown path {named}; of {', '.join(PATHS)}")
+        if self.stream_clients < 0:
+            raise ValueError(f"stream_clients must be >= 0, got {self.stream_clients}")
         if not self.rates or min(self.rates) <= 0:
             raise ValueError(f"rates must be > 0, got {self.rates}")
         if not 1 <= self.min_prompt <= self.max_prompt:
@@ -284,15 +302,30 @@ def run(plan: GeneratePlan, progress: Progress = print) -> dict[str, Any]:
         "model": plan.shape.describe(),
         "runs": [],
         "ceiling": None,
+        "streamed": None,
         "other_benches": other_benches(),
     }
-    for index, system in enumerate(plan.systems):
+    systems = plan.systems if "systems" in plan.paths else ()
+    for index, system in enumerate(systems):
         results["runs"] += run_system(plan, preset, system, _port(plan, index), progress)
-    if plan.ceiling_s > 0:
+    if systems and plan.ceiling_s > 0:
         progress(f"keras_hub generate alone, batch {plan.batch}, {plan.ceiling_s:g} s")
         results["ceiling"] = ceiling(plan, preset)
         progress(f"  ceiling: {results['ceiling']}")
+    if "streamed" in plan.paths:
+        port = _port(plan, len(systems))
+        results["streamed"] = streamed_path(plan, preset, port, progress)
     return results
+
+
+def streamed_path(
+    plan: GeneratePlan, preset: Path, port: int, progress: Progress
+) -> dict[str, Any]:
+    """The streamed path against the plain one, on a shardserve server of its own."""
+    progress(f"[streamed] starting shardserve on port {port}")
+    with server(plan, preset, "shardserve", port) as srv:
+        base = srv.url.split("/v2/")[0]
+        return run_streamed(plan, base, MODEL_NAME, progress, srv.pid)
 
 
 def add_parsers(sub: Any) -> None:
@@ -323,6 +356,11 @@ def add_parsers(sub: Any) -> None:
     opts.own("--min-tokens", type=int)
     opts.own("--max-tokens", type=int)
     opts.add("seed", "port", "workdir")
+    opts.own("--paths", type=options.csv, help=f"comma-separated, of {', '.join(PATHS)}")
+    alone = "--paths streamed: only the streamed path against the plain one (issue 40)"
+    opts.own("--streamed", dest="paths", action="store_const", const=("streamed",), help=alone)
+    opts.own("--stream-seconds", dest="stream_s", type=float, help="s per path per round")
+    opts.own("--stream-clients", type=int, help="closed-loop clients (0: one per KV slot)")
     opts.own(
         "--priorities",
         action="store_true",
@@ -336,4 +374,4 @@ def add_parsers(sub: Any) -> None:
 def _render(results: dict[str, Any]) -> str:
     if results.get("bench") == "generate-priorities":
         return render_priorities(results)
-    return render(results)
+    return combined(render)(results)

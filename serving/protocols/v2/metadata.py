@@ -9,6 +9,7 @@ from typing import Any
 
 from serving.protocols.contract import ModelHandle
 from serving.protocols.v2.tensors import tensor_config, tensor_metadata
+from serving.settings.waits import is_auto
 
 __all__ = [
     "EXTENSIONS",
@@ -60,12 +61,10 @@ def model_config(model: ModelHandle) -> dict[str, Any]:
     settings = model.settings
     policy = model.batcher.settings if model.batcher is not None else None
     max_batch = policy.max_batch_size if policy is not None else settings.max_batch_size
-    wait_ms = policy.batch_timeout_ms if policy is not None else None
-    if policy is None and not settings.timeout_is_auto:
-        wait_ms = float(settings.batch_timeout_ms)
+    wait_ms = policy.batch_timeout_ms if policy is not None else settings.batch_timeout_ms
     batching: dict[str, Any] = {}
-    if wait_ms is not None:  # None: the adaptive (auto) wait
-        batching["max_queue_delay_microseconds"] = round(wait_ms * 1000)
+    if not is_auto(wait_ms):  # the adaptive wait has no fixed delay to state
+        batching["max_queue_delay_microseconds"] = round(float(wait_ms) * 1000)
     return {
         "name": model.name,
         "platform": PLATFORM,

@@ -235,6 +235,7 @@ def test_generate_answers_every_request_its_max_tokens_on_each_system(
 ) -> None:
     args = ["--blocks", "2", "--hidden", "32", "--rates", "4", "--duration", "2", "--rounds", "1"]
     args += ["--warmup", "1", "--ceiling-seconds", "1", "--max-prompt", "24", "--max-tokens", "16"]
+    args += ["--paths", "systems"]  # the streamed path: test_generate_streamed_bench.py
     results = bench_on_session_ray.run("generate", *args)
     runs = {r["system"]: r for r in results["runs"]}
     assert sorted(runs) == sorted(GeneratePlan().systems)

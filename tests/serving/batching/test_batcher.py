@@ -253,7 +253,7 @@ async def test_without_padding_the_runner_sees_each_batch_at_its_row_count(
 
 async def test_the_slo_cap_follows_the_stages_compute_reports(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
-    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms="auto", slo_p99_ms=100)
     # The driver's wall times (queueing included) said 8 rows take a second...
     seed(batcher, {1: 0.001, 8: 1.0}, now=time.monotonic())
     # ...the stage actors report 8 rows computing in 20 + 30 ms.
@@ -364,7 +364,7 @@ def test_reconfigure_rejects_bad_values_and_keeps_the_policy() -> None:
 
 async def test_auto_policy_sends_at_once_when_idle(make: Harness) -> None:
     runner = FakeRunner()
-    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None)
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms="auto")
     x = make_rows(1)
     assert_rows(await batcher.submit(x), x)
     assert [(r.size, r.reason) for r in make.records] == [(1, "idle")]
@@ -373,7 +373,7 @@ async def test_auto_policy_sends_at_once_when_idle(make: Harness) -> None:
 
 async def test_auto_policy_fills_batches_while_busy(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
-    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None)
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms="auto")
     busy = await occupy(batcher, runner)
     waiting = [await spawn(batcher.submit(make_rows(2, start=1 + 2 * i))) for i in range(3)]
     assert runner.calls_started == 1
@@ -387,7 +387,7 @@ async def test_auto_policy_fills_batches_while_busy(make: Harness) -> None:
 
 async def test_auto_policy_with_slo_caps_the_batch_size(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
-    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms="auto", slo_p99_ms=100)
     # Seed the run-time model: one row is fast, a batch of 8 took a whole second just now.
     seed(batcher, {1: 0.001, 8: 1.0}, now=time.monotonic())
     assert batcher.effective_wait_ms == 0.0
@@ -425,7 +425,7 @@ async def test_cancelled_drain_fails_what_is_left(make: Harness) -> None:
 
 async def test_auto_policy_sends_full_batches_once_the_slo_is_lost(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
-    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, slo_p99_ms=100)
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms="auto", slo_p99_ms=100)
     seed(batcher, {1: 0.5})  # even one row misses the SLO: shrinking cannot help
     busy = await occupy(batcher, runner)
     waiting = await spawn(batcher.submit(make_rows(6, start=1)))
@@ -437,7 +437,7 @@ async def test_auto_policy_sends_full_batches_once_the_slo_is_lost(make: Harness
 async def test_auto_policy_spreads_the_outstanding_rows_over_the_stages(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(
-        runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=3, pipeline_depth=2
+        runner, max_batch_size=8, batch_timeout_ms="auto", max_inflight_batches=3, pipeline_depth=2
     )
     seed(batcher, recent_s=30.0)  # a 30 s batch time: the wait cap never fires here
     first = await spawn(batcher.submit(make_rows(4)))  # idle pipeline: goes at once
@@ -456,7 +456,7 @@ async def test_auto_policy_spreads_the_outstanding_rows_over_the_stages(make: Ha
 async def test_auto_policy_never_spreads_over_more_batches_than_may_fly(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(
-        runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2, pipeline_depth=4
+        runner, max_batch_size=8, batch_timeout_ms="auto", max_inflight_batches=2, pipeline_depth=4
     )
     seed(batcher, recent_s=20.0)  # the wait cap never fires here
     first = await spawn(batcher.submit(make_rows(2)))
@@ -471,7 +471,7 @@ async def test_auto_policy_never_spreads_over_more_batches_than_may_fly(make: Ha
 
 async def test_auto_policy_waits_at_most_one_batch_time(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
-    batcher = await make(runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2)
+    batcher = await make(runner, max_batch_size=8, batch_timeout_ms="auto", max_inflight_batches=2)
     seed(batcher, recent_s=0.002)  # batches take 2 ms
     first = await spawn(batcher.submit(make_rows(4)))
     await runner.wait_started(1)
@@ -485,7 +485,7 @@ async def test_auto_policy_waits_at_most_one_batch_time(make: Harness) -> None:
 async def test_auto_policy_wait_is_shortened_to_keep_the_slo(make: Harness) -> None:
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(
-        runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=2, slo_p99_ms=600
+        runner, max_batch_size=8, batch_timeout_ms="auto", max_inflight_batches=2, slo_p99_ms=600
     )
     seed(batcher, {1: 0.2}, recent_s=2.0)  # a 2 s batch time
     assert batcher.effective_wait_ms == 0.0  # idle: a batch goes at once

@@ -131,7 +131,7 @@ async def test_the_auto_waits_share_goes_while_the_first_stage_is_busy(
     # stage freed as well, the batches of 16 clients over 2 stages travelled in step.
     runner = FakeRunner(gate=asyncio.Event())
     batcher = await make(
-        runner, max_batch_size=8, batch_timeout_ms=None, max_inflight_batches=3,
+        runner, max_batch_size=8, batch_timeout_ms="auto", max_inflight_batches=3,
         pipeline_depth=2, pipeline_stages=2,
     )  # fmt: skip
     _seed_entry(batcher, 60_000)

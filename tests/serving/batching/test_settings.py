@@ -21,11 +21,11 @@ from serving.batching.settings import BatchSettings
         ({"fill_while_busy": 1}, "fill_while_busy must be true or false, got 1"),
         (
             {"batch_timeout_ms": -1},
-            "batch_timeout_ms must be a number >= 0 or None (auto), got -1",
+            "batch_timeout_ms must be a number >= 0 or 'auto', got -1",
         ),
         (
             {"batch_timeout_ms": float("nan")},
-            "batch_timeout_ms must be a number >= 0 or None (auto), got nan",
+            "batch_timeout_ms must be a number >= 0 or 'auto', got nan",
         ),
         ({"slo_p99_ms": 0}, "slo_p99_ms must be a number > 0 or None, got 0"),
         (
@@ -51,13 +51,13 @@ def test_invalid_policies_name_the_value(changes: dict[str, Any], message: str) 
 
 
 def test_default_sizes_are_powers_of_two_plus_the_maximum() -> None:
-    assert BatchSettings().batch_sizes() == (1, 2, 4, 8, 16, 32)
-    assert BatchSettings(max_batch_size=24).batch_sizes() == (1, 2, 4, 8, 16, 24)
+    assert BatchSettings().padded_sizes() == (1, 2, 4, 8, 16, 32)
+    assert BatchSettings(max_batch_size=24).padded_sizes() == (1, 2, 4, 8, 16, 24)
 
 
 def test_allowed_sizes_always_include_the_maximum() -> None:
     policy = BatchSettings(max_batch_size=12, allowed_batch_sizes=(10, 3, 3))
-    assert policy.batch_sizes() == (3, 10, 12)
+    assert policy.padded_sizes() == (3, 10, 12)
     assert [policy.padded_size(n) for n in (1, 3, 4, 10, 11, 12)] == [3, 3, 10, 10, 12, 12]
 
 
@@ -67,14 +67,14 @@ def test_padded_size_rejects_rows_outside_a_batch() -> None:
 
 
 def test_auto_policy_is_a_none_timeout() -> None:
-    assert BatchSettings(batch_timeout_ms=None).is_auto
+    assert BatchSettings(batch_timeout_ms="auto").is_auto
     assert not BatchSettings(batch_timeout_ms=0).is_auto
 
 
 def test_without_padding_a_batch_runs_at_its_row_count() -> None:
     policy = BatchSettings(max_batch_size=32, pad_batches=False)
     assert [policy.padded_size(n) for n in (1, 3, 17, 32)] == [1, 3, 17, 32]
-    assert policy.batch_sizes() == (1, 2, 4, 8, 16, 32)  # the caps the SLO rule picks from
+    assert policy.padded_sizes() == (1, 2, 4, 8, 16, 32)  # the caps the SLO rule picks from
     assert BatchSettings(max_batch_size=32).padded_size(17) == 32
     with pytest.raises(ValueError, match="pad_batches must be true or false"):
         BatchSettings(pad_batches=1)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ def _ask(policy: BatchSettings, runtime: RunTimeModel, **head: int | float) -> s
 def test_the_settings_pick_the_policy() -> None:
     runtime = RunTimeModel()
     assert isinstance(wait_policy(BatchSettings(batch_timeout_ms=5), runtime), FixedWait)
-    assert isinstance(wait_policy(BatchSettings(batch_timeout_ms=None), runtime), AutoWait)
+    assert isinstance(wait_policy(BatchSettings(batch_timeout_ms="auto"), runtime), AutoWait)
 
 
 def test_a_fixed_wait_closes_on_its_timeout_whatever_the_pipeline_does() -> None:
@@ -35,7 +35,7 @@ def test_a_fixed_wait_closes_on_its_timeout_whatever_the_pipeline_does() -> None
 
 def test_auto_sends_at_once_to_an_idle_pipeline_and_waits_one_batch_time_when_busy() -> None:
     policy = BatchSettings(
-        batch_timeout_ms=None, max_batch_size=32, max_inflight_batches=3, pipeline_depth=2
+        batch_timeout_ms="auto", max_batch_size=32, max_inflight_batches=3, pipeline_depth=2
     )
     runtime = RunTimeModel()
     runtime.observe(8, 0.040)
@@ -49,7 +49,7 @@ def test_auto_sends_at_once_to_an_idle_pipeline_and_waits_one_batch_time_when_bu
 
 
 def test_auto_with_an_slo_shortens_the_wait_and_caps_the_batch() -> None:
-    policy = BatchSettings(batch_timeout_ms=None, max_batch_size=32, slo_p99_ms=50)
+    policy = BatchSettings(batch_timeout_ms="auto", max_batch_size=32, slo_p99_ms=50)
     runtime = RunTimeModel()
     runtime.observe(4, 0.030, now=100.0)
     runtime.observe(32, 0.080, now=100.0)

@@ -42,7 +42,7 @@ def test_plan_prints_what_partition_writes(tmp_path: Path) -> None:
         assert tuple(cells) == row
     for spec in manifest.stages:
         assert spec.memory is not None and spec.memory.budget_bytes == 800 * 2**20
-        assert spec.memory.max_batch_size == 64
+        assert spec.memory.plan_batch_rows == 64
         assert spec.planned_peak_bytes <= 800 * 2**20
     # A bundle directory: the plan in its manifest, the same table.
     again = runner.invoke(app, ["plan", str(out)])

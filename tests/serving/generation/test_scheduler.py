@@ -163,11 +163,11 @@ async def test_max_running_sequences_holds_the_rest_back() -> None:
     scheduler = await started([fake], SchedulerSettings(groups=1, max_running_sequences=1))
     await asyncio.gather(*(scheduler.generate([i + 1], params(3)) for i in range(3)))
     assert all(len(step) == 1 for step in fake.steps)
-    scheduler.max_running_sequences = 3
+    scheduler.knobs.change(max_running_sequences=3)
     await asyncio.gather(*(scheduler.generate([i + 1], params(3)) for i in range(3)))
     assert max(len(step) for step in fake.steps) == 3
     with pytest.raises(ValueError, match="from 1 to kv_slots=4, got 5"):
-        scheduler.max_running_sequences = 5
+        scheduler.knobs.change(max_running_sequences=5)
     await scheduler.close()
 
 

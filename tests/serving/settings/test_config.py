@@ -16,8 +16,9 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults() -> None:
     s = load_settings()
-    assert (s.max_batch_size, s.batch_timeout_ms, s.request_timeout_ms) == (32, 5.0, 30000.0)
-    assert s.batch_sizes() == (1, 2, 4, 8, 16, 32)
+    assert (s.max_batch_size, s.batch_timeout_ms, s.request_timeout_ms) == (32, "auto", 30000.0)
+    assert s.timeout_is_auto  # issue 38: the adaptive wait beat a fixed 5 ms at every load measured
+    assert s.padded_sizes() == (1, 2, 4, 8, 16, 32)
     assert s.max_body_bytes == 16 * 1024 * 1024
     assert s.admin_token is None
     # in-flight defaults to the pipeline depth plus one batch per pipeline being handed over;
@@ -45,7 +46,7 @@ def test_lists_from_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDSERVE_IMPORTS", "mylayers, other.mod")
     s = load_settings(allowed_batch_sizes="1,8,32", stage_resources='[{"node_a": 1}, {"b": 2}]')
     assert s.imports == ["mylayers", "other.mod"]
-    assert s.batch_sizes() == (1, 8, 32)
+    assert s.padded_sizes() == (1, 8, 32)
     assert s.stage_resources == [{"node_a": 1.0}, {"b": 2.0}]
 
 
@@ -131,7 +132,7 @@ def test_batches_are_padded_on_gpu_stages_or_when_sizes_are_given_not_on_cpu() -
     given = load_settings(allowed_batch_sizes="8,24")
     assert batch_settings(given, cpu).padded_size(17) == 24
     # The actors warm up at every bucket either way: on a GPU each is a shape to prepare.
-    assert default.batch_sizes() == (1, 2, 4, 8, 16, 32)
+    assert default.padded_sizes() == (1, 2, 4, 8, 16, 32)
 
 
 def test_shard_actor_options_follow_the_settings() -> None:

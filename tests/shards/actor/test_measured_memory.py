@@ -29,7 +29,7 @@ def wide_mlp() -> keras.Model:
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
     out = tmp_path_factory.mktemp("memory_bundle")
-    partition_to_bundle(wide_mlp(), out, stages=2, max_batch_size=8)
+    partition_to_bundle(wide_mlp(), out, stages=2, plan_batch_rows=8)
     return out, read_manifest(out)
 
 
@@ -46,7 +46,7 @@ def test_info_reports_measured_memory_beside_the_plan(
 ) -> None:
     spec = bundle[1].stages[1]
     memory = ray.get(actor.info.remote())["memory"]
-    assert spec.memory is not None and spec.memory.max_batch_size == 8
+    assert spec.memory is not None and spec.memory.plan_batch_rows == 8
     assert memory["planned_peak_bytes"] == spec.planned_peak_bytes
     assert memory["planned_peak_bytes"] == (
         spec.param_bytes + spec.memory.activation_bytes + spec.memory.overhead_bytes

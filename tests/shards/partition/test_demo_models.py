@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from shards.bundle.format import load_stage
+from shards.bundle.masking import CarryMask
 from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import DEMO_MODELS, build_demo
-from shards.bundle.masking import CarryMask
 from tests.chain import run_chain
 
 

@@ -60,7 +60,7 @@ def test_a_budget_holds_for_the_stage_of_the_second_call(tmp_path: Path) -> None
     # Room for two Dense(16) and the activations of one row, not for all three layers.
     budget = 2 * DENSE16 + 400
     manifest = partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=budget, max_batch_size=1, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=budget, plan_batch_rows=1, device_overhead_bytes=0
     )
     assert len(manifest.stages) == 2
     assert [s.param_bytes for s in manifest.stages] == [2 * DENSE16, DENSE16 + DENSE2]

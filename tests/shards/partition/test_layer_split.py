@@ -40,7 +40,7 @@ def whole(model: keras.Model, inputs: dict[str, np.ndarray]) -> np.ndarray:
 def test_the_item_table_is_split_by_rows_and_answers_equal(tmp_path: Path) -> None:
     model, inputs = demo_recommender(), recommender_inputs()
     manifest = partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=BUDGET, max_batch_size=8, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=BUDGET, plan_batch_rows=8, device_overhead_bytes=0
     )
     assert [s.name for s in manifest.stages] == ["0.0", "0.1", "1"]
     assert all(s.planned_peak_bytes <= BUDGET for s in manifest.stages)
@@ -59,7 +59,7 @@ def test_the_item_table_is_split_by_rows_and_answers_equal(tmp_path: Path) -> No
 def test_an_id_outside_the_vocabulary_raises_as_the_whole_model_does(tmp_path: Path) -> None:
     model, inputs = demo_recommender(), recommender_inputs()
     partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=BUDGET, max_batch_size=8, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=BUDGET, plan_batch_rows=8, device_overhead_bytes=0
     )
     # Keras's lookup counts a negative id from the end of the table: so do the parts.
     inputs["item"][1, 0] = -1
@@ -77,7 +77,7 @@ def test_an_id_outside_the_vocabulary_raises_as_the_whole_model_does(tmp_path: P
 def test_a_wide_dense_is_split_by_columns_too(tmp_path: Path) -> None:
     model, inputs = demo_recommender(), recommender_inputs()
     manifest = partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=100_000, max_batch_size=1, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=100_000, plan_batch_rows=1, device_overhead_bytes=0
     )
     parts = {s.part.layer: s.part.parts for s in manifest.stages if s.part}
     assert parts == {"items": 8, "scores": 2}
@@ -98,7 +98,7 @@ def test_a_masked_lookup_crosses_the_split_exactly(tmp_path: Path) -> None:
     model = keras.Model(ids, [x, pooled], name="lookup")
     rows = np.array([[5, 3999, 2000, 0, 0, 0], [1, 2, 3, 4, 5, 6]], dtype="int32")
     partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=150_000, max_batch_size=4, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=150_000, plan_batch_rows=4, device_overhead_bytes=0
     )
     got = run_chain(tmp_path / "b", {"ids": rows})
     want = [keras.ops.convert_to_numpy(t) for t in model(rows)]
@@ -113,7 +113,7 @@ def test_an_einsum_dense_is_split_along_its_output_units(tmp_path: Path) -> None
     )(x)
     model = keras.Model(x, y, name="einsum")
     manifest = partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=200_000, max_batch_size=1, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=200_000, plan_batch_rows=1, device_overhead_bytes=0
     )
     assert {s.part.layer for s in manifest.stages if s.part} == {"wide"}
     rows = np.random.default_rng(1).normal(size=(3, 4, 32)).astype("float32")
@@ -135,7 +135,7 @@ def test_a_kind_that_cannot_be_split_is_refused_by_name(tmp_path: Path) -> None:
             model,
             tmp_path / "b",
             max_stage_bytes=100_000,
-            max_batch_size=1,
+            plan_batch_rows=1,
             device_overhead_bytes=0,
         )
 
@@ -171,7 +171,7 @@ def partition_gpt2(model: keras.Model, bundle: Path, **options: Any) -> Manifest
         model,
         bundle,
         max_stage_bytes=400_000,
-        max_batch_size=1,
+        plan_batch_rows=1,
         device_overhead_bytes=0,
         max_sequence_length=8,
         **options,
@@ -220,7 +220,7 @@ def test_a_token_and_position_embedding_splits_its_token_table(tmp_path: Path) -
     x = tokens(ids)
     model = keras.Model(ids, [x, keras.layers.GlobalAveragePooling1D(name="pool")(x)])
     manifest = partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=150_000, max_batch_size=2, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=150_000, plan_batch_rows=2, device_overhead_bytes=0
     )
     (split,) = manifest.splits()
     assert (split["layer"], split["kind"], split["parts"]) == (
@@ -260,7 +260,7 @@ def mlp_inputs(rows: int = 5) -> dict[str, np.ndarray]:
 
 def partition_mlp(model: keras.Model, out: Path) -> Manifest:
     return partition_to_bundle(
-        model, out, max_stage_bytes=MLP_BUDGET, max_batch_size=4, device_overhead_bytes=0
+        model, out, max_stage_bytes=MLP_BUDGET, plan_batch_rows=4, device_overhead_bytes=0
     )
 
 
@@ -322,7 +322,7 @@ def test_an_untied_table_charges_each_use_its_own_matrix(tmp_path: Path) -> None
     # both matrices per use, each use came out in 4 parts; its own matrix: 2 + 2.
     model = untied_table()
     manifest = partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=700_000, max_batch_size=2, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=700_000, plan_batch_rows=2, device_overhead_bytes=0
     )
     lookup, logits = manifest.splits()
     assert (lookup["use"], lookup["parts"], logits["use"], logits["parts"]) == (
@@ -357,7 +357,7 @@ def test_a_quantized_layer_too_large_is_refused_at_plan_time_by_name(
             model,
             tmp_path / "b",
             max_stage_bytes=200_000,
-            max_batch_size=2,
+            plan_batch_rows=2,
             device_overhead_bytes=0,
         )
     assert not (tmp_path / "b" / "manifest.json").exists()

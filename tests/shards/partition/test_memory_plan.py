@@ -53,7 +53,7 @@ def skip_model() -> keras.Model:
 
 
 def test_activation_peak_by_hand() -> None:
-    memory = MemoryModel(analyse(skip_model()), max_batch_size=10, overhead_bytes=0)
+    memory = MemoryModel(analyse(skip_model()), plan_batch_rows=10, overhead_bytes=0)
     # Whole model: x (32 B a row) is held all along, and read again by the concat. At h: h (64);
     # at y: h and y (64 + 16); at out: y and out (16 + 48). Peak 32 + 80 = 112 B a row.
     assert memory.activation_rows(0, 3) == (112, False)
@@ -117,7 +117,7 @@ def test_each_stage_fits_its_own_device(tmp_path: Path) -> None:
         ladder(),
         tmp_path / "b",
         max_stage_bytes=budgets,
-        max_batch_size=16,
+        plan_batch_rows=16,
         device_overhead_bytes=1000,
     )
     assert len(manifest.stages) == 3
@@ -135,7 +135,7 @@ def test_a_layer_that_fits_no_device_is_named() -> None:
     graph = analyse(ladder())
     with pytest.raises(PlanError, match=r"layer 'd0' alone holds .* of activations at batch 16"):
         plan_stages(
-            graph, max_stage_bytes="60000,60000", max_batch_size=16, device_overhead_bytes=0
+            graph, max_stage_bytes="60000,60000", plan_batch_rows=16, device_overhead_bytes=0
         )
 
 
@@ -146,7 +146,7 @@ def test_devices_too_small_in_that_order_are_refused_with_numbers() -> None:
         match=r"does not fit max_stage_bytes=100000,100000 in order: devices 0..1 hold at most the layers up to 'd1', and layer 'd2' onwards is left over",
     ):
         plan_stages(
-            graph, max_stage_bytes=[100_000, 100_000], max_batch_size=1, device_overhead_bytes=0
+            graph, max_stage_bytes=[100_000, 100_000], plan_batch_rows=1, device_overhead_bytes=0
         )
 
 
@@ -159,17 +159,17 @@ def test_the_layer_a_small_device_cannot_take_is_named() -> None:
         r"weights \(66560 bytes\) \+ .* of activations at batch 1",
     ):
         plan_stages(
-            graph, max_stage_bytes=[200_000, 40_000], max_batch_size=1, device_overhead_bytes=0
+            graph, max_stage_bytes=[200_000, 40_000], plan_batch_rows=1, device_overhead_bytes=0
         )
 
 
 def test_activations_and_overhead_count_against_the_budget() -> None:
     graph = analyse(ladder())
     weights_only = plan_stages(
-        graph, max_stage_bytes=140_000, device_overhead_bytes=0, max_batch_size=1
+        graph, max_stage_bytes=140_000, device_overhead_bytes=0, plan_batch_rows=1
     )
     with_overhead = plan_stages(
-        graph, max_stage_bytes=140_000, device_overhead_bytes=20_000, max_batch_size=16
+        graph, max_stage_bytes=140_000, device_overhead_bytes=20_000, plan_batch_rows=16
     )
     assert len(with_overhead) > len(weights_only)
     assert all(spec.planned_peak_bytes <= 140_000 for _, spec in with_overhead)
@@ -177,16 +177,16 @@ def test_activations_and_overhead_count_against_the_budget() -> None:
 
 def test_weights_served_in_16_bits_count_half() -> None:
     graph = analyse(ladder())
-    full = plan_stages(graph, stages=2, device_overhead_bytes=0, max_batch_size=4)
+    full = plan_stages(graph, stages=2, device_overhead_bytes=0, plan_batch_rows=4)
     half = plan_stages(
-        graph, stages=2, device_overhead_bytes=0, max_batch_size=4, weight_dtype="bfloat16"
+        graph, stages=2, device_overhead_bytes=0, plan_batch_rows=4, weight_dtype="bfloat16"
     )
     for (_, f), (_, h) in zip(full, half, strict=True):
         assert h.memory is not None and h.memory.weight_dtype == "bfloat16"
         assert h.memory.weight_bytes == f.param_bytes // 2
         assert h.planned_peak_bytes == f.planned_peak_bytes - f.param_bytes // 2
     # A budget the float32 weights need 3 stages for fits bfloat16 weights in 2.
-    budget = {"max_stage_bytes": 150_000, "device_overhead_bytes": 0, "max_batch_size": 1}
+    budget = {"max_stage_bytes": 150_000, "device_overhead_bytes": 0, "plan_batch_rows": 1}
     assert len(plan_stages(graph, **budget)) == 3  # type: ignore[arg-type]
     assert len(plan_stages(graph, weight_dtype="bfloat16", **budget)) == 2  # type: ignore[arg-type]
 
@@ -198,7 +198,7 @@ def test_resolve_partitions_to_one_stage_per_device_and_checks_a_bundle(tmp_path
     budgets = (700 * 2**20 + 100_000, 700 * 2**20 + 100_000)  # the CPU overhead + room
     path = resolve_bundle(
         "demo-tiny",
-        ResolveOptions(stages=None, max_stage_bytes=budgets, cache_dir=tmp_path, max_batch_size=4),
+        ResolveOptions(stages=None, max_stage_bytes=budgets, cache_dir=tmp_path, plan_batch_rows=4),
     )
     manifest = read_manifest(path)
     assert len(manifest.stages) == 2

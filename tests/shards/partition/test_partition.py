@@ -97,7 +97,7 @@ def test_budget_gives_fewest_stages_that_fit(tmp_path: Path) -> None:
     # Weights: 8x16+16, 16x16+16, 16x8+8, 8x4+4 floats = 576, 1088, 544, 144 bytes; at one
     # row and no device overhead the activations add under 200 bytes a stage.
     manifest = partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=1900, max_batch_size=1, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=1900, plan_batch_rows=1, device_overhead_bytes=0
     )
     assert len(manifest.stages) == 2
     assert all(s.planned_peak_bytes <= 1900 for s in manifest.stages)
@@ -110,7 +110,7 @@ def test_budget_smaller_than_a_layer_splits_it(tmp_path: Path) -> None:
     # refusal of a kind that cannot be split: tests/shards/partition/test_layer_split.py).
     model, inputs = sequential()
     manifest = partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=1000, max_batch_size=1, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=1000, plan_batch_rows=1, device_overhead_bytes=0
     )
     assert {s.part.layer for s in manifest.stages if s.part} == {model.layers[1].name}
     assert all(s.planned_peak_bytes <= 1000 for s in manifest.stages)

@@ -38,7 +38,7 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
 ) -> None:
     model, inputs = demo_recommender(), recommender_inputs()
     partition_to_bundle(
-        model, tmp_path / "b", max_stage_bytes=BUDGET, max_batch_size=8, device_overhead_bytes=0
+        model, tmp_path / "b", max_stage_bytes=BUDGET, plan_batch_rows=8, device_overhead_bytes=0
     )
     want = whole(model, inputs)
     group = await ReplicaSet.create(tmp_path / "b", PipelineOptions(replicas=1, batch_sizes=(5,)))
@@ -118,7 +118,7 @@ def test_stage_resources_are_given_per_stage_or_per_place_in_the_pipeline(tmp_pa
         demo_recommender(),
         tmp_path / "b",
         max_stage_bytes=BUDGET,
-        max_batch_size=8,
+        plan_batch_rows=8,
         device_overhead_bytes=0,
     )
     manifest = read_manifest(tmp_path / "b")

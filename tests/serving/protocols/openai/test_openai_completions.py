@@ -1,6 +1,7 @@
 """The OpenAI-compatible API in process, over the fake generation replica (issue 40): the
 completions answer's shape, its errors in OpenAI's shape, stop strings, streaming's framing, a
-UTF-8 character split over two tokens, a client that hangs up mid-stream, the model list."""
+UTF-8 character split over two tokens, a stream past its deadline (the ``openai`` client raising
+its error event), a client that hangs up mid-stream, the model list."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from shards.generation.contract import RowResult, RowStep
 from tests.fakes import WAIT_S
 from tests.generation_fakes import END_ID, FakeGenerationReplica, expected_ids, make_info
 from tests.generation_models import GPT2_MERGES, GPT2_VOCABULARY
+from tests.metrics_text import metric
 from tests.serving.protocols.v2.test_v2_generate import serve
 
 URL = "/v1/completions"
@@ -214,6 +216,46 @@ async def test_past_its_deadline_a_stream_ends_with_the_error_event(
         gate.set()
 
 
+async def test_the_openai_client_raises_a_streams_deadline_error_event(
+    tokenizer: ByteBPETokenizer,
+) -> None:
+    import openai
+
+    fake = ScriptedReplica(kv_slots=1)
+    async with serve(fake, tokenizer, generation_timeout_ms=1000, kv_slots=1) as client:
+        gate = asyncio.Event()
+        original = fake.step
+
+        async def slow(rows: Sequence[RowStep]) -> list[RowResult]:
+            if rows[0].token_index >= 2:
+                await gate.wait()  # the third token never comes: the deadline passes
+            return await original(rows)
+
+        fake.step = slow  # type: ignore[method-assign]
+        api = openai.AsyncOpenAI(
+            base_url="http://test/v1", api_key="unused", http_client=client, max_retries=0
+        )
+        stream = await api.completions.create(
+            model="fake",
+            prompt=[3],
+            max_tokens=6,
+            stream=True,
+            extra_headers={"X-Request-Timeout-Ms": "300"},
+        )
+        texts = []
+        with pytest.raises(openai.APIError) as failed:
+            async for chunk in stream:
+                texts.append(chunk.choices[0].text)
+        assert failed.value.code == "deadline_exceeded"
+        assert "".join(texts) == tokenizer.decode(expected_ids([3], 2))  # the two tokens out
+        gate.set()
+
+
+async def _running(client: Any) -> float:
+    text = (await client.get("/metrics")).text
+    return metric(text, "shardserve_running_sequences", model="fake", version="1")
+
+
 async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(
     tokenizer: ByteBPETokenizer,
 ) -> None:
@@ -260,12 +302,15 @@ async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(
         gone.set()
         await asyncio.wait_for(call, WAIT_S)
         assert sent[0]["status"] == 200 and len([m for m in sent if "status" in m]) == 1
+        assert await _running(client) == 1  # its step is still in flight
         gate.set()
         scheduler = client.shardserve.model().generator.scheduler  # type: ignore[attr-defined]
         while scheduler.free_slots != 1:
             await asyncio.sleep(0.001)
-        # The step held in flight at the hang-up ends; none comes after it.
+        # The step held in flight at the hang-up ends; none comes after it, and the gauge says
+        # the slot is free.
         assert fake.started == steps + 1
+        assert await _running(client) == 0
         assert not any(m.get("body", b"").endswith(b"[DONE]\n\n") for m in sent)
 
 

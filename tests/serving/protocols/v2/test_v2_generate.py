@@ -319,6 +319,8 @@ async def test_the_admin_route_changes_max_running_sequences_at_run_time() -> No
         assert view.json() == {
             "kv_slots": 4,
             "max_running_sequences": 4,
+            "prefill_timeout_ms": "auto",
+            "prefill_budget_tokens": None,
             "replicas": 1,
             "running_sequences": 0,
             "waiting_prompts": 0,
@@ -334,6 +336,48 @@ async def test_the_admin_route_changes_max_running_sequences_at_run_time() -> No
         assert refused.status_code == 400
         assert "from 1 to kv_slots=4, got 5" in refused.json()["error"]
         assert (await client.get(url)).status_code in (401, 403)
+
+
+async def test_the_admin_route_changes_the_prefill_knobs_and_refuses_bad_ones() -> None:
+    token = "a-long-enough-admin-token-for-tests"
+    fake = FakeGenerationReplica(make_info(kv_slots=4))
+    async with serve(fake, admin_token=token) as client:
+        auth = {"Authorization": f"Bearer {token}"}
+        url = "/admin/models/fake/generation"
+        change = {"prefill_timeout_ms": 0, "prefill_budget_tokens": 2}
+        changed = await client.put(url, headers=auth, json=change)
+        assert changed.status_code == 200, changed.text
+        assert {k: changed.json()[k] for k in change} == {
+            "prefill_timeout_ms": 0.0,
+            "prefill_budget_tokens": 2,
+        }
+        bodies = [{"input_ids": [i + 1, i + 2], "parameters": {"max_tokens": 2}} for i in range(3)]
+        answers = await asyncio.gather(*(client.post(URL, json=b) for b in bodies))
+        assert [a.json()["output_ids"] for a in answers] == [
+            expected_ids([i + 1, i + 2], 2) for i in range(3)
+        ]
+        # Two tokens of prompt per step: never two prefills in one step.
+        assert all(sum(r.position == 0 for r in step) <= 1 for step in fake.steps)
+        for bad, says in (
+            ({"prefill_budget_tokens": 0}, "prefill_budget_tokens must be an integer from 1"),
+            ({"prefill_timeout_ms": -3}, "prefill_timeout_ms must be a number of ms from 0"),
+            ({"prefill_timeout_ms": "later"}, "prefill_timeout_ms"),
+            ({"max_running_sequences": 9, "prefill_budget_tokens": 8}, "kv_slots=4, got 9"),
+            ({"slots": 1}, "slots"),
+            ({}, "it named none"),
+        ):
+            refused = await client.put(url, headers=auth, json=bad)
+            assert refused.status_code == 400, (bad, refused.text)
+            assert says in refused.json()["error"], (bad, refused.text)
+        view = (await client.get(url, headers=auth)).json()
+        assert (view["prefill_budget_tokens"], view["max_running_sequences"]) == (2, 4)
+        reset = await client.put(
+            url, headers=auth, json={"prefill_timeout_ms": "auto", "prefill_budget_tokens": None}
+        )
+        assert {k: reset.json()[k] for k in change} == {
+            "prefill_timeout_ms": "auto",
+            "prefill_budget_tokens": None,
+        }
 
 
 async def test_the_openapi_document_lists_the_generate_routes_of_generating_models_only() -> None:
