@@ -2,7 +2,8 @@
 
 keras_hub's samplers take one temperature for the batch; here every row has its own
 ``Sampling``. A seeded draw uses a generator keyed by (seed, token index) alone, so a row draws
-the same token whether it runs alone, batched with others, or again after a re-prefill.
+the same token whether it runs alone, batched with others, or again after a re-prefill; an
+unseeded one by (its ``draw_key``, token index) where the scheduler gave it one.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def _generator(
 
 def draw_uniform(s: Sampling, token_index: int, fallback: np.random.Generator) -> float:
     """The one uniform number a sampled (not greedy) row's draw uses."""
-    return float(_generator(s.seed, token_index, fallback).random())
+    key = s.seed if s.seed is not None else s.draw_key  # a resumed sequence draws the same
+    return float(_generator(key, token_index, fallback).random())
 
 
 def _sample_one(
