@@ -31,7 +31,7 @@ def one_slot_server(
     args = [
         "--model", str(gpt2_greedy.preset),
         "--model-name", "gpt",
-        "--stages", "1",
+        "--stages", "2",
         "--kv-slots", "1",
         "--max-waiting-prompts", str(QUEUED),
         "--max-preemptions", "1",
