@@ -15,7 +15,11 @@ a private local Ray, under ``--concurrency`` closed-loop callers of ``--batch`` 
   cost of the fan-out (the batch's tensors sent to every part) and the combine (the next stage
   adding the parts' outputs);
 - per actor: its stage label, planned peak and measured RSS (and above its RSS once TensorFlow
-  was imported: the plan counts no overhead here).
+  was imported: the plan counts no overhead here);
+- the bytes a batch moves between the processes (``crossing``): every stage's inputs read and
+  outputs written, computed from the bundle's stage signatures at ``--batch`` rows (inputs sent
+  to every part count once per part; Ray keeps objects under 100 KiB inline, beside the call,
+  and larger ones in the shared-memory object store).
 
 The lookup is the dense combine (each part writes the whole output, zeros outside its rows,
 then one exact add); routing each part only its ids and scattering back is not implemented, so
@@ -133,6 +137,7 @@ async def _measure(bundle: Path, plan: SplitPlan) -> dict[str, Any]:
 
     manifest = read_manifest(bundle)
     planned = {s.name: s.planned_peak_bytes for s in manifest.stages}
+    crossing = _crossing(manifest.stages, plan.batch)
     group = await ReplicaSet.create(bundle, PipelineOptions(replicas=1, batch_sizes=(plan.batch,)))
     try:
         await _load(group, plan, plan.concurrency, plan.warmup_s)
@@ -158,6 +163,25 @@ async def _measure(bundle: Path, plan: SplitPlan) -> dict[str, Any]:
         "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
         "alone_p50_ms": 1000 * statistics.median(alone),
         "actors": actors,
+        "crossing": crossing,
+    }
+
+
+def _batch_bytes(specs: Any, batch: int) -> int:
+    total = 0
+    for t in specs:
+        row = int(np.prod([1 if d is None else d for d in t.shape], dtype=np.int64))
+        total += batch * row * np.dtype(t.dtype).itemsize
+    return total
+
+
+def _crossing(stages: Any, batch: int) -> dict[str, int]:
+    """Bytes one batch of ``batch`` rows reads and writes across processes, and the part
+    stages' share of the writes (the dense combine: every part writes the whole output)."""
+    return {
+        "read": sum(_batch_bytes(s.inputs, batch) for s in stages),
+        "written": sum(_batch_bytes(s.outputs, batch) for s in stages),
+        "parts_written": sum(_batch_bytes(s.outputs, batch) for s in stages if s.part),
     }
 
 
@@ -187,13 +211,17 @@ def render(results: dict[str, Any]) -> str:
         f"two tables of {results['table_bytes'] / MiB:.0f} MiB each; split budget "
         f"{results['budget'] / MiB:.0f} MiB (dense combine; routing ids only: not implemented)",
         "",
-        "| layout | stages | rows/s | p50 ms | p99 ms | batch alone p50 ms |",
-        "|---|---|---|---|---|---|",
+        "| layout | stages | rows/s | p50 ms | p99 ms | batch alone p50 ms | KiB read / "
+        "written per batch (parts' writes) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, found in results["layouts"].items():
+        c = found.get("crossing", {"read": 0, "written": 0, "parts_written": 0})
         lines.append(
             f"| {name} | {', '.join(found['stages'])} | {found['rows_per_s']:.0f} | "
-            f"{found['p50_ms']:.1f} | {found['p99_ms']:.1f} | {found['alone_p50_ms']:.2f} |"
+            f"{found['p50_ms']:.1f} | {found['p99_ms']:.1f} | {found['alone_p50_ms']:.2f} | "
+            f"{c['read'] / 1024:.1f} / {c['written'] / 1024:.1f} "
+            f"({c['parts_written'] / 1024:.1f}) |"
         )
     lines += [
         "",

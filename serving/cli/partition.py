@@ -189,6 +189,15 @@ def plan(
     model: Annotated[
         str, typer.Argument(help="A .keras file, a bundle directory or a demo model name.")
     ],
+    head_parts: Annotated[
+        int,
+        typer.Option(
+            "--head-parts",
+            help="A generating model's LM head split by vocabulary rows into this many parts "
+            "(as serve's --head-parts); 1: the last stage holds it.",
+            min=1,
+        ),
+    ] = 1,
     *,
     flags: PlanFlags,
 ) -> None:
@@ -200,8 +209,10 @@ def plan(
     from shards.generation import is_generating_model
 
     if is_generating_model(model):
-        _plan_generation(model, flags)
+        _plan_generation(model, flags, head_parts)
         return
+    if head_parts != 1:
+        raise _fail(ValueError("--head-parts is for a generating model (a keras_hub preset)"))
 
     try:
         if (Path(model) / MANIFEST_NAME).is_file():
@@ -224,7 +235,7 @@ def plan(
     _stdout().print(plan_table(specs, signature, budgeted=budgeted, combines=combines))
 
 
-def _plan_generation(model: str, flags: PlanFlags) -> None:
+def _plan_generation(model: str, flags: PlanFlags, head_parts: int = 1) -> None:
     """A keras_hub CausalLM preset: its cut into ranges of decoder blocks, each stage's weights
     and KV cache (at the default KV slots), read from the preset's JSON alone."""
     from shards.generation.partition import describe_plan, plan_generation, resolve_max_length
@@ -234,10 +245,10 @@ def _plan_generation(model: str, flags: PlanFlags) -> None:
     try:
         spec = read_preset(model)
         length = resolve_max_length(spec, flags.max_sequence_length)
-        plans = plan_generation(spec, flags.stages or 1, kv_slots, length)
+        plans = plan_generation(spec, flags.stages or 1, kv_slots, length, head_parts)
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
-    for line in describe_plan(spec, plans, kv_slots, length):
+    for line in describe_plan(spec, plans, kv_slots, length, head_parts):
         _stdout().print(line, highlight=False, markup=False)
 
 

@@ -5,8 +5,10 @@ place of a runner and batcher; the generate route reads it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
+from serving.generation.levels import Levels
 from serving.generation.scheduler import GenerationObserver, Scheduler, SchedulerSettings
 from serving.generation.sequence import GenerationParams
 from serving.generation.tokenizer import TextTokenizer, load_tokenizer
@@ -45,15 +47,27 @@ class Generator:
             outputs=(TensorSpec("output_ids", (None,), "int32", max_length=length),),
         )
 
+    def gauges(
+        self,
+    ) -> tuple[Callable[[], float], Callable[[], float], dict[str, Callable[[], float]]]:
+        """What the metrics' gauges read: the running sequences, the free slots, and each
+        priority level's waiting prompts."""
+        scheduler = self.scheduler
+        waiting: dict[str, Callable[[], float]] = {
+            level: partial(scheduler.waiting_at, level) for level in scheduler.levels.names
+        }
+        return (lambda: float(scheduler.running)), (lambda: float(scheduler.free_slots)), waiting
+
     def start(self) -> None:
         self.scheduler.start()
 
     def set_observer(self, observer: GenerationObserver) -> None:
         self.scheduler.observer = observer
 
-    def check_headroom(self) -> None:
-        """Refuse (503 with Retry-After) when the prompt queue is full, from the headers."""
-        self.scheduler.check_headroom()
+    def check_headroom(self, priority: str | None = None) -> None:
+        """Refuse (503 with Retry-After) when the prompt queue of level ``priority`` is full
+        (``None``: of every level), from the headers."""
+        self.scheduler.check_headroom(priority)
 
     async def warm_up(self) -> None:
         """One token end to end, so that the first prompt does not pay for the set-up."""
@@ -75,4 +89,6 @@ def scheduler_settings(settings: Settings) -> SchedulerSettings:
         prefill_budget_tokens=settings.prefill_budget_tokens,
         max_waiting=settings.max_waiting_prompts,
         groups=settings.generation_groups,
+        levels=Levels(tuple(settings.priority_levels), settings.default_priority),
+        max_preemptions=settings.max_preemptions,
     )

@@ -2,7 +2,7 @@
 any work: each refusal a 400 naming its field.
 
     {"text_input": "...", "parameters": {"max_tokens": 16, "temperature": 0, "top_k": 0,
-     "top_p": 1.0, "seed": 7, "stop_token_ids": [50256]}}
+     "top_p": 1.0, "seed": 7, "stop_token_ids": [50256], "priority": "high"}}
     {"input_ids": [464, 2068], "parameters": {...}}
 
 A text is refused by its size in bytes before it is tokenized, where it could not fit the slot
@@ -27,7 +27,9 @@ from shards.generation.contract import GenerationInfo, Sampling
 __all__ = ["GenerateCall", "check_ids", "encode_generate", "parse_generate", "tokenize_text"]
 
 DEFAULT_MAX_TOKENS = 16
-_PARAMETERS = frozenset({"max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids"})
+_PARAMETERS = frozenset(
+    {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "priority"}
+)
 _SEED_LIMIT = 2**63
 
 
@@ -36,6 +38,8 @@ class GenerateCall:
     prompt: tuple[int, ...]
     params: GenerationParams
     text: bool  # the prompt came as text: the answer carries text_output
+    # parameters.priority as sent (``Levels.resolve`` checks it against the model's levels).
+    priority: object = None
 
 
 def parse_generate(
@@ -72,7 +76,8 @@ def parse_generate(
             f"(max_sequence_length), prompt and generated tokens together: send at most "
             f"{limit - 1}"
         )
-    return GenerateCall(prompt, _params(parameters, len(prompt), info), text)
+    params = _params(parameters, len(prompt), info)
+    return GenerateCall(prompt, params, text, parameters.get("priority"))
 
 
 def tokenize_text(

@@ -4,7 +4,11 @@ each at its own position (Orca, OSDI'22; vLLM's v1 scheduler).
 Mechanism only; who joins a step is ``serving.generation.policy``'s. Pure asyncio: the replicas
 are ``shards.generation.contract.GenerationReplica`` objects (a fake in the tests).
 
-- New prompts wait in one queue (``max_waiting`` of them, then 503 with Retry-After).
+- New prompts wait in one queue per priority level (``serving.generation.levels``:
+  ``max_waiting`` of each, then 503 with Retry-After); the highest level's leave first. Where
+  every slot is taken, a waiting prompt preempts a running sequence of a lower level at its
+  group's step boundary: that one waits again at the head of its level and is prefilled again
+  as after ``ReplicaLost`` (its client sees a delay only).
 - Each replica runs ``groups`` groups of sequences (K stages: K + 1 by default), each its own
   loop of one ``step()`` in flight: while stage 2 computes group n's step, stage 1 computes
   group n+1's (vLLM's pipeline-parallel "virtual engines"). A group takes waiting prompts at its
@@ -29,8 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
-from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -45,6 +49,7 @@ from serving.errors import (
     ShardServeError,
 )
 from serving.generation.knobs import GenerationKnobs, within_budget
+from serving.generation.levels import Levels, WaitingQueue, pick_victim
 from serving.generation.policy import admit_count
 from serving.generation.sequence import (
     Completion,
@@ -52,6 +57,7 @@ from serving.generation.sequence import (
     SeqState,
     Sequence,
     TokenCallback,
+    pinned_seed,
 )
 from serving.telemetry import active
 from serving.telemetry.stamp import CURRENT
@@ -79,8 +85,18 @@ class GenerationObserver(Protocol):
         """A step of ``rows`` rows ran; ``kind``: ``"prefill"`` (it held a prefill row) or
         ``"decode"``."""
 
-    def observe_first_token(self, seconds: float) -> None:
-        """A sequence's first token came ``seconds`` after its prompt arrived."""
+    def observe_first_token(self, seconds: float, priority: str) -> None:
+        """A sequence of level ``priority`` had its first token ``seconds`` after its prompt
+        arrived."""
+
+    def observe_queue_wait(self, seconds: float, priority: str) -> None:
+        """A prompt of level ``priority`` took its slot ``seconds`` after it arrived."""
+
+    def observe_preemption(self, priority: str) -> None:
+        """A running sequence of level ``priority`` gave its slot to a higher level's prompt."""
+
+    def observe_refusal(self, priority: str) -> None:
+        """A prompt of level ``priority`` was refused: its level's queue was full."""
 
     def observe_token_gap(self, seconds: float) -> None:
         """A sequence's later token came ``seconds`` after its previous one."""
@@ -99,15 +115,19 @@ class SchedulerSettings:
     ``kv_slots``; ``None``: all of them). ``prefill_timeout_ms``: how long the oldest prompt may
     wait for others to join its prefill (``None``: auto, ``serving.generation.policy``).
     ``prefill_budget_tokens``: the most prompt tokens joining one step (``None``: no cap).
-    ``max_waiting``: the most prompts queued. ``groups``: the groups in flight per replica
-    (``None``: its stages + 1). The first three are the start of ``GenerationKnobs``, which
-    owns them from then on (the admin route changes them there)."""
+    ``max_waiting``: the most prompts queued per priority level. ``groups``: the groups in
+    flight per replica (``None``: its stages + 1). The first three are the start of
+    ``GenerationKnobs``, which owns them from then on (the admin route changes them there).
+    ``levels``: the priority levels; ``max_preemptions``: the most times one sequence gives its
+    slot to a higher level (0: never preempt)."""
 
     max_running_sequences: int | None = None
     prefill_timeout_ms: float | None = None
     prefill_budget_tokens: int | None = None
     max_waiting: int = 128
     groups: int | None = None
+    levels: Levels = field(default_factory=Levels)
+    max_preemptions: int = 2
 
 
 @dataclass(eq=False)
@@ -149,7 +169,9 @@ class Scheduler:
             )
             for i, r in enumerate(replicas)
         ]
-        self._waiting: deque[Sequence] = deque()
+        self.levels = settings.levels
+        self._max_preemptions = settings.max_preemptions
+        self._waiting = WaitingQueue(settings.levels, settings.max_waiting)
         self._wake = asyncio.Event()
         self.knobs = GenerationKnobs(
             self.info.kv_slots,
@@ -174,6 +196,10 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    def waiting_at(self, priority: str) -> int:
+        """Prompts of level ``priority`` waiting (preempted sequences among them)."""
+        return self._waiting.at(self.levels.rank(priority))
 
     @property
     def free_slots(self) -> int:
@@ -214,14 +240,16 @@ class Scheduler:
 
     # ---- a request
 
-    def check_headroom(self) -> None:
-        """``QueueFullError`` (503, Retry-After) when ``max_waiting`` prompts wait already."""
-        if len(self._waiting) >= self._max_waiting:
-            raise QueueFullError(
-                f"{len(self._waiting)} prompts are waiting for a slot (max_waiting_prompts="
-                f"{self._max_waiting}); retry later",
-                retry_after_s=1.0,
-            )
+    def check_headroom(self, priority: str | None = None) -> None:
+        """``QueueFullError`` (503, Retry-After) when ``max_waiting`` prompts of level
+        ``priority`` wait already (``None``: of every level)."""
+        rank = None if priority is None else self.levels.rank(priority)
+        try:
+            self._waiting.check_room(rank)
+        except QueueFullError:
+            if priority is not None and self.observer is not None:
+                self.observer.observe_refusal(priority)
+            raise
 
     async def generate(
         self,
@@ -230,18 +258,24 @@ class Scheduler:
         deadline: float | None = None,
         on_token: TokenCallback | None = None,
         stopped: Callable[[], bool] | None = None,
+        priority: str | None = None,
     ) -> Completion:
         """Generate for ``prompt`` (checked by the caller: ids in the vocabulary, room in a
         slot) until it stops; ``deadline`` (``time.monotonic()``): past it, 504. Cancelling the
         caller (a hang-up) drops the sequence: queued, it never starts; running, its slot is
         free at the end of the step in flight. ``on_token``: told each generated id as its step
         ends (a stream's; the policy is untouched: it only hears). ``stopped``: whether a
-        cancel is its caller's stop (a stop string met), not a hang-up (its span's reason)."""
+        cancel is its caller's stop (a stop string met), not a hang-up (its span's reason).
+        ``priority``: its level (checked by the caller, ``Levels.resolve``; ``None``: the
+        default)."""
         if self._closing is not None:
             raise NotReadyError(self._closing)
-        self.check_headroom()
+        level = self.levels.default if priority is None else priority
+        self.check_headroom(level)
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        params = pinned_seed(params, _draw_seed)
         seq = Sequence(tuple(prompt), params, self._clock(), future, on_token=on_token)
+        seq.priority, seq.rank = level, self.levels.rank(level)
         seq.stamp = CURRENT.get()
         self._waiting.append(seq)
         future.add_done_callback(lambda _: self._left(seq))
@@ -256,9 +290,15 @@ class Scheduler:
             return done
         except TimeoutError:
             reason = "deadline"
+            preempted = (
+                f"; it was preempted {seq.preemptions} time(s) by higher-priority prompts"
+                if seq.preemptions
+                else ""
+            )
             raise DeadlineExceededError(
                 f"the generation did not end within its deadline ({len(seq.generated)} "
-                "tokens generated); ask for fewer max_tokens or raise generation_timeout_ms"
+                f"tokens generated{preempted}); ask for fewer max_tokens or raise "
+                "generation_timeout_ms"
             ) from None
         except asyncio.CancelledError:
             # A stop string's cut (``TextRun``) cancels it too; else its client left.
@@ -338,6 +378,8 @@ class Scheduler:
                 for seq in group.seqs:
                     seq.needs_prefill = True
                 continue
+            if self._waiting and self._preempt(rep, group):
+                continue  # a slot of this group is free for the higher level's prompt
             knobs = self.knobs
             room = admit_count(
                 limit=knobs.max_running_sequences,
@@ -373,10 +415,35 @@ class Scheduler:
                 continue
             seq.state = SeqState.RUNNING
             seq.replica, seq.slot = rep.index, rep.free_slots.pop()
+            if seq.admitted_at is None and self.observer is not None:
+                self.observer.observe_queue_wait(self._clock() - seq.arrived, seq.priority)
             seq.admitted_at = self._clock()
             rep.running += 1
             group.seqs.append(seq)
             count -= 1
+
+    def _preempt(self, rep: _Replica, group: _Group) -> bool:
+        """Where every slot is taken and a prompt waits at a higher level than one of this
+        group's sequences: that sequence gives up its slot and waits again (``pick_victim``).
+        Whether one did."""
+        rank = self._waiting.top_rank()
+        if rank is None or any(
+            r.recovery is None and r.free_slots and r.running < self.max_running_sequences
+            for r in self._replicas
+        ):
+            return False
+        victim = pick_victim(group.seqs, rank, self._max_preemptions)
+        if victim is None:
+            return False
+        assert victim.slot is not None
+        rep.free_slots.append(victim.slot)
+        rep.running -= 1
+        group.seqs.remove(victim)
+        victim.preempt()
+        self._waiting.requeue(victim)
+        if self.observer is not None:
+            self.observer.observe_preemption(victim.priority)
+        return True
 
     def _release(self, rep: _Replica, group: _Group, seq: Sequence) -> None:
         if seq.state is SeqState.RUNNING:
@@ -427,7 +494,7 @@ class Scheduler:
             reason = seq.add_token(result.token_id, self.info.max_length)
             if observer is not None:
                 if seq.first_token_at is None:
-                    observer.observe_first_token(now - seq.arrived)
+                    observer.observe_first_token(now - seq.arrived, seq.priority)
                 else:
                     assert seq.last_token_at is not None
                     observer.observe_token_gap(now - seq.last_token_at)
@@ -499,6 +566,10 @@ def _merged(was: str, reason: str) -> str:
     if _RANK[was] == _RANK[reason] == 0:
         return "done"
     return reason if _RANK[reason] > _RANK[was] else was
+
+
+def _draw_seed() -> int:
+    return random.getrandbits(63)
 
 
 async def _settled(future: asyncio.Future[None]) -> None:

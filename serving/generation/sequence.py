@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from shards.generation.contract import RowStep, Sampling
@@ -18,7 +18,14 @@ from shards.generation.contract import RowStep, Sampling
 if TYPE_CHECKING:
     from serving.telemetry.stamp import Stamp
 
-__all__ = ["Completion", "GenerationParams", "SeqState", "Sequence", "TokenCallback"]
+__all__ = [
+    "Completion",
+    "GenerationParams",
+    "SeqState",
+    "Sequence",
+    "TokenCallback",
+    "pinned_seed",
+]
 
 # Called with each generated id (a stop id not among them) and its log-probability as the step
 # that sampled it ends: a stream hands tokens out as they come. It must not block or raise.
@@ -39,6 +46,16 @@ class GenerationParams:
     max_tokens: int
     sampling: Sampling = field(default_factory=Sampling)
     stop_ids: frozenset[int] = frozenset()
+
+
+def pinned_seed(params: GenerationParams, draw: Callable[[], int]) -> GenerationParams:
+    """A sampled request without a seed gets a ``draw_key`` (``draw()``), so that its draws are
+    keyed by (key, token index) as a seeded one's: prefilled again after a preemption or a lost
+    replica, it draws the same tokens. Greedy and seeded ones are as they came."""
+    sampling = params.sampling
+    if sampling.temperature == 0.0 or sampling.seed is not None or sampling.draw_key is not None:
+        return params
+    return replace(params, sampling=replace(sampling, draw_key=draw()))
 
 
 @dataclass(frozen=True)
@@ -72,6 +89,10 @@ class Sequence:
     stamp: Stamp | None = None
     admitted_at: float | None = None  # when it took its slot
     decode_steps: int = 0  # steps that took one of its tokens after a prefill
+    # Its priority level (``serving.generation.levels``): the name, and its rank (0 = highest).
+    priority: str = "low"
+    rank: int = 0
+    preemptions: int = 0  # times a higher level's prompt took its slot
 
     @property
     def gone(self) -> bool:
@@ -104,6 +125,14 @@ class Sequence:
         if len(self.generated) >= self.params.max_tokens or self.length >= max_length:
             return "length"
         return None
+
+    def preempt(self) -> None:
+        """Its slot was taken: it waits again, to be prefilled from its prompt and what it
+        generated so far (its next draws keyed as before: the same tokens)."""
+        self.state = SeqState.WAITING
+        self.replica = self.slot = None
+        self.needs_prefill = True
+        self.preemptions += 1
 
     def completion(self, reason: str) -> Completion:
         return Completion(tuple(self.generated), reason, len(self.prompt))

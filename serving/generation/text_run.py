@@ -62,8 +62,10 @@ class TextRun:
         tokenizer: TextTokenizer,
         stops: Sequence[str] = (),
         deadline: float | None = None,
+        priority: str | None = None,
     ) -> None:
         self._scheduler = scheduler
+        self.priority = priority  # its level; None: the default
         self._params = params
         self.deadline = deadline  # time.monotonic(); None: none
         self._queue: asyncio.Queue[_Event] = asyncio.Queue()
@@ -101,7 +103,7 @@ class TextRun:
 
             task = asyncio.ensure_future(
                 self._scheduler.generate(
-                    choice.prompt, self._params, self.deadline, on_token, stopped
+                    choice.prompt, self._params, self.deadline, on_token, stopped, self.priority
                 )
             )
             task.add_done_callback(partial(self._ended, index))

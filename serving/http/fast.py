@@ -226,6 +226,7 @@ class FastRequest:
         "content_encoding",
         "content_length",
         "header_length",
+        "priority",
         "receive",
         "rid",
         "scope",
@@ -241,7 +242,7 @@ class FastRequest:
         if rid is None:
             rid = scope[REQUEST_ID_KEY] = request_id_from(scope["headers"])
         self.rid = rid
-        length = timeout = header_length = encoding = None
+        length = timeout = header_length = encoding = priority = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = length or value
@@ -251,10 +252,14 @@ class FastRequest:
                 header_length = header_length or value
             elif name == b"content-encoding":
                 encoding = encoding or value
+            elif name == b"x-priority":
+                priority = priority or value
         self.content_length = None if length is None else length.decode("latin-1")
         self.timeout_ms = None if timeout is None else timeout.decode("latin-1")
         self.header_length = None if header_length is None else header_length.decode("latin-1")
         self.content_encoding = None if encoding is None else encoding.decode("latin-1")
+        # A generate request's level (``serving.generation.levels``), where its body names none.
+        self.priority = None if priority is None else priority.decode("latin-1")
 
     @property
     def request_id(self) -> str:

@@ -152,9 +152,29 @@ class _Families:
         # A generating version's (serving.generation): its scheduler's steps and tokens.
         self.first_token = Histogram(
             "shardserve_time_to_first_token_seconds",
-            "Time from a prompt's arrival to its first generated token",
-            labels,
+            "Time from a prompt's arrival to its first generated token, by priority level",
+            [*labels, "priority"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_wait = Histogram(
+            "shardserve_generation_queue_wait_seconds",
+            "Time from a prompt's arrival to its first KV slot, by priority level",
+            [*labels, "priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "shardserve_generation_preemptions",
+            "Running sequences that gave their slot to a higher-priority prompt (prefilled "
+            "again later), by their priority level",
+            [*labels, "priority"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "shardserve_generation_refusals",
+            "Prompts refused (503) because their priority level's queue was full, by level",
+            [*labels, "priority"],
             registry=r,
         )
         self.token_gap = Histogram(
@@ -174,6 +194,13 @@ class _Families:
             "shardserve_running_sequences",
             "Sequences generating now (each holds a KV slot)",
             labels,
+            registry=r,
+        )
+        self.waiting_prompts = Gauge(
+            "shardserve_waiting_prompts",
+            "Prompts of a generating model waiting for a slot (preempted sequences among "
+            "them), by priority level",
+            [*labels, "priority"],
             registry=r,
         )
         self.free_kv_slots = Gauge(
@@ -326,11 +353,17 @@ class ModelMetrics:
         return GenerationMetrics(self, self._f, self.key)
 
     def bind_generation(
-        self, running: Callable[[], float], free_slots: Callable[[], float]
+        self,
+        running: Callable[[], float],
+        free_slots: Callable[[], float],
+        waiting: dict[str, Callable[[], float]] | None = None,
     ) -> None:
+        """``waiting``: each priority level's queue length."""
         if not self.removed:
             self._f.running_sequences.labels(*self.key).set_function(running)
             self._f.free_kv_slots.labels(*self.key).set_function(free_slots)
+            for level, source in (waiting or {}).items():
+                self._f.waiting_prompts.labels(*self.key, level).set_function(source)
 
     def scale_event(self, direction: str, reason: str) -> None:
         if not self.removed:
@@ -355,7 +388,12 @@ class GenerationMetrics:
 
     def __init__(self, model: ModelMetrics, families: _Families, key: ModelKey) -> None:
         self._model = model
-        self._first = families.first_token.labels(*key)
+        self._key = key
+        self._families = families
+        self._first: dict[str, Any] = {}
+        self._prompt_wait: dict[str, Any] = {}
+        self._preemptions: dict[str, Any] = {}
+        self._refusals: dict[str, Any] = {}
         self._gap = families.token_gap.labels(*key)
         self._tokens = families.generated.labels(*key)
         self._rows = families.step_rows.labels(*key)
@@ -367,9 +405,28 @@ class GenerationMetrics:
             self._steps[kind].inc()
             self._rows.observe(rows)
 
-    def observe_first_token(self, seconds: float) -> None:
+    def _child(self, children: dict[str, Any], family: Any, priority: str) -> Any:
+        child = children.get(priority)
+        if child is None:
+            child = children[priority] = family.labels(*self._key, priority)
+        return child
+
+    def observe_first_token(self, seconds: float, priority: str) -> None:
         if not self._model.removed:
-            self._first.observe(seconds)
+            self._child(self._first, self._families.first_token, priority).observe(seconds)
+
+    def observe_queue_wait(self, seconds: float, priority: str) -> None:
+        if not self._model.removed:
+            self._child(self._prompt_wait, self._families.prompt_wait, priority).observe(seconds)
+
+    def observe_preemption(self, priority: str) -> None:
+        if not self._model.removed:
+            self._child(self._preemptions, self._families.preemptions, priority).inc()
+
+    def observe_refusal(self, priority: str) -> None:
+        if not self._model.removed:
+            self._child(self._refusals, self._families.refusals, priority).inc()
+            self._model.reject("queue_full")  # as the data plane's refusal from the headers
 
     def observe_token_gap(self, seconds: float) -> None:
         if not self._model.removed:

@@ -144,6 +144,8 @@ class V2GenerateParameters(BaseModel):
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: list[int] | None = None
+    # A priority level (``priority_levels``; default ``default_priority``); else ``X-Priority``.
+    priority: str | None = None
 
 
 class V2GenerateRequest(BaseModel):

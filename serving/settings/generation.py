@@ -6,10 +6,12 @@ so they come from the same flags, env vars and TOML keys as every other setting.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
+from serving.settings.sources import split_csv
 from serving.settings.waits import parse_wait_ms
 
 __all__ = ["GenerationSettings", "is_inline_template"]
@@ -28,6 +30,14 @@ class GenerationSettings(BaseModel):
         description="Slots of a generating model's KV cache in each replica, fixed at load: "
         "the most sequences it generates at once; the memory plan counts them.",
     )
+    head_parts: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Parts a generating model's LM head is split into by vocabulary rows, each "
+        "its own actor sampling its slice (exact greedy, top-k, top-p, logprobs); only ids and a "
+        "few scores per row cross. 1 = the last stage holds the head.",
+    )
     max_running_sequences: int | None = Field(
         None,
         ge=1,
@@ -37,8 +47,28 @@ class GenerationSettings(BaseModel):
     max_waiting_prompts: int = Field(
         128,
         ge=1,
-        description="Most prompts of a generating model waiting for a slot; past it 503 with "
-        "Retry-After.",
+        description="Most prompts of a generating model waiting for a slot, per priority "
+        "level; past it 503 with Retry-After (a full low level never refuses a high prompt).",
+    )
+    priority_levels: Annotated[list[str], NoDecode] = Field(
+        ["high", "low"],
+        min_length=1,
+        max_length=16,
+        description="Priority levels of a generating model's prompts, highest first: a request "
+        "names one in its priority field or X-Priority header; a higher level's prompt starts "
+        "first and may preempt a lower one's sequence when every slot is taken.",
+    )
+    default_priority: str = Field(
+        "low",
+        description="Priority level of a generate request that names none (one of "
+        "priority_levels).",
+    )
+    max_preemptions: int = Field(
+        2,
+        ge=0,
+        le=1000,
+        description="Most times one generating sequence gives its slot to a higher-priority "
+        "prompt (prefilled again from its tokens so far when a slot frees); 0 = never preempt.",
     )
     prefill_timeout_ms: float | Literal["auto"] = Field(
         "auto",
@@ -89,6 +119,23 @@ class GenerationSettings(BaseModel):
             )
         return value
 
+    @field_validator("priority_levels", mode="before")
+    @classmethod
+    def _levels_csv(cls, value: Any) -> Any:
+        return split_csv(value)
+
+    @field_validator("priority_levels")
+    @classmethod
+    def _levels(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name or len(name) > 32 or not name.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(
+                    f"priority level {name[:40]!r}: a name of letters, digits, - and _ (at most 32)"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError(f"priority levels must differ, got {value}")
+        return value
+
     @field_validator("prefill_timeout_ms", mode="before")
     @classmethod
     def _prefill_timeout(cls, value: Any) -> float | str:
@@ -100,5 +147,10 @@ class GenerationSettings(BaseModel):
             raise ValueError(
                 f"max_running_sequences ({self.max_running_sequences}) must be at most kv_slots "
                 f"({self.kv_slots}): a running sequence holds a slot"
+            )
+        if self.default_priority not in self.priority_levels:
+            raise ValueError(
+                f"default_priority {self.default_priority[:40]!r} is not one of priority_levels "
+                f"{self.priority_levels}"
             )
         return self

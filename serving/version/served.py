@@ -333,9 +333,7 @@ class ServedModel:
         self._life.advance(VersionState.WARMING)
         try:
             generator.set_observer(self.metrics.generation())
-            self.metrics.bind_generation(
-                lambda: generator.scheduler.running, lambda: generator.scheduler.free_slots
-            )
+            self.metrics.bind_generation(*generator.gauges())
             generator.start()
             await generator.warm_up()
         except BaseException:

@@ -37,6 +37,7 @@ class GenerationStage:
         max_length: int,
         warm_buckets: Sequence[tuple[int, int, int]] = (),
         weights_file: str | None = None,
+        head: bool = True,
     ) -> None:
         from shards.actor.stage_actor import _configure_tensorflow
         from shards.generation.stage import StageModel
@@ -48,7 +49,7 @@ class GenerationStage:
             weights_file = None
         self._from_file = weights_file is not None
         self._model = StageModel(
-            read_preset(model_path), first, last, kv_slots, max_length, weights_file
+            read_preset(model_path), first, last, kv_slots, max_length, weights_file, head
         )
         for rows, new, context in warm_buckets:
             self._model.warm_up(rows, new, context)
@@ -79,14 +80,15 @@ class GenerationStage:
         token_index: Sequence[int] | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Hidden states for the next stage, or (last stage) the sampled ids and their
-        log-probabilities for the first ``len(sampling)`` rows."""
+        log-probabilities for the first ``len(sampling)`` rows; a last stage whose head is split
+        (``head=False``) returns its normed hidden states ``[R, hidden]`` for the head parts."""
         if incarnation != self.incarnation:
             raise ReplicaLostError("the stage restarted: its KV cache no longer holds the slots")
         try:
             out = self._model.run(x, slots, positions, lengths, context)
         except Exception as exc:  # one line, no traceback: the driver maps it to StepFailed
             raise ModelError(one_line(exc), input_blamed=False) from None
-        if not self._model.is_last:
+        if not self._model.is_last or not self._model.head:
             return out
         assert sampling is not None and token_index is not None
         return sample_rows(out[: len(sampling)], sampling, token_index, self._rng)

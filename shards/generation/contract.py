@@ -29,6 +29,10 @@ class Sampling:
     # The draw for generated token t is keyed by (seed, t): repeatable alone, batched, or after a
     # re-prefill.
     seed: int | None = None
+    # An unseeded sampled row's key, drawn by the scheduler at the request's arrival: its draws
+    # are keyed by (draw_key, t) as a seeded row's, so that a re-prefill (a preemption, a lost
+    # replica) draws the same tokens. None (and no seed): the actor's own generator.
+    draw_key: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class GenerationInfo:  # fixed at load
     # byte-level BPE; vocabulary.spm for Llama), None = token ids only.
     tokenizer_dir: str | None
     tokenizer_kind: str | None  # "byte_bpe" | "sentencepiece" | None
+    # Parts the LM head is split into by vocabulary rows, each its own actor (issue 42); 1 = the
+    # last stage holds the head.
+    head_parts: int = 1
 
 
 class StepFailed(Exception):

@@ -16,6 +16,7 @@ __all__ = [
     "StageCut",
     "cut_blocks",
     "describe_plan",
+    "head_part_params",
     "kv_cache_bytes",
     "plan_generation",
     "resolve_max_length",
@@ -87,16 +88,17 @@ def _block_params(spec: PresetSpec) -> int:
     return 2 * h + 2 * h * h + 2 * h * kv + 3 * h * i
 
 
-def stage_params(spec: PresetSpec, cut: StageCut, total_layers: int) -> int:
+def stage_params(spec: PresetSpec, cut: StageCut, total_layers: int, head: bool = True) -> int:
     """The parameters a stage actor holds (``shards.generation.weights.build_stage_backbone``):
     its blocks, the final norm, GPT-2's position rows, and the token embedding, whose
     ReversibleEmbedding layer is also the head (tied, or its own matrix beside it, untied): the
-    whole vocabulary on the first and last stages, one row on the others."""
+    whole vocabulary on the first and last stages, one row on the others (and on a last stage
+    whose head is split into part actors, ``head=False``, unless it is also the first)."""
     c = spec.config
     h = spec.hidden_dim
     first, last = cut.first == 0, cut.last == total_layers
     tied = spec.family == "gpt2" or bool(c.get("tie_word_embeddings", False))
-    rows = spec.vocabulary_size if first or last else 1
+    rows = spec.vocabulary_size if first or (last and head) else 1
     params = cut.blocks * _block_params(spec)
     params += rows * h * (1 if tied else 2)
     if spec.family == "gpt2":
@@ -117,14 +119,23 @@ class GenerationStagePlan:
         return self.weight_bytes + self.kv_cache_bytes
 
 
+def head_part_params(spec: PresetSpec, head_parts: int) -> list[int]:
+    """The parameters each head part actor holds: its vocabulary rows of the head x hidden."""
+    from shards.generation.head_merge import slice_bounds
+
+    bounds = slice_bounds(spec.vocabulary_size, head_parts)
+    return [(stop - start) * spec.hidden_dim for start, stop in bounds]
+
+
 def plan_generation(
-    spec: PresetSpec, stages: int, kv_slots: int, max_length: int
+    spec: PresetSpec, stages: int, kv_slots: int, max_length: int, head_parts: int = 1
 ) -> list[GenerationStagePlan]:
-    """Each stage's weights and KV cache for a cut of ``stages`` ranges of blocks."""
+    """Each stage's weights and KV cache for a cut of ``stages`` ranges of blocks (the head
+    parts' weights: ``head_part_params``)."""
     return [
         GenerationStagePlan(
             cut,
-            stage_params(spec, cut, spec.num_layers) * spec.dtype_bytes,
+            stage_params(spec, cut, spec.num_layers, head_parts == 1) * spec.dtype_bytes,
             kv_cache_bytes(spec, cut.blocks, kv_slots, max_length),
         )
         for cut in cut_blocks(spec.num_layers, stages)
@@ -132,7 +143,11 @@ def plan_generation(
 
 
 def describe_plan(
-    spec: PresetSpec, plans: list[GenerationStagePlan], kv_slots: int, max_length: int
+    spec: PresetSpec,
+    plans: list[GenerationStagePlan],
+    kv_slots: int,
+    max_length: int,
+    head_parts: int = 1,
 ) -> list[str]:
     """``shardserve plan``'s lines for a generating model."""
     from shards.partition.memory_plan import format_size
@@ -156,6 +171,18 @@ def describe_plan(
         if p.cut.index == 0:
             extra.append("embeddings")
         if p.cut.index == last:
-            extra.append("final norm, LM head, sampling")
+            extra.append("final norm, LM head, sampling" if head_parts == 1 else "final norm")
         lines.append(what + ("  + " + ", ".join(extra) if extra else ""))
+    if head_parts > 1:
+        from shards.generation.head_merge import slice_bounds
+
+        bounds = slice_bounds(spec.vocabulary_size, head_parts)
+        for i, ((start, stop), params) in enumerate(
+            zip(bounds, head_part_params(spec, head_parts), strict=True)
+        ):
+            size = format_size(params * spec.dtype_bytes)
+            lines.append(
+                f"{'head ' + str(i):<6} {f'[{start}, {stop})':<10} {size:>10} {'-':>10} "
+                f"{size:>10}  LM head rows, sampling its slice"
+            )
     return lines

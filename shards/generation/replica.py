@@ -7,6 +7,11 @@ last stage's sampled ids. Nothing here blocks the event loop: refs are awaited. 
 one-token rows (decodes) sit beside longer ones (prefills) runs them as two such chains where that
 pads fewer tokens (``split_by_length``).
 
+With the LM head split by vocabulary rows (``head_parts`` > 1, issue 42 item 5), the last stage
+answers its normed hidden states and each head part actor (``head_part.py``) a summary of its
+slice's logits; the driver merges them into each row's token (``head_merge``), asking a part again
+only for a row whose top-p (or temperature-only) walk runs past the first candidates.
+
 Rows are checked before anything runs (slot, position, length, ids inside the vocabulary,
 sampling parameters): a bad row raises ``StepFailed`` naming its slots, and the step runs none of
 its rows, so the scheduler fails the bad ones and sends the others again. The model raising on a
@@ -32,20 +37,30 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from shards.bundle.cache import ensure_private
 from shards.bundle.shipping import default_cache_dir
 from shards.cluster import check_cluster_fits
-from shards.errors import PipelineStartError, one_line
+from shards.errors import PipelineStartError, PlanError, one_line
 from shards.generation.actor import GenerationStage
 from shards.generation.contract import (
     GenerationInfo,
     ReplicaLost,
     RowResult,
     RowStep,
+    Sampling,
     StepFailed,
 )
+from shards.generation.head_merge import (
+    CANDIDATES,
+    Need,
+    PartRows,
+    merge_rows,
+    slice_bounds,
+    uniforms,
+)
+from shards.generation.head_part import HeadPart
 from shards.generation.partition import StageCut, cut_blocks, resolve_max_length
 from shards.generation.preset import PresetSpec, extract_tokenizer, read_preset, special_tokens
 from shards.generation.sampling import check_sampling
 from shards.generation.stage import bucket, context_bucket
-from shards.generation.weights import stage_files
+from shards.generation.weights import head_files, stage_files
 from shards.pipeline.faults import is_replica_fault, translate
 
 __all__ = ["Replica", "decode_buckets", "split_by_length", "start_generation_replicas"]
@@ -54,6 +69,8 @@ log = logging.getLogger(__name__)
 
 _RemoteStage = ray.remote(GenerationStage)
 _stage_files = ray.remote(stage_files)
+_RemoteHead = ray.remote(HeadPart)
+_head_files = ray.remote(head_files)
 
 
 class Replica:
@@ -67,10 +84,17 @@ class Replica:
         group: PlacementGroup,
         ready_timeout_s: float,
         step_timeout_s: float | None = None,
+        heads: Sequence[Any] = (),
     ) -> None:
         self.info = info
         self._spec = spec
         self._actors = actors
+        self._heads = list(heads)  # head part actors, by vocabulary slice (none: the last stage's)
+        self._rng = np.random.default_rng()  # unseeded draws of a split head's rows
+        self._candidates = CANDIDATES  # a part's first candidates for a row without top-k
+        # Rows of a split head whose parts were asked again (their walk ran past the first
+        # candidates): for tests and the bench.
+        self.rows_asked_again = 0
         self._group = group
         self._ready_timeout_s = ready_timeout_s
         self._step_timeout_s = step_timeout_s
@@ -139,19 +163,59 @@ class Replica:
         )
 
     def _submit(self, rows: Sequence[RowStep]) -> Any:
-        """One forward per stage, each taking the previous stage's ObjectRef; the last's ref."""
+        """One forward per stage, each taking the previous stage's ObjectRef; the last's ref
+        (with a split head: a coroutine merging the head parts' answers)."""
         ids, slots, positions, lengths = self._pad(rows)
         context = self._context(rows)
         ref: Any = ids
         last = len(self._actors) - 1
         for index, actor in enumerate(self._actors):
             args = (ref, slots, positions, lengths, context, self._incarnations[index])
-            if index < last:
+            if index < last or self._heads:
                 ref = actor.forward.remote(*args)
             else:
                 sampling = [row.sampling for row in rows]
                 ref = actor.forward.remote(*args, sampling, [row.token_index for row in rows])
+        if self._heads:
+            return self._merge_heads(ref, rows)
         return ref
+
+    async def _merge_heads(
+        self, hidden: Any, rows: Sequence[RowStep]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's token from the head parts' summaries of ``hidden`` (an ObjectRef of the
+        last stage's ``[R, hidden]``): one round, a second for the rows whose walk ran past the
+        first candidates, a third (every id) only after a rounding surprise (``head_merge``)."""
+        sampling = [row.sampling for row in rows]
+        # Sent when the step starts awaiting; the parts keep nothing between calls, so their
+        # order against other steps does not matter (the stages' calls went out in order).
+        first = [
+            head.summarize.remote(hidden, sampling, None, None, self._candidates)
+            for head in self._heads
+        ]
+        draws = uniforms(sampling, [row.token_index for row in rows], self._rng)
+        answers = merge_rows(await asyncio.gather(*first), sampling, draws)
+        for last_round in (False, True):
+            pending = [r for r, a in enumerate(answers) if isinstance(a, Need)]
+            if not pending:
+                break
+            if not last_round:
+                self.rows_asked_again += len(pending)
+            thresholds = [-np.inf if last_round else _threshold(answers[r]) for r in pending]
+            subset: list[Sampling] = [sampling[r] for r in pending]
+            more: list[PartRows] = await asyncio.gather(
+                *(h.summarize.remote(hidden, subset, thresholds, pending) for h in self._heads)
+            )
+            for r, a in zip(
+                pending, merge_rows(more, subset, [draws[r] for r in pending]), strict=True
+            ):
+                answers[r] = a
+        ids = np.zeros((len(rows),), np.int64)
+        logprobs = np.zeros((len(rows),), np.float32)
+        for r, a in enumerate(answers):
+            assert not isinstance(a, Need)  # the last round sends every id
+            ids[r], logprobs[r] = a
+        return ids, logprobs
 
     async def step(self, rows: Sequence[RowStep]) -> list[RowResult]:
         if self._closed:
@@ -198,7 +262,7 @@ class Replica:
         log.warning(
             "a generation step ran past %g s; restarting the replica's stages", self._step_timeout_s
         )
-        for actor in self._actors:
+        for actor in [*self._actors, *self._heads]:
             ray.kill(actor, no_restart=False)
 
     async def wait_ready(self, *, fail_fast: bool = False) -> None:
@@ -210,7 +274,9 @@ class Replica:
         deadline = time.monotonic() + self._ready_timeout_s
         while True:
             try:
-                incarnations = await asyncio.gather(*(a.ready.remote() for a in self._actors))
+                incarnations = await asyncio.gather(
+                    *(a.ready.remote() for a in [*self._actors, *self._heads])
+                )
             except ray.exceptions.RayError:
                 if fail_fast:
                     raise
@@ -220,7 +286,7 @@ class Replica:
                     raise ReplicaLost("the replica's stages did not come back in time") from None
                 await asyncio.sleep(0.2)
                 continue
-            self._incarnations = list(incarnations)
+            self._incarnations = list(incarnations[: len(self._actors)])
             self._lost = False
             return
 
@@ -228,9 +294,14 @@ class Replica:
         if self._closed:
             return
         self._closed = True
-        for actor in self._actors:
+        for actor in [*self._actors, *self._heads]:
             ray.kill(actor, no_restart=True)
         remove_placement_group(self._group)
+
+
+def _threshold(answer: object) -> float:
+    assert isinstance(answer, Need)
+    return answer.threshold
 
 
 def split_by_length(rows: Sequence[RowStep]) -> list[list[int]]:
@@ -270,20 +341,21 @@ async def _start_one(
     cuts: Sequence[StageCut],
     files: Sequence[str | None],
     *,
+    head_files: Sequence[str] = (),
     num_cpus_per_stage: float,
     num_gpus_per_stage: float,
     max_restarts: int,
     ready_timeout_s: float,
     step_timeout_s: float | None,
 ) -> Replica:
-    bundles = _bundles(len(cuts), num_cpus_per_stage, num_gpus_per_stage)
+    bundles = _bundles(len(cuts) + len(head_files), num_cpus_per_stage, num_gpus_per_stage)
     group = placement_group(bundles, strategy="PACK")
     try:
         await asyncio.wait_for(group.ready(), timeout=ready_timeout_s)
     except TimeoutError:
         remove_placement_group(group)
         raise PipelineStartError(
-            f"the cluster did not give {len(cuts)} stage(s) of {bundles[0]} within "
+            f"the cluster did not give {len(bundles)} stage(s) of {bundles[0]} within "
             f"{ready_timeout_s:g} s"
         ) from None
     warm = decode_buckets(info.kv_slots, info.max_length)
@@ -298,10 +370,32 @@ async def _start_one(
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=index
             ),
-        ).remote(spec.path, cut.first, cut.last, info.kv_slots, info.max_length, warm, files[index])
+        ).remote(
+            spec.path,
+            cut.first,
+            cut.last,
+            info.kv_slots,
+            info.max_length,
+            warm,
+            files[index],
+            not head_files,
+        )
         for index, cut in enumerate(cuts)
     ]
-    replica = Replica(info, spec, actors, group, ready_timeout_s, step_timeout_s)
+    heads = [
+        _RemoteHead.options(
+            num_cpus=num_cpus_per_stage,
+            num_gpus=num_gpus_per_stage,
+            max_restarts=max_restarts,
+            max_task_retries=0,
+            max_concurrency=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=len(cuts) + index
+            ),
+        ).remote(path)
+        for index, path in enumerate(head_files)
+    ]
+    replica = Replica(info, spec, actors, group, ready_timeout_s, step_timeout_s, heads)
     try:
         # A constructor that raised (an unreadable stage file, too little memory) is not retried.
         await replica.wait_ready(fail_fast=True)
@@ -324,6 +418,7 @@ async def start_generation_replicas(
     ready_timeout_s: float = 300.0,
     stage_cache_dir: str | Path | None = None,
     step_timeout_s: float | None = None,
+    head_parts: int = 1,
 ) -> list[Replica]:
     """Start ``replicas`` replicas of the preset at ``model_path``; see the package docstring."""
     if kv_slots < 1:
@@ -335,9 +430,14 @@ async def start_generation_replicas(
     spec = read_preset(model_path)
     max_length = resolve_max_length(spec, max_sequence_length)
     cuts = cut_blocks(spec.num_layers, 1 if stages is None else stages)
+    try:
+        slice_bounds(spec.vocabulary_size, head_parts)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    heads = head_parts if head_parts > 1 else 0
     # Refused at once where the cluster can never hold them (a placement group would wait).
     check_cluster_fits(
-        _bundles(len(cuts), num_cpus_per_stage, num_gpus_per_stage), replicas, "PACK"
+        _bundles(len(cuts) + heads, num_cpus_per_stage, num_gpus_per_stage), replicas, "PACK"
     )
     # Each stage's layers written apart once (a Ray task: TensorFlow stays out of the driver).
     cache = str(stage_cache_dir) if stage_cache_dir is not None else str(default_cache_dir())
@@ -352,12 +452,21 @@ async def start_generation_replicas(
         files: list[str | None] = list(await _stage_files.remote(model_path, cuts, cache))
     except ray.exceptions.RayError as exc:
         raise PipelineStartError(f"the stage files were not written: {one_line(exc)}") from None
+    parts: list[str] = []
+    if heads:
+        try:
+            parts = list(await _head_files.remote(model_path, heads, cache))
+        except ray.exceptions.RayError as exc:
+            raise PipelineStartError(
+                f"the head part files were not written: {one_line(exc)}"
+            ) from None
     info = GenerationInfo(
         model_family=spec.family,
         vocabulary_size=spec.vocabulary_size,
         max_length=max_length,
         kv_slots=kv_slots,
         stages=len(cuts),
+        head_parts=max(1, heads),
         end_token_ids=end_ids,
         start_token_id=start_id if spec.add_start_token else None,
         tokenizer_dir=spec.tokenizer_dir,
@@ -370,6 +479,7 @@ async def start_generation_replicas(
                 info,
                 cuts,
                 files,
+                head_files=parts,
                 num_cpus_per_stage=num_cpus_per_stage,
                 num_gpus_per_stage=num_gpus_per_stage,
                 max_restarts=max_restarts,

@@ -2,7 +2,8 @@
 
 keras_hub's samplers take one temperature for the batch; here every row has its own
 ``Sampling``. A seeded draw uses a generator keyed by (seed, token index) alone, so a row draws
-the same token whether it runs alone, batched with others, or again after a re-prefill.
+the same token whether it runs alone, batched with others, or again after a re-prefill; an
+unseeded one by (its ``draw_key``, token index) where the scheduler gave it one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 
 from shards.generation.contract import Sampling
 
-__all__ = ["check_sampling", "sample_rows"]
+__all__ = ["check_sampling", "draw_uniform", "sample_rows"]
 
 _SEED_MASK = (1 << 64) - 1
 
@@ -44,6 +45,12 @@ def _generator(
     )
 
 
+def draw_uniform(s: Sampling, token_index: int, fallback: np.random.Generator) -> float:
+    """The one uniform number a sampled (not greedy) row's draw uses."""
+    key = s.seed if s.seed is not None else s.draw_key  # a resumed sequence draws the same
+    return float(_generator(key, token_index, fallback).random())
+
+
 def _sample_one(
     logits: np.ndarray, s: Sampling, token_index: int, fallback: np.random.Generator
 ) -> tuple[int, float]:
@@ -63,8 +70,8 @@ def _sample_one(
         keep = int(np.searchsorted(cumulative, s.top_p, side="left")) + 1
         order, probs = order[:keep], probs[:keep]
     probs = probs / np.sum(probs)
-    rng = _generator(s.seed, token_index, fallback)
-    pick = int(np.searchsorted(np.cumsum(probs), rng.random(), side="right"))
+    u = draw_uniform(s, token_index, fallback)
+    pick = int(np.searchsorted(np.cumsum(probs), u, side="right"))
     token = int(order[min(pick, order.size - 1)])
     return token, float(logprobs[token])
 

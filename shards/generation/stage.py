@@ -66,7 +66,8 @@ _FAMILY_EMBED: dict[str, Callable[[Any, Any, Any], Any]] = {
 
 class StageModel:
     """Blocks ``[first, last)`` of the preset's backbone, with the embeddings when ``first == 0``
-    and the final norm + LM head when ``last == num_layers``."""
+    and the final norm + LM head when ``last == num_layers`` (``head=False``: the final norm
+    only, its output ``[R, hidden]`` going to the head's part actors, issue 42)."""
 
     def __init__(
         self,
@@ -76,6 +77,7 @@ class StageModel:
         kv_slots: int,
         max_length: int,
         weights_file: str | None = None,
+        head: bool = True,
     ) -> None:
         import tensorflow as tf
 
@@ -88,13 +90,14 @@ class StageModel:
         self.last = last
         self.is_first = first == 0
         self.is_last = last == spec.num_layers
+        self.head = head
         self.kv_slots = kv_slots
         self.max_length = max_length
         if weights_file is not None:
             # Only this stage's layers are built and loaded (shards.generation.weights).
             from shards.generation.weights import build_stage_backbone
 
-            backbone = build_stage_backbone(spec, first, last, weights_file)
+            backbone = build_stage_backbone(spec, first, last, weights_file, head)
             blocks = list(backbone.transformer_layers)
         else:
             # No stage file on this node: the preset is read whole and the stage keeps its
@@ -220,6 +223,8 @@ class StageModel:
         last = tf.maximum(lengths - 1, 0)
         h = tf.gather(h, last, axis=1, batch_dims=1)
         h = self._backbone.layer_norm(h)
+        if not self.head:
+            return tf.cast(h, tf.float32)
         logits = self._backbone.token_embedding(h, reverse=True)
         return tf.cast(logits, tf.float32)
 

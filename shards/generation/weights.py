@@ -26,6 +26,8 @@ from shards.generation.preset import PresetSpec, read_preset
 
 __all__ = [
     "build_stage_backbone",
+    "head_files",
+    "head_matrix",
     "load_whole_backbone",
     "stage_files",
     "stage_files_key",
@@ -36,9 +38,16 @@ __all__ = [
 FORMAT = 1
 
 
-def _roles(backbone: Any, family: str, blocks: Sequence[int], first: bool, last: bool) -> list:
+def _roles(
+    backbone: Any,
+    family: str,
+    blocks: Sequence[int],
+    first: bool,
+    last: bool,
+    head: bool = True,
+) -> list:
     roles: list[tuple[str, Any]] = []
-    if first or last:
+    if first or (last and head):
         # The head of both families is the token embedding's reverse (tied) or its own matrix
         # inside the same ReversibleEmbedding layer (untied).
         roles.append(("token_embedding", backbone.token_embedding))
@@ -105,20 +114,24 @@ def load_whole_backbone(spec: PresetSpec) -> Any:
     return backbone
 
 
-def build_stage_backbone(spec: PresetSpec, first: int, last: int, weights_file: str) -> Any:
+def build_stage_backbone(
+    spec: PresetSpec, first: int, last: int, weights_file: str, head: bool = True
+) -> Any:
     """A backbone of the preset's class holding blocks ``[first, last)`` (as its blocks 0..),
-    with its weights, and the embeddings/head where the stage holds them, from the stage file."""
+    with its weights, and the embeddings/head where the stage holds them, from the stage file.
+    ``head=False``: the last stage leaves the LM head to its head part actors (it holds the
+    vocabulary only where it is also the first)."""
     import keras
     import keras_hub  # noqa: F401  (registers the backbone classes)
 
-    holds_vocab = first == 0 or last == spec.num_layers
+    holds_vocab = first == 0 or (last == spec.num_layers and head)
     config = dict(spec.config, num_layers=last - first)
     if not holds_vocab:
         config["vocabulary_size"] = 1
     backbone = keras.saving.deserialize_keras_object(dict(spec.backbone, config=config))
     with np.load(weights_file) as data:
         roles = _roles(
-            backbone, spec.family, range(last - first), first == 0, last == spec.num_layers
+            backbone, spec.family, range(last - first), first == 0, last == spec.num_layers, head
         )
         for role, layer in roles:
             count = len(layer.weights)
@@ -140,3 +153,49 @@ def stage_files(model_path: str, cuts: Sequence[StageCut], cache_dir: str) -> li
     if not ((out / "done.json").is_file()):
         import_tensorflow()  # its start-up lines held to the job's level (shards.actor.tflog)
     return write_stage_weights(model_path, cuts, out)
+
+
+def head_matrix(backbone: Any) -> np.ndarray:
+    """The LM head as ``[vocabulary, hidden]`` rows: the token embedding (tied) or the
+    transposed ``reverse_embeddings`` (untied), both of the ReversibleEmbedding layer."""
+    layer = backbone.token_embedding
+    if getattr(layer, "logit_soft_cap", None) is not None:
+        raise ValueError("a head with a logit soft cap is not split (Gemma-style): head_parts=1")
+    if layer.tie_weights:
+        return np.asarray(layer.embeddings.numpy())
+    return np.asarray(layer.reverse_embeddings.numpy()).T
+
+
+def head_files(model_path: str, parts: int, cache_dir: str) -> list[str]:
+    """``head-<i>.npz`` under ``cache_dir``, one per part of the LM head split by vocabulary rows
+    (``head_merge.slice_bounds``): ``kernel`` ``[rows, hidden]`` and ``offset``, written on first
+    use (keyed by the preset's bytes and the part count), each written straight after it is
+    sliced. Run in a Ray task: it loads TensorFlow."""
+    from shards.actor.tflog import import_tensorflow
+    from shards.bundle.cache import ensure_private
+    from shards.bundle.fingerprint import model_sha256
+    from shards.generation.head_merge import slice_bounds
+
+    root = ensure_private(Path(cache_dir))
+    spec = read_preset(model_path)
+    content = model_sha256(Path(model_path), memo_dir=root)
+    digest = hashlib.sha256(f"{content};head_parts={parts};format={FORMAT}".encode()).hexdigest()
+    out = root / f"gen-head-{Path(spec.path).name[:40]}-{digest[:32]}"
+    bounds = slice_bounds(spec.vocabulary_size, parts)
+    files = [out / f"head-{i}.npz" for i in range(parts)]
+    if (out / "done.json").is_file() and all(f.is_file() for f in files):
+        return [str(f) for f in files]
+    import_tensorflow()
+    matrix = head_matrix(load_whole_backbone(spec))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=out.parent))
+    for (start, stop), f in zip(bounds, files, strict=True):
+        np.savez(tmp / f.name, kernel=matrix[start:stop], offset=np.int64(start))
+    (tmp / "done.json").write_text(json.dumps({"bounds": bounds}))
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [str(f) for f in files]

@@ -49,6 +49,7 @@ from bench.observe.cpusplit import cores, cpu_seconds
 from bench.observe.quiet import other_benches
 from bench.observe.scrape import free_port, scrape
 from bench.options import Progress
+from bench.suites.generate.priorities import render_priorities, run_priorities
 from bench.suites.generate.report import (
     STEP_ROWS,
     TPOT,
@@ -95,11 +96,15 @@ class GeneratePlan:
     paths: tuple[str, ...] = PATHS
     stream_s: float = 20.0
     stream_clients: int = 0
+    # --priorities: high-priority TTFT under a saturating low load instead (priorities.py)
+    priorities: bool = False
+    probes: int = 20  # high prompts per phase of a round
+    low_clients: int = 0  # closed-loop low clients (0: 2 x batch)
 
     def __post_init__(self) -> None:
         options.require(
             self,
-            at_least_one=("blocks", "hidden", "stages", "batch", "rounds"),
+            at_least_one=("blocks", "hidden", "stages", "batch", "rounds", "probes"),
             positive=("duration_s", "warmup_s", "ttft_limit_s", "stream_s"),
         )
         wrong = sorted(set(self.paths) - set(PATHS))
@@ -287,6 +292,8 @@ def ceiling(plan: GeneratePlan, preset: Path) -> dict[str, Any]:
 
 
 def run(plan: GeneratePlan, progress: Progress = print) -> dict[str, Any]:
+    if plan.priorities:
+        return run_priorities(plan, progress)
     progress(f"saving the model: {plan.shape.describe()}")
     preset = save_preset(plan.shape, plan.workdir)
     results: dict[str, Any] = {
@@ -330,7 +337,7 @@ def add_parsers(sub: Any) -> None:
         out="docs/bench-generate",
         plan=GeneratePlan,
         run=run,
-        render=combined(render),
+        render=_render,
     )
     opts.own("--blocks", type=int, help="decoder blocks of the model")
     opts.own("--hidden", type=int, help="its width")
@@ -354,3 +361,17 @@ def add_parsers(sub: Any) -> None:
     opts.own("--streamed", dest="paths", action="store_const", const=("streamed",), help=alone)
     opts.own("--stream-seconds", dest="stream_s", type=float, help="s per path per round")
     opts.own("--stream-clients", type=int, help="closed-loop clients (0: one per KV slot)")
+    opts.own(
+        "--priorities",
+        action="store_true",
+        default=None,
+        help="high-priority TTFT under a saturating low-priority load instead (issue 41)",
+    )
+    opts.own("--probes", type=int, help="--priorities: high prompts per phase of a round")
+    opts.own("--low-clients", type=int, help="--priorities: closed-loop low clients (0: 2 x batch)")
+
+
+def _render(results: dict[str, Any]) -> str:
+    if results.get("bench") == "generate-priorities":
+        return render_priorities(results)
+    return combined(render)(results)

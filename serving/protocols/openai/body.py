@@ -52,7 +52,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 _SAMPLING = frozenset(
     {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}
-    | {"stream_options"}
+    | {"stream_options", "priority"}
 )
 
 
@@ -64,6 +64,8 @@ class OpenAICall:
     stream: bool
     include_usage: bool
     logprobs: bool  # the sampled token's log-probability of each generated token
+    # ``priority`` as sent (``Levels.resolve`` checks it against the model's levels).
+    priority: object = None
 
 
 def load_object(body: bytes | bytearray) -> dict[str, Any]:

@@ -173,7 +173,9 @@ def parse_chat(
             "top_logprobs",
         )
     stream, include_usage = stream_flags(request)
-    return OpenAICall((prompt,), params, stops, stream, include_usage, bool(logprobs))
+    return OpenAICall(
+        (prompt,), params, stops, stream, include_usage, bool(logprobs), request.get("priority")
+    )
 
 
 async def _chat(

@@ -84,7 +84,15 @@ def parse_completion(
             "logprobs",
         )
     stream, include_usage = stream_flags(request)
-    return OpenAICall(tuple(prompts), params, stops, stream, include_usage, logprobs is not None)
+    return OpenAICall(
+        tuple(prompts),
+        params,
+        stops,
+        stream,
+        include_usage,
+        logprobs is not None,
+        request.get("priority"),
+    )
 
 
 async def _complete(

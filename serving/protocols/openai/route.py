@@ -23,7 +23,11 @@ from serving.http.replies import ClientGone, Reply, send_reply, unexpected_reply
 from serving.protocols.contract import ModelHandle, served_models
 from serving.protocols.dataplane import Failure, generate
 from serving.protocols.openai.body import OpenAICall, load_object, model_ref
-from serving.protocols.openai.errors import openai_error_reply, openai_unexpected_reply
+from serving.protocols.openai.errors import (
+    FieldError,
+    openai_error_reply,
+    openai_unexpected_reply,
+)
 from serving.protocols.rest import RestTransport
 from serving.protocols.streaming import generation_deadline
 from serving.telemetry.stamp import CURRENT
@@ -99,6 +103,14 @@ def tokenizer_of(generator: Generator) -> TextTokenizer:
 def new_run(
     request: FastRequest, call: OpenAICall, model: ModelHandle, generator: Generator
 ) -> TextRun:
+    """The request's run at its priority level: the body's ``priority``, else the
+    ``X-Priority`` header's, else the default."""
+    try:
+        priority = generator.scheduler.levels.resolve(call.priority, request.priority)
+    except InvalidInputError as exc:
+        if call.priority is None:
+            raise
+        raise FieldError(exc.message, "priority") from None
     return TextRun(
         generator.scheduler,
         call.prompts,
@@ -106,6 +118,7 @@ def new_run(
         tokenizer_of(generator),
         call.stops,
         generation_deadline(request.timeout_ms, model.settings),
+        priority,
     )
 
 

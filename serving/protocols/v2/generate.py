@@ -55,14 +55,28 @@ async def _generate(
     settings = model.settings
     body = await request.body(settings.max_body_bytes, settings.body_read_timeout_s)
     call = parse_generate(body, generator.info, generator.tokenizer)
+    priority = _priority(request, call.priority, generator)
     done = await request.until_disconnect(
         generator.scheduler.generate(
-            call.prompt, call.params, generation_deadline(request.timeout_ms, settings)
+            call.prompt,
+            call.params,
+            generation_deadline(request.timeout_ms, settings),
+            priority=priority,
         )
     )
     tokenizer = generator.tokenizer
     answer = encode_generate(call, done, model.name, model.version, tokenizer)
     return 200, answer, JSON, []
+
+
+def _priority(request: FastRequest, asked: object, generator: Generator) -> str:
+    """``parameters.priority``, else the ``X-Priority`` header, else the default level."""
+    try:
+        return generator.scheduler.levels.resolve(asked, request.priority)
+    except InvalidInputError as exc:
+        if asked is None:
+            raise
+        raise InvalidInputError(f"parameters.{exc.message}") from None
 
 
 async def v2_generate_stream(ref: ModelRef, scope: Scope, receive: Receive, send: Send) -> None:
@@ -78,6 +92,7 @@ async def _generate_stream(
     settings = model.settings
     body = await request.body(settings.max_body_bytes, settings.body_read_timeout_s)
     call = parse_generate(body, generator.info, generator.tokenizer)
+    priority = _priority(request, call.priority, generator)
     if generator.tokenizer is None:
         raise InvalidInputError(
             "generate_stream streams text and this model has no tokenizer; use generate"
@@ -88,6 +103,7 @@ async def _generate_stream(
         call.params,
         generator.tokenizer,
         deadline=generation_deadline(request.timeout_ms, settings),
+        priority=priority,
     )
     head = {"model_name": model.name, "model_version": model.version}
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from serving.cli.main import app
+from tests.generation_models import GPT2_VOCABULARY
 
 runner = CliRunner()
 
@@ -29,3 +30,21 @@ def test_plan_refuses_a_slot_past_the_position_rows(gpt2_preset: Path) -> None:
     )
     assert result.exit_code != 0
     assert "past the model's 32 position rows" in result.output
+
+
+def test_plan_prints_a_split_heads_parts(gpt2_preset: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["plan", str(gpt2_preset), "--stages", "2", "--head-parts", "2"],
+        terminal_width=200,
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[-3].endswith("+ final norm")
+    vocab = len(GPT2_VOCABULARY)
+    half = (vocab + 1) // 2  # the first slice takes the odd id
+    assert lines[-2].split()[:4] == ["head", "0", "[0,", f"{half})"]
+    assert lines[-1].split()[:4] == ["head", "1", f"[{half},", f"{vocab})"]
+    assert "LM head rows, sampling its slice" in lines[-1]
+    other = runner.invoke(app, ["plan", "demo-tiny", "--head-parts", "2"], terminal_width=200)
+    assert other.exit_code != 0 and "--head-parts is for a generating model" in other.output

@@ -25,8 +25,17 @@ class Observed:
     def observe_step(self, kind: str, rows: int) -> None:
         self.steps.append((kind, rows))
 
-    def observe_first_token(self, seconds: float) -> None:
+    def observe_first_token(self, seconds: float, priority: str) -> None:
         self.first.append(seconds)
+
+    def observe_queue_wait(self, seconds: float, priority: str) -> None:
+        pass
+
+    def observe_preemption(self, priority: str) -> None:
+        pass
+
+    def observe_refusal(self, priority: str) -> None:
+        pass
 
     def observe_token_gap(self, seconds: float) -> None:
         self.gaps.append(seconds)

@@ -54,10 +54,13 @@ def fill(model: ModelMetrics, *, calls: int = 7) -> None:
     model.rollback("errors")
     generation = model.generation()
     generation.observe_step("prefill", 2)
-    generation.observe_first_token(0.2)
+    generation.observe_first_token(0.2, "high")
+    generation.observe_queue_wait(0.1, "low")
+    generation.observe_preemption("low")
+    generation.observe_refusal("low")
     generation.observe_token_gap(0.05)
     generation.observe_tokens(2)
-    model.bind_generation(lambda: 2.0, lambda: 6.0)
+    model.bind_generation(lambda: 2.0, lambda: 6.0, {"high": lambda: 0.0, "low": lambda: 3.0})
     model.set_stage_stats(
         [
             {

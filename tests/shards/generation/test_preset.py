@@ -139,3 +139,20 @@ def test_one_stage_holds_the_presets_parameter_count(gpt2_preset: Path, llama_pr
         counted = json.loads((preset / "metadata.json").read_text())["parameter_count"]
         (plan,) = plan_generation(spec, 1, kv_slots=2, max_length=8)
         assert plan.weight_bytes == counted * 4
+
+
+def test_a_split_head_leaves_the_last_stage_and_its_parts_hold_the_vocabulary(
+    gpt2_preset: Path,
+) -> None:
+    from shards.generation.partition import describe_plan, head_part_params
+
+    spec = read_preset(str(gpt2_preset))
+    whole = plan_generation(spec, 2, kv_slots=2, max_length=8)
+    split = plan_generation(spec, 2, kv_slots=2, max_length=8, head_parts=2)
+    rows = (spec.vocabulary_size - 1) * spec.hidden_dim * 4
+    assert split[0] == whole[0]  # the first stage keeps the table for its lookup
+    assert split[1].weight_bytes == whole[1].weight_bytes - rows
+    assert sum(head_part_params(spec, 2)) == spec.vocabulary_size * spec.hidden_dim
+    lines = describe_plan(spec, split, 2, 8, head_parts=2)
+    assert "final norm" in lines[-3] and "LM head" not in lines[-3]
+    assert lines[-2].startswith("head 0") and lines[-1].startswith("head 1")

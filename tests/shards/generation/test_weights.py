@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from shards.generation import is_generating_model
-from shards.generation.partition import cut_blocks, stage_params
+from shards.generation.head_merge import slice_bounds
+from shards.generation.partition import cut_blocks, head_part_params, stage_params
 from shards.generation.preset import extract_tokenizer, read_preset, special_tokens
 from shards.generation.stage import StageModel
-from shards.generation.weights import build_stage_backbone, stage_files
+from shards.generation.weights import build_stage_backbone, head_files, stage_files
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -128,3 +129,31 @@ def test_a_tied_llama_preset_generates_though_keras_hub_cannot_reload_it(tmp_pat
             position = len(tokens)
             tokens.append(int(np.argmax(x[0])))
         assert tuple(tokens[len(prompt) :]) == expected[slot]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_head_part_files_hold_the_heads_rows_and_give_its_logits(
+    family: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A head split in 2 (GPT-2's tied table, Llama's own matrix): the parts' rows times the
+    last stage's normed hidden states are the whole head's logits."""
+    preset: Path = request.getfixturevalue(f"{family}_preset")
+    spec = read_preset(str(preset))
+    files = head_files(str(preset), 2, str(tmp_path / "cache"))
+    assert head_files(str(preset), 2, str(tmp_path / "cache")) == files  # written once
+    parts = [np.load(f) for f in files]
+    bounds = slice_bounds(spec.vocabulary_size, 2)
+    assert [(int(p["offset"]), int(p["offset"]) + p["kernel"].shape[0]) for p in parts] == bounds
+    assert [p["kernel"].size for p in parts] == head_part_params(spec, 2)
+    cuts = cut_blocks(spec.num_layers, 2)
+    stage = stage_files(str(preset), cuts, str(tmp_path / "cache"))
+    first = StageModel(spec, 0, cuts[0].last, 2, 16, weights_file=stage[0])
+    headless = StageModel(spec, cuts[1].first, cuts[1].last, 2, 16, stage[1], head=False)
+    whole = StageModel(spec, cuts[1].first, cuts[1].last, 2, 16, stage[1])
+    assert headless.params == stage_params(spec, cuts[1], spec.num_layers, head=False)
+    one = np.zeros((1,), np.int32)
+    step = (one, one, one + 4, 16)
+    h = first.run(np.array([[5, 6, 7, 8]], np.int32), *step)
+    normed = headless.run(h, *step)
+    logits = np.concatenate([normed @ p["kernel"].T for p in parts], axis=1)
+    np.testing.assert_allclose(logits, whole.run(h, *step), atol=1e-5, rtol=0)

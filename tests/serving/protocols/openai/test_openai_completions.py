@@ -338,6 +338,7 @@ BAD = [
     ({}, "prompt", "prompt is missing"),
     ({"prompt": "a", "beams": 2}, "beams", "unknown field 'beams'"),
     ({"prompt": "a", "model": 5}, "model", "model must be a model's name"),
+    ({"prompt": "a", "priority": "top"}, "priority", "priority is 'top'; the priority levels are"),
 ]
 
 

@@ -1,0 +1,62 @@
+"""The body of one head part actor: a slice of the LM head by vocabulary rows (issue 42 item 5).
+
+A plain class; ``replica.py`` wraps it with ``ray.remote``. It holds rows ``[offset, offset +
+size)`` of the head (``weights.head_files``), takes the last stage's normed hidden states
+``[R, hidden]`` and answers ``head_merge.summarize`` of its logits: a few scores and candidates per
+row, never the ``[R, size]`` logits. It keeps nothing between steps (a later round for a row
+computes its logits again from the same hidden states), so a restarted part serves on at once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+
+from shards.generation.contract import Sampling
+from shards.generation.head_merge import CANDIDATES, PartRows, summarize
+
+__all__ = ["HeadPart"]
+
+
+class HeadPart:
+    def __init__(self, weights_file: str) -> None:
+        from shards.actor.stage_actor import _configure_tensorflow
+
+        self._device = _configure_tensorflow()
+        import tensorflow as tf
+
+        with np.load(weights_file) as data:
+            kernel = data["kernel"]
+            self.offset = int(data["offset"])
+        self.size = int(kernel.shape[0])
+        self._kernel = tf.constant(kernel)
+        self.incarnation = uuid.uuid4().hex
+
+    def ready(self) -> str:
+        return self.incarnation
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "offset": self.offset,
+            "size": self.size,
+            "params": int(self._kernel.shape[0]) * int(self._kernel.shape[1]),
+        }
+
+    def summarize(
+        self,
+        hidden: np.ndarray,
+        sampling: Sequence[Sampling],
+        thresholds: Sequence[float] | None = None,
+        rows: Sequence[int] | None = None,
+        candidates: int = CANDIDATES,
+    ) -> PartRows:
+        """The summary of the first ``len(sampling)`` rows of ``hidden`` (or of ``rows`` of it,
+        in a later round with ``thresholds``)."""
+        import tensorflow as tf
+
+        picked = hidden[: len(sampling)] if rows is None else hidden[np.asarray(rows)]
+        h = tf.cast(tf.constant(picked), self._kernel.dtype)
+        logits = tf.cast(tf.matmul(h, self._kernel, transpose_b=True), tf.float32).numpy()
+        return summarize(logits, self.offset, sampling, thresholds, candidates)
