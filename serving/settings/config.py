@@ -244,6 +244,11 @@ class Settings(
         description="Stage weights held in this dtype (half the memory at 16 bits), computing "
         "in float32 (docs/benchmarks.md).",
     )
+    gpu_memory_limit: bool = Field(
+        True,
+        description="A stage actor on a GPU caps TensorFlow's memory at its planned peak x 1.25, "
+        "so stages sharing a device keep their share; off: memory growth, no cap.",
+    )
     simulate_device_ms: float | None = Field(
         None, ge=0, description="Benchmarks: shards sleep this long per batch instead of computing."
     )

@@ -352,6 +352,7 @@ def pipeline_options(settings: Settings) -> PipelineOptions:
         activation_dtype=settings.activation_dtype,
         weight_dtype=settings.weight_dtype,
         unsafe_deserialization=settings.unsafe_deserialization,
+        gpu_memory_limit=settings.gpu_memory_limit,
         max_inflight_per_replica=settings.max_inflight_batches,
         max_restarts=settings.shard_max_restarts,
         # A replica's placement and warm-up (at start and on every rebuild) get the whole load

@@ -18,12 +18,19 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shards.actor.compute_log import ComputeLog
+from shards.actor.gpu_memory import gpu_memory_limit_mib, limit_gpu_memory
 from shards.actor.heap_trim import release_free_heap, weights_read_in_place
 from shards.actor.measured_memory import MemoryMarks
 from shards.actor.precision import cut_casts, serve_weights_in, variable_bytes
 from shards.actor.tflog import import_tensorflow
 from shards.bundle.cache import DEFAULT_MAX_BYTES
-from shards.bundle.format import Manifest, allowed_imports, load_stage, read_manifest
+from shards.bundle.format import (
+    Manifest,
+    StageSpec,
+    allowed_imports,
+    load_stage,
+    read_manifest,
+)
 from shards.bundle.shipping import ShippedStage, default_cache_dir, stage_dir_for
 from shards.cpu_plan import intra_op_threads
 from shards.errors import INPUT_ERRORS, ModelError, one_line
@@ -55,6 +62,7 @@ class ShardActor:
         activation_dtype: str | None = None,
         weight_dtype: str | None = None,
         unsafe_deserialization: bool = False,
+        gpu_memory_limit: bool = True,
     ) -> None:
         self._memory = MemoryMarks()
         sizes = sorted({int(b) for b in batch_sizes})
@@ -80,7 +88,9 @@ class ShardActor:
         self._simulate_s = None if simulate_device_ms is None else simulate_device_ms / 1000.0
         # Thread pools and device visibility are fixed the first time TensorFlow runs an op, so
         # they are set before the stage is loaded (loading creates variables).
-        self._device = _configure_tensorflow()
+        self._device = _configure_tensorflow(
+            planned_limit_mib(self._spec) if gpu_memory_limit else None
+        )
         self._memory.mark("tensorflow")
         cache = Path(stage_cache_dir) if stage_cache_dir else default_cache_dir()
         stage_dir, self._source = stage_dir_for(
@@ -137,48 +147,25 @@ class ShardActor:
             ) from None
 
     def _build_step(self) -> Any:
-        import tensorflow as tf
-
-        signature = [
-            tf.TensorSpec(shape=(None, *t.shape), dtype=tf.as_dtype(t.dtype))
-            for t in self._spec.inputs
-        ]
-        model = self._model
-        single = len(signature) == 1
-
-        def step(*tensors: Any) -> Any:
-            # Python code here runs only while tracing: the counter counts traces, not calls.
+        def traced() -> None:
+            # Runs only while tracing: the counter counts traces, not calls.
             self._trace_count += 1
-            return model(tensors[0] if single else list(tensors), training=False)
 
-        return tf.function(step, input_signature=signature)
+        return stage_step(self._model, self._spec, self._cast_out, traced)
 
     def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         if self._simulate_s is not None:
             time.sleep(self._simulate_s)
             rows = arrays[0].shape[0] if arrays else 1
             length = self._compute.length_of(arrays) or self._length
-            return [_zeros(t, rows, length) for t in self._spec.outputs]
+            return [
+                _zeros(t, rows, length).astype(self._cast_out.get(t.name, t.np_dtype))
+                for t in self._spec.outputs
+            ]
         import tensorflow as tf
 
         with tf.device(self._device.name):
-            result = self._step(*arrays)
-        return self._name_outputs(result)
-
-    def _name_outputs(self, result: Any) -> list[np.ndarray]:
-        names = [t.name for t in self._spec.outputs]
-        if isinstance(result, dict):
-            values = (
-                [result[n] for n in names] if set(names) <= set(result) else list(result.values())
-            )
-        elif isinstance(result, list | tuple):
-            values = list(result)
-        else:
-            values = [result]
-        if len(values) != len(names):
-            raise RuntimeError(
-                f"stage {self._spec.index} produced {len(values)} outputs; manifest lists {names}"
-            )
+            values = self._step(*arrays)
         # numpy, not tf.Tensor: numpy crosses the object store zero-copy.
         return [np.asarray(v) for v in values]
 
@@ -229,11 +216,6 @@ class ShardActor:
         self._compute_total_s += elapsed
         self._last_compute_ms = elapsed * 1000.0
         self._compute.record(tensors, elapsed)
-        if self._cast_out:
-            out = [
-                v.astype(self._cast_out[spec.name]) if spec.name in self._cast_out else v
-                for v, spec in zip(out, self._spec.outputs, strict=True)
-            ]
         self._bytes_out += sum(v.nbytes for v in out)
         return out[0] if len(out) == 1 else tuple(out)
 
@@ -286,8 +268,16 @@ class ShardActor:
         }
 
 
-def _configure_tensorflow() -> _Device:
-    """Pick the device Ray gave this actor and size TensorFlow's thread pools to its CPUs."""
+def planned_limit_mib(spec: StageSpec) -> int | None:
+    """The GPU memory cap of a stage from its memory plan; None for a stage never planned."""
+    if spec.memory is None:
+        return None
+    return gpu_memory_limit_mib(spec.planned_peak_bytes)
+
+
+def _configure_tensorflow(memory_limit_mib: int | None = None) -> _Device:
+    """Pick the device Ray gave this actor and size TensorFlow's thread pools to its CPUs;
+    cap its GPU allocator at ``memory_limit_mib`` (None: grow as needed)."""
     import ray
 
     # The first import of the actor's process: its start-up lines held to the job's level, and
@@ -304,10 +294,9 @@ def _configure_tensorflow() -> _Device:
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     if ray_gpus and physical:
-        # Ray narrowed CUDA_VISIBLE_DEVICES to this actor's GPUs; growth lets fractional
-        # shards share one device instead of the first one taking all its memory.
-        for gpu in physical:
-            tf.config.experimental.set_memory_growth(gpu, True)
+        # Ray narrowed CUDA_VISIBLE_DEVICES to this actor's GPUs; a cap (or growth) lets
+        # fractional shards share one device instead of the first one taking all its memory.
+        limit_gpu_memory(tf, physical, memory_limit_mib)
         if len(physical) > 1:
             log.warning(
                 "stage actor holds %d GPUs (ids %s) but runs on /GPU:0 only; one stage uses one "
@@ -323,10 +312,53 @@ def _configure_tensorflow() -> _Device:
             ray_gpus,
             os.environ.get("CUDA_VISIBLE_DEVICES"),
         )
+    limit_gpu_memory(tf, [], memory_limit_mib)
     if physical:
         # An actor without a Ray GPU must not touch the GPUs of the other actors on its node.
         tf.config.set_visible_devices([], "GPU")
     return _Device("/CPU:0", threads, 0)
+
+
+def stage_step(
+    model: Any, spec: StageSpec, cast_out: dict[str, np.dtype[Any]], on_trace: Any = None
+) -> Any:
+    """The stage's traced call: its outputs in the manifest's order, those in ``cast_out`` cast
+    to their 16-bit dtype here, on the stage's device inside the graph, so what is copied to
+    the host (``.numpy()``) is already half the bytes."""
+    import tensorflow as tf
+
+    signature = [
+        tf.TensorSpec(shape=(None, *t.shape), dtype=tf.as_dtype(t.dtype)) for t in spec.inputs
+    ]
+    single = len(signature) == 1
+    names = [t.name for t in spec.outputs]
+    casts = {name: tf.as_dtype(dtype) for name, dtype in cast_out.items()}
+
+    def step(*tensors: Any) -> Any:
+        if on_trace is not None:
+            on_trace()
+        result = model(tensors[0] if single else list(tensors), training=False)
+        values = _in_order(result, names, spec.index)
+        return [
+            tf.cast(v, casts[n]) if n in casts else v for v, n in zip(values, names, strict=True)
+        ]
+
+    return tf.function(step, input_signature=signature)
+
+
+def _in_order(result: Any, names: list[str], stage_index: int) -> list[Any]:
+    """The stage model's outputs (a dict, a list or one tensor) in the manifest's order."""
+    if isinstance(result, dict):
+        values = [result[n] for n in names] if set(names) <= set(result) else list(result.values())
+    elif isinstance(result, list | tuple):
+        values = list(result)
+    else:
+        values = [result]
+    if len(values) != len(names):
+        raise RuntimeError(
+            f"stage {stage_index} produced {len(values)} outputs; manifest lists {names}"
+        )
+    return values
 
 
 def _zeros(spec: TensorSpec, rows: int, length: int) -> np.ndarray:

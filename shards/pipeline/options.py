@@ -51,6 +51,9 @@ class PipelineOptions:
     weight_dtype: str | None = None
     # Load stages holding Lambda layers or other Python code (Keras safe_mode off).
     unsafe_deserialization: bool = False
+    # A stage actor on a GPU caps TensorFlow's allocator at its planned peak x a margin
+    # (shards.actor.gpu_memory); False: memory growth, no cap.
+    gpu_memory_limit: bool = True
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

@@ -56,6 +56,7 @@ class ActorSpec:
     weight_dtype: str | None = None
     unsafe_deserialization: bool = False
     stage_cache_max_bytes: int = DEFAULT_MAX_BYTES
+    gpu_memory_limit: bool = True
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def spawn_actors(
             activation_dtype=spec.activation_dtype,
             weight_dtype=spec.weight_dtype,
             unsafe_deserialization=spec.unsafe_deserialization,
+            gpu_memory_limit=spec.gpu_memory_limit,
         )
         actors.append(actor)
     return actors
@@ -227,6 +229,7 @@ async def start_replicas(
             activation_dtype=options.activation_dtype,
             weight_dtype=options.weight_dtype,
             unsafe_deserialization=options.unsafe_deserialization,
+            gpu_memory_limit=options.gpu_memory_limit,
             shipped=tuple(shipped),
         )
         for replica in replicas:
