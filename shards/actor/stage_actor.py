@@ -89,7 +89,7 @@ class ShardActor:
         # Thread pools and device visibility are fixed the first time TensorFlow runs an op, so
         # they are set before the stage is loaded (loading creates variables).
         self._device = _configure_tensorflow(
-            planned_limit_mib(self._spec) if gpu_memory_limit else None
+            planned_limit_mib(self._spec, sizes[-1]) if gpu_memory_limit else None
         )
         self._memory.mark("tensorflow")
         cache = Path(stage_cache_dir) if stage_cache_dir else default_cache_dir()
@@ -268,11 +268,15 @@ class ShardActor:
         }
 
 
-def planned_limit_mib(spec: StageSpec) -> int | None:
-    """The GPU memory cap of a stage from its memory plan; None for a stage never planned."""
-    if spec.memory is None:
+def planned_limit_mib(spec: StageSpec, max_rows: int) -> int | None:
+    """The GPU memory cap of a stage from its memory plan, its activations scaled up where the
+    actor warms batches of more rows than the plan counted; None for a stage never planned."""
+    plan = spec.memory
+    if plan is None:
         return None
-    return gpu_memory_limit_mib(spec.planned_peak_bytes)
+    extra_rows = max(0, max_rows - plan.plan_batch_rows)
+    per_row = plan.activation_bytes // plan.plan_batch_rows if plan.plan_batch_rows else 0
+    return gpu_memory_limit_mib(spec.planned_peak_bytes + extra_rows * per_row)
 
 
 def _configure_tensorflow(memory_limit_mib: int | None = None) -> _Device:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -90,10 +91,14 @@ def fake_tf(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_the_limit_is_the_planned_peak_times_the_margin() -> None:
     # Weights as served (a 16-bit plan) + activations + overhead, times the margin, in MiB.
-    assert planned_limit_mib(_spec(_memory())) == int(280 * GPU_MEMORY_MARGIN)
-    assert planned_limit_mib(_spec(_memory(weight_bytes=100 * MIB))) == int(180 * GPU_MEMORY_MARGIN)
+    assert planned_limit_mib(_spec(_memory()), max_rows=8) == math.ceil(280 * GPU_MEMORY_MARGIN)
+    assert planned_limit_mib(_spec(_memory()), max_rows=4) == math.ceil(280 * GPU_MEMORY_MARGIN)
+    served = _spec(_memory(weight_bytes=100 * MIB))
+    assert planned_limit_mib(served, max_rows=8) == math.ceil(180 * GPU_MEMORY_MARGIN)
+    # Batches of more rows than the plan counted (8): their activations too (50 MiB per 8).
+    assert planned_limit_mib(_spec(_memory()), max_rows=16) == math.ceil(330 * GPU_MEMORY_MARGIN)
     # A stage never planned (a SavedModel served whole) gets no cap; a tiny one the floor.
-    assert planned_limit_mib(_spec(None)) is None
+    assert planned_limit_mib(_spec(None), max_rows=8) is None
     assert gpu_memory_limit_mib(1000) == gpu_memory.MIN_LIMIT_MIB
     with pytest.raises(ValueError, match="margin >= 1"):
         gpu_memory_limit_mib(MIB, margin=0.5)
