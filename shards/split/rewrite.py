@@ -366,4 +366,3 @@ def _positions(op: Any, like: Any, call: int) -> Any:
     positions.build(tuple(like.shape))
     positions.set_weights(source.get_weights())
     return positions(like)
-

@@ -5,13 +5,17 @@ in tests/shards/partition/test_layer_split.py cuts it into a bundle."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
 
+from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_recommender
 from shards.split import Split, SplitCombine, TableRows, bounds_for, split_model
-from tests.shards.partition.test_layer_split import recommender_inputs, whole
+from tests.chain import run_chain
+from tests.shards.partition.test_layer_split import BUDGET, recommender_inputs, whole
 
 
 def items_split(parts: int = 3) -> Split:
@@ -62,3 +66,24 @@ def test_the_scatter_puts_every_part_in_place_exactly() -> None:
 def test_an_unknown_lookup_combine_is_refused() -> None:
     with pytest.raises(ValueError, match="lookup_combine"):
         split_model(demo_recommender(), [items_split()], lookup_combine="sparse")
+
+
+def test_a_routed_bundle_answers_as_the_whole_model_and_its_parts_write_their_rows(
+    tmp_path: Path,
+) -> None:
+    model, inputs = demo_recommender(), recommender_inputs()
+    manifest = partition_to_bundle(
+        model,
+        tmp_path / "b",
+        max_stage_bytes=BUDGET,
+        plan_batch_rows=8,
+        device_overhead_bytes=0,
+        lookup_combine="routed",
+    )
+    assert [s.name for s in manifest.stages] == ["0.0", "0.1", "1"]
+    # Each part writes, per call, its vectors and their positions (the signature leaves out the
+    # leading axis: there the rows it found, not the batch's).
+    for stage in manifest.stages[:2]:
+        assert [tuple(t.shape) for t in stage.outputs] == [(32,), (), (32,), ()]
+    got = run_chain(tmp_path / "b", inputs)["scores"]
+    np.testing.assert_array_equal(got, whole(model, inputs))
