@@ -21,10 +21,14 @@ a private local Ray, under ``--concurrency`` closed-loop callers of ``--batch`` 
   to every part count once per part; Ray keeps objects under 100 KiB inline, beside the call,
   and larger ones in the shared-memory object store).
 
-The lookup is the dense combine (each part writes the whole output, zeros outside its rows,
-then one exact add); routing each part only its ids and scattering back is not implemented, so
-there is no second routing to measure. On 2 cores no speed-up is expected: the figure is the
-overhead, and the memory per part against the plan.
+The split layout is measured twice, side by side in one run: with the dense lookup combine
+(each part writes the whole output, zeros outside its rows, then one exact add) and with the
+routed one (``lookup_combine="routed"``: each part writes only its rows' vectors and their
+positions, the combine scatters them; issue 42). A routed part's outputs lead with the rows it
+found, not the batch's: their bytes are counted at the ids' share that falls in its range
+(uniform ids: ids / parts per part; over the parts of one call, exactly the ids read). On 2
+cores no speed-up is expected: the figure is the overhead, and the memory per part against the
+plan.
 """
 
 from __future__ import annotations
@@ -90,8 +94,9 @@ def build(rows: int, dim: int) -> Any:
     return keras.Model([history, item, user], score, name="split_rec")
 
 
-def _partition(plan: SplitPlan, out: Path, budget: int | None) -> None:
+def _partition(plan: SplitPlan, out: Path, budget: int | None, combine: str = "dense") -> None:
     how = "stages=1" if budget is None else f"max_stage_bytes={budget}"
+    how += f", lookup_combine={combine!r}"
     code = (
         "from bench.suites.split import build; from shards.partition.cut import "
         f"partition_to_bundle; partition_to_bundle(build({plan.rows}, {plan.dim}), "
@@ -175,13 +180,41 @@ def _batch_bytes(specs: Any, batch: int) -> int:
     return total
 
 
+def _routed(stage: Any) -> bool:
+    """A routed row part: per id tensor read, its vectors and their positions (``[]``, int32)."""
+    outs = stage.outputs
+    return (
+        stage.part is not None
+        and stage.part.how == "rows"
+        and len(outs) == 2 * len(stage.inputs)
+        and all(tuple(t.shape) == () and t.dtype == "int32" for t in outs[1::2])
+    )
+
+
+def _written(stage: Any, batch: int) -> dict[str, int]:
+    """Each output's bytes for one batch: a routed part's at its share of the ids it read."""
+    if not _routed(stage):
+        return {t.name: _batch_bytes([t], batch) for t in stage.outputs}
+    share = 1 / stage.part.parts  # uniform ids: this share of them falls in its range
+    sizes: dict[str, int] = {}
+    for ids, vectors, positions in zip(
+        stage.inputs, stage.outputs[0::2], stage.outputs[1::2], strict=True
+    ):
+        found = batch * int(np.prod([1 if d is None else d for d in ids.shape])) * share
+        sizes[vectors.name] = int(found * _batch_bytes([vectors], 1))
+        sizes[positions.name] = int(found * 4)
+    return sizes
+
+
 def _crossing(stages: Any, batch: int) -> dict[str, int]:
     """Bytes one batch of ``batch`` rows reads and writes across processes, and the part
-    stages' share of the writes (the dense combine: every part writes the whole output)."""
+    stages' share of the writes (dense: every part writes the whole output; routed: its rows)."""
+    written = {s.name: _written(s, batch) for s in stages}
+    made = {name: size for sizes in written.values() for name, size in sizes.items()}
     return {
-        "read": sum(_batch_bytes(s.inputs, batch) for s in stages),
-        "written": sum(_batch_bytes(s.outputs, batch) for s in stages),
-        "parts_written": sum(_batch_bytes(s.outputs, batch) for s in stages if s.part),
+        "read": sum(made.get(t.name, _batch_bytes([t], batch)) for s in stages for t in s.inputs),
+        "written": sum(sum(sizes.values()) for sizes in written.values()),
+        "parts_written": sum(sum(written[s.name].values()) for s in stages if s.part),
     }
 
 
@@ -191,25 +224,45 @@ def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
     budget = int(table_bytes * plan.budget_share)
     results: dict[str, Any] = {"table_bytes": table_bytes, "budget": budget, "layouts": {}}
     with local_ray(8), tempfile.TemporaryDirectory(dir=plan.workdir) as tmp:
-        for name, given in (("one stage", None), ("split", budget)):
-            bundle = Path(tmp) / name.replace(" ", "_")
+        layouts = (
+            ("one stage", None, "dense"),
+            ("split, dense combine", budget, "dense"),
+            ("split, routed combine", budget, "routed"),
+        )
+        for name, given, combine in layouts:
+            bundle = Path(tmp) / name.replace(" ", "_").replace(",", "")
             tick = time.monotonic()
-            _partition(plan, bundle, given)
+            _partition(plan, bundle, given, combine)
             progress(f"{name}: partitioned in {time.monotonic() - tick:.0f} s")
             results["layouts"][name] = found = asyncio.run(_measure(bundle, plan))
             progress(
                 f"{name}: stages {', '.join(found['stages'])}; {found['rows_per_s']:.0f} rows/s, "
                 f"p99 {found['p99_ms']:.1f} ms, alone p50 {found['alone_p50_ms']:.2f} ms"
             )
-    whole, split = results["layouts"]["one stage"], results["layouts"]["split"]
-    results["fan_out_combine_ms"] = split["alone_p50_ms"] - whole["alone_p50_ms"]
+    found = results["layouts"]
+    whole = found["one stage"]
+    dense, routed = found["split, dense combine"], found["split, routed combine"]
+    results["fan_out_combine_ms"] = dense["alone_p50_ms"] - whole["alone_p50_ms"]
+    results["routed_fan_out_combine_ms"] = routed["alone_p50_ms"] - whole["alone_p50_ms"]
+    results["routed_over_dense"] = {
+        "parts_written": routed["crossing"]["parts_written"] / dense["crossing"]["parts_written"],
+        "crossing": _moved(routed["crossing"]) / _moved(dense["crossing"]),
+        "rows_per_s": routed["rows_per_s"] / dense["rows_per_s"],
+        "alone_p50": routed["alone_p50_ms"] / dense["alone_p50_ms"],
+        "p99": routed["p99_ms"] / dense["p99_ms"],
+    }
     return results
+
+
+def _moved(crossing: dict[str, int]) -> int:
+    return crossing["read"] + crossing["written"]
 
 
 def render(results: dict[str, Any]) -> str:
     lines = [
         f"two tables of {results['table_bytes'] / MiB:.0f} MiB each; split budget "
-        f"{results['budget'] / MiB:.0f} MiB (dense combine; routing ids only: not implemented)",
+        f"{results['budget'] / MiB:.0f} MiB; the split with the dense and the routed lookup "
+        "combine, side by side",
         "",
         "| layout | stages | rows/s | p50 ms | p99 ms | batch alone p50 ms | KiB read / "
         "written per batch (parts' writes) |",
@@ -225,7 +278,17 @@ def render(results: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"fan-out + combine, per batch alone: {results['fan_out_combine_ms']:+.2f} ms",
+        f"fan-out + combine, per batch alone: dense {results['fan_out_combine_ms']:+.2f} ms, "
+        f"routed {results.get('routed_fan_out_combine_ms', float('nan')):+.2f} ms",
+    ]
+    ratio = results.get("routed_over_dense")
+    if ratio:
+        lines.append(
+            f"routed / dense: parts' writes {ratio['parts_written']:.2f}x, bytes read + written "
+            f"{ratio['crossing']:.2f}x, rows/s {ratio['rows_per_s']:.2f}x, batch alone p50 "
+            f"{ratio['alone_p50']:.2f}x, p99 {ratio['p99']:.2f}x"
+        )
+    lines += [
         "",
         "| layout | stage | weights MiB | planned peak MiB | RSS MiB | RSS above its TF import "
         "MiB | above / planned |",
