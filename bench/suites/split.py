@@ -3,7 +3,9 @@ against the same model in one stage.
 
 The model: a recommender of two tables of ``--rows`` x ``--dim`` float32 each (128 MiB at the
 default 1 048 576 x 32; the item table read for a history of 20 ids and for the candidate, with
-``mask_zero``), an MLP and a score. It is partitioned in a child (this process never loads
+``mask_zero``), an MLP and a score (``--model mlp`` instead: ``--width`` -> fc1 of ``--hidden``
+units, relu -> fc2 of ``--width`` -> a score, the budget a share of fc1, so that fc1 and fc2
+split as a pair, Megatron's column- then row-parallel layers, against one stage). It is partitioned in a child (this process never loads
 TensorFlow) twice: under a budget of ``--budget-share`` of one table, which splits each table by
 rows into parts of their own (``--device-overhead-bytes 0``), and with no budget (one stage:
 it fits this machine's RAM). Each bundle is served by one pipeline (``ReplicaSet``, no HTTP) on
@@ -62,12 +64,17 @@ class SplitPlan:
     seconds: float = 20.0
     warmup_s: float = 3.0
     workdir: Path = Path(".bench/split")
+    model: str = "tables"  # or "mlp": fc1 -> fc2, split as a pair
+    width: int = 512  # the MLP's input and output units
+    hidden: int = 8192  # its hidden units (fc1's output, fc2's input)
 
     def __post_init__(self) -> None:
         if self.rows < 16 or self.dim < 1:
             raise ValueError(f"--rows must be >= 16 and --dim >= 1, got {self.rows}, {self.dim}")
         if not 0.05 <= self.budget_share < 1.0:
             raise ValueError(f"--budget-share must be in [0.05, 1), got {self.budget_share}")
+        if self.model not in ("tables", "mlp"):
+            raise ValueError(f"--model is 'tables' or 'mlp', got {self.model!r}")
 
 
 def build(rows: int, dim: int) -> Any:
@@ -94,12 +101,38 @@ def build(rows: int, dim: int) -> Any:
     return keras.Model([history, item, user], score, name="split_rec")
 
 
+def build_mlp(width: int, hidden: int) -> Any:
+    """x -> fc1 (relu) -> fc2 -> a score: fc1 and fc2 both too large for the split budget, an
+    elementwise activation between them, so the planner pairs them (built in code, seeded)."""
+    import keras
+
+    init = keras.initializers.RandomUniform(-0.05, 0.05, seed=2)
+    x = keras.Input((width,), name="x")
+    h = keras.layers.Dense(hidden, activation="relu", kernel_initializer=init, name="fc1")(x)
+    y = keras.layers.Dense(width, kernel_initializer=init, name="fc2")(h)
+    score = keras.layers.Dense(1, kernel_initializer=init, name="score")(y)
+    return keras.Model(x, score, name="split_mlp")
+
+
+def _builder(plan: SplitPlan) -> str:
+    if plan.model == "mlp":
+        return f"build_mlp({plan.width}, {plan.hidden})"
+    return f"build({plan.rows}, {plan.dim})"
+
+
+def _layer_bytes(plan: SplitPlan) -> int:
+    """The bytes of the layer the budget is a share of: one table, or fc1."""
+    if plan.model == "mlp":
+        return plan.width * plan.hidden * 4
+    return plan.rows * plan.dim * 4
+
+
 def _partition(plan: SplitPlan, out: Path, budget: int | None, combine: str = "dense") -> None:
     how = "stages=1" if budget is None else f"max_stage_bytes={budget}"
     how += f", lookup_combine={combine!r}"
     code = (
-        "from bench.suites.split import build; from shards.partition.cut import "
-        f"partition_to_bundle; partition_to_bundle(build({plan.rows}, {plan.dim}), "
+        "from bench.suites.split import build, build_mlp; from shards.partition.cut import "
+        f"partition_to_bundle; partition_to_bundle({_builder(plan)}, "
         f"{str(out)!r}, {how}, plan_batch_rows={plan.batch}, device_overhead_bytes=0, "
         "source_name='split_rec')"
     )
@@ -108,6 +141,8 @@ def _partition(plan: SplitPlan, out: Path, budget: int | None, combine: str = "d
 
 def _inputs(plan: SplitPlan, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
+    if plan.model == "mlp":
+        return {"x": rng.normal(size=(plan.batch, plan.width)).astype("float32")}
     history = rng.integers(1, plan.rows, size=(plan.batch, HISTORY)).astype("int32")
     history[:, HISTORY // 2 :] *= rng.integers(0, 2, size=(plan.batch, 1)).astype("int32")
     return {
@@ -220,15 +255,22 @@ def _crossing(stages: Any, batch: int) -> dict[str, int]:
 
 def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
     plan.workdir.mkdir(parents=True, exist_ok=True)
-    table_bytes = plan.rows * plan.dim * 4
-    budget = int(table_bytes * plan.budget_share)
-    results: dict[str, Any] = {"table_bytes": table_bytes, "budget": budget, "layouts": {}}
+    layer_bytes = _layer_bytes(plan)
+    budget = int(layer_bytes * plan.budget_share)
+    results: dict[str, Any] = {
+        "model": plan.model,
+        "table_bytes": layer_bytes,
+        "budget": budget,
+        "layouts": {},
+    }
     with local_ray(8), tempfile.TemporaryDirectory(dir=plan.workdir) as tmp:
-        layouts = (
+        layouts: tuple[tuple[str, int | None, str], ...] = (
             ("one stage", None, "dense"),
             ("split, dense combine", budget, "dense"),
             ("split, routed combine", budget, "routed"),
         )
+        if plan.model == "mlp":
+            layouts = (("one stage", None, "dense"), ("split, paired", budget, "dense"))
         for name, given, combine in layouts:
             bundle = Path(tmp) / name.replace(" ", "_").replace(",", "")
             tick = time.monotonic()
@@ -241,6 +283,14 @@ def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
             )
     found = results["layouts"]
     whole = found["one stage"]
+    if plan.model == "mlp":
+        paired = found["split, paired"]
+        results["fan_out_combine_ms"] = paired["alone_p50_ms"] - whole["alone_p50_ms"]
+        results["split_over_one"] = {
+            "rows_per_s": paired["rows_per_s"] / whole["rows_per_s"],
+            "alone_p50": paired["alone_p50_ms"] / whole["alone_p50_ms"],
+        }
+        return results
     dense, routed = found["split, dense combine"], found["split, routed combine"]
     results["fan_out_combine_ms"] = dense["alone_p50_ms"] - whole["alone_p50_ms"]
     results["routed_fan_out_combine_ms"] = routed["alone_p50_ms"] - whole["alone_p50_ms"]
@@ -259,10 +309,19 @@ def _moved(crossing: dict[str, int]) -> int:
 
 
 def render(results: dict[str, Any]) -> str:
+    if results.get("model") == "mlp":
+        head = (
+            f"an MLP fc1 -> fc2 of {results['table_bytes'] / MiB:.0f} MiB each; split budget "
+            f"{results['budget'] / MiB:.0f} MiB: fc1 and fc2 split as a pair, against one stage"
+        )
+    else:
+        head = (
+            f"two tables of {results['table_bytes'] / MiB:.0f} MiB each; split budget "
+            f"{results['budget'] / MiB:.0f} MiB; the split with the dense and the routed lookup "
+            "combine, side by side"
+        )
     lines = [
-        f"two tables of {results['table_bytes'] / MiB:.0f} MiB each; split budget "
-        f"{results['budget'] / MiB:.0f} MiB; the split with the dense and the routed lookup "
-        "combine, side by side",
+        head,
         "",
         "| layout | stages | rows/s | p50 ms | p99 ms | batch alone p50 ms | KiB read / "
         "written per batch (parts' writes) |",
@@ -278,9 +337,19 @@ def render(results: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"fan-out + combine, per batch alone: dense {results['fan_out_combine_ms']:+.2f} ms, "
-        f"routed {results.get('routed_fan_out_combine_ms', float('nan')):+.2f} ms",
+        f"fan-out + combine, per batch alone: {results['fan_out_combine_ms']:+.2f} ms"
+        + (
+            f" (dense), routed {results['routed_fan_out_combine_ms']:+.2f} ms"
+            if "routed_fan_out_combine_ms" in results
+            else ""
+        ),
     ]
+    over = results.get("split_over_one")
+    if over:
+        lines.append(
+            f"split / one stage: rows/s {over['rows_per_s']:.2f}x, batch alone p50 "
+            f"{over['alone_p50']:.2f}x"
+        )
     ratio = results.get("routed_over_dense")
     if ratio:
         lines.append(
@@ -306,7 +375,7 @@ def render(results: dict[str, Any]) -> str:
 
 
 def add_parsers(sub: Any) -> None:
-    about = "embedding tables split across devices vs one stage: req/s, p99, RSS per part"
+    about = "split layers (tables; --model mlp: fc1 -> fc2 paired) vs one stage: req/s, p99, RSS"
     opts = options.suite(
         sub, "split", about, out="docs/bench-split", plan=SplitPlan, run=run, render=render
     )
@@ -314,4 +383,7 @@ def add_parsers(sub: Any) -> None:
     opts.own("--dim", type=int)
     opts.own("--budget-share", type=float, help="the split budget, as a share of one table")
     opts.own("--batch", type=int)
+    opts.own("--model", choices=("tables", "mlp"), help="the tables (dense vs routed) or the MLP")
+    opts.own("--width", type=int, help="the MLP's input and output units")
+    opts.own("--hidden", type=int, help="the MLP's hidden units")
     opts.add("concurrency", "seconds", "warmup_s", "workdir")
