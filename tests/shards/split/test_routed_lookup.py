@@ -15,7 +15,14 @@ from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_recommender
 from shards.split import Split, SplitCombine, TableRows, bounds_for, split_model
 from tests.chain import run_chain
-from tests.shards.partition.test_layer_split import BUDGET, recommender_inputs, whole
+from tests.shards.partition.test_layer_split import (
+    BUDGET,
+    gpt2_inputs,
+    partition_gpt2,
+    recommender_inputs,
+    tiny_gpt2,
+    whole,
+)
 
 
 def items_split(parts: int = 3) -> Split:
@@ -87,3 +94,15 @@ def test_a_routed_bundle_answers_as_the_whole_model_and_its_parts_write_their_ro
         assert [tuple(t.shape) for t in stage.outputs] == [(32,), (), (32,), ()]
     got = run_chain(tmp_path / "b", inputs)["scores"]
     np.testing.assert_array_equal(got, whole(model, inputs))
+
+
+def test_a_tied_gpt2_routes_its_lookup_and_keeps_its_logits_by_columns(tmp_path: Path) -> None:
+    model, inputs = tiny_gpt2(), gpt2_inputs()
+    dense = partition_gpt2(model, tmp_path / "dense")
+    routed = partition_gpt2(model, tmp_path / "routed", lookup_combine="routed")
+    # The lookup's parts write their vectors and positions; the logits' parts are unchanged.
+    assert [tuple(t.shape) for t in routed.stages[0].outputs] == [(16,), ()]
+    assert [s.name for s in routed.stages] == [s.name for s in dense.stages]
+    (got,) = run_chain(tmp_path / "routed", inputs).values()
+    (want,) = run_chain(tmp_path / "dense", inputs).values()
+    np.testing.assert_array_equal(got, want)
