@@ -5,10 +5,11 @@ The model: a recommender of two tables of ``--rows`` x ``--dim`` float32 each (1
 default 1 048 576 x 32; the item table read for a history of 20 ids and for the candidate, with
 ``mask_zero``), an MLP and a score (``--model mlp`` instead: ``--width`` -> fc1 of ``--hidden``
 units, relu -> fc2 of ``--width`` -> a score, the budget a share of fc1, so that fc1 and fc2
-split as a pair, Megatron's column- then row-parallel layers, against one stage). It is partitioned in a child (this process never loads
-TensorFlow) twice: under a budget of ``--budget-share`` of one table, which splits each table by
-rows into parts of their own (``--device-overhead-bytes 0``), and with no budget (one stage:
-it fits this machine's RAM). Each bundle is served by one pipeline (``ReplicaSet``, no HTTP) on
+split as a pair, Megatron's column- then row-parallel layers, against one stage). It is
+partitioned in a child (this process never loads TensorFlow) with no budget (one stage: it fits
+this machine's RAM) and under a budget of ``--budget-share`` of one table (or of fc1), which
+splits each table by rows into parts of their own (``--device-overhead-bytes 0``): for the
+tables twice, with the dense and with the routed lookup combine (below). Each bundle is served by one pipeline (``ReplicaSet``, no HTTP) on
 a private local Ray, under ``--concurrency`` closed-loop callers of ``--batch`` rows each, for
 ``--seconds`` after ``--warmup``. Per layout it prints:
 
