@@ -40,7 +40,7 @@ def memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
 
 
 def split_oversized(
-    graph: Graph, memory: MemoryModel, budgets: Sequence[int]
+    graph: Graph, memory: MemoryModel, budgets: Sequence[int], lookup_combine: str = "dense"
 ) -> tuple[Graph, MemoryModel, list[Split], tuple[DriverCombine, ...]]:
     """``graph`` with each layer too large for the largest budget split into the fewest parts
     that fit it (``shards.split``); the same graph where none is too large. A split
@@ -80,7 +80,7 @@ def split_oversized(
     for _ in range(8):
         if not splits:
             return graph, memory, [], ()
-        split, handed = hand_to_driver(split_model(graph.model, splits))
+        split, handed = hand_to_driver(split_model(graph.model, splits, lookup_combine))
         names, combines = _driver_names(graph.signature.output_names, handed)
         split_graph = reanalyse(graph, split, names)
         split_memory = memory_like(split_graph, memory)

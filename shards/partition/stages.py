@@ -106,12 +106,14 @@ def plan_bundle(
     plan_batch_rows: int = DEFAULT_PLAN_BATCH_ROWS,
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
+    lookup_combine: str = "dense",
 ) -> Planned:
     """Plan and cut: each stage's sub-model and its spec, memory plan included (what
     ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
     default for a GPU when TensorFlow sees one here, else for a CPU. ``weight_dtype``: the
     weights will be served in it (``--weight-dtype``), and count at its size. A dimension
-    unknown in the graph counts as ``graph.sequence_length``."""
+    unknown in the graph counts as ``graph.sequence_length``. ``lookup_combine``: how a table
+    split by rows is joined (``shards.split.split_model``: ``dense`` or ``routed``)."""
     overhead = device_overhead_bytes
     if overhead is None:
         overhead = default_overhead(gpu=_tf_sees_gpu())
@@ -126,7 +128,7 @@ def plan_bundle(
     splits: list[Split] = []
     combines: tuple[DriverCombine, ...] = ()
     if budgets is not None:
-        graph, memory, splits, combines = split_oversized(graph, memory, budgets)
+        graph, memory, splits, combines = split_oversized(graph, memory, budgets, lookup_combine)
     parts = part_nodes(graph, splits)
     try:
         stage_plan = plan(

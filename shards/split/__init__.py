@@ -34,7 +34,16 @@ cannot be one stage; it is split instead, and this package is everything about t
   the start of the stage that reads the layer's output (an add for rows: exact, every element
   is one part's value plus zeros; a concatenation then the activation for columns: 1e-6
   relative), or, where the output is a model output and numpy computes it as Keras does, by
-  the driver (``DriverCombine``, planned against ``driver_join_max_bytes``).
+  the driver (``DriverCombine``, planned against ``driver_join_max_bytes``). A table split by
+  rows may be joined *routed* instead (``split_model(..., lookup_combine="routed")``,
+  ``partition_to_bundle`` the same): each ``TableRows`` part writes only the vectors of the ids
+  in its range and their positions, and ``SplitCombine(how="scatter")`` puts them in place
+  (exact, as the add); a part then writes ~1/parts of the dense output. The dense add stays
+  where routing does not apply: a lookup that is a model output (the driver's numpy add), a
+  TokenAndPositionEmbedding's token table, and a tied table's logits (columns). Opt-in: the
+  memory plan counts a routed part's leading axis (the rows it found) as the batch's, one
+  vector a row per call, which is under the worst case where a row's ids all fall in one
+  part's range (the weights dominate a part too large for a device; dense is the default).
 - **The rewrite** (``split_model``, ``hand_to_driver``): the model with each split layer's
   calls replaced by one call of each part and a combine per call; the planner then gives each
   part a stage of its own.

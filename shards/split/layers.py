@@ -44,14 +44,26 @@ class TableRows(keras.layers.Layer):  # type: ignore[misc]
     fails the batch at the stage where the whole model would, and a combine done by the driver
     (a model output) runs no TensorFlow. On a GPU, where the whole table's lookup gives zeros
     for such an id, a split table is the stricter of the two.
+
+    ``routed``: the part returns only what it made, per input two outputs: the vectors of the
+    ids inside its range (``[found, output_dim]``) and their positions in the ids read flat
+    (``[found]``, int32), which ``SplitCombine(how="scatter")`` puts in place; the dense way
+    (the whole output, zeros outside its rows) writes every part ``parts`` times as much.
     """
 
     def __init__(
-        self, start: int, rows: int, output_dim: int, vocabulary: int | None = None, **kwargs: Any
+        self,
+        start: int,
+        rows: int,
+        output_dim: int,
+        vocabulary: int | None = None,
+        routed: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.start, self.rows, self.output_dim = int(start), int(rows), int(output_dim)
         self.vocabulary = None if vocabulary is None else int(vocabulary)
+        self.routed = bool(routed)
 
     def build(self, input_shape: Any) -> None:
         self.embeddings = self.add_weight(
@@ -69,14 +81,36 @@ class TableRows(keras.layers.Layer):  # type: ignore[misc]
                 check_ids(ids, self.vocabulary)
             local = ids - self.start
             inside = ops.logical_and(local >= 0, local < self.rows)
+            if self.routed:
+                outputs.extend(self._routed(local, inside))
+                continue
             found = ops.take(self.embeddings, ops.where(inside, local, 0), axis=0)
             found = ops.where(ops.expand_dims(inside, -1), found, ops.zeros_like(found))
             outputs.append(ops.cast(found, self.compute_dtype))
         return outputs
 
+    def _routed(self, local: Any, inside: Any) -> list[Any]:
+        """Only the rows this part holds: their vectors ``[found, output_dim]`` and their
+        positions ``[found]`` in the ids read flat (row-major), for the combine to scatter."""
+        flat_local = ops.reshape(local, (-1,))
+        positions = ops.cast(ops.nonzero(ops.reshape(inside, (-1,)))[0], "int32")
+        found = ops.take(self.embeddings, ops.take(flat_local, positions), axis=0)
+        return [ops.cast(found, self.compute_dtype), positions]
+
     def compute_output_shape(self, input_shape: Any) -> list[tuple[Any, ...]]:
         shapes = input_shape if isinstance(input_shape, list) else [input_shape]
+        if self.routed:
+            return [shape for _ in shapes for shape in ((None, self.output_dim), (None,))]
         return [(*tuple(s), self.output_dim) for s in shapes]
+
+    def compute_output_spec(self, inputs: Any) -> list[Any]:
+        if not self.routed:
+            return super().compute_output_spec(inputs)
+        specs = []
+        for _ in _as_list(inputs):
+            specs.append(keras.KerasTensor((None, self.output_dim), dtype=self.compute_dtype))
+            specs.append(keras.KerasTensor((None,), dtype="int32"))
+        return specs
 
     def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
         return None
@@ -88,6 +122,7 @@ class TableRows(keras.layers.Layer):  # type: ignore[misc]
             "rows": self.rows,
             "output_dim": self.output_dim,
             "vocabulary": self.vocabulary,
+            "routed": self.routed,
         }
 
 
@@ -285,7 +320,9 @@ class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
     """The parts' outputs joined: added (row ranges; with ``mask_zero`` the ids come first and
     the output carries ``ids != 0`` as its mask, as the table's ``Embedding`` did; ``extra``
     inputs after the parts are added to their sum: a TokenAndPositionEmbedding's positions; a
-    paired split's partial products, then the second layer's ``activation``), or
+    paired split's partial products, then the second layer's ``activation``), scattered
+    (``how="scatter"``: routed row ranges, the ids first, then each part's vectors and their
+    positions, ``TableRows(routed=True)``; exact as the add), or
     concatenated along ``axis`` and passed through ``activation`` and ``soft_cap`` (column
     ranges; a tied table's logits)."""
 
@@ -308,11 +345,26 @@ class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
 
     def _parts(self, inputs: Any) -> list[Any]:
         parts = _as_list(inputs)
-        parts = parts[1:] if self.mask_zero else parts
+        parts = parts[1:] if self.mask_zero or self.how == "scatter" else parts
         return parts[: len(parts) - self.extra]
+
+    def _scatter(self, inputs: Any) -> Any:
+        """The routed parts' vectors put at their positions: every position is one part's
+        (the ranges do not overlap), so the output is the dense one exactly."""
+        ids, parts = _as_list(inputs)[0], self._parts(inputs)
+        dim = parts[0].shape[-1]
+        values = ops.concatenate(parts[0::2], axis=0)
+        positions = ops.expand_dims(ops.concatenate(parts[1::2], axis=0), -1)
+        flat = ops.scatter(positions, values, (ops.size(ids), dim))
+        return ops.reshape(flat, (*ops.shape(ids), dim))
 
     def call(self, inputs: Any) -> Any:
         parts = self._parts(inputs)
+        if self.how == "scatter":
+            joined = ops.cast(self._scatter(inputs), self.compute_dtype)
+            for addend in _as_list(inputs)[len(_as_list(inputs)) - self.extra :]:
+                joined = ops.add(joined, addend)
+            return joined
         if self.how == "add":
             # Each element is one part's value and zeros from the others: the sum is exact.
             joined = functools.reduce(ops.add, parts)
@@ -329,6 +381,8 @@ class SplitCombine(keras.layers.Layer):  # type: ignore[misc]
 
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
         shapes = [tuple(s) for s in self._parts(input_shape)]
+        if self.how == "scatter":
+            return (*tuple(_as_list(input_shape)[0]), shapes[0][-1])
         if self.how == "add":
             return shapes[0]
         axis = self.axis % len(shapes[0])

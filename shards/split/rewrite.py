@@ -74,7 +74,7 @@ def _logit_parts(op: Any, split: Split) -> list[keras.layers.Layer]:
     return layers
 
 
-def _part_layers(op: Any, split: Split) -> list[keras.layers.Layer]:
+def _part_layers(op: Any, split: Split, routed: bool = False) -> list[keras.layers.Layer]:
     """The parts of ``op``, each built and holding its slice of the weights."""
     layers: list[keras.layers.Layer] = []
     for k in range(split.parts):
@@ -84,7 +84,7 @@ def _part_layers(op: Any, split: Split) -> list[keras.layers.Layer]:
         if split.how == "rows":
             table = table_of(op).embeddings
             vocabulary, dim = (int(d) for d in table.shape)
-            part = TableRows(a, b - a, dim, vocabulary, name=name, dtype=policy)
+            part = TableRows(a, b - a, dim, vocabulary, routed, name=name, dtype=policy)
             part.build(None)
             part.embeddings.assign(_slice(table, 0, a, b))
         else:
@@ -155,7 +155,7 @@ def _bias_slice(op: Any, bias: np.ndarray, a: int, b: int) -> np.ndarray:
     return np.take(bias, np.arange(a, b), axis=axis)
 
 
-def _combine(op: Any, split: Split, node: Any, call: int) -> SplitCombine:
+def _combine(op: Any, split: Split, node: Any, call: int, routed: bool) -> SplitCombine:
     # Named as the layer was, so a model output keeps its name; a second call's combine after it.
     name = op.name if call == 0 else f"{op.name}_call{call + 1}"
     if reversed_call(node):
@@ -164,7 +164,8 @@ def _combine(op: Any, split: Split, node: Any, call: int) -> SplitCombine:
         return SplitCombine("concat", soft_cap=cap, name=name, dtype=op.dtype_policy)
     if split.how == "rows":
         mask_zero = bool(table_of(op).mask_zero)
-        return SplitCombine("add", mask_zero=mask_zero, name=name, dtype=op.dtype_policy)
+        how = "scatter" if routed else "add"
+        return SplitCombine(how, mask_zero=mask_zero, name=name, dtype=op.dtype_policy)
     axis = -1
     if isinstance(op, keras.layers.EinsumDense):
         letter, _, _ = units_axis(op)
@@ -226,8 +227,20 @@ def _order(nodes: list[Any], split_ops: set[int]) -> list[list[Any]]:
     return order
 
 
-def split_model(model: keras.Model, splits: Sequence[Split]) -> keras.Model:
-    """``model`` with each layer of ``splits`` replaced by its parts and a combine per call."""
+def split_model(
+    model: keras.Model, splits: Sequence[Split], lookup_combine: str = "dense"
+) -> keras.Model:
+    """``model`` with each layer of ``splits`` replaced by its parts and a combine per call.
+
+    ``lookup_combine``: how a table split by rows is joined: ``dense`` (each part writes the
+    whole output, zeros outside its rows; the combine adds) or ``routed`` (each part writes only
+    its rows' vectors and their positions; the combine scatters them). The dense combine stays
+    where routing cannot apply: a lookup whose output is a model output (the driver joins it,
+    with numpy's add), a TokenAndPositionEmbedding's token table (its positions read the
+    lookup's shape) and a tied table's logits (split by columns)."""
+    if lookup_combine not in ("dense", "routed"):
+        raise ValueError(f"lookup_combine is 'dense' or 'routed', got {lookup_combine!r}")
+    model_outputs = {id(t) for t in model.outputs}
     by_name = {s.layer: s for s in splits}
     nodes = topological_nodes(model.outputs)
     split_ops = {id(n.operation) for n in nodes if n.operation.name in by_name}
@@ -276,16 +289,28 @@ def split_model(model: keras.Model, splits: Sequence[Split]) -> keras.Model:
             values[id(second.outputs[0])] = combine(pieces)
             continue
         logits = reversed_call(step[0])
-        parts = _logit_parts(op, split) if logits else _part_layers(op, split)
+        routed = (
+            lookup_combine == "routed"
+            and split.how == "rows"
+            and not logits
+            and not token_and_position(op)
+            and not any(id(t) in model_outputs for node in step for t in node.outputs)
+        )
+        parts = _logit_parts(op, split) if logits else _part_layers(op, split, routed)
         outs = [keras.tree.flatten(part(reads)) for part in parts]
         for c, node in enumerate(step):
             _plain_call(node)
-            combine = _combine(op, split, node, c)
-            pieces = [o[c] for o in outs]
+            combine = _combine(op, split, node, c, routed)
+            if routed:
+                # Each part's vectors and their positions, part after part.
+                pieces = [o[i] for o in outs for i in (2 * c, 2 * c + 1)]
+            else:
+                pieces = [o[c] for o in outs]
             if token_and_position(op):
                 pieces.append(_positions(op, pieces[0], c))
                 combine.extra = 1
-            joined = combine([reads[c], *pieces] if combine.mask_zero else pieces)
+            first = combine.mask_zero or combine.how == "scatter"
+            joined = combine([reads[c], *pieces] if first else pieces)
             values[id(node.outputs[0])] = joined
     return keras.Model(inputs, [values[id(t)] for t in model.outputs], name=model.name)
 

@@ -78,6 +78,36 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
 
 
 @pytest.mark.asyncio
+async def test_a_routed_split_table_serves_equal_to_the_whole_model(
+    ray_address: str, tmp_path: Path
+) -> None:
+    # The routed combine (issue 42): each part actor sends only its rows' vectors and their
+    # positions, the next stage scatters them; a batch padded to 8 rows answers exactly too.
+    model, inputs = demo_recommender(), recommender_inputs()
+    partition_to_bundle(
+        model,
+        tmp_path / "b",
+        max_stage_bytes=BUDGET,
+        plan_batch_rows=8,
+        device_overhead_bytes=0,
+        lookup_combine="routed",
+    )
+    want = whole(model, inputs)
+    group = await ReplicaSet.create(tmp_path / "b", PipelineOptions(replicas=1, batch_sizes=(8,)))
+    try:
+        outs = await asyncio.gather(*(group.run(inputs) for _ in range(3)))
+        for out in outs:
+            np.testing.assert_array_equal(out["scores"], want)
+        bad = {k: v.copy() for k, v in inputs.items()}
+        bad["history"][2, 3] = 7000
+        with pytest.raises(ModelError, match=r"indices\[2,3\] = 7000 is not in") as err:
+            await group.run(bad)
+        assert err.value.input_blamed
+    finally:
+        await group.close()
+
+
+@pytest.mark.asyncio
 async def test_a_paired_mlp_serves_in_two_places_and_a_killed_part_actor_recovers(
     ray_address: str, tmp_path: Path
 ) -> None:
