@@ -4,6 +4,7 @@ server's histograms, the medians over rounds, the capacity at a TTFT bound, and 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from bench.observe.scrape import Samples, delta
 TTFT = "shardserve_time_to_first_token_seconds"
 TPOT = "shardserve_time_per_output_token_seconds"
 STEP_ROWS = "shardserve_generation_step_rows"
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 QUEUEING = 3.0  # p95 latency over the lowest rate's: the system fell behind
 
 # Figures of one measurement that the rounds' medians are taken of.
@@ -43,13 +45,15 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def buckets(after: Samples, before: Samples, name: str) -> list[tuple[float, float]]:
     """The cumulative (upper bound, count) pairs a histogram gained between two scrapes, in
     order of their bounds (``+Inf`` last)."""
-    prefix = f"{name}_bucket{{le="
-    out = []
+    prefix = f"{name}_bucket{{"
+    by_bound: dict[float, float] = {}
     for key in after:
         if key.startswith(prefix):
-            bound = key[len(prefix) :].rstrip("}").strip('"')
-            out.append((float(bound), delta(after, before, key)))
-    return sorted(out)
+            # Summed over the series' other labels (a generation's TTFT has one per priority).
+            labels = dict(_LABEL.findall(key[len(prefix) - 1 :]))
+            bound = float(labels["le"])
+            by_bound[bound] = by_bound.get(bound, 0.0) + delta(after, before, key)
+    return sorted(by_bound.items())
 
 
 def histogram_quantile(after: Samples, before: Samples, name: str, q: float) -> float | None:

@@ -110,6 +110,19 @@ def test_quantiles_come_from_what_the_histogram_gained_between_scrapes() -> None
     assert histogram_quantile(before, before, TTFT, 0.5) is None  # nothing observed
 
 
+def test_quantiles_sum_a_histograms_series_over_its_other_labels() -> None:
+    # The TTFT histogram has a series per priority level (issue 41): a quantile is over them all.
+    def by_level(level: str, counts: dict[str, float]) -> dict[str, float]:
+        return {f'{TTFT}_bucket{{le="{le}",priority="{level}"}}': n for le, n in counts.items()}
+
+    after = {
+        **by_level("high", {"0.1": 50, "0.5": 50, "1.0": 50, "+Inf": 50}),
+        **by_level("low", {"0.1": 0, "0.5": 0, "1.0": 50, "+Inf": 50}),
+    }
+    assert histogram_quantile(after, {}, TTFT, 0.25) == pytest.approx(0.05)
+    assert histogram_quantile(after, {}, TTFT, 0.75) == pytest.approx(0.75)
+
+
 def test_percentiles_of_the_clients_latencies() -> None:
     assert percentile([3.0, 1.0, 2.0, 4.0], 50) == pytest.approx(2.5)
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)
