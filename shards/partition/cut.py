@@ -30,6 +30,7 @@ from shards.partition.length_masks import describe_pad_values
 from shards.partition.savedmodel import read_savedmodel
 from shards.partition.stages import DEFAULT_PLAN_BATCH_ROWS, Budgets, plan_bundle
 from shards.signature import ModelSignature
+from shards.split import DEFAULT_LOOKUP_COMBINE
 
 __all__ = ["PartitionError", "is_savedmodel_dir", "partition_to_bundle"]
 
@@ -85,7 +86,7 @@ def partition_to_bundle(
     unsafe_deserialization: bool = False,
     weight_dtype: str | None = None,
     max_sequence_length: int | None = None,
-    lookup_combine: str = "dense",
+    lookup_combine: str = DEFAULT_LOOKUP_COMBINE,
 ) -> Manifest:
     """Cut ``model`` (a ``.keras`` file, a SavedModel directory or a model built in code) into
     stages and write ``manifest.json`` plus one file per stage into ``out_dir``.

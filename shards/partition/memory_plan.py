@@ -10,6 +10,11 @@ stage lives from the node that makes it to its last reader inside the stage, or 
 the stage when a later stage or the model's outputs read it. The peak is the largest sum over
 the nodes of the stage. A dimension unknown in the graph (a sequence length) counts as the
 plan's ``sequence_length`` (``--max-sequence-length``), and the plan says so.
+
+A layer may say what its shapes do not (``plan_row_bytes(reads, sequence_length)``, the parts
+of a split layer: ``shards.split``): its outputs' bytes per row where their leading axis is not
+the batch's (a routed lookup part's rows found, counted at their worst case), and the bytes it
+holds inside its call (a paired part's slice of the hidden activation), live at that node only.
 """
 
 from __future__ import annotations
@@ -165,9 +170,12 @@ class MemoryModel:
         self._readers: dict[int, list[int]] = {}
         self._reads: list[list[int]] = []
         self._makes: list[list[int]] = []
+        # Bytes per row a node holds inside its call (a layer's plan_row_bytes).
+        self._inside: list[int] = []
         for i, node in enumerate(nodes):
             self._reads.append([self._note(t) for t in node.inputs])
             self._makes.append([self._note(t) for t in node.outputs])
+            self._inside.append(self._planned(node))
             for tid in self._reads[-1]:
                 self._readers.setdefault(tid, []).append(i)
             for tid in self._makes[-1]:
@@ -182,6 +190,23 @@ class MemoryModel:
             if unknown:
                 self._unknown.add(tid)
         return tid
+
+    def _planned(self, node: Any) -> int:
+        """A layer's own word on its rows (``plan_row_bytes``): its outputs' bytes per row put
+        in place of their shapes'; the bytes it holds inside its call returned."""
+        keras_node = getattr(node, "node", None)
+        say = getattr(getattr(keras_node, "operation", None), "plan_row_bytes", None)
+        if say is None:
+            return 0
+        reads = [(tuple(t.shape), str(t.dtype)) for t in keras_node.input_tensors]
+        outputs, inside = say(reads, self.sequence_length)
+        unknown = any(d is None for shape, _ in reads for d in shape[1:])
+        for tensor, size in zip(node.outputs, outputs or [None] * len(node.outputs), strict=True):
+            if size is not None:
+                self._row[id(tensor)] = int(size)
+                if unknown:
+                    self._unknown.add(id(tensor))
+        return int(inside)
 
     def _needed_after(self, tid: int, end: int) -> bool:
         return tid in self._model_outputs or any(r >= end for r in self._readers.get(tid, ()))
@@ -205,6 +230,8 @@ class MemoryModel:
                     last = max((r for r in self._readers.get(tid, ()) if r < end), default=i)
                 live[i - start] += self._row[tid]
                 live[last - start + 1] -= self._row[tid]
+            live[i - start] += self._inside[i]
+            live[i - start + 1] -= self._inside[i]
         peak, running = 0, 0
         for delta in live[:-1]:
             running += delta

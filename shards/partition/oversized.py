@@ -14,13 +14,16 @@ from shards.partition.graph import Graph, reanalyse
 from shards.partition.memory_plan import MemoryModel
 from shards.partition.plan import budget_text
 from shards.split import (
+    DEFAULT_LOOKUP_COMBINE,
     LOGITS,
     DriverCombine,
     Split,
     StagePart,
     choose_splits,
     hand_to_driver,
+    pair_parts_needed,
     parts_needed,
+    routes,
     split_model,
     use_weight_bytes,
     uses,
@@ -40,12 +43,17 @@ def memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
 
 
 def split_oversized(
-    graph: Graph, memory: MemoryModel, budgets: Sequence[int], lookup_combine: str = "dense"
+    graph: Graph,
+    memory: MemoryModel,
+    budgets: Sequence[int],
+    lookup_combine: str = DEFAULT_LOOKUP_COMBINE,
 ) -> tuple[Graph, MemoryModel, list[Split], tuple[DriverCombine, ...]]:
     """``graph`` with each layer too large for the largest budget split into the fewest parts
     that fit it (``shards.split``); the same graph where none is too large. A split
     layer whose combine would be a model output and nothing else is joined by the driver
-    instead (the combines returned): its parts' outputs are the graph's outputs."""
+    instead (the combines returned): its parts' outputs are the graph's outputs. A routed
+    lookup's parts and a pair's parts are counted as the memory model then counts them: the
+    rows a routed part finds at their worst case, a pair's hidden slice (``shards.split``)."""
     top = max(budgets)
 
     def over(i: int) -> tuple[int, str] | None:
@@ -71,12 +79,31 @@ def split_oversized(
                 memory.plan_batch_rows,
                 graph.sequence_length,
                 top,
+                routes(op, use_how, nodes, graph.model.outputs, lookup_combine),
             )
             for use_how, nodes in uses(calls[id(op)], how)
         ]
         return None if None in counts else max(c for c in counts if c is not None)
 
-    splits = choose_splits(graph.nodes, over, parts_for, budget_text(budgets), graph.model.outputs)
+    index = {id(gnode.node): i for i, gnode in enumerate(graph.nodes)}
+
+    def pair_parts(first: Any, second: Any) -> int | None:
+        weights = sum(
+            memory.need(index[id(n)], index[id(n)] + 1).weight_bytes for n in (first, second)
+        )
+        return pair_parts_needed(
+            first,
+            second,
+            weights,
+            memory.overhead_bytes,
+            memory.plan_batch_rows,
+            graph.sequence_length,
+            top,
+        )
+
+    splits = choose_splits(
+        graph.nodes, over, parts_for, budget_text(budgets), graph.model.outputs, pair_parts
+    )
     for _ in range(8):
         if not splits:
             return graph, memory, [], ()

@@ -19,7 +19,14 @@ from shards.partition.graph import Graph, PartitionError, cut
 from shards.partition.memory_plan import MemoryModel, default_overhead, parse_budgets
 from shards.partition.oversized import memory_like, part_nodes, split_oversized
 from shards.partition.plan import Plan, plan_balanced, plan_budget
-from shards.split import DriverCombine, Split, describe, place_labels
+from shards.split import (
+    DEFAULT_LOOKUP_COMBINE,
+    DriverCombine,
+    Split,
+    check_lookup_combine,
+    describe,
+    place_labels,
+)
 
 __all__ = ["DEFAULT_PLAN_BATCH_ROWS", "Budgets", "Planned", "plan", "plan_bundle", "plan_stages"]
 
@@ -106,18 +113,19 @@ def plan_bundle(
     plan_batch_rows: int = DEFAULT_PLAN_BATCH_ROWS,
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
-    lookup_combine: str = "dense",
+    lookup_combine: str = DEFAULT_LOOKUP_COMBINE,
 ) -> Planned:
     """Plan and cut: each stage's sub-model and its spec, memory plan included (what
     ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
     default for a GPU when TensorFlow sees one here, else for a CPU. ``weight_dtype``: the
     weights will be served in it (``--weight-dtype``), and count at its size. A dimension
     unknown in the graph counts as ``graph.sequence_length``. ``lookup_combine``: how a table
-    split by rows is joined (``shards.split.split_model``: ``dense`` or ``routed``)."""
+    split by rows is joined (``shards.split.split_model``: ``routed`` or ``dense``)."""
     overhead = device_overhead_bytes
     if overhead is None:
         overhead = default_overhead(gpu=_tf_sees_gpu())
     weight_dtype = check_reduced(weight_dtype, "weight_dtype")
+    check_lookup_combine(lookup_combine)
     if stages is not None and max_stage_bytes is not None:
         raise PartitionError(
             f"give stages ({stages}) or max_stage_bytes ({max_stage_bytes}), not both"

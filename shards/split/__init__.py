@@ -70,6 +70,12 @@ from shards.split.combine import (
     join_bytes,
     join_row_bytes,
 )
+from shards.split.lookup import (
+    DEFAULT_LOOKUP_COMBINE,
+    LOOKUP_COMBINES,
+    LookupCombine,
+    check_lookup_combine,
+)
 from shards.split.parts import StagePart, pipeline_depth, place_labels, places
 
 if TYPE_CHECKING:
@@ -83,8 +89,10 @@ if TYPE_CHECKING:
         choose_splits,
         describe,
         find_pairs,
+        pair_parts_needed,
         parts_needed,
         refuse,
+        routes,
         use_weight_bytes,
         uses,
     )
@@ -105,8 +113,10 @@ _KERAS = {
     "describe": "rule",
     "find_pairs": "rule",
     "use_weight_bytes": "rule",
+    "pair_parts_needed": "rule",
     "parts_needed": "rule",
     "refuse": "rule",
+    "routes": "rule",
     "uses": "rule",
 }
 
@@ -124,10 +134,13 @@ def register_layers() -> None:
 
 
 __all__ = [
+    "DEFAULT_LOOKUP_COMBINE",
     "LOGITS",
+    "LOOKUP_COMBINES",
     "SPLITTABLE",
     "DriverCombine",
     "KernelColumns",
+    "LookupCombine",
     "PairedSlices",
     "Split",
     "SplitCombine",
@@ -135,6 +148,7 @@ __all__ = [
     "TableRows",
     "bounds_for",
     "check_join_budget",
+    "check_lookup_combine",
     "choose_splits",
     "combine_outputs",
     "describe",
@@ -142,12 +156,14 @@ __all__ = [
     "hand_to_driver",
     "join_bytes",
     "join_row_bytes",
+    "pair_parts_needed",
     "parts_needed",
     "pipeline_depth",
     "place_labels",
     "places",
     "refuse",
     "register_layers",
+    "routes",
     "split_model",
     "use_weight_bytes",
     "uses",

@@ -25,6 +25,12 @@ from typing import Any
 import keras
 from keras import ops
 
+from shards.sizes import itemsize, row_bytes
+
+# What a part's ``plan_row_bytes`` gets: each tensor it reads (its shape, batch axis first, and
+# dtype), in call order.
+Reads = Sequence[tuple[Sequence[Any], str]]
+
 
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
@@ -96,6 +102,20 @@ class TableRows(keras.layers.Layer):  # type: ignore[misc]
         positions = ops.cast(ops.nonzero(ops.reshape(inside, (-1,)))[0], "int32")
         found = ops.take(self.embeddings, ops.take(flat_local, positions), axis=0)
         return [ops.cast(found, self.compute_dtype), positions]
+
+    def plan_row_bytes(self, reads: Reads, sequence_length: int) -> tuple[list[int] | None, int]:
+        """What the memory plan counts per batch row (``shards.partition.memory_plan``): each
+        output's bytes (None: as its shape says) and the bytes held inside the call. Routed,
+        the rows found have no bound of their own but the batch's ids: a part may hold every
+        id of the batch (all in its range), so each call's vectors are counted at one per id,
+        as the dense output, and its positions at 4 bytes an id."""
+        if not self.routed:
+            return None, 0
+        sizes: list[int] = []
+        for shape, _ in reads:
+            ids = row_bytes(shape, "uint8", sequence_length)[0]  # one byte a cell: the count
+            sizes += [ids * self.output_dim * itemsize(self.compute_dtype), ids * 4]
+        return sizes, 0
 
     def compute_output_shape(self, input_shape: Any) -> list[tuple[Any, ...]]:
         shapes = input_shape if isinstance(input_shape, list) else [input_shape]
@@ -296,6 +316,18 @@ class PairedSlices(keras.layers.Layer):  # type: ignore[misc]
             y = ops.matmul(hidden, self.kernel_out)
             outputs.append(y if self.bias_out is None else ops.add(y, self.bias_out))
         return outputs
+
+    def plan_row_bytes(self, reads: Reads, sequence_length: int) -> tuple[list[int] | None, int]:
+        """What the memory plan counts per batch row beyond the outputs' shapes: the slice of
+        the hidden activation (``[..., units]`` of the first layer, this part's units) that
+        lives inside the call and never leaves it."""
+        units = self.kernel_in_shape[-1]
+        item = itemsize(self.compute_dtype)
+        hidden = sum(
+            row_bytes((*tuple(shape)[:-1], units), "uint8", sequence_length)[0] * item
+            for shape, _ in reads
+        )
+        return None, hidden
 
     def compute_output_shape(self, input_shape: Any) -> list[tuple[Any, ...]]:
         shapes = input_shape if isinstance(input_shape, list) else [input_shape]

@@ -25,10 +25,12 @@ from shards.split.layers import (
     TableRows,
     einsum_letters,
 )
+from shards.split.lookup import DEFAULT_LOOKUP_COMBINE, check_lookup_combine
 from shards.split.rule import (
     LOGITS,
     Split,
     reversed_call,
+    routes,
     table_of,
     token_and_position,
     units_axis,
@@ -228,19 +230,18 @@ def _order(nodes: list[Any], split_ops: set[int]) -> list[list[Any]]:
 
 
 def split_model(
-    model: keras.Model, splits: Sequence[Split], lookup_combine: str = "dense"
+    model: keras.Model, splits: Sequence[Split], lookup_combine: str = DEFAULT_LOOKUP_COMBINE
 ) -> keras.Model:
     """``model`` with each layer of ``splits`` replaced by its parts and a combine per call.
 
-    ``lookup_combine``: how a table split by rows is joined: ``dense`` (each part writes the
-    whole output, zeros outside its rows; the combine adds) or ``routed`` (each part writes only
-    its rows' vectors and their positions; the combine scatters them). The dense combine stays
-    where routing cannot apply: a lookup whose output is a model output (the driver joins it,
-    with numpy's add), a TokenAndPositionEmbedding's token table (its positions read the
-    lookup's shape) and a tied table's logits (split by columns)."""
-    if lookup_combine not in ("dense", "routed"):
-        raise ValueError(f"lookup_combine is 'dense' or 'routed', got {lookup_combine!r}")
-    model_outputs = {id(t) for t in model.outputs}
+    ``lookup_combine`` (``shards.split.lookup``): how a table split by rows is joined:
+    ``routed`` (each part writes only its rows' vectors and their positions; the combine
+    scatters them) or ``dense`` (each part writes the whole output, zeros outside its rows; the
+    combine adds). The dense combine stays where routing cannot apply (``routes``): a lookup
+    whose output is a model output (the driver joins it, with numpy's add), a
+    TokenAndPositionEmbedding's token table (its positions read the lookup's shape) and a tied
+    table's logits (split by columns)."""
+    check_lookup_combine(lookup_combine)
     by_name = {s.layer: s for s in splits}
     nodes = topological_nodes(model.outputs)
     split_ops = {id(n.operation) for n in nodes if n.operation.name in by_name}
@@ -289,13 +290,7 @@ def split_model(
             values[id(second.outputs[0])] = combine(pieces)
             continue
         logits = reversed_call(step[0])
-        routed = (
-            lookup_combine == "routed"
-            and split.how == "rows"
-            and not logits
-            and not token_and_position(op)
-            and not any(id(t) in model_outputs for node in step for t in node.outputs)
-        )
+        routed = routes(op, split.how, step, model.outputs, lookup_combine)
         parts = _logit_parts(op, split) if logits else _part_layers(op, split, routed)
         outs = [keras.tree.flatten(part(reads)) for part in parts]
         for c, node in enumerate(step):

@@ -152,6 +152,21 @@ def refuse(op: Any, need_text: str, budget_text: str, need: int) -> PlanError:
     )
 
 
+def routes(op: Any, how: str, calls: Sequence[Any], outputs: Sequence[Any], combine: str) -> bool:
+    """Whether a use of a layer split by rows is joined routed (``combine``: ``routed``): its
+    lookups, where routing applies (not a TokenAndPositionEmbedding's token table, whose
+    positions read the lookup's shape; not a lookup that is a model output, which the driver
+    joins with numpy's add; never the logits, split by columns)."""
+    ends = {id(t) for t in outputs}
+    return (
+        combine == "routed"
+        and how == "rows"
+        and not any(reversed_call(n) for n in calls)
+        and not token_and_position(op)
+        and not any(id(t) in ends for n in calls for t in n.outputs)
+    )
+
+
 def parts_needed(
     op: Any,
     how: str,
@@ -161,16 +176,21 @@ def parts_needed(
     batch: int,
     sequence_length: int,
     budget: int,
+    routed: bool = False,
 ) -> int | None:
     """The fewest parts whose weights and activations each fit ``budget``; None when no number
     does (the activations and overhead alone are over it). By rows every part writes the whole
-    output (zeros outside its rows); by columns its share of it."""
+    output (zeros outside its rows); routed (``routes``), at worst the same, every id of the
+    batch in its range, plus 4 bytes an id of position; by columns its share of it."""
     held = out = 0
     for node in calls:
         for t in {id(t): t for t in node.input_tensors}.values():
             held += row_bytes(tuple(t.shape), str(t.dtype), sequence_length)[0]
         for t in node.outputs:
             out += row_bytes(tuple(t.shape), str(t.dtype), sequence_length)[0]
+        if routed:
+            ids = node.input_tensors[0]
+            out += row_bytes(tuple(ids.shape), "int32", sequence_length)[0]
     size = _size(op, how)
     for parts in range(2, size + 1):
         share = math.ceil(weight_bytes / parts)
@@ -182,18 +202,49 @@ def parts_needed(
     return None
 
 
+def pair_parts_needed(
+    first: Any,
+    second: Any,
+    weight_bytes: int,
+    overhead: int,
+    batch: int,
+    sequence_length: int,
+    budget: int,
+) -> int | None:
+    """The fewest parts of a pair (``find_pairs``: ``first`` and ``second`` the two layers'
+    calls, each layer called once) that each fit ``budget``: its share of both layers'
+    ``weight_bytes``, the first layer's input (held for the call), its slice of the hidden
+    activation (the first layer's output units, kept inside the part) and the second layer's
+    whole output (its partial product); None when none does."""
+    held = sum(
+        row_bytes(tuple(t.shape), str(t.dtype), sequence_length)[0]
+        for t in {id(t): t for t in first.input_tensors}.values()
+    )
+    (hidden_tensor,), (out_tensor,) = first.outputs, second.outputs
+    hidden = row_bytes(tuple(hidden_tensor.shape), str(hidden_tensor.dtype), sequence_length)[0]
+    out = row_bytes(tuple(out_tensor.shape), str(out_tensor.dtype), sequence_length)[0]
+    for parts in range(2, _size(first.operation, "columns") + 1):
+        share = math.ceil(weight_bytes / parts)
+        if share + (held + math.ceil(hidden / parts) + out) * batch + overhead <= budget:
+            return parts
+    return None
+
+
 def choose_splits(
     nodes: Sequence[Any],
     over: Callable[[int], tuple[int, str] | None],
     parts_for: Callable[[int, Any, str], int | None],
     budget_text: str,
     outputs: Sequence[Any] = (),
+    pair_parts: Callable[[Any, Any], int | None] | None = None,
 ) -> list[Split]:
     """The layers to split and into how many parts. ``over(i)``: node i's need and its text when
     it exceeds the largest budget; ``parts_for(i, op, how)``: the fewest parts that fit. Two
     split ``Dense`` layers that pair (``find_pairs``; ``outputs``: the model's outputs) become
-    one ``pair`` split in as many parts as the larger needs (the planner adds parts where one
-    is still over)."""
+    one ``pair`` split in as many parts as the larger needs, or as ``pair_parts(first,
+    second)`` (``pair_parts_needed``: both layers' weights, the hidden slice each part keeps)
+    needs where that is more (the two layers' calls; the planner adds parts where one is still
+    over)."""
     splits: dict[str, Split] = {}
     for i, gnode in enumerate(nodes):
         found = over(i)
@@ -219,7 +270,9 @@ def choose_splits(
     for first, (second, between, steps) in find_pairs(nodes, outputs).items():
         if first in splits and second in splits:
             a, b = splits[first], splits.pop(second)
-            parts = max(a.parts, b.parts)
+            called = {g.node.operation.name: g.node for g in nodes}
+            together = None if pair_parts is None else pair_parts(called[first], called[second])
+            parts = max(a.parts, b.parts, together or 0)
             splits[first] = Split(
                 first,
                 f"{a.kind}+{b.kind}",
@@ -351,9 +404,11 @@ __all__ = [
     "choose_splits",
     "describe",
     "find_pairs",
+    "pair_parts_needed",
     "parts_needed",
     "refuse",
     "reversed_call",
+    "routes",
     "table_of",
     "token_and_position",
     "units_axis",

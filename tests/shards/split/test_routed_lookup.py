@@ -35,8 +35,8 @@ def run(model: keras.Model, inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 def test_the_routed_lookup_equals_the_dense_one_and_the_whole_model() -> None:
     model, inputs = demo_recommender(), recommender_inputs(rows=7)
-    dense = split_model(model, [items_split()])
-    routed = split_model(model, [items_split()], lookup_combine="routed")
+    dense = split_model(model, [items_split()], lookup_combine="dense")
+    routed = split_model(model, [items_split()])  # routed: the default since issue 42 item 2
     assert any(isinstance(op, SplitCombine) and op.how == "scatter" for op in routed.layers)
     assert not any(isinstance(op, SplitCombine) and op.how == "scatter" for op in dense.layers)
     expected = run(model, inputs)
@@ -98,8 +98,8 @@ def test_a_routed_bundle_answers_as_the_whole_model_and_its_parts_write_their_ro
 
 def test_a_tied_gpt2_routes_its_lookup_and_keeps_its_logits_by_columns(tmp_path: Path) -> None:
     model, inputs = tiny_gpt2(), gpt2_inputs()
-    dense = partition_gpt2(model, tmp_path / "dense")
-    routed = partition_gpt2(model, tmp_path / "routed", lookup_combine="routed")
+    dense = partition_gpt2(model, tmp_path / "dense", lookup_combine="dense")
+    routed = partition_gpt2(model, tmp_path / "routed")
     # The lookup's parts write their vectors and positions; the logits' parts are unchanged.
     assert [tuple(t.shape) for t in routed.stages[0].outputs] == [(16,), ()]
     assert [s.name for s in routed.stages] == [s.name for s in dense.stages]
