@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Optional
 import typer
 from rich.console import Console
 
+from shards.split.lookup import DEFAULT_LOOKUP_COMBINE, LookupCombine
+
 err = Console(stderr=True)
 
 _STAGES_HELP = "Balanced stages to cut."
@@ -25,6 +27,11 @@ _BATCH_HELP = "Rows in a full batch: activations are planned at this size."
 _WEIGHT_DTYPE_HELP = "Plan the weights as served in this dtype: float32, bfloat16 or float16."
 _OVERHEAD_HELP = (
     "A device's own memory before any weight, e.g. 1GiB; default 1 GiB on a GPU, 700 MiB on a CPU."
+)
+_LOOKUP_HELP = (
+    "How an embedding table split by rows is joined: routed (each part sends only the vectors "
+    "of the ids in its range and their positions) or dense (each part sends the whole lookup, "
+    "zeros outside its rows); the same answer."
 )
 _UNSAFE_HELP = (
     "Load a model holding Lambda layers or other Python code (Keras safe_mode off); only for "
@@ -58,6 +65,10 @@ UnsafeOption = Annotated[bool, typer.Option("--unsafe-deserialization", help=_UN
 WeightDtypeOption = Annotated[
     str, typer.Option("--weight-dtype", help=_WEIGHT_DTYPE_HELP, metavar="DTYPE")
 ]
+# The choices are shards.split's (LookupCombine): Typer refuses another value naming them.
+LookupOption = Annotated[
+    LookupCombine, typer.Option("--lookup-combine", help=_LOOKUP_HELP, metavar="routed|dense")
+]
 LogLevelOption = Annotated[
     Literal["debug", "info", "warning", "error"],
     typer.Option(help="Log level; TensorFlow's own C++ log is shown at debug only."),
@@ -76,6 +87,7 @@ class PlanFlags:
     imports: ImportsOption = None
     unsafe_deserialization: UnsafeOption = False
     weight_dtype: WeightDtypeOption = "float32"
+    lookup_combine: LookupOption = DEFAULT_LOOKUP_COMBINE
     log_level: LogLevelOption = "warning"
 
 
@@ -170,6 +182,7 @@ def partition(
                 unsafe_deserialization=flags.unsafe_deserialization,
                 weight_dtype=flags.weight_dtype,
                 max_sequence_length=flags.max_sequence_length,
+                lookup_combine=flags.lookup_combine,
             )
         except (ValueError, OSError) as exc:
             raise _fail(exc) from None
@@ -286,5 +299,6 @@ def _plan_model(
         plan_batch_rows=flags.max_batch_size,
         device_overhead_bytes=overhead,
         weight_dtype=flags.weight_dtype,
+        lookup_combine=flags.lookup_combine,
     )
     return [spec for _, spec in planned.stages], graph.signature, planned.combines

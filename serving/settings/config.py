@@ -30,6 +30,7 @@ from serving.settings.sources import ConfigError, TomlSource, format_validation_
 from serving.settings.tls import TlsSettings
 from serving.settings.waits import AUTO, WaitMs, is_auto, parse_wait_ms
 from shards.partition.memory_plan import DEFAULT_MAX_SEQUENCE_LENGTH, parse_budgets, parse_bytes
+from shards.split.lookup import DEFAULT_LOOKUP_COMBINE, LookupCombine
 
 __all__ = ["ConfigError", "Settings", "default_queue_rows", "load_settings", "padded_batch_sizes"]
 
@@ -243,6 +244,13 @@ class Settings(
         "float32",
         description="Stage weights held in this dtype (half the memory at 16 bits), computing "
         "in float32 (docs/benchmarks.md).",
+    )
+    lookup_combine: LookupCombine = Field(
+        DEFAULT_LOOKUP_COMBINE,
+        description="How an embedding table split by rows (too large for one device) is joined "
+        "when the server partitions the model: routed (each part sends only the vectors of the "
+        "ids in its range and their positions, ~1/parts of the bytes) or dense (each part "
+        "sends the whole lookup, zeros outside its rows); the same answer (docs/models.md).",
     )
     gpu_memory_limit: bool = Field(
         True,

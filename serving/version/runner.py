@@ -134,6 +134,7 @@ async def build_runner(settings: Settings) -> ModelRunner | Generator:
         weight_dtype=settings.weight_dtype,
         cache_max_bytes=settings.cache_max_bytes,
         max_sequence_length=settings.max_sequence_length,
+        lookup_combine=settings.lookup_combine,
     )
     bundle = await resolve_bundle_remote(settings.model, resolve)
     log.info("model %r -> bundle %s", settings.model, bundle)

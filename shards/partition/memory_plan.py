@@ -196,7 +196,7 @@ class MemoryModel:
         in place of their shapes'; the bytes it holds inside its call returned."""
         keras_node = getattr(node, "node", None)
         say = getattr(getattr(keras_node, "operation", None), "plan_row_bytes", None)
-        if say is None:
+        if keras_node is None or say is None:
             return 0
         reads = [(tuple(t.shape), str(t.dtype)) for t in keras_node.input_tensors]
         outputs, inside = say(reads, self.sequence_length)

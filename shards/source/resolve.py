@@ -35,6 +35,7 @@ from shards.bundle.format import (
 from shards.errors import ResolveError
 from shards.generation.preset import is_preset_dir, read_preset
 from shards.partition.memory_plan import parse_budgets
+from shards.split import DEFAULT_LOOKUP_COMBINE, check_lookup_combine
 
 if TYPE_CHECKING:
     import keras
@@ -55,7 +56,8 @@ class ResolveOptions:
     ``plan_batch_rows``, ``device_overhead_bytes`` and ``max_sequence_length`` (what an unknown
     dimension counts as; ``None``: the model's own bound, else 512) size the memory plan
     (shards.partition.memory_plan); a length over the model's bound is refused;
-    ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load."""
+    ``unsafe_deserialization`` lets a ``.keras`` file with Lambda layers load;
+    ``lookup_combine``: how a table split by rows is joined (``shards.split.lookup``)."""
 
     stages: int | None
     max_stage_bytes: int | Sequence[int] | None
@@ -67,8 +69,10 @@ class ResolveOptions:
     weight_dtype: str | None = None
     cache_max_bytes: int = cache.DEFAULT_MAX_BYTES
     max_sequence_length: int | None = None
+    lookup_combine: str = DEFAULT_LOOKUP_COMBINE
 
     def __post_init__(self) -> None:
+        check_lookup_combine(self.lookup_combine)
         budgets = self.max_stage_bytes
         if budgets is not None and not isinstance(budgets, int):
             object.__setattr__(self, "max_stage_bytes", tuple(budgets))
@@ -95,7 +99,7 @@ def resolve_bundle(
     cache_dir = cache.ensure_private(options.cache_dir)
     keyed = f"stages={options.stages};max_stage_bytes={budgets};imports={list(options.imports)}"
     keyed += f";batch={options.plan_batch_rows};overhead={options.device_overhead_bytes}"
-    keyed += f";length={options.max_sequence_length}"
+    keyed += f";length={options.max_sequence_length};lookup={options.lookup_combine}"
     if options.weight_dtype not in (None, "float32"):
         keyed += f";weights={options.weight_dtype}"
     key = cache_key(model, path, keyed, cache_dir)
@@ -175,6 +179,7 @@ def _partition(
         weight_dtype=options.weight_dtype,
         max_sequence_length=options.max_sequence_length,
         unsafe_deserialization=options.unsafe_deserialization,
+        lookup_combine=options.lookup_combine,
     )
 
 

@@ -1,6 +1,8 @@
 """How a table split by rows is joined (``lookup_combine``): the choices, the default and the
 check of a value given. The one owner of the knob: the server's setting, ``shardserve partition``
-and ``plan``'s flag and the planner all take these (Keras-free: the settings import it).
+and ``plan``'s flag and the planner all take these. Keras-free, and the one submodule of
+``shards.split`` imported from outside it: the settings read it without the package's Keras
+names.
 
 - ``routed`` (the default): each part writes only the vectors of the ids in its range and
   their positions; the combine scatters them. What the parts write in all is the output once

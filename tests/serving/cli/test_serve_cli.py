@@ -79,3 +79,17 @@ def test_an_admin_token_on_the_command_line_is_warned_about(
     assert quiet.exit_code == 0, quiet.output
     assert "warning" not in quiet.output
     assert [s.admin_token.get_secret_value() for s in served if s.admin_token] == ["s3cret"] * 2
+
+
+def test_the_lookup_combine_flag_reaches_the_settings_and_a_bad_one_names_the_choices(
+    served: list[Settings],
+) -> None:
+    result = CliRunner().invoke(app, ["serve", "--lookup-combine", "dense"])
+    assert result.exit_code == 0, result.output
+    assert served[0].lookup_combine == "dense"
+    assert CliRunner().invoke(app, ["serve"]).exit_code == 0
+    assert served[1].lookup_combine == "routed"  # the default
+    bad = CliRunner().invoke(app, ["serve", "--lookup-combine", "sparse"])
+    assert bad.exit_code == 2
+    assert "lookup_combine: Input should be 'routed' or 'dense' (got 'sparse')" in bad.output
+    assert len(served) == 2

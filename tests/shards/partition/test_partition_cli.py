@@ -69,3 +69,34 @@ def test_plan_says_the_length_an_unknown_dimension_is_counted_at(tmp_path: Path)
     planned = runner.invoke(app, ["plan", str(out)])
     assert "counted as 32 (--max-sequence-length)" in " ".join(planned.output.split())
     assert "counted as" not in runner.invoke(app, ["plan", "demo-tiny"]).output
+
+
+def test_the_lookup_combine_is_chosen_by_its_flag(tmp_path: Path) -> None:
+    # The recommender's item table, too large for the budget, split by rows in 2: routed by
+    # default (each part writes per id tensor its vectors and their positions), dense when
+    # asked (the whole lookups); a value outside the choices is refused naming them.
+    from shards.bundle.format import read_manifest
+    from shards.partition.demo_models import demo_recommender
+
+    demo_recommender().save(tmp_path / "rec.keras")
+    budget = ["--max-stage-bytes", "600KB", "--max-batch-size", "8", "--device-overhead-bytes", "0"]
+    shapes = {}
+    for combine in ("routed", "dense", None):
+        out = tmp_path / f"bundle-{combine}"
+        chosen = [] if combine is None else ["--lookup-combine", combine]
+        cut = [*budget, *chosen, "--out", str(out)]
+        result = runner.invoke(app, ["partition", str(tmp_path / "rec.keras"), *cut])
+        assert result.exit_code == 0, result.output
+        shapes[combine] = [tuple(t.shape) for t in read_manifest(out).stages[0].outputs]
+    assert shapes["routed"] == shapes[None] == [(32,), (), (32,), ()]
+    assert shapes["dense"] == [(20, 32), (1, 32)]
+    planned = runner.invoke(app, ["plan", str(tmp_path / "rec.keras"), *budget])
+    dense = runner.invoke(
+        app, ["plan", str(tmp_path / "rec.keras"), *budget, "--lookup-combine", "dense"]
+    )
+    assert planned.exit_code == dense.exit_code == 0, planned.output + dense.output
+    assert "items rows [0, 3000)" in planned.output and "items rows [0, 3000)" in dense.output
+    bad = runner.invoke(app, ["plan", "demo-tiny", "--lookup-combine", "sparse"])
+    assert bad.exit_code == 2
+    text = " ".join(bad.output.replace("│", " ").split())  # rich boxes the error
+    assert "'sparse' is not one of 'routed', 'dense'" in text

@@ -89,6 +89,24 @@ def test_another_max_sequence_length_gets_another_cache_entry(
     assert [p.sequence_length if p else None for p in plans] == [64, 512]
 
 
+def test_the_lookup_combine_is_passed_on_and_keys_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs["lookup_combine"])
+        return partition_to_bundle(*args, **kwargs)
+
+    monkeypatch.setattr(shards.partition.cut, "partition_to_bundle", recording)
+    options = {"stages": 1, "max_stage_bytes": None, "cache_dir": tmp_path}
+    routed = resolve_bundle("demo-tiny", ResolveOptions(**options))
+    dense = resolve_bundle("demo-tiny", ResolveOptions(**options, lookup_combine="dense"))
+    assert routed != dense and asked == ["routed", "dense"]
+    with pytest.raises(ValueError, match="lookup_combine is 'routed' or 'dense', got 'sparse'"):
+        ResolveOptions(**options, lookup_combine="sparse")
+
+
 def test_a_model_with_its_own_bound_is_planned_at_it_and_a_longer_length_refused(
     tmp_path: Path,
 ) -> None:
