@@ -20,10 +20,14 @@ cannot be one stage; it is split instead, and this package is everything about t
 - **The plan rule** (``choose_splits``, ``parts_needed``): the fewest parts whose slice of the
   weights plus the activations each part holds and writes, at the max batch, plus the device
   overhead, fit the largest budget. By rows every part writes the whole output (zeros outside
-  its rows); by columns its share. Each use is charged the matrix it reads
-  (``use_weight_bytes``: an untied table's logits its reverse table, its lookups its table).
-  A tied table is split once and held twice: one set of parts
-  for its lookups at the start of the pipeline, one for its logits at the end (one actor
+  its rows), routed at worst the same (every id of the batch in its range) plus 4 bytes an id
+  of position; by columns its share; a pair's part (``pair_parts_needed``) both layers' share,
+  the second's whole output and its slice of the hidden activation. The memory model of the
+  rewritten graph counts the same: a part says what its shapes do not (``plan_row_bytes``: a
+  routed part's rows found at their worst case, a pair's hidden slice inside its call). Each
+  use is charged the matrix it reads (``use_weight_bytes``: an untied table's logits its
+  reverse table, its lookups its table). A tied table is split once and held twice: one set of
+  parts for its lookups at the start of the pipeline, one for its logits at the end (one actor
   serving both would sit at two places: Ray runs an actor's tasks in order, so batch n+1's
   lookup would wait for batch n's logits).
 - **The parts** (``shards.split.layers``): ``TableRows`` (a range of a table's rows, zeros for
@@ -35,15 +39,13 @@ cannot be one stage; it is split instead, and this package is everything about t
   is one part's value plus zeros; a concatenation then the activation for columns: 1e-6
   relative), or, where the output is a model output and numpy computes it as Keras does, by
   the driver (``DriverCombine``, planned against ``driver_join_max_bytes``). A table split by
-  rows may be joined *routed* instead (``split_model(..., lookup_combine="routed")``,
-  ``partition_to_bundle`` the same): each ``TableRows`` part writes only the vectors of the ids
-  in its range and their positions, and ``SplitCombine(how="scatter")`` puts them in place
-  (exact, as the add); a part then writes ~1/parts of the dense output. The dense add stays
-  where routing does not apply: a lookup that is a model output (the driver's numpy add), a
-  TokenAndPositionEmbedding's token table, and a tied table's logits (columns). Opt-in: the
-  memory plan counts a routed part's leading axis (the rows it found) as the batch's, one
-  vector a row per call, which is under the worst case where a row's ids all fall in one
-  part's range (the weights dominate a part too large for a device; dense is the default).
+  rows is joined *routed* by default (``lookup_combine``, the knob's one owner
+  ``shards.split.lookup``: the server's setting, ``partition``/``plan``'s flag): each
+  ``TableRows`` part writes only the vectors of the ids in its range and their positions, and
+  ``SplitCombine(how="scatter")`` puts them in place (exact, as the add); a part then writes
+  ~1/parts of the dense output. ``dense`` keeps the add. The dense add stays where routing does
+  not apply (``routes``): a lookup that is a model output (the driver's numpy add), a
+  TokenAndPositionEmbedding's token table, and a tied table's logits (columns).
 - **The rewrite** (``split_model``, ``hand_to_driver``): the model with each split layer's
   calls replaced by one call of each part and a combine per call; the planner then gives each
   part a stage of its own.
