@@ -54,7 +54,9 @@ cannot be one stage; it is split instead, and this package is everything about t
   the pipeline's depth (``pipeline_depth``: the parts of one layer count once), which the
   manifest exposes as ``Manifest.depth`` and every consumer reads.
 
-The interface is this module: other code imports ``shards.split`` and nothing below it. The
+The interface is this module: other code imports ``shards.split`` and nothing below it, but
+``shards.split.lookup`` (the knob's choices), which the settings import without this module's
+names (its type-checking imports would chain them to Keras for import-linter). The
 numpy names (the parts, the places, the driver's combine) import no TensorFlow or Keras; the
 Keras names (the rule, the rewrite, the layers) are imported on first use, so the server can
 read a manifest without TensorFlow.

@@ -40,9 +40,11 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
     ray_address: str, tmp_path: Path
 ) -> None:
     model, inputs = demo_recommender(), recommender_inputs()
-    partition_to_bundle(
+    manifest = partition_to_bundle(
         model, tmp_path / "b", max_stage_bytes=BUDGET, plan_batch_rows=8, device_overhead_bytes=0
     )
+    # Routed, the default: per id tensor the part's vectors and their positions.
+    assert [tuple(t.shape) for t in manifest.stages[0].outputs] == [(32,), (), (32,), ()]
     want = whole(model, inputs)
     group = await ReplicaSet.create(tmp_path / "b", PipelineOptions(replicas=1, batch_sizes=(5,)))
     try:
@@ -78,20 +80,23 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
 
 
 @pytest.mark.asyncio
-async def test_a_routed_split_table_serves_equal_to_the_whole_model(
+async def test_a_dense_split_table_serves_equal_to_the_whole_model(
     ray_address: str, tmp_path: Path
 ) -> None:
-    # The routed combine (issue 42): each part actor sends only its rows' vectors and their
-    # positions, the next stage scatters them; a batch padded to 8 rows answers exactly too.
+    # The test above serves the routed combine, the default since issue 42 (each part actor
+    # sends only its rows' vectors and their positions); this one the dense combine, asked for
+    # (each part the whole lookup, zeros outside its rows, the next stage adds): a batch padded
+    # to 8 rows answers exactly too.
     model, inputs = demo_recommender(), recommender_inputs()
-    partition_to_bundle(
+    manifest = partition_to_bundle(
         model,
         tmp_path / "b",
         max_stage_bytes=BUDGET,
         plan_batch_rows=8,
         device_overhead_bytes=0,
-        lookup_combine="routed",
+        lookup_combine="dense",
     )
+    assert [tuple(t.shape) for t in manifest.stages[0].outputs] == [(20, 32), (1, 32)]
     want = whole(model, inputs)
     group = await ReplicaSet.create(tmp_path / "b", PipelineOptions(replicas=1, batch_sizes=(8,)))
     try:
