@@ -40,12 +40,17 @@ def memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
 
 
 def split_oversized(
-    graph: Graph, memory: MemoryModel, budgets: Sequence[int], lookup_combine: str = "dense"
+    graph: Graph,
+    memory: MemoryModel,
+    budgets: Sequence[int],
+    lookup_combine: str = "dense",
+    pair_dense: bool = True,
 ) -> tuple[Graph, MemoryModel, list[Split], tuple[DriverCombine, ...]]:
     """``graph`` with each layer too large for the largest budget split into the fewest parts
     that fit it (``shards.split``); the same graph where none is too large. A split
     layer whose combine would be a model output and nothing else is joined by the driver
-    instead (the combines returned): its parts' outputs are the graph's outputs."""
+    instead (the combines returned): its parts' outputs are the graph's outputs.
+    ``pair_dense=False``: two ``Dense`` layers that would pair are split alone (``choose_splits``)."""
     top = max(budgets)
 
     def over(i: int) -> tuple[int, str] | None:
@@ -76,7 +81,9 @@ def split_oversized(
         ]
         return None if None in counts else max(c for c in counts if c is not None)
 
-    splits = choose_splits(graph.nodes, over, parts_for, budget_text(budgets), graph.model.outputs)
+    splits = choose_splits(
+        graph.nodes, over, parts_for, budget_text(budgets), graph.model.outputs, pair_dense
+    )
     for _ in range(8):
         if not splits:
             return graph, memory, [], ()

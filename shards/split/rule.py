@@ -188,12 +188,14 @@ def choose_splits(
     parts_for: Callable[[int, Any, str], int | None],
     budget_text: str,
     outputs: Sequence[Any] = (),
+    pair_dense: bool = True,
 ) -> list[Split]:
     """The layers to split and into how many parts. ``over(i)``: node i's need and its text when
     it exceeds the largest budget; ``parts_for(i, op, how)``: the fewest parts that fit. Two
     split ``Dense`` layers that pair (``find_pairs``; ``outputs``: the model's outputs) become
     one ``pair`` split in as many parts as the larger needs (the planner adds parts where one
-    is still over)."""
+    is still over). ``pair_dense=False``: no pairs, each ``Dense`` split by columns alone (the
+    layout before pairs, which ``python -m bench split`` measures against them)."""
     splits: dict[str, Split] = {}
     for i, gnode in enumerate(nodes):
         found = over(i)
@@ -216,7 +218,8 @@ def choose_splits(
         splits[op.name] = Split(
             op.name, type(op).__name__, how, size, bounds_for(size, parts), tied
         )
-    for first, (second, between, steps) in find_pairs(nodes, outputs).items():
+    pairs = find_pairs(nodes, outputs) if pair_dense else {}
+    for first, (second, between, steps) in pairs.items():
         if first in splits and second in splits:
             a, b = splits[first], splits.pop(second)
             parts = max(a.parts, b.parts)
