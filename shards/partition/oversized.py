@@ -50,7 +50,8 @@ def split_oversized(
     that fit it (``shards.split``); the same graph where none is too large. A split
     layer whose combine would be a model output and nothing else is joined by the driver
     instead (the combines returned): its parts' outputs are the graph's outputs.
-    ``pair_dense=False``: two ``Dense`` layers that would pair are split alone (``choose_splits``)."""
+    ``pair_dense=False``: two ``Dense`` layers that would pair are split alone
+    (``choose_splits``)."""
     top = max(budgets)
 
     def over(i: int) -> tuple[int, str] | None:
