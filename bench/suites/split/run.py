@@ -153,6 +153,7 @@ async def _measure(group: Any, manifest: Any, plan: SplitPlan, model: str) -> di
             "rss": info["memory"]["rss_bytes"],
             "rss_peak": info["memory"]["rss_peak_bytes"],
             "tf_mark": info["memory"]["rss_marks"]["tensorflow"],
+            "shm": info["memory"].get("rss_shared_memory_bytes", 0),
             "weights": info["weight_bytes"],
         }
         for info in await group.describe()
@@ -264,7 +265,10 @@ def summarise(model: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
             actors.append(
                 {
                     **actor,
-                    **{f: median([a[f] for a in each]) for f in ("rss", "rss_peak", "tf_mark")},
+                    **{
+                        f: median([a[f] for a in each])
+                        for f in ("rss", "rss_peak", "tf_mark", "shm")
+                    },
                 }
             )
         layouts[name] = {

@@ -78,7 +78,7 @@ def test_a_paired_part_writes_the_outputs_width_an_unpaired_one_its_hidden_units
 
 
 def _round(rows: dict[str, float]) -> dict[str, Any]:
-    actor = {"stage": "0", "planned": 100, "rss": 300, "rss_peak": 320, "tf_mark": 180}
+    actor = {"stage": "0", "planned": 100, "rss": 310, "rss_peak": 320, "tf_mark": 180, "shm": 10}
     return {
         name: {
             "stages": ["0"],
@@ -116,6 +116,7 @@ def test_the_summary_takes_medians_and_each_rounds_ratio() -> None:
             "models": {"mlp": {"layer_bytes": 2**27, "budget": 2**26, "rounds": rounds, **found}},
         }
     )
-    # RSS above the TF import against the plan: (300 - 180) / 100.
-    assert "| one stage | 0 | 0.0 | 0.0 | 0 | 0 | 1.20x | 1.40x |" in text
+    # RSS above the TF import, less the store's shared pages, against the plan: (310 - 10 -
+    # 180) / 100.
+    assert "| one stage | 0 | 0.0 | 0.0 | 0 | 0 | 0 | 1.20x | 1.40x |" in text
     assert "split, paired / split, unpaired: store bytes measured 2.00x" in text
