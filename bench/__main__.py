@@ -17,7 +17,7 @@ Examples::
     python -m bench ragged                                   # mixed lengths, length padded
     python -m bench rollout --quick                          # version switch, canary rollback
     python -m bench elastic --quick                          # replicas follow a load step
-    python -m bench split                                    # tables split across devices
+    python -m bench split                                    # split layers against one stage
     python -m bench soak                                     # front-end RSS, 10 min of load
     python -m bench generate --blocks 2 --hidden 64 --rounds 1 --duration 5   # generation, quick
 """

@@ -14,18 +14,27 @@ from typing import Any
 _STATUS = Path("/proc/self/status")
 
 
-def rss() -> tuple[int, int]:
-    """(current, peak) resident bytes of this process; (0, 0) where /proc is not there."""
+def _status(*keys: str) -> tuple[int, ...]:
+    """The bytes of each ``/proc/self/status`` field in ``keys``; 0s where /proc is not there."""
     try:
         text = _STATUS.read_text()
     except OSError:
-        return 0, 0
+        return tuple(0 for _ in keys)
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return tuple(int(fields.get(key, "0 kB").split()[0]) * 1024 for key in keys)
 
-    def kib(key: str) -> int:
-        return int(fields.get(key, "0 kB").split()[0]) * 1024
 
-    return kib("VmRSS"), kib("VmHWM")
+def rss() -> tuple[int, int]:
+    """(current, peak) resident bytes of this process; (0, 0) where /proc is not there."""
+    current, peak = _status("VmRSS", "VmHWM")
+    return current, peak
+
+
+def rss_shared_memory() -> int:
+    """The resident bytes of shared memory this process maps (``RssShmem``): on a Ray worker
+    mostly the object store's pages it wrote or read (``/dev/shm``), counted in the RSS too but
+    not held by this process alone."""
+    return _status("RssShmem")[0]
 
 
 def gpu_memory(device: str) -> dict[str, int] | None:
@@ -53,6 +62,7 @@ class MemoryMarks:
             "rss_bytes": current,
             "rss_peak_bytes": peak,
             "rss_marks": dict(self.marks),
+            "rss_shared_memory_bytes": rss_shared_memory(),
             # What loading and running the stage added to a process that had TensorFlow.
             "rss_above_tensorflow_bytes": max(0, current - base) if base else None,
             "planned_peak_bytes": planned_peak_bytes,

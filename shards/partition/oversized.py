@@ -47,13 +47,16 @@ def split_oversized(
     memory: MemoryModel,
     budgets: Sequence[int],
     lookup_combine: str = DEFAULT_LOOKUP_COMBINE,
+    pair_dense: bool = True,
 ) -> tuple[Graph, MemoryModel, list[Split], tuple[DriverCombine, ...]]:
     """``graph`` with each layer too large for the largest budget split into the fewest parts
     that fit it (``shards.split``); the same graph where none is too large. A split
     layer whose combine would be a model output and nothing else is joined by the driver
     instead (the combines returned): its parts' outputs are the graph's outputs. A routed
     lookup's parts and a pair's parts are counted as the memory model then counts them: the
-    rows a routed part finds at their worst case, a pair's hidden slice (``shards.split``)."""
+    rows a routed part finds at their worst case, a pair's hidden slice (``shards.split``).
+    ``pair_dense=False``: two ``Dense`` layers that would pair are split alone
+    (``choose_splits``)."""
     top = max(budgets)
 
     def over(i: int) -> tuple[int, str] | None:
@@ -102,7 +105,13 @@ def split_oversized(
         )
 
     splits = choose_splits(
-        graph.nodes, over, parts_for, budget_text(budgets), graph.model.outputs, pair_parts
+        graph.nodes,
+        over,
+        parts_for,
+        budget_text(budgets),
+        graph.model.outputs,
+        pair_parts,
+        pair_dense=pair_dense,
     )
     for _ in range(8):
         if not splits:

@@ -114,13 +114,16 @@ def plan_bundle(
     device_overhead_bytes: int | None = None,
     weight_dtype: str | None = None,
     lookup_combine: str = DEFAULT_LOOKUP_COMBINE,
+    pair_dense: bool = True,
 ) -> Planned:
     """Plan and cut: each stage's sub-model and its spec, memory plan included (what
     ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
     default for a GPU when TensorFlow sees one here, else for a CPU. ``weight_dtype``: the
     weights will be served in it (``--weight-dtype``), and count at its size. A dimension
     unknown in the graph counts as ``graph.sequence_length``. ``lookup_combine``: how a table
-    split by rows is joined (``shards.split.split_model``: ``routed`` or ``dense``)."""
+    split by rows is joined (``shards.split.split_model``: ``routed`` or ``dense``).
+    ``pair_dense=False``: no column- then row-split pairs (``shards.split.choose_splits``; for the
+    split bench's side-by-side figure, not a user setting)."""
     overhead = device_overhead_bytes
     if overhead is None:
         overhead = default_overhead(gpu=_tf_sees_gpu())
@@ -136,7 +139,9 @@ def plan_bundle(
     splits: list[Split] = []
     combines: tuple[DriverCombine, ...] = ()
     if budgets is not None:
-        graph, memory, splits, combines = split_oversized(graph, memory, budgets, lookup_combine)
+        graph, memory, splits, combines = split_oversized(
+            graph, memory, budgets, lookup_combine, pair_dense
+        )
     parts = part_nodes(graph, splits)
     try:
         stage_plan = plan(

@@ -14,7 +14,9 @@ cannot be one stage; it is split instead, and this package is everything about t
   holds the first's output units and the second's input units ``[a, b)``, keeps its slice of the
   hidden activation, and sends only its partial product of the second's output; the combine
   sums them (the second bias held by part 0 alone, so added once) and applies the second's
-  activation. The sum reorders the second layer's additions: equal to 1e-5 relative. Any other
+  activation. The sum reorders the second layer's additions: equal to 1e-5 relative
+  (``partition_to_bundle(..., pair_dense=False)`` splits each alone, by columns: the split
+  bench's unpaired layout, not a user setting). Any other
   kind too large is refused by name, with its size, the budget and the kinds that can be split;
   a quantized (int8) layer too large is refused at plan time by name (its scale is not split).
 - **The plan rule** (``choose_splits``, ``parts_needed``): the fewest parts whose slice of the

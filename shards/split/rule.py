@@ -237,6 +237,7 @@ def choose_splits(
     budget_text: str,
     outputs: Sequence[Any] = (),
     pair_parts: Callable[[Any, Any], int | None] | None = None,
+    pair_dense: bool = True,
 ) -> list[Split]:
     """The layers to split and into how many parts. ``over(i)``: node i's need and its text when
     it exceeds the largest budget; ``parts_for(i, op, how)``: the fewest parts that fit. Two
@@ -244,7 +245,8 @@ def choose_splits(
     one ``pair`` split in as many parts as the larger needs, or as ``pair_parts(first,
     second)`` (``pair_parts_needed``: both layers' weights, the hidden slice each part keeps)
     needs where that is more (the two layers' calls; the planner adds parts where one is still
-    over)."""
+    over). ``pair_dense=False``: no pairs, each ``Dense`` split by columns alone (the
+    layout before pairs, which ``python -m bench split`` measures against them)."""
     splits: dict[str, Split] = {}
     for i, gnode in enumerate(nodes):
         found = over(i)
@@ -267,7 +269,8 @@ def choose_splits(
         splits[op.name] = Split(
             op.name, type(op).__name__, how, size, bounds_for(size, parts), tied
         )
-    for first, (second, between, steps) in find_pairs(nodes, outputs).items():
+    pairs = find_pairs(nodes, outputs) if pair_dense else {}
+    for first, (second, between, steps) in pairs.items():
         if first in splits and second in splits:
             a, b = splits[first], splits.pop(second)
             called = {g.node.operation.name: g.node for g in nodes}

@@ -61,6 +61,8 @@ def test_info_reports_measured_memory_beside_the_plan(
     assert memory["rss_bytes"] >= marks["tensorflow"]
     assert memory["rss_peak_bytes"] >= memory["rss_bytes"]
     assert memory["rss_above_tensorflow_bytes"] == memory["rss_bytes"] - marks["tensorflow"]
+    # The object store's pages it maps are part of the RSS, reported apart.
+    assert 0 <= memory["rss_shared_memory_bytes"] <= memory["rss_bytes"]
     assert memory["gpu"] is None  # a CPU actor
 
 

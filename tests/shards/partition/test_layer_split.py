@@ -289,6 +289,27 @@ def test_a_column_split_dense_feeding_a_dense_pairs_with_it_in_one_place(tmp_pat
     np.testing.assert_allclose(got, whole(model, inputs), rtol=1e-5, atol=1e-7)
 
 
+def test_without_pairs_each_dense_is_split_by_columns_alone(tmp_path: Path) -> None:
+    # pair_dense=False (the split bench's "unpaired" layout): fc1's parts, a stage that only
+    # joins the hidden units, fc2's parts, the head: four places; answers within 1e-6.
+    model, inputs = mlp(), mlp_inputs()
+    manifest = partition_to_bundle(
+        model,
+        tmp_path / "b",
+        max_stage_bytes=MLP_BUDGET,
+        plan_batch_rows=4,
+        device_overhead_bytes=0,
+        pair_dense=False,
+    )
+    assert [(s["layer"], s["how"]) for s in manifest.splits()] == [
+        ("fc1", "columns"),
+        ("fc2", "columns"),
+    ]
+    assert manifest.depth == 4
+    got = run_chain(tmp_path / "b", inputs)["head"]
+    np.testing.assert_allclose(got, whole(model, inputs), rtol=1e-5, atol=1e-7)
+
+
 def test_a_paired_output_is_summed_by_the_driver(tmp_path: Path) -> None:
     # fc2 linear and the model's output: the driver sums the parts' partial products (the bias
     # held by part 0 alone, so added once); one place in the pipeline.
