@@ -40,10 +40,11 @@ class SliceOf:
 
     def __call__(self, shape: Any = None, dtype: Any = None) -> Any:
         value = self.source.value if hasattr(self.source, "value") else self.source
+        # Indexed even whole: a read of the source (a tensor, not the source's own variable).
+        index = [slice(None)] * len(value.shape)
         if self.axis is not None:
-            index = [slice(None)] * len(value.shape)
             index[self.axis] = slice(self.start, self.stop)
-            value = value[tuple(index)]
+        value = value[tuple(index)]
         if self.transpose:
             value = keras.ops.transpose(value)
         if dtype is not None and keras.backend.standardize_dtype(value.dtype) != dtype:
