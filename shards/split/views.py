@@ -6,10 +6,12 @@ second model) until the last stage is written. Instead each part's variable is b
 Keras variable created in ``StatelessScope(initialize_variables=False)`` holds no value) with a
 ``SliceOf`` as its initializer, which Keras reads for the variable's value each time one is
 asked for and keeps nothing: traced (a graph: shape inference, cutting the stages), it is a slice
-op on the source variable; run eagerly, the slice itself, made then and dropped after. A stage is
-written one after another (``shards.partition.cut``), so the partitioner holds the model plus one
-part's slice at a time (none at all for a table's rows: a range of rows is a slice of the
-source's buffer, not a copy).
+op on the source variable; run eagerly, the slice itself, made then and dropped after. The
+stages are written one after another (``shards.partition.cut``), so the partitioner holds the
+model plus one part's slice at a time; a part layer hands its slice to Keras's weight store as
+the store's own (``stored``), so Keras does not copy it again: a range of a table's rows is
+written out of the table's own buffer, a range of columns (or a tied table's rows transposed for
+its logits) is one copy, dropped once it is written.
 
 Keras initialises such variables when the outermost stateless scope ends (``compute_output_spec``
 opens one per traced call); a view is taken out of Keras's list of them so that it never is.
@@ -22,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import keras
+import numpy as np
 
-__all__ = ["SliceOf", "build_viewing", "holds_value"]
+__all__ = ["SliceOf", "build_viewing", "holds_value", "stored"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,3 +77,24 @@ def build_viewing(layer: keras.layers.Layer, sources: Mapping[str, SliceOf]) -> 
 def holds_value(variable: Any) -> bool:
     """Whether a Keras variable holds its value (False for a view)."""
     return getattr(variable, "_value", None) is not None
+
+
+class _Handed:
+    """An array handed to Keras's weight store as its own: the store's ``np.array`` takes it as
+    it is (``__array__`` answers a request for a copy with it: no one else holds it)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        return self.array if dtype is None else self.array.astype(dtype, copy=False)
+
+
+def stored(variable: Any) -> Any:
+    """What a part layer hands Keras's weight store for ``variable`` (``save_own_variables``):
+    a view's slice, read once, as an array the store writes without copying it again (a table's
+    rows: the source's own buffer, written in place); any other variable as it is."""
+    view = None if holds_value(variable) else getattr(variable, "_initializer", None)
+    if not isinstance(view, SliceOf):
+        return variable
+    return _Handed(np.asarray(view(variable.shape, variable.dtype)))
