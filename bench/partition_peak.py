@@ -17,6 +17,9 @@ nothing else of its making: TensorFlow's allocator keeps what it freed for its n
 Keras's own random initializer (``--initializer keras``) leaves ~2 models of such free memory
 behind, in which the partitioner's own tensors then fit without raising the RSS.
 
+``--kind dense`` measures a ``Dense`` of ``--rows`` inputs and ``--dim`` units split by columns
+instead (a part's columns are a copy of them, where a table's rows are not).
+
 ``--compare-tree DIR`` measures the same with the ``shards`` package of another checkout (this
 file's measuring code in both), that tree first, then this one: the figures side by side.
 
@@ -82,7 +85,9 @@ def _table_values(rows: int, dim: int) -> Any:
     return values
 
 
-def measure(rows: int, dim: int, parts: int, initializer: str = "numpy") -> dict[str, Any]:
+def measure(
+    rows: int, dim: int, parts: int, initializer: str = "numpy", kind: str = "table"
+) -> dict[str, Any]:
     """In this process: build, read the RSS, partition, read the peak."""
     import keras
 
@@ -95,10 +100,16 @@ def measure(rows: int, dim: int, parts: int, initializer: str = "numpy") -> dict
         def init(shape: Any, dtype: Any = None) -> Any:
             return values.pop()
 
-    ids = keras.Input((4,), dtype="int32", name="ids")
-    x = keras.layers.Embedding(rows, dim, embeddings_initializer=init, name="table")(ids)
-    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
-    model = keras.Model(ids, keras.layers.Dense(1, name="score")(x), name="big_table")
+    if kind == "dense":
+        # A Dense of ``rows`` inputs and ``dim`` units, split by columns (units).
+        x = keras.Input((rows,), name="x")
+        y = keras.layers.Dense(dim, kernel_initializer=init, name="table")(x)
+        model = keras.Model(x, y, name="big_dense")
+    else:
+        ids = keras.Input((4,), dtype="int32", name="ids")
+        x = keras.layers.Embedding(rows, dim, embeddings_initializer=init, name="table")(ids)
+        x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+        model = keras.Model(ids, keras.layers.Dense(1, name="score")(x), name="big_table")
     table = rows * dim * 4
     # Each part a little over its share of the table (the activations at batch 1 are tiny).
     budget = table // parts + table // (4 * parts)
@@ -117,6 +128,7 @@ def measure(rows: int, dim: int, parts: int, initializer: str = "numpy") -> dict
     split = [s for s in manifest.splits() if s["layer"] == "table"]
     made = split[0]["parts"] if split else 1
     return {
+        "kind": kind,
         "rows": rows,
         "dim": dim,
         "parts": made,
@@ -137,7 +149,7 @@ def _run(args: argparse.Namespace, tree: Path | None) -> dict[str, Any]:
     """One measurement in a process of its own, ``shards`` from ``tree`` (None: this one)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--inline"]
     command += ["--rows", str(args.rows), "--dim", str(args.dim), "--parts", str(args.parts)]
-    command += ["--initializer", args.initializer]
+    command += ["--initializer", args.initializer, "--kind", args.kind]
     root = Path(__file__).resolve().parents[1]
     env = os.environ | {"PYTHONPATH": str((tree or root).resolve())}
     load = _load()
@@ -152,11 +164,18 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--parts", type=int, default=4)
     parser.add_argument("--initializer", choices=("numpy", "keras"), default="numpy")
+    parser.add_argument(
+        "--kind",
+        choices=("table", "dense"),
+        default="table",
+        help="table: an Embedding of --rows x --dim split by rows; dense: a Dense of --rows "
+        "inputs and --dim units split by columns",
+    )
     parser.add_argument("--compare-tree", type=Path, help="a checkout to measure first, alike")
     parser.add_argument("--inline", action="store_true", help="measure in this process")
     args = parser.parse_args()
     if args.inline:
-        print(json.dumps(measure(args.rows, args.dim, args.parts, args.initializer)))
+        print(json.dumps(measure(args.rows, args.dim, args.parts, args.initializer, args.kind)))
         return
     if args.compare_tree is None:
         print(json.dumps(_run(args, None)))
