@@ -80,8 +80,9 @@ def holds_value(variable: Any) -> bool:
 
 
 class _Handed:
-    """An array handed to Keras's weight store as its own: the store's ``np.array`` takes it as
-    it is (``__array__`` answers a request for a copy with it: no one else holds it)."""
+    """An array handed to Keras's weight store as a copy of its own: the store's ``np.array``
+    takes it as it is (``__array__`` answers a request for a copy with it). The store only reads
+    it, to write it, so it may be the source's own buffer (a table's rows)."""
 
     def __init__(self, array: np.ndarray) -> None:
         self.array = array
