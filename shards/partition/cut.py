@@ -59,6 +59,23 @@ def _sha256_model(model: keras.Model) -> str:
     return digest.hexdigest()
 
 
+def _save_stage(stage: keras.Model, path: Path) -> None:
+    """``stage.save(path)``, its weights written through a file beside it rather than memory.
+
+    Keras writes a ``.keras`` file's weights into memory first, then copies them into the zip,
+    whenever they are under half the free memory: two copies of the stage's weights, on top of
+    the one it reads out. A split layer's part is read out of the model only as it is written
+    (``shards.split``): through the file, writing it holds one copy at most."""
+    from keras.src.saving import saving_lib
+
+    sufficient = saving_lib.is_memory_sufficient
+    saving_lib.is_memory_sufficient = lambda _model: False
+    try:
+        stage.save(path)
+    finally:
+        saving_lib.is_memory_sufficient = sufficient
+
+
 def is_savedmodel_dir(path: Path) -> bool:
     return path.is_dir() and (path / "saved_model.pb").is_file()
 
@@ -137,7 +154,7 @@ def partition_to_bundle(
         report(padded)
     specs = []
     for stage, spec in planned.stages:
-        stage.save(out / spec.file)
+        _save_stage(stage, out / spec.file)
         report(
             f"stage {spec.index}: {len(spec.inputs)} input(s), {len(spec.outputs)} output(s), "
             f"{spec.param_bytes} weight bytes, planned peak {spec.planned_peak_bytes} bytes "

@@ -34,8 +34,15 @@ cannot be one stage; it is split instead, and this package is everything about t
   lookup would wait for batch n's logits).
 - **The parts** (``shards.split.layers``): ``TableRows`` (a range of a table's rows, zeros for
   ids outside it), ``KernelColumns`` (a slice of a kernel's output units, no activation),
-  ``PairedSlices`` (part k of a pair). Each part's weights are read out of the layer's slice by
-  slice (never a copy of the whole table per part).
+  ``PairedSlices`` (part k of a pair).
+- **The parts' weights** (``shards.split.views``): views of the layer's, not copies. Each part's
+  variables are built holding no value, their value read out of the layer's slice whenever it is
+  asked for and kept by no one: traced (planning, cutting the stages) a slice op on the layer's
+  variable; run, the slice itself. The partitioner writes the stages one after another, a part
+  handing its slice to Keras's weight store as the store's own, so it holds the model plus one
+  part's slice at most (a range of a table's rows is written out of the table's own buffer: no
+  copy at all; a range of columns is one copy), and a stage file is written through a file
+  beside it, not in memory (``shards.partition.cut``).
 - **The combine**: the parts' outputs joined per call of the layer, a ``SplitCombine`` layer at
   the start of the stage that reads the layer's output (an add for rows: exact, every element
   is one part's value plus zeros; a concatenation then the activation for columns: 1e-6

@@ -26,6 +26,7 @@ import keras
 from keras import ops
 
 from shards.sizes import itemsize, row_bytes
+from shards.split.views import stored
 
 # What a part's ``plan_row_bytes`` gets: each tensor it reads (its shape, batch axis first, and
 # dtype), in call order.
@@ -36,8 +37,18 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
+class _Part(keras.layers.Layer):  # type: ignore[misc]
+    """A part layer: its weights written as Keras writes a layer's (in the same order, under
+    the same keys), a view's slice handed over without a copy (``shards.split.views``)."""
+
+    def save_own_variables(self, store: Any) -> None:
+        weights = self._trainable_variables + self._non_trainable_variables
+        for i, variable in enumerate(weights):
+            store[f"{i}"] = stored(variable)
+
+
 @keras.saving.register_keras_serializable(package="shardserve")
-class TableRows(keras.layers.Layer):  # type: ignore[misc]
+class TableRows(_Part):
     """Rows ``[start, start + rows)`` of an embedding table of ``output_dim`` columns and
     ``vocabulary`` rows in all.
 
@@ -188,7 +199,7 @@ def einsum_letters(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]
 
 
 @keras.saving.register_keras_serializable(package="shardserve")
-class KernelColumns(keras.layers.Layer):  # type: ignore[misc]
+class KernelColumns(_Part):
     """A slice of a ``Dense`` (``equation=None``: ``x @ kernel + bias``, as Dense computes it) or
     ``EinsumDense`` kernel along its output units, without the activation."""
 
@@ -272,7 +283,7 @@ ELEMENTWISE_ACTIVATIONS = frozenset(
 
 
 @keras.saving.register_keras_serializable(package="shardserve")
-class PairedSlices(keras.layers.Layer):  # type: ignore[misc]
+class PairedSlices(_Part):
     """Part k of a column-split ``Dense`` and of the row-split ``Dense`` its output feeds
     (Megatron's column- then row-parallel pair): ``x @ kernel_in[:, a:b] + bias_in[a:b]``, then
     the elementwise ``steps`` (activations, serialised; dropout is the identity at inference),

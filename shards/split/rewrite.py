@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
 
 from shards.errors import PlanError
 from shards.keras_graph import mask_of, owner_node, topological_nodes
@@ -35,18 +34,9 @@ from shards.split.rule import (
     token_and_position,
     units_axis,
 )
+from shards.split.views import SliceOf, build_viewing
 
 __all__ = ["hand_to_driver", "split_model"]
-
-
-def _slice(weight: Any, axis: int, a: int, b: int) -> np.ndarray:
-    """``weight[..., a:b, ...]`` along ``axis`` as numpy: only the slice is read and copied
-    (the whole table is never copied per part, so the partitioner's host memory holds the model
-    and its parts, not a copy of the table for each part)."""
-    value = weight.value if hasattr(weight, "value") else weight
-    index = [slice(None)] * len(value.shape)
-    index[axis] = slice(a, b)
-    return np.asarray(keras.ops.convert_to_numpy(value[tuple(index)]))
 
 
 def _logit_parts(op: Any, split: Split) -> list[keras.layers.Layer]:
@@ -59,25 +49,25 @@ def _logit_parts(op: Any, split: Split) -> list[keras.layers.Layer]:
             "splitting such a table is not supported: raise the budget"
         )
     tied = getattr(op, "tie_weights", True)
+    dim = int(op.embeddings.shape[1])
     layers: list[keras.layers.Layer] = []
     for k in range(split.parts):
         a, b = split.bounds[k], split.bounds[k + 1]
         if tied:
-            kernel = np.ascontiguousarray(_slice(op.embeddings, 0, a, b).T)
+            kernel = SliceOf(op.embeddings, 0, a, b, transpose=True)
         else:
-            kernel = _slice(op.reverse_embeddings, 1, a, b)
+            kernel = SliceOf(op.reverse_embeddings, 1, a, b)
         part = KernelColumns(
-            kernel.shape, None, name=split.part_name(k, LOGITS), dtype=op.dtype_policy
+            (dim, b - a), None, name=split.part_name(k, LOGITS), dtype=op.dtype_policy
         )
-        part.build(None)
-        part.kernel.assign(kernel)
-        del kernel
+        build_viewing(part, {"kernel": kernel})
         layers.append(part)
     return layers
 
 
 def _part_layers(op: Any, split: Split, routed: bool = False) -> list[keras.layers.Layer]:
-    """The parts of ``op``, each built and holding its slice of the weights."""
+    """The parts of ``op``, each built with its weights views of its slice of ``op``'s
+    (``shards.split.views``: read when its stage is written, not held)."""
     layers: list[keras.layers.Layer] = []
     for k in range(split.parts):
         a, b = split.bounds[k], split.bounds[k + 1]
@@ -87,29 +77,27 @@ def _part_layers(op: Any, split: Split, routed: bool = False) -> list[keras.laye
             table = table_of(op).embeddings
             vocabulary, dim = (int(d) for d in table.shape)
             part = TableRows(a, b - a, dim, vocabulary, routed, name=name, dtype=policy)
-            part.build(None)
-            part.embeddings.assign(_slice(table, 0, a, b))
+            build_viewing(part, {"embeddings": SliceOf(table, 0, a, b)})
+            layers.append(part)
+            continue
+        if isinstance(op, keras.layers.Dense):
+            equation, axis = None, 1
+            bias = None if op.bias is None else SliceOf(op.bias, 0, a, b)
         else:
-            if isinstance(op, keras.layers.Dense):
-                k_slice, equation = _slice(op.kernel, 1, a, b), None
-                b_slice = None if op.bias is None else _slice(op.bias, 0, a, b)
-            else:
-                equation = op.equation
-                _, axis, _ = units_axis(op)
-                k_slice = _slice(op.kernel, axis, a, b)
-                bias = None if op.bias is None else keras.ops.convert_to_numpy(op.bias)
-                b_slice = None if bias is None else _bias_slice(op, bias, a, b)
-            part = KernelColumns(
-                k_slice.shape,
-                None if b_slice is None else b_slice.shape,
-                equation,
-                name=name,
-                dtype=policy,
-            )
-            part.build(None)
-            part.kernel.assign(k_slice)
-            if b_slice is not None:
-                part.bias.assign(b_slice)
+            equation = op.equation
+            _, axis, _ = units_axis(op)
+            bias = None if op.bias is None else _bias_slice(op, a, b)
+        kernel_shape = [int(d) for d in op.kernel.shape]
+        kernel_shape[axis] = b - a
+        part = KernelColumns(
+            kernel_shape,
+            None if bias is None else _shape_of(bias),
+            equation,
+            name=name,
+            dtype=policy,
+        )
+        sources = {"kernel": SliceOf(op.kernel, axis, a, b)}
+        build_viewing(part, sources if bias is None else sources | {"bias": bias})
         layers.append(part)
     return layers
 
@@ -121,40 +109,48 @@ def _paired_parts(first: Any, second: Any, split: Split) -> list[keras.layers.La
     layers: list[keras.layers.Layer] = []
     for k in range(split.parts):
         a, b = split.bounds[k], split.bounds[k + 1]
-        kernel_in = _slice(first.kernel, 1, a, b)
-        kernel_out = _slice(second.kernel, 0, a, b)
         with_bias_out = k == 0 and second.bias is not None
         part = PairedSlices(
-            kernel_in.shape,
+            (int(first.kernel.shape[0]), b - a),
             first.bias is not None,
-            kernel_out.shape,
+            (b - a, int(second.kernel.shape[1])),
             with_bias_out,
             split.steps,
             name=split.part_name(k),
             dtype=first.dtype_policy,
         )
-        part.build(None)
-        part.kernel_in.assign(kernel_in)
-        part.kernel_out.assign(kernel_out)
-        if part.bias_in is not None:
-            part.bias_in.assign(_slice(first.bias, 0, a, b))
-        if part.bias_out is not None:
-            part.bias_out.assign(keras.ops.convert_to_numpy(second.bias))
+        sources = {
+            "kernel_in": SliceOf(first.kernel, 1, a, b),
+            "kernel_out": SliceOf(second.kernel, 0, a, b),
+        }
+        if part.has_bias_in:
+            sources["bias_in"] = SliceOf(first.bias, 0, a, b)
+        if with_bias_out:
+            sources["bias_out"] = SliceOf(second.bias)
+        build_viewing(part, sources)
         layers.append(part)
     return layers
 
 
-def _bias_slice(op: Any, bias: np.ndarray, a: int, b: int) -> np.ndarray:
+def _shape_of(view: SliceOf) -> tuple[int, ...]:
+    shape = [int(d) for d in view.source.shape]
+    if view.axis is not None:
+        shape[view.axis] = view.stop - view.start
+    return tuple(shape)
+
+
+def _bias_slice(op: Any, a: int, b: int) -> SliceOf:
     """An EinsumDense bias is broadcast against the output from the right: slice it on the
     units axis where it has one."""
     letter, _, size = units_axis(op)
-    out_rank = len(op.output.shape) if hasattr(op, "output") else bias.ndim
+    bias_rank = len(op.bias.shape)
+    out_rank = len(op.output.shape) if hasattr(op, "output") else bias_rank
     ranks = [out_rank, len(op.kernel.shape)]
     _, out = einsum_letters(op.equation, ranks)
-    axis = out.index(letter) - (len(out) - bias.ndim)
-    if axis < 0 or bias.shape[axis] != size:
-        return bias
-    return np.take(bias, np.arange(a, b), axis=axis)
+    axis = out.index(letter) - (len(out) - bias_rank)
+    if axis < 0 or int(op.bias.shape[axis]) != size:
+        return SliceOf(op.bias)
+    return SliceOf(op.bias, axis, a, b)
 
 
 def _combine(op: Any, split: Split, node: Any, call: int, routed: bool) -> SplitCombine:
