@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shards.generation.actor import assigned_resources
 from shards.generation.contract import Sampling
 from shards.generation.head_merge import CANDIDATES, PartRows, summarize
 
@@ -21,10 +22,12 @@ __all__ = ["HeadPart"]
 
 
 class HeadPart:
-    def __init__(self, weights_file: str) -> None:
+    def __init__(self, weights_file: str, memory_limit_mib: int | None = None) -> None:
         from shards.actor.stage_actor import _configure_tensorflow
 
-        self._device = _configure_tensorflow()
+        # A GPU capped at the part's plan (its rows and logits, ``sizing``); None: growth.
+        self._device = _configure_tensorflow(memory_limit_mib)
+        self._memory_limit_mib = memory_limit_mib
         import tensorflow as tf
 
         with np.load(weights_file) as data:
@@ -42,6 +45,9 @@ class HeadPart:
             "offset": self.offset,
             "size": self.size,
             "params": int(self._kernel.shape[0]) * int(self._kernel.shape[1]),
+            "gpu_memory_limit_mib": self._memory_limit_mib,
+            "device": self._device.name,
+            "resources": assigned_resources(),
         }
 
     def summarize(
