@@ -71,6 +71,10 @@ log = logging.getLogger(__name__)
 _RemoteStage = ray.remote(GenerationStage)
 _stage_files = ray.remote(stage_files)
 _RemoteHead = ray.remote(HeadPart)
+_MEMORY_FIX = (
+    "what its stages hold (weights + KV cache of kv_slots x max_sequence_length) is more than the "
+    "cluster's memory: lower kv_slots, max_sequence_length or replicas, or unload another model"
+)
 _head_files = ray.remote(head_files)
 
 
@@ -433,7 +437,7 @@ async def start_generation_replicas(
         gpu_memory_limit=gpu_memory_limit,
     )
     # Refused at once where the cluster can never hold them (a placement group would wait).
-    check_cluster_fits(asks.bundles(), replicas, "PACK")
+    check_cluster_fits(asks.bundles(), replicas, "PACK", _MEMORY_FIX)
     # Each stage's layers written apart once (a Ray task: TensorFlow stays out of the driver).
     cache = str(stage_cache_dir) if stage_cache_dir is not None else str(default_cache_dir())
     if spec.archive:

@@ -8,12 +8,15 @@ dtype, and its logits). From it, each actor's ask (issue 42 items 5 and 7):
 - GPUs: a stage ``num_gpus_per_stage``; a head part the share of a stage's GPU that its planned
   peak is of the largest stage's, rounded up to a hundredth (a whole number past 1, as Ray takes
   them), so that parts pack onto a device beside each other instead of each taking a stage's.
-- Host memory: without GPUs, Ray's ``memory`` resource at the actor's planned peak, so that a
-  replica is placed only where its plan fits (a CPU stage of a partitioned model asks the same:
-  ``shards.pipeline.placement``); on GPUs the plan is the device's, which Ray does not count.
-- The GPU memory cap: the planned peak x the margin (``shards.actor.gpu_memory``), which the
-  actor sets on its GPU before TensorFlow starts there (nothing without one); ``None`` where the
-  ``gpu_memory_limit`` setting is off (memory growth).
+- Host memory: without GPUs, Ray's ``memory`` resource at what the actor holds from step to step
+  (weights and KV cache; a part its rows), so that a replica is placed only where that fits (a
+  CPU stage of a partitioned model asks its plan too: ``shards.pipeline.placement``). Not the
+  largest step's activations: every slot prefilling a whole slot at once is a worst case (2 GiB
+  of attention scores for 8 slots x 2,048 positions x 4 heads) that would refuse models which run
+  on the host as they are. On GPUs the plan is the device's, which Ray does not count.
+- The GPU memory cap: the planned peak, largest step included, x the margin
+  (``shards.actor.gpu_memory``), which the actor sets on its GPU before TensorFlow starts there
+  (nothing without one); ``None`` where the ``gpu_memory_limit`` setting is off (memory growth).
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ GPU_STEP = 0.01
 class ActorAsk:
     cpus: float
     gpus: float
-    memory_bytes: int | None  # Ray's memory resource (a CPU actor's planned peak), None: none
-    planned_peak_bytes: int
+    memory_bytes: int | None  # Ray's memory resource (a CPU actor's held bytes), None: none
+    planned_peak_bytes: int  # held bytes + its largest step's activations
     gpu_limit_mib: int | None  # the TensorFlow allocator cap on its GPU; None: memory growth
 
     def bundle(self) -> dict[str, float]:
@@ -88,11 +91,11 @@ def replica_asks(
 ) -> ReplicaAsks:
     """Each stage's and head part's ask, in the order the replica starts them."""
 
-    def ask(actor_gpus: float, peak: int) -> ActorAsk:
+    def ask(actor_gpus: float, held: int, peak: int) -> ActorAsk:
         return ActorAsk(
             cpus=cpus,
             gpus=actor_gpus,
-            memory_bytes=None if gpus else peak,
+            memory_bytes=None if gpus else held,
             planned_peak_bytes=peak,
             gpu_limit_mib=gpu_memory_limit_mib(peak) if gpu_memory_limit else None,
         )
@@ -100,9 +103,9 @@ def replica_asks(
     plans = plan_generation(spec, stages, kv_slots, max_length, head_parts)
     widest = max(p.planned_peak_bytes for p in plans)
     return ReplicaAsks(
-        stages=tuple(ask(gpus, p.planned_peak_bytes) for p in plans),
+        stages=tuple(ask(gpus, p.total_bytes, p.planned_peak_bytes) for p in plans),
         heads=tuple(
-            ask(part_gpus(gpus, p.planned_peak_bytes, widest), p.planned_peak_bytes)
+            ask(part_gpus(gpus, p.planned_peak_bytes, widest), p.weight_bytes, p.planned_peak_bytes)
             for p in plan_head_parts(spec, head_parts, kv_slots)
         ),
     )

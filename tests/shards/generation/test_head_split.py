@@ -188,14 +188,16 @@ async def test_each_actor_asks_ray_for_its_own_plan_and_is_given_its_cap(
     asks = replica_asks(spec, 2, SLOTS, LENGTH, 2, cpus=0.5)
     held = await asyncio.gather(*(a.describe.remote() for a in [*split._actors, *split._heads]))
     for ask, actor in zip([*asks.stages, *asks.heads], held, strict=True):
-        # No GPU in the session's Ray: the actor asks host memory for its plan; its cap from the
-        # plan reaches it (and is not set: there is no GPU to set it on).
-        assert actor["resources"] == {"CPU": 0.5, "memory": float(ask.planned_peak_bytes)}
+        # No GPU in the session's Ray: the actor asks host memory for what its plan holds; its
+        # cap from the plan reaches it (and is not set: there is no GPU to set it on).
+        assert ask.memory_bytes is not None
+        assert actor["resources"] == {"CPU": 0.5, "memory": float(ask.memory_bytes)}
         assert actor["gpu_memory_limit_mib"] == ask.gpu_limit_mib is not None
         assert actor["device"] == "/CPU:0"
     # A part asks for its rows (half the head), not for a stage (blocks and a KV cache).
     head_asks = [a.planned_peak_bytes for a in asks.heads]
     assert max(head_asks) < min(a.planned_peak_bytes for a in asks.stages)
+    assert [a.memory_bytes for a in asks.heads] == [p["params"] * 4 for p in held[2:]]
     table = ray.util.placement_group_table(split._group)
     assert list(table["bundles"].values()) == asks.bundles()
 
@@ -205,3 +207,13 @@ async def test_more_head_parts_than_ids_are_refused_by_name(
 ) -> None:
     with pytest.raises(PlanError, match="head_parts must be between 1 and"):
         await start_generation_replicas(str(gpt2_preset), head_parts=10_000)
+
+
+async def test_a_replica_whose_kv_cache_outgrows_the_hosts_memory_is_refused_at_once(
+    ray_address: str, gpt2_preset: Path
+) -> None:
+    from shards.errors import InsufficientResourcesError
+
+    # Each stage asks Ray's memory resource for its weights and KV cache: ~33 GB of slots.
+    with pytest.raises(InsufficientResourcesError, match="lower kv_slots, max_sequence_length"):
+        await start_generation_replicas(str(gpt2_preset), kv_slots=1_000_000, head_parts=2)

@@ -92,13 +92,14 @@ def test_head_parts_are_sized_from_their_rows_not_a_stages(gpt2_small: PresetSpe
     assert [a.gpus for a in on_gpus.stages] == [1.0, 1.0]
 
     on_cpus = replica_asks(gpt2_small, 2, 8, 1024, 2, cpus=0.5)
-    # Without GPUs each actor asks Ray's memory resource for its own plan.
-    assert [a.memory_bytes for a in on_cpus.heads] == [p.planned_peak_bytes for p in parts]
+    # Without GPUs each actor asks Ray's memory resource for what it holds: a part its rows, a
+    # stage its weights and KV cache (not a worst-case step's activations).
+    assert [a.memory_bytes for a in on_cpus.heads] == [p.weight_bytes for p in parts]
     assert [a.bundle() for a in on_cpus.heads] == [
-        {"CPU": 0.5, "memory": float(p.planned_peak_bytes)} for p in parts
+        {"CPU": 0.5, "memory": float(p.weight_bytes)} for p in parts
     ]
     stage_plans = plan_generation(gpt2_small, 2, 8, 1024, head_parts=2)
-    assert [a.memory_bytes for a in on_cpus.stages] == [p.planned_peak_bytes for p in stage_plans]
+    assert [a.memory_bytes for a in on_cpus.stages] == [p.total_bytes for p in stage_plans]
     assert on_cpus.bundles() == [a.bundle() for a in (*on_cpus.stages, *on_cpus.heads)]
 
 
