@@ -208,12 +208,3 @@ async def test_more_head_parts_than_ids_are_refused_by_name(
     with pytest.raises(PlanError, match="head_parts must be between 1 and"):
         await start_generation_replicas(str(gpt2_preset), head_parts=10_000)
 
-
-async def test_a_replica_whose_kv_cache_outgrows_the_hosts_memory_is_refused_at_once(
-    ray_address: str, gpt2_preset: Path
-) -> None:
-    from shards.errors import InsufficientResourcesError
-
-    # Each stage asks Ray's memory resource for its weights and KV cache: ~33 GB of slots.
-    with pytest.raises(InsufficientResourcesError, match="lower kv_slots, max_sequence_length"):
-        await start_generation_replicas(str(gpt2_preset), kv_slots=1_000_000, head_parts=2)
