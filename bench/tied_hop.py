@@ -72,7 +72,7 @@ def run(vocab: int, hidden: int, rows: int, parts: int, steps: int) -> dict[str,
 
     from shards.generation.head_merge import slice_bounds
 
-    ray.init(address="local", num_cpus=3 + parts, include_dashboard=False, logging_level="warning")
+    ray.init(address="local", num_cpus=4 + parts, include_dashboard=False, logging_level="warning")
     try:
         stage = ray.remote(num_cpus=1)(_Stage)
         part = ray.remote(num_cpus=1)(_Part)

@@ -5,6 +5,19 @@ size)`` of the head (``weights.head_files``), takes the last stage's normed hidd
 ``[R, hidden]`` and answers ``head_merge.summarize`` of its logits: a few scores and candidates per
 row, never the ``[R, size]`` logits. It keeps nothing between steps (a later round for a row
 computes its logits again from the same hidden states), so a restarted part serves on at once.
+
+A tied table is held twice (measured, not changed; issue 42 item 3's generation analog): stage 0
+keeps the whole token table for its lookup while the parts hold its rows again. GPT-2 small
+(50,257 x 768, float32): 147.2 MiB twice, the replica's weights 621.9 MiB against the model's
+474.7 MiB (+31%). An untied model's stage 0 holds its head matrix too (the ReversibleEmbedding
+layer is kept whole), so it is held twice as well. Held once, the driver would send each step's
+ids to the parts (it knows them) and stage 0 would join the rows they return (``TableRows``'
+routed shape): one more actor hop ahead of stage 0 on every step; for 8 rows, 32 B of ids to a
+part and 24.6 KB of rows back at decode, 25 MB at a prefill of 8 x 1,024 tokens. ``python -m
+bench.tied_hop`` (stand-in stages, real 2-part slices, one step in flight, load 9-13): 57.7 ms
+a decode step with the table in stage 0 against 62.3 ms held once, **+4.6 ms (1.08x)** a step.
+With several steps in flight a part would also take step n+1's lookup behind step n's logits
+(one call at a time): the concurrency groups of issue 42 item 3 would be needed to overlap them.
 """
 
 from __future__ import annotations

@@ -207,4 +207,3 @@ async def test_more_head_parts_than_ids_are_refused_by_name(
 ) -> None:
     with pytest.raises(PlanError, match="head_parts must be between 1 and"):
         await start_generation_replicas(str(gpt2_preset), head_parts=10_000)
-
