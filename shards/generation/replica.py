@@ -447,14 +447,16 @@ async def start_generation_replicas(
         key = hashlib.sha256(f"{spec.path};{stat.st_size};{stat.st_mtime_ns}".encode())
         spec = extract_tokenizer(spec, Path(cache) / f"tokenizer-{key.hexdigest()[:32]}")
     end_ids, start_id = special_tokens(spec)
+    # Both tasks sent before either is awaited: they run side by side where the CPUs allow.
+    head_ref = _head_files.remote(model_path, heads, cache) if heads else None
     try:
         files: list[str | None] = list(await _stage_files.remote(model_path, cuts, cache))
     except ray.exceptions.RayError as exc:
         raise PipelineStartError(f"the stage files were not written: {one_line(exc)}") from None
     parts: list[str] = []
-    if heads:
+    if head_ref is not None:
         try:
-            parts = list(await _head_files.remote(model_path, heads, cache))
+            parts = list(await head_ref)
         except ray.exceptions.RayError as exc:
             raise PipelineStartError(
                 f"the head part files were not written: {one_line(exc)}"
