@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import time
@@ -72,10 +73,12 @@ def run(vocab: int, hidden: int, rows: int, parts: int, steps: int) -> dict[str,
 
     from shards.generation.head_merge import slice_bounds
 
-    ray.init(address="local", num_cpus=4 + parts, include_dashboard=False, logging_level="warning")
+    ray.init(
+        address="local", num_cpus=4 + parts, include_dashboard=False, logging_level=logging.WARNING
+    )
     try:
-        stage = ray.remote(num_cpus=1)(_Stage)
-        part = ray.remote(num_cpus=1)(_Part)
+        stage: Any = ray.remote(num_cpus=1)(_Stage)
+        part: Any = ray.remote(num_cpus=1)(_Part)
         twice = [stage.remote(vocab, hidden, True), stage.remote(vocab, hidden, False)]
         once = [stage.remote(vocab, hidden, False), stage.remote(vocab, hidden, False)]
         heads = [part.remote(a, b, hidden) for a, b in slice_bounds(vocab, parts)]

@@ -14,8 +14,9 @@ layer is kept whole), so it is held twice as well. Held once, the driver would s
 ids to the parts (it knows them) and stage 0 would join the rows they return (``TableRows``'
 routed shape): one more actor hop ahead of stage 0 on every step; for 8 rows, 32 B of ids to a
 part and 24.6 KB of rows back at decode, 25 MB at a prefill of 8 x 1,024 tokens. ``python -m
-bench.tied_hop`` (stand-in stages, real 2-part slices, one step in flight, load 9-13): 57.7 ms
-a decode step with the table in stage 0 against 62.3 ms held once, **+4.6 ms (1.08x)** a step.
+bench.tied_hop`` (stand-in stages, real 2-part slices, one step in flight), two runs at load
+9-14: a decode step with the table in stage 0 57.7 / 41.7 ms against 62.3 / 43.4 ms held once,
+**+4.6 / +1.7 ms (1.08x / 1.04x)** a step.
 With several steps in flight a part would also take step n+1's lookup behind step n's logits
 (one call at a time): the concurrency groups of issue 42 item 3 would be needed to overlap them.
 """
