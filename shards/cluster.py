@@ -279,9 +279,16 @@ def gpu_memory_bytes(timeout_s: float = GPU_MEMORY_TIMEOUT_S) -> int | None:
     return int(mib) * 1024**2
 
 
-def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strategy: str) -> None:
+def check_cluster_fits(
+    bundles: Sequence[dict[str, float]],
+    replicas: int,
+    strategy: str,
+    memory_fix: str | None = None,
+) -> None:
     """Raise InsufficientResourcesError where ``replicas`` placement groups of ``bundles`` can
-    never be placed on the cluster as it is (a placement group would wait for them forever)."""
+    never be placed on the cluster as it is (a placement group would wait for them forever).
+    ``memory_fix``: what the user can do when the memory plan is short (a partitioned model's
+    by default)."""
     total = ray.cluster_resources()
     need: dict[str, float] = {}
     for bundle in bundles:
@@ -297,7 +304,7 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], replicas: int, strat
         raise InsufficientResourcesError(
             f"the pipeline needs {wanted} ({replicas} replica(s) x {len(bundles)} stage(s), "
             f"per stage {per_stage}) but the cluster has only {have} ({now} free); "
-            f"{_fix(short)}"
+            f"{_fix(short, memory_fix)}"
         )
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     for index, bundle in enumerate(bundles):
@@ -351,7 +358,9 @@ def resource_amount(key: str, value: float) -> str:
     return format_size(int(value)) if "memory" in key else f"{value:g}"
 
 
-def _fix(short: dict[str, float]) -> str:
+def _fix(short: dict[str, float], memory_fix: str | None = None) -> str:
+    if "memory" in short and memory_fix is not None:
+        return memory_fix
     if "memory" in short:
         return (
             "the memory plan of its stages (weights + activations at max_batch_size + overhead) "

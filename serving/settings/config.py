@@ -254,8 +254,9 @@ class Settings(
     )
     gpu_memory_limit: bool = Field(
         True,
-        description="A stage actor on a GPU caps TensorFlow's memory at its planned peak x 1.25, "
-        "so stages sharing a device keep their share; off: memory growth, no cap.",
+        description="A stage actor on a GPU (a generating model's stages and head parts too) "
+        "caps TensorFlow's memory at its planned peak x 1.25, so actors sharing a device keep "
+        "their share; off: memory growth, no cap.",
     )
     simulate_device_ms: float | None = Field(
         None, ge=0, description="Benchmarks: shards sleep this long per batch instead of computing."

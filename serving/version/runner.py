@@ -401,6 +401,7 @@ async def build_generator(settings: Settings) -> Generator:
         kv_slots=settings.kv_slots,
         max_sequence_length=settings.max_sequence_length,
         head_parts=settings.head_parts,
+        gpu_memory_limit=settings.gpu_memory_limit,
         replicas=settings.replica_bounds()[0],
         num_gpus_per_stage=settings.gpus_per_shard or 0.0,
         num_cpus_per_stage=settings.cpus_per_shard or 1.0,

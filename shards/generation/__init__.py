@@ -8,13 +8,15 @@ The front end (``serving/generation/``) imports only the names exported here:
   (reads ``metadata.json``/``config.json`` only: no TensorFlow, cheap);
 - ``start_generation_replicas(model_path, *, stages=None, kv_slots=8, max_sequence_length=None,
   replicas=1, num_gpus_per_stage=0.0, num_cpus_per_stage=1.0, max_restarts=3,
-  ready_timeout_s=300.0, stage_cache_dir=None, step_timeout_s=None, head_parts=1)
-  -> list[GenerationReplica]`` (async; needs Ray initialised in the driver). ``head_parts`` > 1
-  splits the LM head by vocabulary rows into that many part actors beside the stages, each
-  sampling its slice locally (``head_merge``: exact greedy, top-k, top-p and log-probabilities).
-  A step past ``step_timeout_s`` (a hung stage; None: no limit) restarts the replica's stages
-  and raises ``ReplicaLost``. Each stage's layers are written to a file once (under
-  ``stage_cache_dir``, by default shardserve's stage cache) so an actor loads only its own.
+  ready_timeout_s=300.0, stage_cache_dir=None, step_timeout_s=None, head_parts=1,
+  gpu_memory_limit=True) -> list[GenerationReplica]`` (async; needs Ray initialised in the
+  driver). ``head_parts`` > 1 splits the LM head by vocabulary rows into that many part actors
+  beside the stages, each sampling its slice locally (``head_merge``: exact greedy, top-k, top-p
+  and log-probabilities). A step past ``step_timeout_s`` (a hung stage; None: no limit) restarts
+  the replica's stages and raises ``ReplicaLost``. Each actor asks Ray for what its plan holds
+  and caps its GPU at it (``sizing``; ``gpu_memory_limit=False``: memory growth). Each stage's
+  layers are written to a file once (under ``stage_cache_dir``, by default shardserve's stage
+  cache) so an actor loads only its own.
 
 Importing this package imports neither TensorFlow nor Ray: those load on first use.
 """
@@ -64,6 +66,7 @@ async def start_generation_replicas(
     stage_cache_dir: str | None = None,
     step_timeout_s: float | None = None,
     head_parts: int = 1,
+    gpu_memory_limit: bool = True,
 ) -> Sequence[GenerationReplica]:
     """Start ``replicas`` replicas of the preset at ``model_path``; returns once all are warm."""
     from shards.generation.replica import start_generation_replicas as _start
@@ -81,4 +84,5 @@ async def start_generation_replicas(
         stage_cache_dir=stage_cache_dir,
         step_timeout_s=step_timeout_s,
         head_parts=head_parts,
+        gpu_memory_limit=gpu_memory_limit,
     )

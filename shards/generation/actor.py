@@ -22,7 +22,7 @@ from shards.generation.contract import Sampling
 from shards.generation.preset import read_preset
 from shards.generation.sampling import sample_rows
 
-__all__ = ["GenerationStage"]
+__all__ = ["GenerationStage", "assigned_resources"]
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,15 @@ class GenerationStage:
         warm_buckets: Sequence[tuple[int, int, int]] = (),
         weights_file: str | None = None,
         head: bool = True,
+        memory_limit_mib: int | None = None,
     ) -> None:
         from shards.actor.stage_actor import _configure_tensorflow
         from shards.generation.stage import StageModel
 
-        self._device = _configure_tensorflow()
+        # A GPU capped at the stage's plan (weights, KV cache, largest step) before TensorFlow
+        # starts on it (``sizing``); None: memory growth. Nothing is set without a GPU.
+        self._device = _configure_tensorflow(memory_limit_mib)
+        self._memory_limit_mib = memory_limit_mib
         if weights_file is not None and not Path(weights_file).is_file():
             # Written on the driver's node: another node reads the preset whole instead.
             log.info("stage file not on this node; stage [%d, %d) reads the preset", first, last)
@@ -66,6 +70,10 @@ class GenerationStage:
             "params": self._model.params,
             "from_stage_file": self._from_file,
             "kv_cache_bytes": self._model.kv_cache_bytes,
+            # The cap it was given (set only where it has a GPU) and what Ray gave it.
+            "gpu_memory_limit_mib": self._memory_limit_mib,
+            "device": self._device.name,
+            "resources": assigned_resources(),
         }
 
     def forward(
@@ -92,3 +100,11 @@ class GenerationStage:
             return out
         assert sampling is not None and token_index is not None
         return sample_rows(out[: len(sampling)], sampling, token_index, self._rng)
+
+
+def assigned_resources() -> dict[str, float]:
+    """What Ray gave this actor: CPU, GPU and memory (bytes), by their plain names."""
+    import ray
+
+    given = ray.get_runtime_context().get_assigned_resources()
+    return {k: float(v) for k, v in given.items() if k in ("CPU", "GPU", "memory")}

@@ -5,6 +5,20 @@ size)`` of the head (``weights.head_files``), takes the last stage's normed hidd
 ``[R, hidden]`` and answers ``head_merge.summarize`` of its logits: a few scores and candidates per
 row, never the ``[R, size]`` logits. It keeps nothing between steps (a later round for a row
 computes its logits again from the same hidden states), so a restarted part serves on at once.
+
+A tied table is held twice (measured, not changed; issue 42 item 3's generation analog): stage 0
+keeps the whole token table for its lookup while the parts hold its rows again. GPT-2 small
+(50,257 x 768, float32): 147.2 MiB twice, the replica's weights 621.9 MiB against the model's
+474.7 MiB (+31%). An untied model's stage 0 holds its head matrix too (the ReversibleEmbedding
+layer is kept whole), so it is held twice as well. Held once, the driver would send each step's
+ids to the parts (it knows them) and stage 0 would join the rows they return (``TableRows``'
+routed shape): one more actor hop ahead of stage 0 on every step; for 8 rows, 32 B of ids to a
+part and 24.6 KB of rows back at decode, 25 MB at a prefill of 8 x 1,024 tokens. ``python -m
+bench.tied_hop`` (stand-in stages, real 2-part slices, one step in flight), two runs at load
+9-14: a decode step with the table in stage 0 57.7 / 41.7 ms against 62.3 / 43.4 ms held once,
+**+4.6 / +1.7 ms (1.08x / 1.04x)** a step.
+With several steps in flight a part would also take step n+1's lookup behind step n's logits
+(one call at a time): the concurrency groups of issue 42 item 3 would be needed to overlap them.
 """
 
 from __future__ import annotations
@@ -14,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shards.generation.actor import assigned_resources
 from shards.generation.contract import Sampling
 from shards.generation.head_merge import CANDIDATES, PartRows, summarize
 
@@ -21,10 +36,12 @@ __all__ = ["HeadPart"]
 
 
 class HeadPart:
-    def __init__(self, weights_file: str) -> None:
+    def __init__(self, weights_file: str, memory_limit_mib: int | None = None) -> None:
         from shards.actor.stage_actor import _configure_tensorflow
 
-        self._device = _configure_tensorflow()
+        # A GPU capped at the part's plan (its rows and logits, ``sizing``); None: growth.
+        self._device = _configure_tensorflow(memory_limit_mib)
+        self._memory_limit_mib = memory_limit_mib
         import tensorflow as tf
 
         with np.load(weights_file) as data:
@@ -42,6 +59,9 @@ class HeadPart:
             "offset": self.offset,
             "size": self.size,
             "params": int(self._kernel.shape[0]) * int(self._kernel.shape[1]),
+            "gpu_memory_limit_mib": self._memory_limit_mib,
+            "device": self._device.name,
+            "resources": assigned_resources(),
         }
 
     def summarize(

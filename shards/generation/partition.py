@@ -13,15 +13,21 @@ from shards.generation.preset import DEFAULT_MAX_LENGTH, PresetSpec
 
 __all__ = [
     "GenerationStagePlan",
+    "HeadPartPlan",
     "StageCut",
     "cut_blocks",
     "describe_plan",
     "head_part_params",
     "kv_cache_bytes",
     "plan_generation",
+    "plan_head_parts",
     "resolve_max_length",
     "stage_params",
+    "step_activation_bytes",
 ]
+
+# Attention scores and their softmax are float32 whatever the model's dtype (stage._Attention).
+_SCORE_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -108,15 +114,67 @@ def stage_params(spec: PresetSpec, cut: StageCut, total_layers: int, head: bool 
     return params
 
 
+def step_activation_bytes(
+    spec: PresetSpec, kv_slots: int, max_length: int, *, blocks: bool = True, head_rows: int = 0
+) -> int:
+    """The activations of the largest step a stage can be sent: every slot prefilling a whole
+    slot (R = ``kv_slots`` rows x N = ``max_length`` new tokens, T = R x N, attention reading
+    C = ``max_length`` positions). Its decoder blocks run one after the other, so one block's
+    tensors: the hidden states in, out and beside the residual (3 x T x hidden); q, k, v (T x
+    (heads + 2 kv heads) x head dim); the keys and values read from the cache (2 x R x C x kv
+    heads x head dim); the float32 attention scores and their softmax (2 x R x heads x N x C,
+    the largest at long slots); the MLP's inner activations (2, Llama's gate and up 3, x T x
+    intermediate). Then, with ``head_rows`` of the LM head, the float32 logits of each row's last
+    token and their cast (2 x R x ``head_rows``). Summed: a bound on any moment's live set.
+    ``blocks=False`` (a head part): the logits alone, and the hidden states they come from."""
+    if not blocks:
+        return 2 * kv_slots * (head_rows + spec.hidden_dim) * _SCORE_BYTES
+    c = spec.config
+    tokens = kv_slots * max_length
+    heads = int(c.get("num_heads", c.get("num_query_heads", spec.kv_heads)))
+    inner = int(c["intermediate_dim"]) * (2 if spec.family == "gpt2" else 3)
+    model_dtype = spec.dtype_bytes * (
+        3 * tokens * spec.hidden_dim
+        + tokens * (heads + 2 * spec.kv_heads) * spec.head_dim
+        + 2 * kv_slots * max_length * spec.kv_heads * spec.head_dim
+        + tokens * inner
+    )
+    scores = 2 * kv_slots * heads * max_length * max_length * _SCORE_BYTES
+    return model_dtype + scores + 2 * kv_slots * head_rows * _SCORE_BYTES
+
+
 @dataclass(frozen=True)
 class GenerationStagePlan:
     cut: StageCut
     weight_bytes: int
     kv_cache_bytes: int
+    # Its largest step's activations (``step_activation_bytes``): in the GPU memory cap, not in
+    # ``shardserve plan``'s total.
+    step_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         return self.weight_bytes + self.kv_cache_bytes
+
+    @property
+    def planned_peak_bytes(self) -> int:
+        """What the stage actor holds at its largest step: weights, KV cache, activations."""
+        return self.total_bytes + self.step_bytes
+
+
+@dataclass(frozen=True)
+class HeadPartPlan:
+    """One head part actor: vocabulary rows ``[start, stop)`` of the LM head."""
+
+    index: int
+    start: int
+    stop: int
+    weight_bytes: int  # its rows x hidden x dtype bytes
+    step_bytes: int  # its largest step: every slot's logits over its rows, float32, and a cast
+
+    @property
+    def planned_peak_bytes(self) -> int:
+        return self.weight_bytes + self.step_bytes
 
 
 def head_part_params(spec: PresetSpec, head_parts: int) -> list[int]:
@@ -127,19 +185,47 @@ def head_part_params(spec: PresetSpec, head_parts: int) -> list[int]:
     return [(stop - start) * spec.hidden_dim for start, stop in bounds]
 
 
+def plan_head_parts(spec: PresetSpec, head_parts: int, kv_slots: int) -> list[HeadPartPlan]:
+    """Each head part actor's rows, weights and largest step (none where ``head_parts`` is 1:
+    the last stage holds the head)."""
+    if head_parts <= 1:
+        return []
+    from shards.generation.head_merge import slice_bounds
+
+    bounds = slice_bounds(spec.vocabulary_size, head_parts)
+    return [
+        HeadPartPlan(
+            index,
+            start,
+            stop,
+            params * spec.dtype_bytes,
+            step_activation_bytes(spec, kv_slots, 1, blocks=False, head_rows=stop - start),
+        )
+        for index, ((start, stop), params) in enumerate(
+            zip(bounds, head_part_params(spec, head_parts), strict=True)
+        )
+    ]
+
+
 def plan_generation(
     spec: PresetSpec, stages: int, kv_slots: int, max_length: int, head_parts: int = 1
 ) -> list[GenerationStagePlan]:
-    """Each stage's weights and KV cache for a cut of ``stages`` ranges of blocks (the head
-    parts' weights: ``head_part_params``)."""
-    return [
-        GenerationStagePlan(
-            cut,
-            stage_params(spec, cut, spec.num_layers, head_parts == 1) * spec.dtype_bytes,
-            kv_cache_bytes(spec, cut.blocks, kv_slots, max_length),
+    """Each stage's weights, KV cache and largest step for a cut of ``stages`` ranges of blocks
+    (the head parts': ``plan_head_parts``)."""
+    plans = []
+    for cut in cut_blocks(spec.num_layers, stages):
+        head = head_parts == 1 and cut.last == spec.num_layers
+        plans.append(
+            GenerationStagePlan(
+                cut,
+                stage_params(spec, cut, spec.num_layers, head_parts == 1) * spec.dtype_bytes,
+                kv_cache_bytes(spec, cut.blocks, kv_slots, max_length),
+                step_activation_bytes(
+                    spec, kv_slots, max_length, head_rows=spec.vocabulary_size if head else 0
+                ),
+            )
         )
-        for cut in cut_blocks(spec.num_layers, stages)
-    ]
+    return plans
 
 
 def describe_plan(

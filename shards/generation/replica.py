@@ -9,8 +9,8 @@ pads fewer tokens (``split_by_length``).
 
 With the LM head split by vocabulary rows (``head_parts`` > 1, issue 42 item 5), the last stage
 answers its normed hidden states and each head part actor (``head_part.py``) a summary of its
-slice's logits; the driver merges them into each row's token (``head_merge``), asking a part again
-only for a row whose top-p (or temperature-only) walk runs past the first candidates.
+slice's logits; the driver merges them (``head_merge``), asking a part again only for a row whose
+top-p walk runs past the first candidates. Each actor's ask and GPU cap: ``sizing``.
 
 Rows are checked before anything runs (slot, position, length, ids inside the vocabulary,
 sampling parameters): a bad row raises ``StepFailed`` naming its slots, and the step runs none of
@@ -59,7 +59,8 @@ from shards.generation.head_part import HeadPart
 from shards.generation.partition import StageCut, cut_blocks, resolve_max_length
 from shards.generation.preset import PresetSpec, extract_tokenizer, read_preset, special_tokens
 from shards.generation.sampling import check_sampling
-from shards.generation.stage import bucket, context_bucket
+from shards.generation.sizing import ReplicaAsks, replica_asks
+from shards.generation.stage import bucket, context_bucket, decode_buckets
 from shards.generation.weights import head_files, stage_files
 from shards.pipeline.faults import is_replica_fault, translate
 
@@ -70,6 +71,10 @@ log = logging.getLogger(__name__)
 _RemoteStage = ray.remote(GenerationStage)
 _stage_files = ray.remote(stage_files)
 _RemoteHead = ray.remote(HeadPart)
+_MEMORY_FIX = (
+    "what its stages hold (weights + KV cache of kv_slots x max_sequence_length) is more than the "
+    "cluster's memory: lower kv_slots, max_sequence_length or replicas, or unload another model"
+)
 _head_files = ray.remote(head_files)
 
 
@@ -322,19 +327,6 @@ def split_by_length(rows: Sequence[RowStep]) -> list[list[int]]:
     return [short, long] if padded(short) + padded(long) < together else [list(range(len(rows)))]
 
 
-def decode_buckets(kv_slots: int, max_length: int) -> list[tuple[int, int, int]]:
-    """Every shape a decode step (one new token a row) takes: rows x context buckets. Traced at
-    start (each costs ~1 s a stage of 6 blocks x 512 on a CPU core), so that no sequence's
-    tokens wait on a trace when it grows past a context bucket."""
-    rows = sorted({bucket(r, kv_slots) for r in range(1, kv_slots + 1)})
-    contexts = sorted({context_bucket(end, max_length) for end in range(1, max_length + 1)})
-    return [(r, 1, c) for r in rows for c in contexts]
-
-
-def _bundles(stages: int, cpus: float, gpus: float) -> list[dict[str, float]]:
-    return [{"CPU": cpus, **({"GPU": gpus} if gpus else {})} for _ in range(stages)]
-
-
 async def _start_one(
     spec: PresetSpec,
     info: GenerationInfo,
@@ -342,27 +334,25 @@ async def _start_one(
     files: Sequence[str | None],
     *,
     head_files: Sequence[str] = (),
-    num_cpus_per_stage: float,
-    num_gpus_per_stage: float,
+    asks: ReplicaAsks,
     max_restarts: int,
     ready_timeout_s: float,
     step_timeout_s: float | None,
 ) -> Replica:
-    bundles = _bundles(len(cuts) + len(head_files), num_cpus_per_stage, num_gpus_per_stage)
+    bundles = asks.bundles()
     group = placement_group(bundles, strategy="PACK")
     try:
         await asyncio.wait_for(group.ready(), timeout=ready_timeout_s)
     except TimeoutError:
         remove_placement_group(group)
         raise PipelineStartError(
-            f"the cluster did not give {len(bundles)} stage(s) of {bundles[0]} within "
+            f"the cluster did not give the {len(bundles)} actors' bundles {bundles} within "
             f"{ready_timeout_s:g} s"
         ) from None
     warm = decode_buckets(info.kv_slots, info.max_length)
     actors = [
         _RemoteStage.options(
-            num_cpus=num_cpus_per_stage,
-            num_gpus=num_gpus_per_stage,
+            **asks.stages[index].options(),
             max_restarts=max_restarts,
             # A step that killed a stage would kill it again: no transparent retries.
             max_task_retries=0,
@@ -379,20 +369,20 @@ async def _start_one(
             warm,
             files[index],
             not head_files,
+            asks.stages[index].gpu_limit_mib,
         )
         for index, cut in enumerate(cuts)
     ]
     heads = [
         _RemoteHead.options(
-            num_cpus=num_cpus_per_stage,
-            num_gpus=num_gpus_per_stage,
+            **asks.heads[index].options(),  # from its rows, not a stage's (``sizing``)
             max_restarts=max_restarts,
             max_task_retries=0,
             max_concurrency=1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=len(cuts) + index
             ),
-        ).remote(path)
+        ).remote(path, asks.heads[index].gpu_limit_mib)
         for index, path in enumerate(head_files)
     ]
     replica = Replica(info, spec, actors, group, ready_timeout_s, step_timeout_s, heads)
@@ -419,6 +409,7 @@ async def start_generation_replicas(
     stage_cache_dir: str | Path | None = None,
     step_timeout_s: float | None = None,
     head_parts: int = 1,
+    gpu_memory_limit: bool = True,
 ) -> list[Replica]:
     """Start ``replicas`` replicas of the preset at ``model_path``; see the package docstring."""
     if kv_slots < 1:
@@ -435,10 +426,18 @@ async def start_generation_replicas(
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     heads = head_parts if head_parts > 1 else 0
-    # Refused at once where the cluster can never hold them (a placement group would wait).
-    check_cluster_fits(
-        _bundles(len(cuts) + heads, num_cpus_per_stage, num_gpus_per_stage), replicas, "PACK"
+    asks = replica_asks(
+        spec,
+        len(cuts),
+        kv_slots,
+        max_length,
+        head_parts,
+        cpus=num_cpus_per_stage,
+        gpus=num_gpus_per_stage,
+        gpu_memory_limit=gpu_memory_limit,
     )
+    # Refused at once where the cluster can never hold them (a placement group would wait).
+    check_cluster_fits(asks.bundles(), replicas, "PACK", _MEMORY_FIX)
     # Each stage's layers written apart once (a Ray task: TensorFlow stays out of the driver).
     cache = str(stage_cache_dir) if stage_cache_dir is not None else str(default_cache_dir())
     if spec.archive:
@@ -448,14 +447,16 @@ async def start_generation_replicas(
         key = hashlib.sha256(f"{spec.path};{stat.st_size};{stat.st_mtime_ns}".encode())
         spec = extract_tokenizer(spec, Path(cache) / f"tokenizer-{key.hexdigest()[:32]}")
     end_ids, start_id = special_tokens(spec)
+    # Both tasks sent before either is awaited: they run side by side where the CPUs allow.
+    head_ref = _head_files.remote(model_path, heads, cache) if heads else None
     try:
         files: list[str | None] = list(await _stage_files.remote(model_path, cuts, cache))
     except ray.exceptions.RayError as exc:
         raise PipelineStartError(f"the stage files were not written: {one_line(exc)}") from None
     parts: list[str] = []
-    if heads:
+    if head_ref is not None:
         try:
-            parts = list(await _head_files.remote(model_path, heads, cache))
+            parts = list(await head_ref)
         except ray.exceptions.RayError as exc:
             raise PipelineStartError(
                 f"the head part files were not written: {one_line(exc)}"
@@ -480,8 +481,7 @@ async def start_generation_replicas(
                 cuts,
                 files,
                 head_files=parts,
-                num_cpus_per_stage=num_cpus_per_stage,
-                num_gpus_per_stage=num_gpus_per_stage,
+                asks=asks,
                 max_restarts=max_restarts,
                 ready_timeout_s=ready_timeout_s,
                 step_timeout_s=step_timeout_s,

@@ -26,7 +26,7 @@ import numpy as np
 
 from shards.generation.preset import PresetSpec
 
-__all__ = ["MIN_CONTEXT", "StageModel", "bucket", "context_bucket"]
+__all__ = ["MIN_CONTEXT", "StageModel", "bucket", "context_bucket", "decode_buckets"]
 
 # The shortest prefix of a slot attention reads: fewer, larger buckets for short sequences.
 MIN_CONTEXT = 16
@@ -43,6 +43,15 @@ def bucket(n: int, cap: int) -> int:
 def context_bucket(end: int, max_length: int) -> int:
     """The positions a step's attention reads, for rows ending (exclusive) at ``end`` at most."""
     return min(max_length, bucket(max(end, MIN_CONTEXT), max_length))
+
+
+def decode_buckets(kv_slots: int, max_length: int) -> list[tuple[int, int, int]]:
+    """Every shape a decode step (one new token a row) takes: rows x context buckets. Traced at
+    start (each costs ~1 s a stage of 6 blocks x 512 on a CPU core), so that no sequence's
+    tokens wait on a trace when it grows past a context bucket."""
+    rows = sorted({bucket(r, kv_slots) for r in range(1, kv_slots + 1)})
+    contexts = sorted({context_bucket(end, max_length) for end in range(1, max_length + 1)})
+    return [(r, 1, c) for r in rows for c in contexts]
 
 
 def _embed_gpt2(backbone: Any, ids: Any, positions: Any) -> Any:

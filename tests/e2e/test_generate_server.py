@@ -1,7 +1,9 @@
-"""A real ``shardserve serve --model <GPT-2 preset>`` in 2 stages on Ray (issue 39): 8 concurrent
-prompts of different lengths and max_tokens answer keras_hub's own greedy ids, through the
-generate route; text in, text out; a client that hangs up frees its slot; a stage killed
-(SIGKILL) mid-generation costs no client a token. The ``openai`` client (issue 40): completions
+"""A real ``shardserve serve --model <GPT-2 preset>`` in 2 stages on Ray (issue 39), its LM head
+split by vocabulary rows into 2 part actors (``--head-parts 2``, issue 42; the unsplit head is
+served end to end by tests/e2e/test_generate_priorities.py): 8 concurrent prompts of different
+lengths and max_tokens answer keras_hub's own greedy ids, through the generate route; text in,
+text out; a client that hangs up frees its slot; a stage killed (SIGKILL) mid-generation costs no
+client a token. The ``openai`` client (issue 40): completions
 and chat, plain and streamed, equal to the greedy ids' text; a stop string spanning tokens cut
 exactly, plain and streamed; each bad field a 400 in OpenAI's shape; a stream cut mid-way frees
 its slot."""
@@ -34,6 +36,7 @@ from tests.serverproc import Server, ray_env, running_server
 from tests.serving.protocols.openai.test_openai_completions import BAD
 
 KV_SLOTS = 8
+HEAD_PARTS = 2
 ADMIN_TOKEN = "generate-server-admin-token"
 LABELS = {"model": "gpt", "version": "1"}
 CHAT_TEMPLATE = (
@@ -53,6 +56,9 @@ def gpt2_server(
         "--model", str(gpt2_greedy.preset),
         "--model-name", "gpt",
         "--stages", "2",
+        "--head-parts", str(HEAD_PARTS),
+        # 2 stages + 2 head parts: 2 of the session Ray's 4 CPUs, as 2 stages of 1 CPU were.
+        "--cpus-per-shard", "0.5",
         "--kv-slots", str(KV_SLOTS),
         "--ray-address", ray_address,
         "--cache-dir", str(workdir / "cache"),
@@ -67,9 +73,26 @@ def _metrics(server: Server) -> str:
     return httpx.get(f"{server.url}/metrics").text
 
 
+def _actors(server: Server, kind: str) -> list[Any]:
+    """The server's actor processes of the class ``kind``: children of the session's raylet
+    (tests/conftest.py's one local Ray) whose title names the class, started after the server."""
+    import psutil
+    import ray
+
+    raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
+    started = psutil.Process(server.process.pid).create_time()
+    return [
+        p
+        for p in psutil.Process(raylet).children(recursive=True)
+        if kind in " ".join(p.cmdline()) and p.create_time() >= started
+    ]
+
+
 def test_concurrent_prompts_get_keras_hubs_greedy_ids(
     gpt2_server: Server, gpt2_greedy: Greedy
 ) -> None:
+    # The head is in its part actors: the ids below are merged from their slices.
+    assert len(_actors(gpt2_server, "HeadPart")) == HEAD_PARTS
     # 8 prompts: the fixture's 5, and 3 of them again, each with its own max_tokens.
     cases = [
         (prompt, max(1, len(ids) - k))
@@ -244,18 +267,7 @@ def test_a_client_that_hangs_up_frees_its_slot(gpt2_server: Server) -> None:
 def test_a_stage_killed_mid_generation_costs_no_client_a_token(
     gpt2_server: Server, gpt2_greedy: Greedy
 ) -> None:
-    import psutil
-    import ray
-
-    # The session's raylet (tests/conftest.py's one local Ray) runs the server's stage actors:
-    # its children whose title names the stage class.
-    raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
-    started = psutil.Process(gpt2_server.process.pid).create_time()
-    stages = [
-        p
-        for p in psutil.Process(raylet).children(recursive=True)
-        if "GenerationStage" in " ".join(p.cmdline()) and p.create_time() >= started
-    ]
+    stages = _actors(gpt2_server, "GenerationStage")
     assert len(stages) == 2, stages
     cases = [
         (p, len(ids)) for p, ids in zip(gpt2_greedy.prompts, gpt2_greedy.generated, strict=True)

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import logging
 import math
-from types import SimpleNamespace
 from typing import Any
 
 import keras
 import ml_dtypes
 import numpy as np
 import pytest
-import ray
 
-from shards.actor import gpu_memory, stage_actor
+from shards.actor import gpu_memory
 from shards.actor.gpu_memory import GPU_MEMORY_MARGIN, gpu_memory_limit_mib
 from shards.actor.stage_actor import _configure_tensorflow, planned_limit_mib, stage_step
 from shards.bundle.format import StageMemory, StageSpec
 from shards.signature import TensorSpec
+from tests.shards.fake_tf import FakeConfig, install_fake_tf
 
 MIB = 1 << 20
 
@@ -48,43 +47,10 @@ def _memory(weight_bytes: int | None = None) -> StageMemory:
     )
 
 
-class _FakeConfig:
-    """What ``_configure_tensorflow`` asks of ``tf.config``, recorded."""
-
-    def __init__(self, gpus: list[str]) -> None:
-        self.gpus = gpus
-        self.calls: list[tuple[str, Any, Any]] = []
-        self.threading = SimpleNamespace(
-            set_intra_op_parallelism_threads=lambda n: None,
-            set_inter_op_parallelism_threads=lambda n: None,
-        )
-        self.experimental = SimpleNamespace(
-            set_memory_growth=lambda gpu, on: self.calls.append(("growth", gpu, on))
-        )
-        self.LogicalDeviceConfiguration = lambda memory_limit: ("limit", memory_limit)
-
-    def list_physical_devices(self, kind: str) -> list[str]:
-        return list(self.gpus)
-
-    def set_logical_device_configuration(self, gpu: str, config: Any) -> None:
-        self.calls.append(("logical", gpu, config))
-
-    def set_visible_devices(self, devices: Any, kind: str) -> None:
-        self.calls.append(("visible", devices, kind))
-
-
 @pytest.fixture
 def fake_tf(monkeypatch: pytest.MonkeyPatch) -> Any:
-    def install(gpus: list[str], ray_gpus: list[int]) -> _FakeConfig:
-        config = _FakeConfig(gpus)
-        monkeypatch.setattr(
-            stage_actor, "import_tensorflow", lambda: SimpleNamespace(config=config)
-        )
-        monkeypatch.setattr(ray, "get_gpu_ids", lambda: ray_gpus)
-        context = SimpleNamespace(get_assigned_resources=lambda: {"CPU": 1.0})
-        monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
-        monkeypatch.setattr(gpu_memory, "_logged_no_gpu", False)
-        return config
+    def install(gpus: list[str], ray_gpus: list[int]) -> FakeConfig:
+        return install_fake_tf(monkeypatch, gpus, ray_gpus)
 
     return install
 

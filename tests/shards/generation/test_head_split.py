@@ -24,6 +24,7 @@ from shards.generation.partition import cut_blocks, head_part_params, stage_para
 from shards.generation.preset import read_preset
 from shards.generation.replica import Replica, start_generation_replicas
 from shards.generation.sampling import sample_rows
+from shards.generation.sizing import replica_asks
 from tests.generation_models import TOTAL_LENGTH, Greedy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -178,6 +179,27 @@ async def test_a_killed_head_part_is_lost_then_prefilled_again_to_the_same_token
     assert await _run(split, seqs, kill_head_at=4) == 1
     for s, expected in zip(seqs, gpt2_greedy.generated[: len(seqs)], strict=True):
         assert tuple(s.generated) == expected[:10]
+
+
+async def test_each_actor_asks_ray_for_its_own_plan_and_is_given_its_cap(
+    split: Replica, gpt2_greedy: Greedy
+) -> None:
+    spec = read_preset(str(gpt2_greedy.preset))
+    asks = replica_asks(spec, 2, SLOTS, LENGTH, 2, cpus=0.5)
+    held = await asyncio.gather(*(a.describe.remote() for a in [*split._actors, *split._heads]))
+    for ask, actor in zip([*asks.stages, *asks.heads], held, strict=True):
+        # No GPU in the session's Ray: the actor asks host memory for what its plan holds; its
+        # cap from the plan reaches it (and is not set: there is no GPU to set it on).
+        assert ask.memory_bytes is not None
+        assert actor["resources"] == {"CPU": 0.5, "memory": float(ask.memory_bytes)}
+        assert actor["gpu_memory_limit_mib"] == ask.gpu_limit_mib is not None
+        assert actor["device"] == "/CPU:0"
+    # A part asks for its rows (half the head), not for a stage (blocks and a KV cache).
+    head_asks = [a.planned_peak_bytes for a in asks.heads]
+    assert max(head_asks) < min(a.planned_peak_bytes for a in asks.stages)
+    assert [a.memory_bytes for a in asks.heads] == [p["params"] * 4 for p in held[2:]]
+    table = ray.util.placement_group_table(split._group)
+    assert list(table["bundles"].values()) == asks.bundles()
 
 
 async def test_more_head_parts_than_ids_are_refused_by_name(

@@ -247,6 +247,9 @@ async def test_stages_the_cluster_cannot_hold_are_refused_at_once(
 ) -> None:
     with pytest.raises(InsufficientResourcesError, match="GPU"):
         await start_generation_replicas(str(gpt2_preset), stages=2, num_gpus_per_stage=1.0)
+    # Each stage asks Ray's memory resource for its weights and KV cache: ~33 GB of slots.
+    with pytest.raises(InsufficientResourcesError, match="lower kv_slots, max_sequence_length"):
+        await start_generation_replicas(str(gpt2_preset), stages=2, kv_slots=1_000_000)
 
 
 async def test_a_stage_that_cannot_load_fails_the_start_with_its_reason(
