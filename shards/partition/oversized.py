@@ -21,12 +21,13 @@ from shards.split import (
     choose_splits,
     hand_to_driver,
     parts_needed,
+    reads_own_rows,
     split_model,
     use_weight_bytes,
     uses,
 )
 
-__all__ = ["memory_like", "part_nodes", "split_oversized"]
+__all__ = ["held_beside", "memory_like", "part_nodes", "split_oversized"]
 
 
 def memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
@@ -40,12 +41,18 @@ def memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
 
 
 def split_oversized(
-    graph: Graph, memory: MemoryModel, budgets: Sequence[int], lookup_combine: str = "dense"
+    graph: Graph,
+    memory: MemoryModel,
+    budgets: Sequence[int],
+    lookup_combine: str = "dense",
+    tied_tables: str = "once",
 ) -> tuple[Graph, MemoryModel, list[Split], tuple[DriverCombine, ...]]:
     """``graph`` with each layer too large for the largest budget split into the fewest parts
     that fit it (``shards.split``); the same graph where none is too large. A split
     layer whose combine would be a model output and nothing else is joined by the driver
-    instead (the combines returned): its parts' outputs are the graph's outputs."""
+    instead (the combines returned): its parts' outputs are the graph's outputs.
+    ``tied_tables``: a tied table's two uses served by one set of parts (``once``: each part
+    charged its rows once and both uses' activations) or by a set each (``twice``)."""
     top = max(budgets)
 
     def over(i: int) -> tuple[int, str] | None:
@@ -61,6 +68,13 @@ def split_oversized(
         # holding them (shards.split): the count is the larger of the two uses', each use
         # charged the matrix it reads (an untied table's own reverse table for its logits).
         weights = memory.need(i, i + 1).weight_bytes
+        found = uses(calls[id(op)], how)
+        if tied_tables == "once" and len(found) > 1 and reads_own_rows(op):
+            # Held once: one set of parts holds the rows for both uses, and runs both at once.
+            (use_how, nodes), *beside = found
+            found, also = [(use_how, nodes)], beside
+        else:
+            also = []
         counts = [
             parts_needed(
                 op,
@@ -71,12 +85,20 @@ def split_oversized(
                 memory.plan_batch_rows,
                 graph.sequence_length,
                 top,
+                beside=also,
             )
-            for use_how, nodes in uses(calls[id(op)], how)
+            for use_how, nodes in found
         ]
         return None if None in counts else max(c for c in counts if c is not None)
 
-    splits = choose_splits(graph.nodes, over, parts_for, budget_text(budgets), graph.model.outputs)
+    splits = choose_splits(
+        graph.nodes,
+        over,
+        parts_for,
+        budget_text(budgets),
+        graph.model.outputs,
+        tied_tables=tied_tables,
+    )
     for _ in range(8):
         if not splits:
             return graph, memory, [], ()
@@ -85,11 +107,14 @@ def split_oversized(
         split_graph = reanalyse(graph, split, names)
         split_memory = memory_like(split_graph, memory)
         parts = part_nodes(split_graph, splits)
-        # The count was computed from shapes; a part the memory model finds over gets one more.
+        # The count was computed from shapes; a part the memory model finds over gets one more
+        # (a part held once with its logits: its need plus theirs, less their rows).
+        beside = held_beside(parts, split_memory)
         grow = {
             p.layer
             for i, p in parts.items()
-            if split_memory.need(i, i + 1).total > top and p.parts < splits_by(splits)[p.layer].size
+            if split_memory.need(i, i + 1).total + beside.get(i, 0) > top
+            and p.parts < splits_by(splits)[p.layer].size
         }
         if not grow:
             return split_graph, split_memory, splits, combines
@@ -113,6 +138,17 @@ def _driver_names(
     return names, tuple(combines)
 
 
+def held_beside(parts: Mapping[int, StagePart], memory: MemoryModel) -> dict[int, int]:
+    """Node index of a lookup part held once -> the activations its logits part adds to it
+    (their rows are its own)."""
+    lookups = {(p.layer, p.part): i for i, p in parts.items() if p.use is None}
+    return {
+        lookups[(p.layer, p.part)]: memory.need(i, i + 1).activation_bytes
+        for i, p in parts.items()
+        if p.use == LOGITS and p.held_by is not None and (p.layer, p.part) in lookups
+    }
+
+
 def splits_by(splits: Sequence[Split]) -> dict[str, Split]:
     return {s.layer: s for s in splits}
 
@@ -121,7 +157,16 @@ def part_nodes(graph: Graph, splits: Sequence[Split]) -> dict[int, StagePart]:
     """Node index -> the part of a split layer it is."""
     names = {
         s.part_name(k, use): StagePart(
-            s.layer, s.kind, s.how, k, s.parts, s.bounds[k], s.bounds[k + 1], use
+            s.layer,
+            s.kind,
+            s.how,
+            k,
+            s.parts,
+            s.bounds[k],
+            s.bounds[k + 1],
+            use,
+            # The lookup part's stage is set once the stages are cut (``shards.partition.stages``).
+            held_by=-1 if use == LOGITS and s.held_once else None,
         )
         for s in splits
         for use in (None, LOGITS)

@@ -70,10 +70,23 @@ from shards.split.combine import (
     join_bytes,
     join_row_bytes,
 )
-from shards.split.parts import StagePart, pipeline_depth, place_labels, places
+from shards.split.parts import (
+    GUEST_GROUP,
+    StagePart,
+    hosts,
+    pipeline_depth,
+    place_labels,
+    places,
+)
 
 if TYPE_CHECKING:
-    from shards.split.layers import KernelColumns, PairedSlices, SplitCombine, TableRows
+    from shards.split.layers import (
+        KernelColumns,
+        PairedSlices,
+        SplitCombine,
+        TableRows,
+        hold_rows_once,
+    )
     from shards.split.rewrite import hand_to_driver, split_model
     from shards.split.rule import (
         LOGITS,
@@ -84,6 +97,7 @@ if TYPE_CHECKING:
         describe,
         find_pairs,
         parts_needed,
+        reads_own_rows,
         refuse,
         use_weight_bytes,
         uses,
@@ -96,6 +110,7 @@ _KERAS = {
     "SplitCombine": "layers",
     "TableRows": "layers",
     "hand_to_driver": "rewrite",
+    "hold_rows_once": "layers",
     "split_model": "rewrite",
     "LOGITS": "rule",
     "SPLITTABLE": "rule",
@@ -105,6 +120,7 @@ _KERAS = {
     "describe": "rule",
     "find_pairs": "rule",
     "use_weight_bytes": "rule",
+    "reads_own_rows": "rule",
     "parts_needed": "rule",
     "refuse": "rule",
     "uses": "rule",
@@ -124,6 +140,7 @@ def register_layers() -> None:
 
 
 __all__ = [
+    "GUEST_GROUP",
     "LOGITS",
     "SPLITTABLE",
     "DriverCombine",
@@ -140,12 +157,15 @@ __all__ = [
     "describe",
     "find_pairs",
     "hand_to_driver",
+    "hold_rows_once",
+    "hosts",
     "join_bytes",
     "join_row_bytes",
     "parts_needed",
     "pipeline_depth",
     "place_labels",
     "places",
+    "reads_own_rows",
     "refuse",
     "register_layers",
     "split_model",
