@@ -199,8 +199,6 @@ def _held_by(parts: list[StagePart | None]) -> list[StagePart | None]:
     were made) given the stage index of its lookup part."""
     lookups = {(p.layer, p.part): i for i, p in enumerate(parts) if p is not None and p.use is None}
     return [
-        p
-        if p is None or p.held_by is None
-        else replace(p, held_by=lookups[(p.layer, p.part)])
+        p if p is None or p.held_by is None else replace(p, held_by=lookups[(p.layer, p.part)])
         for p in parts
     ]

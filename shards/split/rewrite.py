@@ -62,10 +62,8 @@ def _logit_parts(op: Any, split: Split) -> list[keras.layers.Layer]:
         a, b = split.bounds[k], split.bounds[k + 1]
         # Tied: the table's rows as they are, read transposed (``x @ rows.T``, as the table
         # computes its logits), so an actor holding the lookup's rows can serve both uses.
-        if tied:
-            kernel = _slice(op.embeddings, 0, a, b)
-        else:
-            kernel = _slice(op.reverse_embeddings, 1, a, b)
+        matrix, axis = (op.embeddings, 0) if tied else (op.reverse_embeddings, 1)
+        kernel = _slice(matrix, axis, a, b)
         part = KernelColumns(
             kernel.shape,
             None,
