@@ -5,7 +5,9 @@ The model: a recommender of two tables of ``--rows`` x ``--dim`` float32 each (1
 default 1 048 576 x 32; the item table read for a history of 20 ids and for the candidate, with
 ``mask_zero``), an MLP and a score (``--model mlp`` instead: ``--width`` -> fc1 of ``--hidden``
 units, relu -> fc2 of ``--width`` -> a score, the budget a share of fc1, so that fc1 and fc2
-split as a pair, Megatron's column- then row-parallel layers, against one stage). It is
+split as a pair, Megatron's column- then row-parallel layers, against one stage; ``--model
+tied``: a tied table's lookup and logits, split and held twice against held once, in
+``bench.suites.split_tied``). It is
 partitioned in a child (this process never loads TensorFlow) with no budget (one stage: it fits
 this machine's RAM) and under a budget of ``--budget-share`` of one table (or of fc1), which
 splits each table by rows into parts of their own (``--device-overhead-bytes 0``): for the
@@ -65,7 +67,7 @@ class SplitPlan:
     seconds: float = 20.0
     warmup_s: float = 3.0
     workdir: Path = Path(".bench/split")
-    model: str = "tables"  # or "mlp": fc1 -> fc2, split as a pair
+    model: str = "tables"  # or "mlp": fc1 -> fc2, split as a pair; "tied": a tied table
     width: int = 512  # the MLP's input and output units
     hidden: int = 8192  # its hidden units (fc1's output, fc2's input)
 
@@ -74,8 +76,8 @@ class SplitPlan:
             raise ValueError(f"--rows must be >= 16 and --dim >= 1, got {self.rows}, {self.dim}")
         if not 0.05 <= self.budget_share < 1.0:
             raise ValueError(f"--budget-share must be in [0.05, 1), got {self.budget_share}")
-        if self.model not in ("tables", "mlp"):
-            raise ValueError(f"--model is 'tables' or 'mlp', got {self.model!r}")
+        if self.model not in ("tables", "mlp", "tied"):
+            raise ValueError(f"--model is 'tables', 'mlp' or 'tied', got {self.model!r}")
 
 
 def build(rows: int, dim: int) -> Any:
@@ -118,7 +120,14 @@ def build_mlp(width: int, hidden: int) -> Any:
 def _builder(plan: SplitPlan) -> str:
     if plan.model == "mlp":
         return f"build_mlp({plan.width}, {plan.hidden})"
+    if plan.model == "tied":
+        return f"build_tied({plan.rows}, {plan.dim})"
     return f"build({plan.rows}, {plan.dim})"
+
+
+def _imports(plan: SplitPlan) -> tuple[str, ...]:
+    """The modules a bundle's stage files need (keras_hub's ReversibleEmbedding)."""
+    return ("keras_hub",) if plan.model == "tied" else ()
 
 
 def _layer_bytes(plan: SplitPlan) -> int:
@@ -128,11 +137,15 @@ def _layer_bytes(plan: SplitPlan) -> int:
     return plan.rows * plan.dim * 4
 
 
-def _partition(plan: SplitPlan, out: Path, budget: int | None, combine: str = "dense") -> None:
+def _partition(
+    plan: SplitPlan, out: Path, budget: int | None, combine: str = "dense", tied: str = "once"
+) -> None:
     how = "stages=1" if budget is None else f"max_stage_bytes={budget}"
-    how += f", lookup_combine={combine!r}"
+    how += f", lookup_combine={combine!r}, tied_tables={tied!r}, imports={list(_imports(plan))!r}"
     code = (
-        "from bench.suites.split import build, build_mlp; from shards.partition.cut import "
+        "from bench.suites.split import build, build_mlp; "
+        "from bench.suites.split_tied import build as build_tied; "
+        "from shards.partition.cut import "
         f"partition_to_bundle; partition_to_bundle({_builder(plan)}, "
         f"{str(out)!r}, {how}, plan_batch_rows={plan.batch}, device_overhead_bytes=0, "
         "source_name='split_rec')"
@@ -144,6 +157,8 @@ def _inputs(plan: SplitPlan, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     if plan.model == "mlp":
         return {"x": rng.normal(size=(plan.batch, plan.width)).astype("float32")}
+    if plan.model == "tied":
+        return {"ids": rng.integers(0, plan.rows, size=(plan.batch, 1)).astype("int32")}
     history = rng.integers(1, plan.rows, size=(plan.batch, HISTORY)).astype("int32")
     history[:, HISTORY // 2 :] *= rng.integers(0, 2, size=(plan.batch, 1)).astype("int32")
     return {
@@ -179,7 +194,8 @@ async def _measure(bundle: Path, plan: SplitPlan) -> dict[str, Any]:
     manifest = read_manifest(bundle)
     planned = {s.name: s.planned_peak_bytes for s in manifest.stages}
     crossing = _crossing(manifest.stages, plan.batch)
-    group = await ReplicaSet.create(bundle, PipelineOptions(replicas=1, batch_sizes=(plan.batch,)))
+    options = PipelineOptions(replicas=1, batch_sizes=(plan.batch,), imports=_imports(plan))
+    group = await ReplicaSet.create(bundle, options)
     try:
         await _load(group, plan, plan.concurrency, plan.warmup_s)
         loaded = await _load(group, plan, plan.concurrency, plan.seconds)
@@ -191,6 +207,9 @@ async def _measure(bundle: Path, plan: SplitPlan) -> dict[str, Any]:
                 "rss": info["memory"]["rss_bytes"],
                 "tf_mark": info["memory"]["rss_marks"]["tensorflow"],
                 "weights": info["weight_bytes"],
+                # One process may run two stages (a tied table held once): counted once.
+                "pid": info["pid"],
+                "process_weights": info["memory"]["weight_bytes"],
             }
             for info in await group.describe()
         ]
@@ -255,6 +274,10 @@ def _crossing(stages: Any, batch: int) -> dict[str, int]:
 
 
 def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
+    if plan.model == "tied":
+        from bench.suites import split_tied
+
+        return split_tied.run(plan, progress)
     plan.workdir.mkdir(parents=True, exist_ok=True)
     layer_bytes = _layer_bytes(plan)
     budget = int(layer_bytes * plan.budget_share)
@@ -310,6 +333,10 @@ def _moved(crossing: dict[str, int]) -> int:
 
 
 def render(results: dict[str, Any]) -> str:
+    if results.get("model") == "tied":
+        from bench.suites import split_tied
+
+        return split_tied.render(results)
     if results.get("model") == "mlp":
         head = (
             f"an MLP fc1 -> fc2 of {results['table_bytes'] / MiB:.0f} MiB each; split budget "
@@ -376,7 +403,10 @@ def render(results: dict[str, Any]) -> str:
 
 
 def add_parsers(sub: Any) -> None:
-    about = "split layers (tables; --model mlp: fc1 -> fc2 paired) vs one stage: req/s, p99, RSS"
+    about = (
+        "split layers (tables; --model mlp: fc1 -> fc2 paired; --model tied: a tied table held "
+        "twice vs once) vs one stage: req/s, p99, RSS"
+    )
     opts = options.suite(
         sub, "split", about, out="docs/bench-split", plan=SplitPlan, run=run, render=render
     )
@@ -384,7 +414,11 @@ def add_parsers(sub: Any) -> None:
     opts.own("--dim", type=int)
     opts.own("--budget-share", type=float, help="the split budget, as a share of one table")
     opts.own("--batch", type=int)
-    opts.own("--model", choices=("tables", "mlp"), help="the tables (dense vs routed) or the MLP")
+    opts.own(
+        "--model",
+        choices=("tables", "mlp", "tied"),
+        help="the tables (dense vs routed), the MLP, or a tied table (held twice vs once)",
+    )
     opts.own("--width", type=int, help="the MLP's input and output units")
     opts.own("--hidden", type=int, help="the MLP's hidden units")
     opts.add("concurrency", "seconds", "warmup_s", "workdir")

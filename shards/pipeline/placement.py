@@ -39,7 +39,7 @@ _RemoteShard = ray.remote(ShardActor)
 # A host (a tied table held once: shards.split) runs its guests in a concurrency group of their
 # own, one at a time each: batch n+1's lookup does not wait behind batch n's logits. Ray takes
 # concurrency groups at the class only, not in ``.options()``.
-_RemoteHost = ray.remote(concurrency_groups={GUEST_GROUP: 1})(ShardActor)
+_RemoteHost = ray.remote(concurrency_groups={GUEST_GROUP: 1})(ShardActor)  # type: ignore[call-overload]
 log = logging.getLogger(__name__)
 
 
@@ -120,7 +120,7 @@ def spawn_actors(
         guests = [(g, spec.shipped[g] if spec.shipped else None) for g in _guests(spec, index)]
         remote = _RemoteHost if guests else _RemoteShard
         actor = remote.options(
-            num_cpus=spec.cpus,
+            num_cpus=spec.cpus * (1 + len(guests)),
             num_gpus=spec.gpus,
             # Ray takes its memory resource as its own argument, never among ``resources``.
             memory=bundle.get("memory"),
@@ -212,15 +212,18 @@ async def start_replicas(
     # actor: shards.split), a bundle each.
     hosts = tuple(manifest.hosts)
     owners = sorted(set(hosts))
+    # CPUs are a stage's: a host asks its own and its guests' (its process runs them at once,
+    # a TensorFlow thread each), GPUs an actor's (the device that holds the rows once).
     cpus = cpus_per_stage(
         options.cpus_per_shard,
         private_ray=options.private_ray,
-        actors=len(owners) * options.replicas,
+        actors=len(manifest.stages) * options.replicas,
         cores=machine_cores(),
     )
     if options.cpus_per_shard is None:
         log.info(
-            "%d stage actor(s) ask for %g CPU each (%d TensorFlow thread(s))",
+            "%d stage(s) in %d actor(s) ask for %g CPU each (%d TensorFlow thread(s))",
+            len(manifest.stages) * options.replicas,
             len(owners) * options.replicas,
             cpus,
             intra_op_threads(cpus),
@@ -231,6 +234,9 @@ async def start_replicas(
     extra = per_stage_resources(manifest, options.stage_resources)
     extra = tuple(extra[h] for h in owners) if extra else extra
     bundles = placement_resources(len(owners), cpus, gpus, extra, memory)
+    for bundle, host in zip(bundles, owners, strict=True):
+        if "CPU" in bundle:
+            bundle["CPU"] *= hosts.count(host)
     check_cluster_fits(bundles, options.replicas, options.placement_strategy)
     replicas: list[Replica] = []
     try:
