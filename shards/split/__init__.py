@@ -8,7 +8,8 @@ cannot be one stage; it is split instead, and this package is everything about t
   ``ReversibleEmbedding`` and the token table of its ``TokenAndPositionEmbedding`` split by
   *rows* (each part a vocabulary range); ``Dense`` and ``EinsumDense`` split by *columns*
   (output units); a tied table's logits (``ReversibleEmbedding(..., reverse=True)``) split at
-  the same rows as its lookups, each part its columns of the logits. Two ``Dense`` layers both
+  the same rows as its lookups, each part its columns of the logits (from the rows as they
+  are, read transposed: ``KernelColumns(transposed=True)``). Two ``Dense`` layers both
   too large, the first feeding the second through elementwise layers only (an activation,
   dropout), are a *pair* (``find_pairs``; Megatron's column- then row-parallel layers): part k
   holds the first's output units and the second's input units ``[a, b)``, keeps its slice of the
@@ -22,10 +23,15 @@ cannot be one stage; it is split instead, and this package is everything about t
   overhead, fit the largest budget. By rows every part writes the whole output (zeros outside
   its rows); by columns its share. Each use is charged the matrix it reads
   (``use_weight_bytes``: an untied table's logits its reverse table, its lookups its table).
-  A tied table is split once and held twice: one set of parts
-  for its lookups at the start of the pipeline, one for its logits at the end (one actor
-  serving both would sit at two places: Ray runs an actor's tasks in order, so batch n+1's
-  lookup would wait for batch n's logits).
+  A tied table is split once and **held once** (``tied_tables="once"``, the default): part
+  k's lookup stage and its logits stage keep their places in the pipeline (the depth is
+  unchanged), but the logits part is marked ``held_by`` the lookup part's stage
+  (``StagePart.held_by``, ``hosts``, ``Manifest.hosts``): one actor, one device, runs both,
+  its logits reading the lookup's rows (``hold_rows_once``: one copy in the process), in a Ray
+  concurrency group of their own (``GUEST_GROUP``) so that batch n+1's lookup does not wait
+  behind batch n's logits (Ray runs one group's calls in order). The rule charges such a part
+  its rows once and both uses' activations (``parts_needed(..., beside=...)``;
+  ``Manifest.actor_peak_bytes``). ``tied_tables="twice"`` keeps a set of parts for each use.
 - **The parts** (``shards.split.layers``): ``TableRows`` (a range of a table's rows, zeros for
   ids outside it), ``KernelColumns`` (a slice of a kernel's output units, no activation),
   ``PairedSlices`` (part k of a pair). Each part's weights are read out of the layer's slice by
@@ -48,9 +54,10 @@ cannot be one stage; it is split instead, and this package is everything about t
   calls replaced by one call of each part and a combine per call; the planner then gives each
   part a stage of its own.
 - **What the pipeline needs to know** (``shards.split.parts``): which part a stage holds
-  (``StagePart``, in the manifest), the stages' places ("3.0", "3.1": parts side by side) and
-  the pipeline's depth (``pipeline_depth``: the parts of one layer count once), which the
-  manifest exposes as ``Manifest.depth`` and every consumer reads.
+  (``StagePart``, in the manifest), the stages' places ("3.0", "3.1": parts side by side), the
+  pipeline's depth (``pipeline_depth``: the parts of one layer count once), which the
+  manifest exposes as ``Manifest.depth`` and every consumer reads, and which stage's actor
+  runs each stage (``hosts``: an actor per host, ``Manifest.actors``).
 
 The interface is this module: other code imports ``shards.split`` and nothing below it. The
 numpy names (the parts, the places, the driver's combine) import no TensorFlow or Keras; the
