@@ -31,3 +31,25 @@ def test_a_routed_part_is_counted_at_its_share_of_the_ids(tmp_path: Path) -> Non
     assert found["routed"]["parts_written"] == 2 * (80 * 132 + 4 * 132)
     # What the parts write, the combine reads: the routed layout moves less both ways.
     assert found["routed"]["read"] < found["dense"]["read"]
+
+
+def test_the_tied_bench_counts_a_process_that_runs_two_stages_once() -> None:
+    from bench.suites.split_tied import processes
+
+    def actor(stage: str, pid: int, weights: int) -> dict[str, object]:
+        return {
+            "stage": stage,
+            "pid": pid,
+            "rss": 900,
+            "tf_mark": 800,
+            "weights": weights,
+            "process_weights": weights,
+        }
+
+    # Held once: stage 0.0 (the host, its process's weights) and 2.0 (its guest, none of its
+    # own) are one process; stage 1 is no part.
+    found = processes([actor("0.0", 7, 64), actor("1", 8, 1), actor("2.0", 7, 0)])
+    assert [(p["stages"], p["weights"], p["part"]) for p in found] == [
+        (["0.0", "2.0"], 64, True),
+        (["1"], 1, False),
+    ]
