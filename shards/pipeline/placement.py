@@ -1,6 +1,8 @@
 """Where a replica's stage actors run and how they start: what each stage asks of the cluster,
-one placement group per replica with one bundle per stage, the stage files shipped to the nodes
-that lack them, an actor pinned to each bundle, and the wait until every actor has warmed.
+one placement group per replica with one bundle per actor (per stage, but where a tied table is
+held once: part k's lookup and logits stages in one actor, ``Manifest.hosts``), the stage files
+shipped to the nodes that lack them, an actor pinned to each bundle, and the wait until every
+actor has warmed.
 
 ``Layout`` and ``ActorSpec`` keep what a replica was built from, so that
 ``shards.pipeline.recovery`` can build a failed one again the same way and
