@@ -8,24 +8,30 @@ in one stage as the reference.
 The model: ids ``[batch, 1]`` -> a ``--rows`` x ``--dim`` float32 table -> two ``Dense`` of
 ``--dim`` (gelu, then linear) -> the table's logits ``[batch, 1, rows]``, which the driver
 joins from the parts. The budget is ``--budget-share`` of the table; the plan sizes each part
-for its rows and its activations (held once: both uses' beside one share of the rows). Each
-bundle is served by one pipeline under ``--concurrency`` closed-loop callers for ``--seconds``
-after ``--warmup``: rows/s (the pipeline's overlap: held once, batch n+1's lookup runs while
-batch n's logits do, in the same process), p50/p99 of a batch, a batch alone; per process its
-RSS above its TensorFlow import and its weights (a process running two stages counted once).
-The figures to read: held once / held twice, rows/s (goal >= 0.9x) and the parts' RSS.
+for its rows and its activations (held once: both uses' beside one share of the rows). The one
+stage is measured first, alone; then both split layouts are up at once and take turns (``ROUNDS``
+rounds, ABBA order, ``--seconds`` split between them, after ``--warmup`` each), so that a
+machine whose load drifts weighs on both alike. Each under ``--concurrency`` closed-loop
+callers: rows/s (the pipeline's overlap: held once, batch n+1's lookup runs while batch n's
+logits do, in the same process), p50/p99 of a batch, a batch alone; per process its RSS above
+its TensorFlow import and its weights (a process running two stages counted once). The figures
+to read: held once / held twice, rows/s (goal >= 0.9x, with each round's ratio) and the parts'
+RSS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.suites.split import MiB, SplitPlan, _measure, _partition
+from bench.suites.split import MiB, SplitPlan, _imports, _load, _measure, _partition
 from bench.systems.actors import local_ray
+
+ROUNDS = 4
 
 
 def build(rows: int, dim: int) -> Any:
@@ -58,13 +64,20 @@ def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
     budget = int(table * plan.budget_share)
     results: dict[str, Any] = {"model": "tied", "table_bytes": table, "budget": budget}
     found: dict[str, Any] = {}
-    with local_ray(8), tempfile.TemporaryDirectory(dir=plan.workdir) as tmp:
+    # Both split layouts up at once (5 + 3 actors) beside the driver.
+    with local_ray(12), tempfile.TemporaryDirectory(dir=plan.workdir) as tmp:
+        bundles = {}
         for name, split, tied in LAYOUTS:
-            bundle = Path(tmp) / name.replace(" ", "_").replace(",", "")
+            bundles[name] = bundle = Path(tmp) / name.replace(" ", "_").replace(",", "")
             tick = time.monotonic()
             _partition(plan, bundle, budget if split else None, "dense", tied)
             progress(f"{name}: partitioned in {time.monotonic() - tick:.0f} s")
-            found[name] = layout = asyncio.run(_measure(bundle, plan))
+        found["one stage"] = asyncio.run(_measure(bundles["one stage"], plan))
+        split_names = [name for name, split, _ in LAYOUTS if split]
+        measured, rounds = asyncio.run(_side_by_side({n: bundles[n] for n in split_names}, plan))
+        found.update(measured)
+        results["rounds"] = rounds
+        for name, layout in found.items():
             layout["processes"] = processes(layout["actors"])
             progress(
                 f"{name}: stages {', '.join(layout['stages'])} in {len(layout['processes'])} "
@@ -75,6 +88,7 @@ def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
     twice, once = found["split, held twice"], found["split, held once"]
     results["once_over_twice"] = {
         "rows_per_s": once["rows_per_s"] / twice["rows_per_s"],
+        "rounds": [r["split, held once"] / r["split, held twice"] for r in rounds],
         "p50": once["p50_ms"] / twice["p50_ms"],
         "p99": once["p99_ms"] / twice["p99_ms"],
         "alone_p50": once["alone_p50_ms"] / twice["alone_p50_ms"],
@@ -82,6 +96,64 @@ def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
         "parts_weights": _parts_weights(once) / _parts_weights(twice),
     }
     return results
+
+
+async def _side_by_side(
+    bundles: dict[str, Path], plan: SplitPlan
+) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """Each layout's figures, the layouts taking turns round by round (ABBA), and each round's
+    rows/s by layout."""
+    from shards.bundle.format import read_manifest
+    from shards.pipeline.options import PipelineOptions
+    from shards.pipeline.replica_set import ReplicaSet
+
+    options = PipelineOptions(replicas=1, batch_sizes=(plan.batch,), imports=_imports(plan))
+    groups = {name: await ReplicaSet.create(bundle, options) for name, bundle in bundles.items()}
+    loaded: dict[str, list[float]] = {name: [] for name in groups}
+    alone: dict[str, list[float]] = {name: [] for name in groups}
+    rounds: list[dict[str, float]] = []
+    window = plan.seconds / ROUNDS
+    try:
+        for group in groups.values():
+            await _load(group, plan, plan.concurrency, plan.warmup_s)
+        for r in range(ROUNDS):
+            order = list(groups) if r % 2 == 0 else list(reversed(groups))
+            found: dict[str, float] = {}
+            for name in order:
+                got = await _load(groups[name], plan, plan.concurrency, window)
+                loaded[name] += got
+                found[name] = len(got) * plan.batch / window
+                alone[name] += await _load(groups[name], plan, 1, max(0.5, window / 4))
+            rounds.append(found)
+        infos = {name: await group.describe() for name, group in groups.items()}
+    finally:
+        for group in groups.values():
+            await group.close()
+    measured = {}
+    for name, bundle in bundles.items():
+        manifest = read_manifest(bundle)
+        planned = {s.name: s.planned_peak_bytes for s in manifest.stages}
+        ordered = sorted(loaded[name])
+        measured[name] = {
+            "stages": [s.name for s in manifest.stages],
+            "rows_per_s": len(ordered) * plan.batch / plan.seconds,
+            "p50_ms": 1000 * statistics.median(ordered),
+            "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+            "alone_p50_ms": 1000 * statistics.median(alone[name]),
+            "actors": [
+                {
+                    "stage": info["stage"],
+                    "planned": planned[info["stage"]],
+                    "rss": info["memory"]["rss_bytes"],
+                    "tf_mark": info["memory"]["rss_marks"]["tensorflow"],
+                    "weights": info["weight_bytes"],
+                    "pid": info["pid"],
+                    "process_weights": info["memory"]["weight_bytes"],
+                }
+                for info in infos[name]
+            ],
+        }
+    return measured, rounds
 
 
 def processes(actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,7 +195,8 @@ def render(results: dict[str, Any]) -> str:
     r = results["once_over_twice"]
     lines += [
         "",
-        f"held once / held twice: rows/s {r['rows_per_s']:.2f}x (goal >= 0.9x), p50 "
+        f"held once / held twice: rows/s {r['rows_per_s']:.2f}x (goal >= 0.9x; rounds "
+        f"{', '.join(f'{x:.2f}' for x in r.get('rounds', []))}), p50 "
         f"{r['p50']:.2f}x, p99 {r['p99']:.2f}x, batch alone p50 {r['alone_p50']:.2f}x; the "
         f"parts' weights {r['parts_weights']:.2f}x, their RSS above TensorFlow "
         f"{r['parts_above_tf']:.2f}x",
