@@ -194,7 +194,8 @@ def partition(
     from serving.cli.plan_table import plan_table
 
     _stdout().print(plan_table(manifest.stages, manifest.signature, combines=manifest.combines))
-    err.print(f"wrote {len(manifest.stages)} stage(s) to {out}")
+    actors = "" if manifest.actors == len(manifest.stages) else f" ({manifest.actors} actors)"
+    err.print(f"wrote {len(manifest.stages)} stage(s){actors} to {out}")
 
 
 @_with_plan_flags

@@ -97,6 +97,19 @@ def split_lines(stages: Sequence[StageSpec]) -> list[str]:
                 "stage sums their partial products (the driver, for a model output)"
             )
             continue
+        if part.use is not None and part.held_by is not None:
+            hosts = ", ".join(
+                stages[s.part.held_by].name
+                for s in specs
+                if s.part is not None and s.part.held_by is not None
+            )
+            lines.append(
+                f"{part.layer} ({part.kind}) {part.use}: held once, stages {where} run by the "
+                f"actors of {hosts} (its rows held there once, one device each, its logits in a "
+                "concurrency group of their own); each part the logits of its rows, joined by "
+                "the next stage (the driver, for a model output)"
+            )
+            continue
         if part.use is not None:
             lines.append(
                 f"{part.layer} ({part.kind}) {part.use}: the same rows held again, in "

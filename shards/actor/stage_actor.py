@@ -49,6 +49,13 @@ class _Device(NamedTuple):
 
 
 class ShardActor:
+    """One stage's actor; with ``guests``, also the stages it hosts (``Manifest.hosts``: a tied
+    table held once, part k's logits run beside its lookup): each guest's model reads the
+    host's rows (``shards.split.hold_rows_once``), one copy of them in the process, and is
+    called with ``forward(..., stage=index)``, which the pipeline sends in the guests' own Ray
+    concurrency group (``shards.split.GUEST_GROUP``) so that neither use waits behind the
+    other."""
+
     def __init__(
         self,
         bundle_dir: str,
@@ -63,6 +70,7 @@ class ShardActor:
         weight_dtype: str | None = None,
         unsafe_deserialization: bool = False,
         gpu_memory_limit: bool = True,
+        guests: Sequence[tuple[int, ShippedStage | None]] = (),
     ) -> None:
         self._memory = MemoryMarks()
         sizes = sorted({int(b) for b in batch_sizes})
@@ -72,66 +80,122 @@ class ShardActor:
             raise ValueError(f"simulate_device_ms must be >= 0 or None, got {simulate_device_ms}")
         # A shipped stage brings the driver's manifest: this node may have no bundle at all.
         manifest = Manifest.from_json(shipped.manifest) if shipped else read_manifest(bundle_dir)
-        if not 0 <= stage_index < len(manifest.stages):
-            raise ValueError(
-                f"stage_index {stage_index} out of range: bundle {bundle_dir!r} has "
-                f"{len(manifest.stages)} stages"
-            )
-        self._spec = manifest.stages[stage_index]
+        for index in (stage_index, *(g for g, _ in guests)):
+            if not 0 <= index < len(manifest.stages):
+                raise ValueError(
+                    f"stage_index {index} out of range: bundle {bundle_dir!r} has "
+                    f"{len(manifest.stages)} stages"
+                )
         # Before anything runs: the bundle's own imports only where the operator allowed them.
         modules = allowed_imports(manifest, imports, unsafe_deserialization=unsafe_deserialization)
+        self._simulate_s = None if simulate_device_ms is None else simulate_device_ms / 1000.0
+        spec = manifest.stages[stage_index]
+        # The guests' activations beside the host's plan (their rows are the host's).
+        self._planned_peak = manifest.actor_peak_bytes(stage_index) if guests else None
+        # Thread pools and device visibility are fixed the first time TensorFlow runs an op, so
+        # they are set before the stage is loaded (loading creates variables).
+        extra = (self._planned_peak or spec.planned_peak_bytes) - spec.planned_peak_bytes
+        self._device = _configure_tensorflow(
+            planned_limit_mib(spec, sizes[-1], extra) if gpu_memory_limit else None
+        )
+        self._memory.mark("tensorflow")
+        cache = Path(stage_cache_dir) if stage_cache_dir else default_cache_dir()
+        load = _Load(bundle_dir, modules, cache, stage_cache_max_bytes, unsafe_deserialization)
+        self._open(manifest, stage_index, shipped, load, activation_dtype, weight_dtype)
+        self._guests: dict[int, ShardActor] = {}
+        self.held_by: int | None = None
+        for index, guest_shipped in guests:
+            guest = object.__new__(ShardActor)
+            guest._memory, guest._device = self._memory, self._device
+            guest._simulate_s, guest._planned_peak = self._simulate_s, None
+            guest._guests, guest.held_by = {}, stage_index
+            guest._open(
+                manifest, index, guest_shipped, load, activation_dtype, weight_dtype, self._model
+            )
+            self._guests[index] = guest
+        # Between loading and the warm-up: what the weights hold, apart from what running adds.
+        release_free_heap()
+        self._memory.mark("weights")
+        for stage in (self, *self._guests.values()):
+            stage._ready(sizes)
+        # Lean loading: what loading and tracing freed goes back to the system, not the heap.
+        release_free_heap()
+        self._memory.mark("loaded")
+
+    def _open(
+        self,
+        manifest: Manifest,
+        stage_index: int,
+        shipped: ShippedStage | None,
+        load: _Load,
+        activation_dtype: str | None,
+        weight_dtype: str | None,
+        host: Any = None,
+    ) -> None:
+        """Load stage ``stage_index``'s model; a guest's (``host``: the host's model) reads the
+        host's rows in place of its own copy."""
+        self._spec = manifest.stages[stage_index]
         # Outputs a later stage reads and the driver does not: cast before they leave, cast back
         # to the reader's declared dtype on arrival (``_pick``). Model outputs stay as computed.
         self._cast_out = cut_casts(manifest, stage_index, activation_dtype)
         self._bytes_in = 0
         self._bytes_out = 0
-        self._simulate_s = None if simulate_device_ms is None else simulate_device_ms / 1000.0
-        # Thread pools and device visibility are fixed the first time TensorFlow runs an op, so
-        # they are set before the stage is loaded (loading creates variables).
-        self._device = _configure_tensorflow(
-            planned_limit_mib(self._spec, sizes[-1]) if gpu_memory_limit else None
-        )
-        self._memory.mark("tensorflow")
-        cache = Path(stage_cache_dir) if stage_cache_dir else default_cache_dir()
         stage_dir, self._source = stage_dir_for(
-            bundle_dir, stage_index, shipped, cache, stage_cache_max_bytes
+            load.bundle_dir, stage_index, shipped, load.cache, load.cache_max_bytes
         )
         self._stage_dir = str(stage_dir)
         with weights_read_in_place():
             self._model = load_stage(
-                stage_dir, stage_index, modules, unsafe_deserialization=unsafe_deserialization
+                stage_dir, stage_index, load.modules, unsafe_deserialization=load.unsafe
             )
         # From shapes: get_weights() would copy every weight into numpy once more.
         saved_bytes = variable_bytes(self._model)
         if weight_dtype is not None:
             self._model = serve_weights_in(self._model, weight_dtype)
         self._weight_bytes = variable_bytes(self._model)
-        # Between loading and the warm-up: what the weights hold, apart from what running adds.
-        release_free_heap()
-        self._memory.mark("weights")
+        if host is not None:
+            from shards.split import hold_rows_once
+
+            # Its own copy of the rows goes: the process holds them once (its weight bytes are
+            # what it holds beside the host's).
+            self._weight_bytes -= hold_rows_once(self._model, host)
         # A plan made without this weight_dtype counted the weights as saved (float32): the
         # planned peak is compared with what the variables hold now.
         plan = self._spec.memory
         self._planned_weight_cut = (
-            saved_bytes - self._weight_bytes if plan is None or plan.weight_dtype is None else 0
+            saved_bytes - variable_bytes(self._model)
+            if plan is None or plan.weight_dtype is None
+            else 0
         )
+
+    def _ready(self, sizes: Sequence[int]) -> None:
+        """Trace the stage's step and warm it at each batch size."""
         self._trace_count = 0
         self._step = self._build_step()
         self._calls = 0
         self._compute_total_s = 0.0
         self._last_compute_ms = 0.0
         # The server's batching policy predicts from it (serving.batching.cost.RunTimeModel).
-        self._compute = ComputeLog(stage_index, self._spec.inputs)
+        self._compute = ComputeLog(self._spec.index, self._spec.inputs)
         self._intervals: deque[tuple[float, float]] = deque(maxlen=INTERVAL_LOG_SIZE)
         # A dimension unknown in the graph is warmed at the longest a request may bring, as
         # the memory plan counted it; a bundle with no plan (a SavedModel, served whole and
         # never planned) at 1, since the server's --max-sequence-length may be below the default.
+        plan = self._spec.memory
         self._length = 1 if plan is None else plan.sequence_length
         for size in sizes:
             self._warm_up(size)
-        # Lean loading: what loading and tracing freed goes back to the system, not the heap.
-        release_free_heap()
-        self._memory.mark("loaded")
+
+    def _stage(self, stage: int | None) -> ShardActor:
+        """This actor's stage ``stage`` (None: its own)."""
+        if stage is None or stage == self._spec.index:
+            return self
+        if stage not in self._guests:
+            raise ValueError(
+                f"stage {stage} is not run by this actor (stage {self._spec.index}; guests "
+                f"{sorted(self._guests)})"
+            )
+        return self._guests[stage]
 
     def _warm_up(self, rows: int) -> None:
         try:
@@ -169,13 +233,18 @@ class ShardActor:
         # numpy, not tf.Tensor: numpy crosses the object store zero-copy.
         return [np.asarray(v) for v in values]
 
-    def forward(self, *tensors: np.ndarray, trace: str | None = None) -> Any:
+    def forward(
+        self, *tensors: np.ndarray, trace: str | None = None, stage: int | None = None
+    ) -> Any:
         """One batch: the stage's inputs positionally in ``spec.inputs`` order; its outputs as
         separate returns in ``spec.outputs`` order (call with ``num_returns=len(outputs)``; one
         output is returned bare), so each goes on its own to the stages that read it.
 
         ``trace``: the batch span's W3C ``traceparent`` where the batch is traced: the stage's
-        span is made here, in this process, under it (``shards.tracing``)."""
+        span is made here, in this process, under it (``shards.tracing``). ``stage``: a guest
+        stage's index (None: this actor's own stage)."""
+        if stage is not None and stage != self._spec.index:
+            return self._stage(stage).forward(*tensors, trace=trace)
         if trace is None:
             return self._forward(tensors)
         first: Any = tensors[0] if tensors else None
@@ -219,7 +288,9 @@ class ShardActor:
         self._bytes_out += sum(v.nbytes for v in out)
         return out[0] if len(out) == 1 else tuple(out)
 
-    def info(self) -> dict[str, Any]:
+    def info(self, stage: int | None = None) -> dict[str, Any]:
+        if stage is not None and stage != self._spec.index:
+            return self._stage(stage).info()
         import ray
 
         ctx = ray.get_runtime_context()
@@ -240,17 +311,23 @@ class ShardActor:
             "trace_count": self._trace_count,
             "simulated": self._simulate_s is not None,
             "memory": self.memory(),
+            # A guest: the stage whose actor (process) runs it and holds its rows; a host: the
+            # stages it runs beside its own.
+            "held_by": self.held_by,
+            "guests": sorted(self._guests),
         }
 
     def memory(self) -> dict[str, Any]:
-        """Measured (RSS now, peak, at the start-up marks; GPU allocator) beside planned."""
-        return self._memory.report(
-            self._device.name,
-            self._spec.planned_peak_bytes - self._planned_weight_cut,
-            self._weight_bytes,
-        )
+        """Measured (RSS now, peak, at the start-up marks; GPU allocator) beside planned. A host's
+        weight bytes are the process's (its guests' own beside its own), a guest's its own."""
+        planned = self._planned_peak or self._spec.planned_peak_bytes
+        weights = self._weight_bytes + sum(g._weight_bytes for g in self._guests.values())
+        cut = self._planned_weight_cut + sum(g._planned_weight_cut for g in self._guests.values())
+        return self._memory.report(self._device.name, planned - cut, weights)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, stage: int | None = None) -> dict[str, Any]:
+        if stage is not None and stage != self._spec.index:
+            return self._stage(stage).stats()
         return {
             "stage_index": self._spec.index,
             # The stage's label: "3.1" for part 1 of a layer split at stage 3.
@@ -268,15 +345,26 @@ class ShardActor:
         }
 
 
-def planned_limit_mib(spec: StageSpec, max_rows: int) -> int | None:
+def planned_limit_mib(spec: StageSpec, max_rows: int, beside: int = 0) -> int | None:
     """The GPU memory cap of a stage from its memory plan, its activations scaled up where the
-    actor warms batches of more rows than the plan counted; None for a stage never planned."""
+    actor warms batches of more rows than the plan counted; None for a stage never planned.
+    ``beside``: what its guests' plans add (their activations)."""
     plan = spec.memory
     if plan is None:
         return None
     extra_rows = max(0, max_rows - plan.plan_batch_rows)
     per_row = plan.activation_bytes // plan.plan_batch_rows if plan.plan_batch_rows else 0
-    return gpu_memory_limit_mib(spec.planned_peak_bytes + extra_rows * per_row)
+    return gpu_memory_limit_mib(spec.planned_peak_bytes + beside + extra_rows * per_row)
+
+
+class _Load(NamedTuple):
+    """Where an actor's stages load from (its own and its guests')."""
+
+    bundle_dir: str
+    modules: Sequence[str]
+    cache: Path
+    cache_max_bytes: int
+    unsafe: bool
 
 
 def _configure_tensorflow(memory_limit_mib: int | None = None) -> _Device:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from shards.bundle.fingerprint import built_with
 from shards.errors import BundleError, ShardsError
 from shards.signature import ModelSignature, TensorSpec
-from shards.split import DriverCombine, StagePart, pipeline_depth, places
+from shards.split import DriverCombine, StagePart, hosts, pipeline_depth, places
 
 if TYPE_CHECKING:
     import keras
@@ -170,6 +170,7 @@ class Manifest:
             "imports": list(self.imports),
             "built_with": dict(self.built_with),
             "depth": self.depth,
+            "actors": self.actors,
             "splits": self.splits(),
             "combines": [c.to_json() for c in self.combines],
         }
@@ -195,6 +196,8 @@ class Manifest:
                     "weight_bytes": stage.param_bytes,
                     "activation_bytes": None if mem is None else mem.activation_bytes,
                     "budget_bytes": None if mem is None else mem.budget_bytes,
+                    # Run by the actor of that stage, which holds these rows (a tied table).
+                    "held_by": p.held_by,
                 }
             )
         return list(found.values())
@@ -210,6 +213,28 @@ class Manifest:
     def places(self) -> list[int]:
         """Each stage's place in the pipeline (``shards.split.places``)."""
         return places([s.part for s in self.stages])
+
+    @property
+    def hosts(self) -> list[int]:
+        """Each stage's host: the stage whose actor runs it (``shards.split.hosts``; a tied
+        table held once runs part k's logits in part k's lookup actor)."""
+        return hosts([s.part for s in self.stages])
+
+    @property
+    def actors(self) -> int:
+        """Stage actors a replica starts (devices it takes): one per host."""
+        return len(set(self.hosts))
+
+    def actor_peak_bytes(self, host: int) -> int:
+        """The planned peak of the actor that runs stage ``host`` and its guests: the host's
+        plan plus each guest's activations (their rows are the host's, counted once)."""
+        guests = [s for s, h in zip(self.stages, self.hosts, strict=True) if h == host]
+        extra = sum(
+            s.memory.activation_bytes if s.memory is not None else 0
+            for s in guests
+            if s.index != host
+        )
+        return self.stages[host].planned_peak_bytes + extra
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:

@@ -105,13 +105,15 @@ def partition_to_bundle(
     max_sequence_length: int | None = None,
     lookup_combine: str = DEFAULT_LOOKUP_COMBINE,
     pair_dense: bool = True,
+    tied_tables: str = "once",
 ) -> Manifest:
     """Cut ``model`` (a ``.keras`` file, a SavedModel directory or a model built in code) into
     stages and write ``manifest.json`` plus one file per stage into ``out_dir``.
     ``max_sequence_length``: what a dimension unknown in the graph is planned at; ``None``: the
     model's own bound (``shards.partition.length_bound``), else 512. ``lookup_combine``: how a
     table split by rows is joined (``shards.split.split_model``). ``pair_dense=False``: no Dense
-    pairs (``plan_bundle``)."""
+    pairs (``plan_bundle``). ``tied_tables``: a tied table
+    split is held ``once`` (one actor per part serves its lookups and its logits) or ``twice``."""
     report = progress or (lambda _msg: None)
     import_modules(imports)
     out = Path(out_dir)
@@ -146,6 +148,7 @@ def partition_to_bundle(
         weight_dtype=weight_dtype,
         lookup_combine=lookup_combine,
         pair_dense=pair_dense,
+        tied_tables=tied_tables,
     )
     report(f"planned {len(planned.stages)} stage(s) over {len(graph.nodes)} nodes")
     if (bounded := describe_bounds(graph.signature)) is not None:

@@ -23,13 +23,14 @@ from shards.split import (
     hand_to_driver,
     pair_parts_needed,
     parts_needed,
+    reads_own_rows,
     routes,
     split_model,
     use_weight_bytes,
     uses,
 )
 
-__all__ = ["memory_like", "part_nodes", "split_oversized"]
+__all__ = ["held_beside", "memory_like", "part_nodes", "split_oversized"]
 
 
 def memory_like(graph: Graph, memory: MemoryModel) -> MemoryModel:
@@ -48,6 +49,7 @@ def split_oversized(
     budgets: Sequence[int],
     lookup_combine: str = DEFAULT_LOOKUP_COMBINE,
     pair_dense: bool = True,
+    tied_tables: str = "once",
 ) -> tuple[Graph, MemoryModel, list[Split], tuple[DriverCombine, ...]]:
     """``graph`` with each layer too large for the largest budget split into the fewest parts
     that fit it (``shards.split``); the same graph where none is too large. A split
@@ -56,7 +58,9 @@ def split_oversized(
     lookup's parts and a pair's parts are counted as the memory model then counts them: the
     rows a routed part finds at their worst case, a pair's hidden slice (``shards.split``).
     ``pair_dense=False``: two ``Dense`` layers that would pair are split alone
-    (``choose_splits``)."""
+    (``choose_splits``). ``tied_tables``: a tied table's two uses served by one set of parts
+    (``once``: each part charged its rows once and both uses' activations) or by a set each
+    (``twice``)."""
     top = max(budgets)
 
     def over(i: int) -> tuple[int, str] | None:
@@ -72,6 +76,13 @@ def split_oversized(
         # holding them (shards.split): the count is the larger of the two uses', each use
         # charged the matrix it reads (an untied table's own reverse table for its logits).
         weights = memory.need(i, i + 1).weight_bytes
+        found = uses(calls[id(op)], how)
+        if tied_tables == "once" and len(found) > 1 and reads_own_rows(op):
+            # Held once: one set of parts holds the rows for both uses, and runs both at once.
+            (use_how, nodes), *beside = found
+            found, also = [(use_how, nodes)], beside
+        else:
+            also = []
         counts = [
             parts_needed(
                 op,
@@ -83,8 +94,9 @@ def split_oversized(
                 graph.sequence_length,
                 top,
                 routes(op, use_how, nodes, graph.model.outputs, lookup_combine),
+                beside=also,
             )
-            for use_how, nodes in uses(calls[id(op)], how)
+            for use_how, nodes in found
         ]
         return None if None in counts else max(c for c in counts if c is not None)
 
@@ -112,6 +124,7 @@ def split_oversized(
         graph.model.outputs,
         pair_parts,
         pair_dense=pair_dense,
+        tied_tables=tied_tables,
     )
     for _ in range(8):
         if not splits:
@@ -121,11 +134,14 @@ def split_oversized(
         split_graph = reanalyse(graph, split, names)
         split_memory = memory_like(split_graph, memory)
         parts = part_nodes(split_graph, splits)
-        # The count was computed from shapes; a part the memory model finds over gets one more.
+        # The count was computed from shapes; a part the memory model finds over gets one more
+        # (a part held once with its logits: its need plus theirs, less their rows).
+        beside = held_beside(parts, split_memory)
         grow = {
             p.layer
             for i, p in parts.items()
-            if split_memory.need(i, i + 1).total > top and p.parts < splits_by(splits)[p.layer].size
+            if split_memory.need(i, i + 1).total + beside.get(i, 0) > top
+            and p.parts < splits_by(splits)[p.layer].size
         }
         if not grow:
             return split_graph, split_memory, splits, combines
@@ -149,6 +165,17 @@ def _driver_names(
     return names, tuple(combines)
 
 
+def held_beside(parts: Mapping[int, StagePart], memory: MemoryModel) -> dict[int, int]:
+    """Node index of a lookup part held once -> the activations its logits part adds to it
+    (their rows are its own)."""
+    lookups = {(p.layer, p.part): i for i, p in parts.items() if p.use is None}
+    return {
+        lookups[(p.layer, p.part)]: memory.need(i, i + 1).activation_bytes
+        for i, p in parts.items()
+        if p.use == LOGITS and p.held_by is not None and (p.layer, p.part) in lookups
+    }
+
+
 def splits_by(splits: Sequence[Split]) -> dict[str, Split]:
     return {s.layer: s for s in splits}
 
@@ -157,7 +184,16 @@ def part_nodes(graph: Graph, splits: Sequence[Split]) -> dict[int, StagePart]:
     """Node index -> the part of a split layer it is."""
     names = {
         s.part_name(k, use): StagePart(
-            s.layer, s.kind, s.how, k, s.parts, s.bounds[k], s.bounds[k + 1], use
+            s.layer,
+            s.kind,
+            s.how,
+            k,
+            s.parts,
+            s.bounds[k],
+            s.bounds[k + 1],
+            use,
+            # The lookup part's stage is set once the stages are cut (``shards.partition.stages``).
+            held_by=-1 if use == LOGITS and s.held_once else None,
         )
         for s in splits
         for use in (None, LOGITS)

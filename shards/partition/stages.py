@@ -17,12 +17,13 @@ from shards.dtypes import check_reduced
 from shards.errors import PlanError
 from shards.partition.graph import Graph, PartitionError, cut
 from shards.partition.memory_plan import MemoryModel, default_overhead, parse_budgets
-from shards.partition.oversized import memory_like, part_nodes, split_oversized
+from shards.partition.oversized import held_beside, memory_like, part_nodes, split_oversized
 from shards.partition.plan import Plan, plan_balanced, plan_budget
 from shards.split import (
     DEFAULT_LOOKUP_COMBINE,
     DriverCombine,
     Split,
+    StagePart,
     check_lookup_combine,
     describe,
     place_labels,
@@ -115,6 +116,7 @@ def plan_bundle(
     weight_dtype: str | None = None,
     lookup_combine: str = DEFAULT_LOOKUP_COMBINE,
     pair_dense: bool = True,
+    tied_tables: str = "once",
 ) -> Planned:
     """Plan and cut: each stage's sub-model and its spec, memory plan included (what
     ``partition`` writes and ``shardserve plan`` prints). ``device_overhead_bytes=None``: the
@@ -123,7 +125,9 @@ def plan_bundle(
     unknown in the graph counts as ``graph.sequence_length``. ``lookup_combine``: how a table
     split by rows is joined (``shards.split.split_model``: ``routed`` or ``dense``).
     ``pair_dense=False``: no column- then row-split pairs (``shards.split.choose_splits``; for the
-    split bench's side-by-side figure, not a user setting)."""
+    split bench's side-by-side figure, not a user setting).
+    ``tied_tables``: a tied table split is held ``once`` (part k's lookup and logits in one
+    actor, ``StagePart.held_by``) or ``twice`` (a set of parts for each use)."""
     overhead = device_overhead_bytes
     if overhead is None:
         overhead = default_overhead(gpu=_tf_sees_gpu())
@@ -140,7 +144,7 @@ def plan_bundle(
     combines: tuple[DriverCombine, ...] = ()
     if budgets is not None:
         graph, memory, splits, combines = split_oversized(
-            graph, memory, budgets, lookup_combine, pair_dense
+            graph, memory, budgets, lookup_combine, pair_dense, tied_tables
         )
     parts = part_nodes(graph, splits)
     try:
@@ -163,10 +167,13 @@ def plan_bundle(
     labels = place_labels(
         [parts.get(start) if end - start == 1 else None for start, end in stage_plan]
     )
+    stage_parts = [parts.get(start) if end - start == 1 else None for start, end in stage_plan]
+    stage_parts = _held_by(stage_parts)
+    beside = held_beside(parts, memory)
     cut_stages = []
     for index, (start, end) in enumerate(stage_plan):
         stage, spec = cut(graph, start, end, index)
-        part = parts.get(start) if end - start == 1 else None
+        part = stage_parts[index]
         spec = replace(spec, label=labels[index], part=part)
         need = memory.need(start, end)
         budget = None if budgets is None else budgets[min(index, len(budgets) - 1)]
@@ -186,7 +193,8 @@ def plan_bundle(
                 sequence_length=graph.sequence_length,
             ),
         )
-        if budget is not None and spec.planned_peak_bytes > budget:
+        # A lookup part held once runs its logits too: their activations beside its own.
+        if budget is not None and spec.planned_peak_bytes + beside.get(start, 0) > budget:
             # A guard: planning charges a reused layer's weights at every call
             # (shards.partition.graph),
             # so the stage cut holds no more than planned.
@@ -196,3 +204,13 @@ def plan_bundle(
             )
         cut_stages.append((stage, spec))
     return Planned(cut_stages, combines)
+
+
+def _held_by(parts: list[StagePart | None]) -> list[StagePart | None]:
+    """Each logits part of a table held once (``held_by`` set, stage unknown when the splits
+    were made) given the stage index of its lookup part."""
+    lookups = {(p.layer, p.part): i for i, p in enumerate(parts) if p is not None and p.use is None}
+    return [
+        p if p is None or p.held_by is None else replace(p, held_by=lookups[(p.layer, p.part)])
+        for p in parts
+    ]

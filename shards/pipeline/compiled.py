@@ -36,6 +36,7 @@ class CompiledStages:
         routes: Sequence[Route],
         outputs: dict[str, Source],
         max_inflight: int,
+        hosts: Sequence[int] = (),
     ) -> None:
         from ray.dag import InputNode, MultiOutputNode
 
@@ -44,13 +45,17 @@ class CompiledStages:
         self.output_names = tuple(outputs)
         with InputNode() as request:
             made: list[list[Any]] = []
-            for actor, route in zip(actors, routes, strict=True):
+            for stage, (actor, route) in enumerate(zip(actors, routes, strict=True)):
                 args = [
                     request[s.name] if s.from_request else made[s.stage][s.index]
                     for s in route.inputs
                 ]
+                # A guest stage (a tied table held once) is named to its host's actor. The graph
+                # runs an actor's calls one after the other, in order: held once, a compiled
+                # replica does not overlap a host's lookups with its logits.
+                named = {"stage": stage} if hosts and hosts[stage] != stage else {}
                 # bind with num_returns > 1 gives one node per return.
-                node = actor.forward.options(num_returns=route.num_returns).bind(*args)
+                node = actor.forward.options(num_returns=route.num_returns).bind(*args, **named)
                 made.append([node] if route.num_returns == 1 else list(node))
             leaves = [made[s.stage][s.index] for s in outputs.values()]
             dag = leaves[0] if len(leaves) == 1 else MultiOutputNode(leaves)

@@ -1,6 +1,8 @@
 """Where a replica's stage actors run and how they start: what each stage asks of the cluster,
-one placement group per replica with one bundle per stage, the stage files shipped to the nodes
-that lack them, an actor pinned to each bundle, and the wait until every actor has warmed.
+one placement group per replica with one bundle per actor (per stage, but where a tied table is
+held once: part k's lookup and logits stages in one actor, ``Manifest.hosts``), the stage files
+shipped to the nodes that lack them, an actor pinned to each bundle, and the wait until every
+actor has warmed.
 
 ``Layout`` and ``ActorSpec`` keep what a replica was built from, so that
 ``shards.pipeline.recovery`` can build a failed one again the same way and
@@ -33,9 +35,13 @@ from shards.pipeline.options import PipelineOptions
 from shards.pipeline.replica import Replica
 from shards.pipeline.watchdog import Watchdog
 from shards.signature import ModelSignature
-from shards.split import DriverCombine
+from shards.split import GUEST_GROUP, DriverCombine
 
 _RemoteShard = ray.remote(ShardActor)
+# A host (a tied table held once: shards.split) runs its guests in a concurrency group of their
+# own, one at a time each: batch n+1's lookup does not wait behind batch n's logits. Ray takes
+# concurrency groups at the class only, not in ``.options()``.
+_RemoteHost = ray.remote(concurrency_groups={GUEST_GROUP: 1})(ShardActor)  # type: ignore[call-overload]
 log = logging.getLogger(__name__)
 
 
@@ -57,6 +63,14 @@ class ActorSpec:
     unsafe_deserialization: bool = False
     stage_cache_max_bytes: int = DEFAULT_MAX_BYTES
     gpu_memory_limit: bool = True
+    # Each stage's host (``Manifest.hosts``): an actor per host, running its guests beside its
+    # own stage (a tied table held once); empty: an actor per stage.
+    hosts: tuple[int, ...] = ()
+
+    @property
+    def owners(self) -> list[int]:
+        """The stages that have an actor of their own, in order: one bundle each."""
+        return sorted(set(self.hosts))
 
 
 @dataclass(frozen=True)
@@ -99,11 +113,16 @@ def place(bundles: list[dict[str, float]], strategy: str) -> PlacementGroup:
 def spawn_actors(
     spec: ActorSpec, group: PlacementGroup, bundles: list[dict[str, float]]
 ) -> list[Any]:
+    """An actor per bundle (per host stage), its guests with it; the actors by stage (a guest
+    stage gets its host's actor)."""
+    owners = spec.owners if spec.hosts else list(range(len(bundles)))
     actors = []
-    for index, bundle in enumerate(bundles):
+    for slot, (index, bundle) in enumerate(zip(owners, bundles, strict=True)):
         extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
-        actor = _RemoteShard.options(
-            num_cpus=spec.cpus,
+        guests = [(g, spec.shipped[g] if spec.shipped else None) for g in _guests(spec, index)]
+        remote = _RemoteHost if guests else _RemoteShard
+        actor = remote.options(
+            num_cpus=spec.cpus * (1 + len(guests)),
             num_gpus=spec.gpus,
             # Ray takes its memory resource as its own argument, never among ``resources``.
             memory=bundle.get("memory"),
@@ -115,7 +134,7 @@ def spawn_actors(
             # One batch at a time keeps a shard's batches in order on its device.
             max_concurrency=1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=index
+                placement_group=group, placement_group_bundle_index=slot
             ),
         ).remote(
             str(spec.bundle_dir),
@@ -131,9 +150,16 @@ def spawn_actors(
             weight_dtype=spec.weight_dtype,
             unsafe_deserialization=spec.unsafe_deserialization,
             gpu_memory_limit=spec.gpu_memory_limit,
+            guests=guests,
         )
         actors.append(actor)
-    return actors
+    if not spec.hosts:
+        return actors
+    return [actors[owners.index(host)] for host in spec.hosts]
+
+
+def _guests(spec: ActorSpec, host: int) -> list[int]:
+    return [k for k, h in enumerate(spec.hosts) if h == host and k != host]
 
 
 async def wait_groups(
@@ -184,6 +210,12 @@ async def start_replicas(
     gpus = options.gpus_per_shard
     if gpus is None:
         gpus = 1.0 if cluster_has_gpus() else 0.0
+    # An actor per host stage (a tied table held once runs part k's logits in part k's lookup
+    # actor: shards.split), a bundle each.
+    hosts = tuple(manifest.hosts)
+    owners = sorted(set(hosts))
+    # CPUs are a stage's: a host asks its own and its guests' (its process runs them at once,
+    # a TensorFlow thread each), GPUs an actor's (the device that holds the rows once).
     cpus = cpus_per_stage(
         options.cpus_per_shard,
         private_ray=options.private_ray,
@@ -192,24 +224,31 @@ async def start_replicas(
     )
     if options.cpus_per_shard is None:
         log.info(
-            "%d stage actor(s) ask for %g CPU each (%d TensorFlow thread(s))",
+            "%d stage(s) in %d actor(s) ask for %g CPU each (%d TensorFlow thread(s))",
             len(manifest.stages) * options.replicas,
+            len(owners) * options.replicas,
             cpus,
             intra_op_threads(cpus),
         )
     # A CPU stage's memory plan is host memory: asked of Ray, so that models share the machine
     # by their plans (a GPU stage's plan is the device's, which Ray does not count).
-    memory = [spec.planned_peak_bytes for spec in manifest.stages] if not gpus else []
+    memory = [manifest.actor_peak_bytes(h) for h in owners] if not gpus else []
     extra = per_stage_resources(manifest, options.stage_resources)
-    bundles = placement_resources(len(manifest.stages), cpus, gpus, extra, memory)
+    extra = tuple(extra[h] for h in owners) if extra else extra
+    bundles = placement_resources(len(owners), cpus, gpus, extra, memory)
+    for bundle, host in zip(bundles, owners, strict=True):
+        if "CPU" in bundle:
+            bundle["CPU"] *= hosts.count(host)
     check_cluster_fits(bundles, options.replicas, options.placement_strategy)
     replicas: list[Replica] = []
     try:
         groups = [place(bundles, options.placement_strategy) for _ in range(options.replicas)]
         for group in groups:
-            replicas.append(Replica([], routes, output_sources, group, manifest.combines))
+            replicas.append(Replica([], routes, output_sources, group, manifest.combines, hosts))
         await wait_groups(groups, bundles, options.ready_timeout_s)
-        away = stages_off_node(groups, ray.get_runtime_context().get_node_id())
+        # Bundles are by actor: a stage is away where its host's bundle is.
+        slots = stages_off_node(groups, ray.get_runtime_context().get_node_id())
+        away = {k for k, h in enumerate(hosts) if owners.index(h) in slots}
         # Hashing and storing multi-GB stage files must not stall the event loop.
         shipped = await asyncio.to_thread(
             ship_bundle, bundle_dir, manifest, options.ship_stages, away
@@ -231,6 +270,7 @@ async def start_replicas(
             unsafe_deserialization=options.unsafe_deserialization,
             gpu_memory_limit=options.gpu_memory_limit,
             shipped=tuple(shipped),
+            hosts=hosts if hosts != tuple(range(len(hosts))) else (),
         )
         for replica in replicas:
             replica.actors = spawn_actors(spec, replica.placement_group, bundles)
@@ -252,7 +292,9 @@ def new_replica(layout: Layout) -> Replica:
     """One more replica as ``layout`` builds them: its placement group asked for, no actors yet
     (``start_replica`` starts them once the group is placed)."""
     group = place(layout.bundles, layout.options.placement_strategy)
-    return Replica([], layout.routes, layout.output_sources, group, layout.combines)
+    return Replica(
+        [], layout.routes, layout.output_sources, group, layout.combines, layout.actor.hosts
+    )
 
 
 async def start_replica(

@@ -28,7 +28,7 @@ from shards.pipeline.compiled import CompiledStages
 from shards.pipeline.faults import is_replica_fault, translate
 from shards.pipeline.health import ReplicaState
 from shards.pipeline.watchdog import ON_READY, BatchClock, Watchdog, set_when_ready
-from shards.split import DriverCombine, combine_outputs
+from shards.split import GUEST_GROUP, DriverCombine, combine_outputs
 from shards.tracing import BATCH
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,12 @@ class Replica:
         output_sources: dict[str, Source],
         group: PlacementGroup,
         combines: tuple[DriverCombine, ...] = (),
+        hosts: Sequence[int] = (),
     ) -> None:
+        # By stage: a guest stage (``hosts``: run by another stage's actor, a tied table held
+        # once) has its host's actor here, called in the guests' concurrency group.
         self.actors = list(actors)
+        self.hosts = tuple(hosts)
         self.placement_group = group
         self.inflight = 0
         self.state = ReplicaState.HEALTHY
@@ -78,7 +82,26 @@ class Replica:
 
     def compile(self, max_inflight: int) -> None:
         """Switch this replica to a compiled graph over its actors (inside the event loop)."""
-        self.compiled = CompiledStages(self.actors, self._routes, self._awaited, max_inflight)
+        self.compiled = CompiledStages(
+            self.actors, self._routes, self._awaited, max_inflight, self.hosts
+        )
+
+    def call(self, stage: int, method: str, **options: Any) -> tuple[Any, dict[str, Any]]:
+        """Stage ``stage``'s actor ``method`` with ``options`` (and for a guest stage its
+        concurrency group), and the keywords that name the stage to its actor (a guest's)."""
+        method_of = getattr(self.actors[stage], method)
+        if not self.guest(stage):
+            return (method_of.options(**options) if options else method_of), {}
+        return method_of.options(concurrency_group=GUEST_GROUP, **options), {"stage": stage}
+
+    def guest(self, stage: int) -> bool:
+        """Whether stage ``stage`` runs in another stage's actor (``shards.split.hosts``)."""
+        return bool(self.hosts) and self.hosts[stage] != stage
+
+    @property
+    def processes(self) -> list[Any]:
+        """Each actor once (a host's handle stands for its guests too)."""
+        return list({id(a): a for a in self.actors}.values())
 
     async def run(
         self, inputs: dict[str, np.ndarray], watchdog: Watchdog | None = None
@@ -150,7 +173,7 @@ class Replica:
                 return None  # no answer in time (busy), or nothing that says it died
             return None
 
-        found = await asyncio.gather(*(ask(actor) for actor in self.actors))
+        found = await asyncio.gather(*(ask(actor) for actor in self.processes))
         return next((why for why in found if why is not None), None)
 
     def abandon(self, why: str) -> None:
@@ -195,11 +218,12 @@ class Replica:
         # A traced batch's context goes with each stage call (``shards.tracing``).
         traced = BATCH.get()
         trace = {} if traced is None else {"trace": traced.traceparent}
-        for actor, route in zip(self.actors, self._routes, strict=True):
+        for stage, route in enumerate(self._routes):
             args = [
                 request[s.name] if s.from_request else made[s.stage][s.index] for s in route.inputs
             ]
-            out = actor.forward.options(num_returns=route.num_returns).remote(*args, **trace)
+            forward, named = self.call(stage, "forward", num_returns=route.num_returns)
+            out = forward.remote(*args, **trace, **named)
             made.append([out] if route.num_returns == 1 else list(out))
         # No await since stage 0 was called: batches enter in the order of their stage-0 calls.
         left = self._enter_first_stage(clock)
@@ -250,14 +274,14 @@ class Replica:
         # asyncio.timeout, not wait_for: a probe cancelled by a shutdown leaves no gather whose
         # exception nobody retrieved.
         async with asyncio.timeout(timeout_s):
-            await asyncio.gather(*(answer(a) for a in self.actors))
+            await asyncio.gather(*(answer(a) for a in self.processes))
 
     def kill_actors(self) -> None:
         """Stop every stage at once, running task included, and let Ray restart them.
 
         ``ray.cancel`` does not interrupt a running task of a regular actor; a kill does.
         """
-        for actor in self.actors:
+        for actor in self.processes:
             try:
                 ray.kill(actor, no_restart=False)
             except Exception:
@@ -305,7 +329,7 @@ def release(
                 compiled.teardown()
             except Exception:
                 log.warning("tearing down the compiled graph failed", exc_info=True)
-        for actor in actors:
+        for actor in {id(a): a for a in actors}.values():
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:

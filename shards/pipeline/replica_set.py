@@ -525,14 +525,18 @@ class ReplicaSet:
         and its replica recovered: the server's periodic stats poll is also its health check,
         so a replica that lost an actor between batches leaves the rotation before one fails."""
         pairs = [
-            (i, p, a)
+            (i, p, k)
             for i, p in self._replicas.items()
             if p.state is ReplicaState.HEALTHY
-            for a in p.actors
+            for k in range(len(p.actors))
         ]
-        results = await asyncio.gather(
-            *(getattr(a, method).remote() for _, _, a in pairs), return_exceptions=True
-        )
+
+        def ask(pipeline: Replica, stage: int) -> Any:
+            # A guest stage's answer comes from its host's actor (shards.split.hosts).
+            call, named = pipeline.call(stage, method)
+            return call.remote(**named)
+
+        results = await asyncio.gather(*(ask(p, k) for _, p, k in pairs), return_exceptions=True)
         answers = []
         for (index, pipeline, _), result in zip(pairs, results, strict=True):
             if isinstance(result, ray.exceptions.RayActorError):

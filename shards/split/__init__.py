@@ -8,7 +8,8 @@ cannot be one stage; it is split instead, and this package is everything about t
   ``ReversibleEmbedding`` and the token table of its ``TokenAndPositionEmbedding`` split by
   *rows* (each part a vocabulary range); ``Dense`` and ``EinsumDense`` split by *columns*
   (output units); a tied table's logits (``ReversibleEmbedding(..., reverse=True)``) split at
-  the same rows as its lookups, each part its columns of the logits. Two ``Dense`` layers both
+  the same rows as its lookups, each part its columns of the logits (from the rows as they
+  are, read transposed: ``KernelColumns(transposed=True)``). Two ``Dense`` layers both
   too large, the first feeding the second through elementwise layers only (an activation,
   dropout), are a *pair* (``find_pairs``; Megatron's column- then row-parallel layers): part k
   holds the first's output units and the second's input units ``[a, b)``, keeps its slice of the
@@ -28,10 +29,16 @@ cannot be one stage; it is split instead, and this package is everything about t
   rewritten graph counts the same: a part says what its shapes do not (``plan_row_bytes``: a
   routed part's rows found at their worst case, a pair's hidden slice inside its call). Each
   use is charged the matrix it reads (``use_weight_bytes``: an untied table's logits its
-  reverse table, its lookups its table). A tied table is split once and held twice: one set of
-  parts for its lookups at the start of the pipeline, one for its logits at the end (one actor
-  serving both would sit at two places: Ray runs an actor's tasks in order, so batch n+1's
-  lookup would wait for batch n's logits).
+  reverse table, its lookups its table).
+  A tied table is split once and **held once** (``tied_tables="once"``, the default): part
+  k's lookup stage and its logits stage keep their places in the pipeline (the depth is
+  unchanged), but the logits part is marked ``held_by`` the lookup part's stage
+  (``StagePart.held_by``, ``hosts``, ``Manifest.hosts``): one actor, one device, runs both,
+  its logits reading the lookup's rows (``hold_rows_once``: one copy in the process), in a Ray
+  concurrency group of their own (``GUEST_GROUP``) so that batch n+1's lookup does not wait
+  behind batch n's logits (Ray runs one group's calls in order). The rule charges such a part
+  its rows once and both uses' activations (``parts_needed(..., beside=...)``;
+  ``Manifest.actor_peak_bytes``). ``tied_tables="twice"`` keeps a set of parts for each use.
 - **The parts** (``shards.split.layers``): ``TableRows`` (a range of a table's rows, zeros for
   ids outside it), ``KernelColumns`` (a slice of a kernel's output units, no activation),
   ``PairedSlices`` (part k of a pair).
@@ -59,9 +66,10 @@ cannot be one stage; it is split instead, and this package is everything about t
   calls replaced by one call of each part and a combine per call; the planner then gives each
   part a stage of its own.
 - **What the pipeline needs to know** (``shards.split.parts``): which part a stage holds
-  (``StagePart``, in the manifest), the stages' places ("3.0", "3.1": parts side by side) and
-  the pipeline's depth (``pipeline_depth``: the parts of one layer count once), which the
-  manifest exposes as ``Manifest.depth`` and every consumer reads.
+  (``StagePart``, in the manifest), the stages' places ("3.0", "3.1": parts side by side), the
+  pipeline's depth (``pipeline_depth``: the parts of one layer count once), which the
+  manifest exposes as ``Manifest.depth`` and every consumer reads, and which stage's actor
+  runs each stage (``hosts``: an actor per host, ``Manifest.actors``).
 
 The interface is this module: other code imports ``shards.split`` and nothing below it, but
 ``shards.split.lookup`` (the knob's choices), which the settings import without this module's
@@ -89,10 +97,23 @@ from shards.split.lookup import (
     LookupCombine,
     check_lookup_combine,
 )
-from shards.split.parts import StagePart, pipeline_depth, place_labels, places
+from shards.split.parts import (
+    GUEST_GROUP,
+    StagePart,
+    hosts,
+    pipeline_depth,
+    place_labels,
+    places,
+)
 
 if TYPE_CHECKING:
-    from shards.split.layers import KernelColumns, PairedSlices, SplitCombine, TableRows
+    from shards.split.layers import (
+        KernelColumns,
+        PairedSlices,
+        SplitCombine,
+        TableRows,
+        hold_rows_once,
+    )
     from shards.split.rewrite import hand_to_driver, split_model
     from shards.split.rule import (
         LOGITS,
@@ -104,6 +125,7 @@ if TYPE_CHECKING:
         find_pairs,
         pair_parts_needed,
         parts_needed,
+        reads_own_rows,
         refuse,
         routes,
         use_weight_bytes,
@@ -117,6 +139,7 @@ _KERAS = {
     "SplitCombine": "layers",
     "TableRows": "layers",
     "hand_to_driver": "rewrite",
+    "hold_rows_once": "layers",
     "split_model": "rewrite",
     "LOGITS": "rule",
     "SPLITTABLE": "rule",
@@ -127,6 +150,7 @@ _KERAS = {
     "find_pairs": "rule",
     "use_weight_bytes": "rule",
     "pair_parts_needed": "rule",
+    "reads_own_rows": "rule",
     "parts_needed": "rule",
     "refuse": "rule",
     "routes": "rule",
@@ -148,6 +172,7 @@ def register_layers() -> None:
 
 __all__ = [
     "DEFAULT_LOOKUP_COMBINE",
+    "GUEST_GROUP",
     "LOGITS",
     "LOOKUP_COMBINES",
     "SPLITTABLE",
@@ -167,6 +192,8 @@ __all__ = [
     "describe",
     "find_pairs",
     "hand_to_driver",
+    "hold_rows_once",
+    "hosts",
     "join_bytes",
     "join_row_bytes",
     "pair_parts_needed",
@@ -174,6 +201,7 @@ __all__ = [
     "pipeline_depth",
     "place_labels",
     "places",
+    "reads_own_rows",
     "refuse",
     "register_layers",
     "routes",

@@ -7,22 +7,29 @@ plus zeros. A ``Dense`` or ``EinsumDense`` is split by its output units: ``Kerne
 holds a slice of the kernel (and of the bias) and computes those units without the activation;
 ``SplitCombine(how="concat")`` joins the slices along the output axis and applies the
 activation, which may read the whole row (softmax). A tied table's logits (keras_hub's
-``ReversibleEmbedding(..., reverse=True)``) are a ``KernelColumns`` too: its rows, transposed,
-are the columns of the logits' kernel.
+``ReversibleEmbedding(..., reverse=True)``) are a ``KernelColumns`` too: its rows are the
+columns of the logits' kernel (kept as rows, ``transposed``: ``x @ rows.T``, as the table
+computes them), so one process can hold a part's rows once for both uses (``hold_rows_once``).
 
 A part takes a list of inputs and returns one output per input: a layer called several times
 (an id table read for a history and a candidate) is one part node serving every call, so its
 rows are held once. Importing this module registers the layers, which every stage file holding
 one needs before it loads (``shards.bundle.format.load_keras``).
+
+Over 500 lines, one idea: the Keras layers a split layer is served as (each part, the pair, the
+combine), which a stage file names and must register together; the rules that choose them live
+in ``rule.py``, their weights' views in ``views.py``.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import keras
+import numpy as np
 from keras import ops
 
 from shards.sizes import itemsize, row_bytes
@@ -201,19 +208,25 @@ def einsum_letters(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]
 @keras.saving.register_keras_serializable(package="shardserve")
 class KernelColumns(_Part):
     """A slice of a ``Dense`` (``equation=None``: ``x @ kernel + bias``, as Dense computes it) or
-    ``EinsumDense`` kernel along its output units, without the activation."""
+    ``EinsumDense`` kernel along its output units, without the activation. ``transposed``: the
+    kernel is held as ``[units, inputs]`` and read as ``x @ kernel.T`` (a tied table's rows,
+    as ``ReversibleEmbedding`` computes its logits; no equation, no bias)."""
 
     def __init__(
         self,
         kernel_shape: Sequence[int],
         bias_shape: Sequence[int] | None,
         equation: str | None = None,
+        transposed: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.kernel_shape = tuple(int(d) for d in kernel_shape)
         self.bias_shape = None if bias_shape is None else tuple(int(d) for d in bias_shape)
         self.equation = equation
+        self.transposed = bool(transposed)
+        if self.transposed and (equation is not None or bias_shape is not None):
+            raise ValueError("a transposed KernelColumns has no equation and no bias")
         self.supports_masking = True
 
     def build(self, input_shape: Any) -> None:
@@ -225,7 +238,9 @@ class KernelColumns(_Part):
     def call(self, inputs: Any) -> list[Any]:
         outputs = []
         for x in _as_list(inputs):
-            if self.equation is None:
+            if self.transposed:
+                y = ops.matmul(x, ops.transpose(self.kernel))
+            elif self.equation is None:
                 y = ops.matmul(x, self.kernel)
             else:
                 y = ops.einsum(self.equation, x, self.kernel)
@@ -233,6 +248,8 @@ class KernelColumns(_Part):
         return outputs
 
     def _shape(self, shape: Sequence[Any]) -> tuple[Any, ...]:
+        if self.transposed:
+            return (*tuple(shape)[:-1], self.kernel_shape[0])
         if self.equation is None:
             return (*tuple(shape)[:-1], self.kernel_shape[-1])
         (x, k), out = einsum_letters(self.equation, [len(shape), len(self.kernel_shape)])
@@ -252,7 +269,41 @@ class KernelColumns(_Part):
             "kernel_shape": list(self.kernel_shape),
             "bias_shape": None if self.bias_shape is None else list(self.bias_shape),
             "equation": self.equation,
+            "transposed": self.transposed,
         }
+
+
+def hold_rows_once(guest: keras.Model, host: keras.Model) -> int:
+    """Make each tied table's logits part in ``guest`` (a ``transposed`` ``KernelColumns``)
+    read the rows of the lookup part in ``host`` (a ``TableRows`` of the same shape): one
+    variable for both uses, the guest's own copy dropped. The bytes it held (its copy is freed
+    once nothing else refers to it). ``ValueError`` where a logits part has no such rows."""
+    tables = [layer for layer in host.layers if isinstance(layer, TableRows)]
+    freed = 0
+    for layer in guest.layers:
+        if not (isinstance(layer, KernelColumns) and layer.transposed):
+            continue
+        shape = tuple(layer.kernel.shape)
+        found = [t for t in tables if tuple(t.embeddings.shape) == shape]
+        if len(found) != 1:
+            raise ValueError(
+                f"{layer.name!r} reads {shape} rows; the host stage has {len(found)} table "
+                "part(s) of that shape"
+            )
+        rows, own = found[0].embeddings, layer.kernel
+        if str(rows.dtype) != str(own.dtype):
+            raise ValueError(f"{layer.name!r} is {own.dtype}; its rows are {rows.dtype}")
+        freed += math.prod(shape) * np.dtype(str(own.dtype)).itemsize
+        # Keras tracks a layer's variables in these lists: the own copy leaves them, and the
+        # attribute set (tracked) is the host's rows.
+        layer._tracker.unlock()
+        for tracked in (layer._trainable_variables, layer._non_trainable_variables):
+            if any(v is own for v in tracked):
+                tracked[:] = [v for v in tracked if v is not own]
+        layer.kernel = rows
+        layer._tracker.lock()
+        del own
+    return freed
 
 
 # Activations that act on each element alone: the hidden units between a column-split and a

@@ -1,7 +1,8 @@
 """What the pipeline needs to know of a split layer: which part of which layer a stage holds
 (``StagePart``, written in the manifest), the stages' places in the pipeline (parts of one layer
-side by side: "3.0", "3.1") and the pipeline's depth (places one after the other). Pure Python:
-the server reads these from a manifest without TensorFlow."""
+side by side: "3.0", "3.1"), the pipeline's depth (places one after the other) and which
+stage's actor runs each stage (``hosts``: a tied table's logits part in its lookup part's actor,
+the rows held once). Pure Python: the server reads these from a manifest without TensorFlow."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StagePart", "pipeline_depth", "place_labels", "places"]
+__all__ = ["GUEST_GROUP", "StagePart", "hosts", "pipeline_depth", "place_labels", "places"]
+
+# The Ray concurrency group a guest stage runs in (``hosts``): beside the host stage's own
+# (Ray's default group), so that batch n+1's lookup does not wait behind batch n's logits.
+GUEST_GROUP = "held"
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,9 @@ class StagePart:
     # "logits": the rows of a tied table held again for its reverse use (the logits over the
     # vocabulary, ``ReversibleEmbedding(..., reverse=True)``); None: the layer's own use.
     use: str | None = None
+    # A tied table held once: the index of the stage (its lookup part k) whose actor holds these
+    # rows and runs this stage too (``hosts``); None: this stage has an actor of its own.
+    held_by: int | None = None
 
     @property
     def group(self) -> str:
@@ -44,6 +52,7 @@ class StagePart:
             start=int(data["start"]),
             stop=int(data["stop"]),
             use=None if data.get("use") is None else str(data["use"]),
+            held_by=None if data.get("held_by") is None else int(data["held_by"]),
         )
 
 
@@ -77,3 +86,20 @@ def place_labels(parts: Sequence[StagePart | None]) -> list[str]:
 def pipeline_depth(parts: Sequence[StagePart | None]) -> int:
     """Places one after the other (``places``): the parts of one group count once."""
     return len(set(places(parts)))
+
+
+def hosts(parts: Sequence[StagePart | None]) -> list[int]:
+    """Each stage's host: the index of the stage whose actor runs it (its own, or for a part
+    ``held_by`` another, that one's). A host runs its own stage in Ray's default concurrency
+    group and its guests in ``GUEST_GROUP``; the pipeline's places and depth are unchanged."""
+    found = []
+    for index, part in enumerate(parts):
+        host = index if part is None or part.held_by is None else part.held_by
+        if not 0 <= host < len(parts) or (host != index and _held(parts[host])):
+            raise ValueError(f"stage {index} is held by stage {host}, which is not a host")
+        found.append(host)
+    return found
+
+
+def _held(part: StagePart | None) -> bool:
+    return part is not None and part.held_by is not None

@@ -41,8 +41,8 @@ __all__ = ["hand_to_driver", "split_model"]
 
 def _logit_parts(op: Any, split: Split) -> list[keras.layers.Layer]:
     """The parts of a table's logits: each the columns of its rows (``x @ rows.T``: the table's
-    rows transposed when tied, else the columns of its own reverse table), a Dense without a
-    bias as ``KernelColumns`` computes it."""
+    rows read transposed when tied, else the columns of its own reverse table), a Dense without
+    a bias as ``KernelColumns`` computes it."""
     if getattr(op, "reverse_dtype", None) is not None:
         raise PlanError(
             f"layer {op.name!r} computes its logits in reverse_dtype={op.reverse_dtype!r}; "
@@ -53,12 +53,18 @@ def _logit_parts(op: Any, split: Split) -> list[keras.layers.Layer]:
     layers: list[keras.layers.Layer] = []
     for k in range(split.parts):
         a, b = split.bounds[k], split.bounds[k + 1]
+        # Tied: the table's rows as they are, read transposed (``x @ rows.T``, as the table
+        # computes its logits), so an actor holding the lookup's rows can serve both uses.
         if tied:
-            kernel = SliceOf(op.embeddings, 0, a, b, transpose=True)
+            kernel, shape = SliceOf(op.embeddings, 0, a, b), (b - a, dim)
         else:
-            kernel = SliceOf(op.reverse_embeddings, 1, a, b)
+            kernel, shape = SliceOf(op.reverse_embeddings, 1, a, b), (dim, b - a)
         part = KernelColumns(
-            (dim, b - a), None, name=split.part_name(k, LOGITS), dtype=op.dtype_policy
+            shape,
+            None,
+            transposed=tied,
+            name=split.part_name(k, LOGITS),
+            dtype=op.dtype_policy,
         )
         build_viewing(part, {"kernel": kernel})
         layers.append(part)

@@ -44,6 +44,9 @@ class Split:
     pair: str | None = None
     between: tuple[str, ...] = ()
     steps: tuple[str, ...] = ()
+    # A tied table (its logits read its own rows) held once: part k's lookup and its logits
+    # served by one actor (``StagePart.held_by``), its rows in one place.
+    held_once: bool = False
 
     @property
     def parts(self) -> int:
@@ -89,6 +92,11 @@ def _kind_of(op: Any) -> str | None:
     if isinstance(op, keras.layers.Dense | keras.layers.EinsumDense):
         return "columns"
     return None
+
+
+def reads_own_rows(op: Any) -> bool:
+    """A table whose logits read its own rows (tied), not a reverse table of their own."""
+    return bool(getattr(op, "tie_weights", True)) and not token_and_position(op)
 
 
 def reversed_call(node: Any) -> bool:
@@ -177,11 +185,34 @@ def parts_needed(
     sequence_length: int,
     budget: int,
     routed: bool = False,
+    beside: Sequence[tuple[str, Sequence[Any]]] = (),
 ) -> int | None:
     """The fewest parts whose weights and activations each fit ``budget``; None when no number
     does (the activations and overhead alone are over it). By rows every part writes the whole
     output (zeros outside its rows); routed (``routes``), at worst the same, every id of the
-    batch in its range, plus 4 bytes an id of position; by columns its share of it."""
+    batch in its range, plus 4 bytes an id of position; by columns its share of it.
+    ``beside``: other uses (how, calls) the same parts serve at the same time (a tied table held
+    once: its logits beside its lookups), their activations counted too, the weights once."""
+    divided = fixed = 0
+    for k, (use_how, use_calls) in enumerate([(how, calls), *beside]):
+        held, out = _activation_row_bytes(use_calls, sequence_length, routed and k == 0)
+        fixed += held + (out if use_how == "rows" else 0)
+        divided += 0 if use_how == "rows" else out
+    size = _size(op, how)
+    for parts in range(2, size + 1):
+        share = math.ceil(weight_bytes / parts)
+        activations = (fixed + math.ceil(divided / parts)) * batch
+        if share + activations + overhead <= budget:
+            return parts
+        if fixed * batch + overhead > budget:
+            return None
+    return None
+
+
+def _activation_row_bytes(
+    calls: Sequence[Any], sequence_length: int, routed: bool = False
+) -> tuple[int, int]:
+    """A use's inputs and outputs, bytes a row (routed: plus an int32 position an id)."""
     held = out = 0
     for node in calls:
         for t in {id(t): t for t in node.input_tensors}.values():
@@ -191,15 +222,7 @@ def parts_needed(
         if routed:
             ids = node.input_tensors[0]
             out += row_bytes(tuple(ids.shape), "int32", sequence_length)[0]
-    size = _size(op, how)
-    for parts in range(2, size + 1):
-        share = math.ceil(weight_bytes / parts)
-        output = out if how == "rows" else math.ceil(out / parts)
-        if share + (held + output) * batch + overhead <= budget:
-            return parts
-        if how == "rows" and (held + output) * batch + overhead > budget:
-            return None
-    return None
+    return held, out
 
 
 def pair_parts_needed(
@@ -238,6 +261,7 @@ def choose_splits(
     outputs: Sequence[Any] = (),
     pair_parts: Callable[[Any, Any], int | None] | None = None,
     pair_dense: bool = True,
+    tied_tables: str = "once",
 ) -> list[Split]:
     """The layers to split and into how many parts. ``over(i)``: node i's need and its text when
     it exceeds the largest budget; ``parts_for(i, op, how)``: the fewest parts that fit. Two
@@ -246,7 +270,12 @@ def choose_splits(
     second)`` (``pair_parts_needed``: both layers' weights, the hidden slice each part keeps)
     needs where that is more (the two layers' calls; the planner adds parts where one is still
     over). ``pair_dense=False``: no pairs, each ``Dense`` split by columns alone (the
-    layout before pairs, which ``python -m bench split`` measures against them)."""
+    layout before pairs, which ``python -m bench split`` measures against them).
+    ``tied_tables``: ``once`` (a tied table's lookups and logits served by one set of parts)
+    or ``twice`` (a set of parts for each use)."""
+    if tied_tables not in ("once", "twice"):
+        raise ValueError(f"tied_tables is 'once' or 'twice', got {tied_tables!r}")
+
     splits: dict[str, Split] = {}
     for i, gnode in enumerate(nodes):
         found = over(i)
@@ -267,7 +296,13 @@ def choose_splits(
         size = _size(op, how)
         tied = any(g.node.operation is op and reversed_call(g.node) for g in nodes)
         splits[op.name] = Split(
-            op.name, type(op).__name__, how, size, bounds_for(size, parts), tied
+            op.name,
+            type(op).__name__,
+            how,
+            size,
+            bounds_for(size, parts),
+            tied,
+            held_once=tied and tied_tables == "once" and reads_own_rows(op),
         )
     pairs = find_pairs(nodes, outputs) if pair_dense else {}
     for first, (second, between, steps) in pairs.items():
@@ -394,7 +429,13 @@ def describe(split: Split) -> str:
         )
     unit = "rows" if split.how == "rows" else "output units"
     ranges = ", ".join(f"[{split.bounds[k]}, {split.bounds[k + 1]})" for k in range(split.parts))
-    held = ", its rows held again for its logits" if split.reversed else ""
+    held = ""
+    if split.reversed:
+        held = (
+            ", each part's rows serving its logits too (held once)"
+            if split.held_once
+            else ", its rows held again for its logits"
+        )
     text = f"{split.layer} ({split.kind}) split by {split.how} into {split.parts}: {unit} {ranges}"
     return text + held
 
@@ -409,6 +450,7 @@ __all__ = [
     "find_pairs",
     "pair_parts_needed",
     "parts_needed",
+    "reads_own_rows",
     "refuse",
     "reversed_call",
     "routes",

@@ -90,6 +90,10 @@ def _model(model: str, found: dict[str, Any], batch: int) -> list[str]:
 
 
 def render(results: dict[str, Any]) -> str:
+    if results.get("model") == "tied":
+        from bench.suites.split import tied
+
+        return tied.render(results)
     batch = results["batch"]
     lines = [
         f"Batches of {batch} rows; medians of {results['repeats']} rounds (the layouts' order "

@@ -22,6 +22,7 @@ from bench.suites.split.models import inputs
 from bench.systems.actors import cpu_only_env, local_ray
 
 MODELS = ("tables", "mlp")
+TIED = "tied"  # a tied table held twice / held once (``tied``): run alone, --rows x --dim
 ONE = "one stage"
 
 
@@ -74,8 +75,12 @@ class SplitPlan:
             raise ValueError(f"--rows must be >= 16 and --dim >= 1, got {self.rows}, {self.dim}")
         if not 0.05 <= self.budget_share < 1.0:
             raise ValueError(f"--budget-share must be in [0.05, 1), got {self.budget_share}")
-        if not self.models or any(m not in MODELS for m in self.models):
-            raise ValueError(f"--models is some of {','.join(MODELS)}, got {self.models!r}")
+        if self.models != (TIED,) and (
+            not self.models or any(m not in MODELS for m in self.models)
+        ):
+            raise ValueError(
+                f"--models is some of {','.join(MODELS)}, or {TIED} alone, got {self.models!r}"
+            )
         options.require(self, at_least_one=("batch", "concurrency", "repeats"))
         options.require(self, positive=("seconds",))
 
@@ -219,6 +224,10 @@ async def _rounds(
 
 
 def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
+    if plan.models == (TIED,):
+        from bench.suites.split import tied
+
+        return tied.run(plan, progress)
     plan.workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"batch": plan.batch, "repeats": plan.repeats, "models": {}}
     with tempfile.TemporaryDirectory(dir=plan.workdir) as tmp:
@@ -305,12 +314,13 @@ def add_parsers(sub: Any) -> None:
 
     about = (
         "split layers against one stage: tables (dense / routed combine), an MLP fc1 -> fc2 "
-        "(paired / unpaired): rows/s, p99, store bytes, RSS against the plan"
+        "(paired / unpaired); alone, a tied table (held twice / once): rows/s, p99, store bytes, "
+        "RSS against the plan"
     )
     opts = options.suite(
         sub, "split", about, out="docs/bench-split", plan=SplitPlan, run=run, render=render
     )
-    opts.add("models", help=f"comma-separated, of {','.join(MODELS)}")
+    opts.add("models", help=f"comma-separated, of {','.join(MODELS)}; or {TIED} alone")
     opts.own("--rows", type=int, help="rows per table")
     opts.own("--dim", type=int)
     opts.own("--width", type=int, help="the MLP's input and output units")

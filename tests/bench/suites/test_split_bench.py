@@ -120,3 +120,25 @@ def test_the_summary_takes_medians_and_each_rounds_ratio() -> None:
     # 180) / 100.
     assert "| one stage | 0 | 0.0 | 0.0 | 0 | 0 | 0 | 1.20x | 1.40x |" in text
     assert "split, paired / split, unpaired: store bytes measured 2.00x" in text
+
+
+def test_the_tied_bench_counts_a_process_that_runs_two_stages_once() -> None:
+    from bench.suites.split.tied import processes
+
+    def actor(stage: str, pid: int, weights: int) -> dict[str, object]:
+        return {
+            "stage": stage,
+            "pid": pid,
+            "rss": 900,
+            "tf_mark": 800,
+            "weights": weights,
+            "process_weights": weights,
+        }
+
+    # Held once: stage 0.0 (the host, its process's weights) and 2.0 (its guest, none of its
+    # own) are one process; stage 1 is no part.
+    found = processes([actor("0.0", 7, 64), actor("1", 8, 1), actor("2.0", 7, 0)])
+    assert [(p["stages"], p["weights"], p["part"]) for p in found] == [
+        (["0.0", "2.0"], 64, True),
+        (["1"], 1, False),
+    ]

@@ -8,8 +8,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from serving.cli.main import app
-from serving.cli.plan_table import plan_rows
-from shards.bundle.format import read_manifest
+from serving.cli.plan_table import plan_rows, split_lines
+from shards.bundle.format import StageSpec, read_manifest
+from shards.split import StagePart
 from tests.shards.model_zoo import small_bert
 
 runner = CliRunner()
@@ -95,3 +96,24 @@ def test_plan_prints_the_models_own_bound_and_refuses_a_length_over_it(tmp_path:
     over = runner.invoke(app, ["plan", str(model), "--max-sequence-length", "64"])
     assert over.exit_code == 1
     assert "max_sequence_length=64 is over 32" in " ".join(over.output.split())
+
+
+def test_plan_says_which_actors_hold_a_tied_table_once() -> None:
+    def stage(index: int, label: str, use: str | None, held_by: int | None) -> StageSpec:
+        part = StagePart("tokens", "ReversibleEmbedding", "rows", index % 3, 2, 0, 1, use, held_by)
+        return StageSpec(index, f"s{index}.keras", (), (), 0, 0, part=part, label=label)
+
+    middle = StageSpec(2, "s2.keras", (), (), 0, 0, label="1")
+    stages = [
+        stage(0, "0.0", None, None),
+        stage(1, "0.1", None, None),
+        middle,
+        stage(3, "2.0", "logits", 0),
+        stage(4, "2.1", "logits", 1),
+    ]
+    lookups, logits = split_lines(stages)
+    assert "split by rows (vocabulary ranges) into 2 parts on stages 0.0, 0.1" in lookups
+    assert logits.startswith(
+        "tokens (ReversibleEmbedding) logits: held once, stages 2.0, 2.1 run by the actors of "
+        "0.0, 0.1"
+    )

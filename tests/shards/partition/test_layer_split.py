@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shards.bundle.format import BundleError, Manifest, read_manifest
+from shards.bundle.format import BundleError, Manifest, load_stage, read_manifest
 from shards.partition.cut import partition_to_bundle
 from shards.partition.demo_models import demo_recommender
 from shards.partition.plan import PlanError
+from shards.split import hold_rows_once
 from tests.chain import run_chain
 
 # Under it, the recommender's 768 000-byte item table is split by rows (batch 8, no overhead).
@@ -205,10 +206,28 @@ def test_a_tied_embedding_is_split_once_for_its_lookup_and_its_logits(tmp_path: 
     assert [p["weight_bytes"] for s in (lookup, logits) for p in s["stages"]] == [160_000] * 4
     assert [p["label"] for p in logits["stages"]] == ["2.0", "2.1"]
     assert all(s.planned_peak_bytes <= 400_000 for s in manifest.stages)
+    # Held once (the default): part k's logits run in part k's lookup actor, from its rows; the
+    # actor's plan is its rows once and both uses' activations, within the budget.
+    assert [p["held_by"] for p in logits["stages"]] == [0, 1]
+    assert (manifest.hosts, manifest.actors, manifest.depth) == ([0, 1, 2, 0, 1], 3, 3)
+    assert manifest.actor_peak_bytes(0) == 160_000 + 576 + 80_512 <= 400_000
     # The logits are a column slice of a matrix product: 1e-6 relative.
     (got,) = run_chain(tmp_path / "b", inputs).values()
     want = keras.ops.convert_to_numpy(model(inputs))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    # In one process the logits part reads the lookup part's rows: one variable, its own copy
+    # dropped, the same logits.
+    host, guest = (load_stage(tmp_path / "b", i, ["keras_hub"]) for i in (0, 3))
+    hidden = np.random.default_rng(5).normal(size=(2, 8, 16)).astype("float32")
+    before = keras.ops.convert_to_numpy(guest(hidden))
+    assert hold_rows_once(guest, host) == 160_000
+    (rows,) = host.weights
+    assert [id(w) for w in guest.weights] == [id(rows)]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(guest(hidden)), before)
+    # Held twice (as before issue 42): the same stages, an actor each.
+    twice = partition_gpt2(model, tmp_path / "twice", tied_tables="twice")
+    assert [s.name for s in twice.stages] == [s.name for s in manifest.stages]
+    assert (twice.hosts, twice.actors, twice.depth) == ([0, 1, 2, 3, 4], 5, 3)
 
 
 def test_a_token_and_position_embedding_splits_its_token_table(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """A layer split across devices (issue 29) served by real stage actors: each part its own actor,
 reading the same request tensors, the next stage combining them; a part actor killed with
 SIGKILL is brought back like any stage actor; an id outside the vocabulary is the batch's
-input error. A tied GPT-2 served with its table split, its logits joined by the driver."""
+input error. A tied GPT-2 served with its table split and held once (one actor per part for its
+lookups and its logits), its logits joined by the driver."""
 
 from __future__ import annotations
 
@@ -148,36 +149,63 @@ async def test_a_paired_mlp_serves_in_two_places_and_a_killed_part_actor_recover
 
 
 @pytest.mark.asyncio
-async def test_a_tied_gpt2_is_served_split_and_its_logits_joined_by_the_driver(
+async def test_a_tied_gpt2_is_served_by_one_set_of_table_parts_that_recovers(
     ray_address: str, tmp_path: Path
 ) -> None:
-    # keras_hub's GPT2CausalLM: its 5000 x 16 table split once, held by the lookup's parts and
-    # again by the logits' parts; the logits (the model's output) come back to the driver as
-    # parts and are concatenated there, with no stage of their own.
+    # keras_hub's GPT2CausalLM: its 5000 x 16 table split once and held once (issue 42): part
+    # k's actor looks up its rows at the start of the pipeline and computes their logits at the
+    # end, from one copy of them, its logits in a concurrency group of their own. The logits
+    # (the model's output) come back to the driver as parts and are concatenated there.
     model, inputs = tiny_gpt2(), gpt2_inputs()
     manifest = partition_gpt2(model, tmp_path / "b", imports=["keras_hub"])
     assert [s.name for s in manifest.stages] == ["0.0", "0.1", "1", "2.0", "2.1"]
+    assert (manifest.hosts, manifest.actors, manifest.depth) == ([0, 1, 2, 0, 1], 3, 3)
     (combine,) = manifest.combines
     assert (combine.how, combine.parts) == (
         "concat",
         ("token_embedding_logits_part0of2", "token_embedding_logits_part1of2"),
     )
     want = keras.ops.convert_to_numpy(model(inputs))
-    # The session's Ray declares 4 CPUs: five stage actors take half of one each.
     options = PipelineOptions(
         replicas=1, batch_sizes=(3,), imports=("keras_hub",), cpus_per_shard=0.5
     )
     group = await ReplicaSet.create(tmp_path / "b", options)
     try:
-        # Five stages at three places: a pipeline three deep.
+        # Five stages at three places, a pipeline three deep, in three actors: each place of a
+        # table part shares its actor with the other place of the same part.
         assert (group.num_stages, group.pipeline_depth) == (5, 3)
+        (pipeline,) = group._pipelines
+        assert pipeline.actors[0] is pipeline.actors[3] and pipeline.actors[1] is pipeline.actors[4]
+        assert len(pipeline.processes) == 3
         outs = await asyncio.gather(*(group.run(inputs) for _ in range(3)))
         for out in outs:
             assert list(out) == [combine.output]
             # A column slice of a matrix product may take another kernel: 1e-6 relative.
             np.testing.assert_allclose(out[combine.output], want, rtol=1e-6, atol=1e-7)
-        # The same actors as a compiled graph, whose two leaves (the parts) come back as two
-        # futures: joined by the driver the same way.
+        info = {i["stage"]: i for i in await group.describe()}
+        assert info["0.0"]["pid"] == info["2.0"]["pid"] != info["0.1"]["pid"] == info["2.1"]["pid"]
+        # The rows once in the process: the host's weights are its 2500 x 16 float32 rows, and
+        # its guest (the logits part) holds none of its own.
+        assert info["0.0"]["memory"]["weight_bytes"] == 2500 * 16 * 4
+        assert (info["2.0"]["held_by"], info["2.0"]["weight_bytes"]) == (0, 0)
+        assert info["0.0"]["guests"] == [3]
+        calls = {s["stage"]: s["calls"] for s in await group.stats()}
+        assert calls["0.0"] == calls["2.0"] == calls["1"] >= 3
+        # The shared part actor killed: restarted, both its places answer again.
+        os.kill(info["0.1"]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                out = await group.run(inputs)
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the tied replica never came back"
+                await asyncio.sleep(0.5)
+        np.testing.assert_allclose(out[combine.output], want, rtol=1e-6, atol=1e-7)
+        after = {i["stage"]: i for i in await group.describe()}
+        assert after["0.1"]["pid"] == after["2.1"]["pid"] != info["0.1"]["pid"]
+        # The same actors as a compiled graph (a host's two stages called in turn), whose two
+        # leaves (the parts) come back as two futures: joined by the driver the same way.
         for pipeline in group._pipelines:
             pipeline.compile(3)
         out = await group.run(inputs)

@@ -6,11 +6,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from shards.split import StagePart, pipeline_depth, place_labels, places
+import pytest
+
+from shards.split import StagePart, hosts, pipeline_depth, place_labels, places
 
 
-def part(layer: str, k: int, parts: int, use: str | None = None) -> StagePart:
-    return StagePart(layer, "Embedding", "rows", k, parts, k * 10, (k + 1) * 10, use)
+def part(
+    layer: str, k: int, parts: int, use: str | None = None, held_by: int | None = None
+) -> StagePart:
+    return StagePart(layer, "Embedding", "rows", k, parts, k * 10, (k + 1) * 10, use, held_by)
 
 
 def test_the_parts_of_one_layer_share_a_place_and_count_once() -> None:
@@ -27,6 +31,23 @@ def test_the_parts_of_one_layer_share_a_place_and_count_once() -> None:
     assert places(stages) == [0, 0, 1, 2, 2, 3]
     assert pipeline_depth(stages) == 4
     assert pipeline_depth([None, None, None]) == 3
+
+
+def test_a_tied_table_held_once_runs_its_logits_in_its_lookup_actors() -> None:
+    # Part k's logits (stage 3 + k) held by part k's lookup (stage k): three actors, the places
+    # and the depth unchanged.
+    stages = [
+        part("t", 0, 2),
+        part("t", 1, 2),
+        None,
+        part("t", 0, 2, "logits", held_by=0),
+        part("t", 1, 2, "logits", held_by=1),
+    ]
+    assert hosts(stages) == [0, 1, 2, 0, 1]
+    assert (places(stages), pipeline_depth(stages)) == ([0, 0, 1, 2, 2], 3)
+    assert hosts([None, part("t", 0, 1)]) == [0, 1]
+    with pytest.raises(ValueError, match="stage 2 is held by stage 1, which is not a host"):
+        hosts([part("t", 0, 1), part("t", 0, 1, "logits", held_by=0), part("u", 0, 1, None, 1)])
 
 
 def test_the_interface_reads_a_manifest_without_tensorflow_or_keras() -> None:
