@@ -51,7 +51,8 @@ def test_a_short_priorities_run_preempts_and_fails_no_low_request(
     bench_on_session_ray: SuiteRun,
 ) -> None:
     args = ["--priorities", "--blocks", "2", "--hidden", "32", "--stages", "1", "--batch", "2"]
-    args += ["--duration", "2", "--rounds", "1", "--warmup", "1", "--probes", "4"]
+    # 1 s per phase: the low clients' child process is sending by the end of the 1 s warm-up.
+    args += ["--duration", "1", "--rounds", "1", "--warmup", "1", "--probes", "4"]
     args += ["--max-prompt", "24", "--min-tokens", "16", "--max-tokens", "32"]
     results = bench_on_session_ray.run("generate", *args)
     assert results["bench"] == "generate-priorities" and len(results["rounds"]) == 1

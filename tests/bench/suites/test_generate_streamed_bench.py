@@ -182,8 +182,9 @@ def test_the_command_line_chooses_the_streamed_path_alone() -> None:
 def test_the_streamed_path_answers_both_ways_on_a_real_server(
     bench_on_session_ray: SuiteRun,
 ) -> None:
-    args = ["--streamed", "--blocks", "2", "--hidden", "32", "--rounds", "1", "--warmup", "1"]
-    args += ["--stream-seconds", "2", "--stream-clients", "2", "--max-prompt", "24"]
+    # Short phases: what is asserted is that both paths answer, not how fast.
+    args = ["--streamed", "--blocks", "2", "--hidden", "32", "--rounds", "1", "--warmup", "0.5"]
+    args += ["--stream-seconds", "1", "--stream-clients", "2", "--max-prompt", "24"]
     results = bench_on_session_ray.run("generate", *args, "--max-tokens", "8")
     assert results["runs"] == [] and results["ceiling"] is None  # no systems, no ceiling
     runs = {r["path"]: r for r in results["streamed"]["runs"]}

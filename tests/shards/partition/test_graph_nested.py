@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from shards.bundle.format import read_manifest
+from shards.bundle.format import Manifest, read_manifest
 from shards.partition.cut import partition_to_bundle
 from shards.partition.graph import PartitionError, analyse
 from shards.pipeline.replica_set import PipelineOptions, ReplicaSet
@@ -59,18 +59,29 @@ def deeply_nested() -> tuple[keras.Model, Inputs]:
     return keras.Model([a, b], out, name="deep"), {"a": rows, "b": -rows}
 
 
-def test_wrapped_resnet50_cut_in_four_matches_the_whole(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wrapped_cut(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[keras.Model, Inputs, Manifest, Path]:
+    """The wrapped ResNet50 cut in four once: the chain and the shard actors both serve it."""
     model, inputs = wrapped_resnet50()
+    bundle = tmp_path_factory.mktemp("wrapped") / "b"
+    return model, inputs, partition_to_bundle(model, bundle, stages=4), bundle
+
+
+def test_wrapped_resnet50_cut_in_four_matches_the_whole(
+    wrapped_cut: tuple[keras.Model, Inputs, Manifest, Path],
+) -> None:
+    model, inputs, manifest, bundle = wrapped_cut
     graph = analyse(model)
     assert len(graph.nodes) > 100  # the backbone's layers, not one node
-    manifest = partition_to_bundle(model, tmp_path / "b", stages=4)
     assert len(manifest.stages) == 4
     assert manifest.signature.input_names == ["image"]
     assert manifest.signature.output_names == ["logits"]
     total = sum(w.size * w.dtype.itemsize for w in map(np.asarray, model.get_weights()))
     assert sum(s.param_bytes for s in manifest.stages) == total
     assert max(s.param_bytes for s in manifest.stages) < total
-    _assert_chain_matches(model, inputs, tmp_path / "b")
+    _assert_chain_matches(model, inputs, bundle)
 
 
 def test_models_nested_two_deep_and_called_twice_cut_at_every_node(tmp_path: Path) -> None:
@@ -118,13 +129,12 @@ def test_a_subclassed_model_inside_stays_one_node(tmp_path: Path) -> None:
     assert [n.name for n in analyse(model).nodes] == ["pre", "doubler", "out"]
 
 
-async def test_wrapped_resnet50_through_shard_actors(ray_address: str, tmp_path: Path) -> None:
-    model, inputs = wrapped_resnet50()
-    partition_to_bundle(model, tmp_path / "b", stages=4)
-    assert len(read_manifest(tmp_path / "b").stages) == 4
-    group = await ReplicaSet.create(
-        tmp_path / "b", PipelineOptions(batch_sizes=(2,), cpus_per_shard=0.5)
-    )
+async def test_wrapped_resnet50_through_shard_actors(
+    ray_address: str, wrapped_cut: tuple[keras.Model, Inputs, Manifest, Path]
+) -> None:
+    model, inputs, _, bundle = wrapped_cut
+    assert len(read_manifest(bundle).stages) == 4
+    group = await ReplicaSet.create(bundle, PipelineOptions(batch_sizes=(2,), cpus_per_shard=0.5))
     try:
         out = await group.run(inputs)
     finally:
