@@ -99,8 +99,9 @@ def run(plan: SplitPlan, progress: Any = print) -> dict[str, Any]:
     budget = int(table * plan.budget_share)
     results: dict[str, Any] = {"model": "tied", "table_bytes": table, "budget": budget}
     found: dict[str, Any] = {}
-    # The three layouts up at once (1 + 5 + 3 actors) beside the driver.
-    with local_ray(12), tempfile.TemporaryDirectory(dir=plan.workdir) as tmp:
+    # The three layouts up at once (1 + 5 + 3 actors, a host asking its guest's CPUs too: up to
+    # 15 logical CPUs) beside the driver.
+    with local_ray(24), tempfile.TemporaryDirectory(dir=plan.workdir) as tmp:
         bundles = {
             name: Path(tmp) / name.replace(" ", "_").replace(",", "") for name, _, _ in LAYOUTS
         }
