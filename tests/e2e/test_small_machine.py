@@ -82,7 +82,10 @@ def test_four_stages_start_on_a_private_ray_with_defaults(server: Server) -> Non
     # Each asks for the whole TensorFlow threads of its share of the cores (at least one): the
     # private Ray's CPU count is a scheduling count sized to hold them (shards.cpu_plan).
     threads = max(1, math.floor(cores / 4))
-    assert f"4 stage actor(s) ask for {threads:g} CPU each ({threads} TensorFlow thread(s))" in log
+    asked = (
+        f"4 stage(s) in 4 actor(s) ask for {threads:g} CPU each ({threads} TensorFlow thread(s))"
+    )
+    assert asked in log
 
 
 def _loopback(ip: str) -> bool:
