@@ -107,13 +107,13 @@ def _partition(plan: SplitPlan, jobs: list[tuple[str, Layout, Path]]) -> None:
             f"plan_batch_rows={plan.batch}, device_overhead_bytes=0, "
             f"source_name='split_{model}'); print('partitioned', {str(out)!r}, flush=True)"
         )
-    code = "\n".join(
-        [
-            "from bench.suites.split.models import build, build_mlp",
-            "from shards.partition.cut import partition_to_bundle",
-            *calls,
-        ]
-    )
+    partition_in_child("from bench.suites.split.models import build, build_mlp", calls)
+
+
+def partition_in_child(builders: str, calls: list[str]) -> None:
+    """``calls`` of ``partition_to_bundle`` (source lines) run in one child, after the import
+    line ``builders``: one TensorFlow import for all, none in this process."""
+    code = "\n".join([builders, "from shards.partition.cut import partition_to_bundle", *calls])
     subprocess.run([sys.executable, "-c", code], check=True, env=cpu_only_env())
 
 

@@ -22,20 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from bench.suites.split.report import MiB
-from bench.systems.actors import cpu_only_env, local_ray
-
-if TYPE_CHECKING:
-    from bench.suites.split.run import SplitPlan
+from bench.suites.split.run import SplitPlan, _load, partition_in_child
+from bench.systems.actors import local_ray
 
 IMPORTS = ("keras_hub",)  # the stage files' ReversibleEmbedding
 
@@ -76,14 +72,7 @@ def _partition(plan: SplitPlan, bundles: dict[str, Path], budget: int) -> None:
             f"lookup_combine='dense', tied_tables={tied!r}, imports={list(IMPORTS)!r}, "
             f"plan_batch_rows={plan.batch}, device_overhead_bytes=0, source_name='split_tied')"
         )
-    code = "\n".join(
-        [
-            "from bench.suites.split.tied import build",
-            "from shards.partition.cut import partition_to_bundle",
-            *calls,
-        ]
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, env=cpu_only_env())
+    partition_in_child("from bench.suites.split.tied import build", calls)
 
 
 def _batches(plan: SplitPlan) -> list[dict[str, np.ndarray]]:
@@ -137,7 +126,6 @@ async def _side_by_side(
 ) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """Each layout's figures, the layouts taking turns round by round (ABBA), and each round's
     rows/s by layout."""
-    from bench.suites.split.run import _load
     from shards.bundle.format import read_manifest
     from shards.pipeline.options import PipelineOptions
     from shards.pipeline.replica_set import ReplicaSet

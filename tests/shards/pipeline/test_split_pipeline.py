@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -34,6 +35,19 @@ from tests.shards.partition.test_layer_split import (
     tiny_gpt2,
     whole,
 )
+
+
+async def _killed_and_back(group: ReplicaSet, pid: int, inputs: dict[str, np.ndarray]) -> Any:
+    """SIGKILL the actor process ``pid``; the next answer once the replica is back (the lost
+    batch, if any, retried; the actor restarted and probed back in)."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            return await group.run(inputs)
+        except Exception:
+            assert time.monotonic() < deadline, "the split replica never came back"
+            await asyncio.sleep(0.5)
 
 
 @pytest.mark.asyncio
@@ -63,16 +77,7 @@ async def test_a_split_table_serves_and_a_killed_part_actor_recovers(
             await group.run(bad)
         assert err.value.input_blamed
         (part,) = [i for i in await group.describe() if i["stage"] == "0.1"]
-        os.kill(part["pid"], signal.SIGKILL)
-        # The lost batch (if any) is retried; the part actor is restarted and probed back in.
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                out = await group.run(inputs)
-                break
-            except Exception:
-                assert time.monotonic() < deadline, "the split replica never came back"
-                await asyncio.sleep(0.5)
+        out = await _killed_and_back(group, part["pid"], inputs)
         np.testing.assert_array_equal(out["scores"], want)
         (after,) = [i for i in await group.describe() if i["stage"] == "0.1"]
         assert after["pid"] != part["pid"]
@@ -132,15 +137,7 @@ async def test_a_paired_mlp_serves_in_two_places_and_a_killed_part_actor_recover
             # The partial products' sum reorders fc2's additions: 1e-5 relative.
             np.testing.assert_allclose(out["head"], want, rtol=1e-5, atol=1e-7)
         (part,) = [i for i in await group.describe() if i["stage"] == "0.2"]
-        os.kill(part["pid"], signal.SIGKILL)
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                out = await group.run(inputs)
-                break
-            except Exception:
-                assert time.monotonic() < deadline, "the paired replica never came back"
-                await asyncio.sleep(0.5)
+        out = await _killed_and_back(group, part["pid"], inputs)
         np.testing.assert_allclose(out["head"], want, rtol=1e-5, atol=1e-7)
         (after,) = [i for i in await group.describe() if i["stage"] == "0.2"]
         assert after["pid"] != part["pid"]
@@ -192,15 +189,7 @@ async def test_a_tied_gpt2_is_served_by_one_set_of_table_parts_that_recovers(
         calls = {s["stage"]: s["calls"] for s in await group.stats()}
         assert calls["0.0"] == calls["2.0"] == calls["1"] >= 3
         # The shared part actor killed: restarted, both its places answer again.
-        os.kill(info["0.1"]["pid"], signal.SIGKILL)
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                out = await group.run(inputs)
-                break
-            except Exception:
-                assert time.monotonic() < deadline, "the tied replica never came back"
-                await asyncio.sleep(0.5)
+        out = await _killed_and_back(group, info["0.1"]["pid"], inputs)
         np.testing.assert_allclose(out[combine.output], want, rtol=1e-6, atol=1e-7)
         after = {i["stage"]: i for i in await group.describe()}
         assert after["0.1"]["pid"] == after["2.1"]["pid"] != info["0.1"]["pid"]
